@@ -1,0 +1,392 @@
+"""Timers, windowed statistics, throughput meters and a bounded history for plots.
+
+These are the measuring instruments of the pipeline, after RLlib's ``TimerStat`` and
+``WindowStat``. The learner thread writes into them while the driver (and the dashboard's
+poller) reads, so every mutable instrument holds a small lock; a push costs well under a
+microsecond of locking, which is noise next to a learner step of several milliseconds.
+
+Nothing here imports TensorFlow: actor processes import this module.
+
+Empty instruments never return NaN: a mean, std, min, max or rate over no data is ``0.0``,
+and the accompanying ``count`` (0) says that there was no data. This keeps the values
+JSON-friendly, plottable and safe to ``round()``.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+Clock = Callable[[], float]
+
+
+class TimerStat:
+    """Durations of a repeated operation, in seconds, like RLlib's ``TimerStat``.
+
+    Use it as a context manager around the operation, or `push` durations measured elsewhere::
+
+        timer = TimerStat()
+        with timer:
+            learn_on_batch(batch)
+        timer.push_units_processed(batch.count)
+        timer.mean             # seconds, over the last `window_size` operations
+
+    Each thread keeps its own start time, so two threads may time with one `TimerStat`
+    at once; nesting it inside itself in one thread is an error.
+
+    Attributes:
+      window_size: how many recent durations `mean`, `median`, `max` and
+        `mean_throughput` look at.
+      count: operations timed since creation (or `reset`), not limited by the window.
+      total: seconds spent in them since creation (or `reset`).
+    """
+
+    def __init__(self, window_size: int = 10, clock: Clock = time.perf_counter) -> None:
+        """Creates an empty timer.
+
+        Args:
+          window_size: recent durations kept for the windowed figures, >= 1.
+          clock: returns the current time in seconds; inject a fake one in tests.
+        """
+        if window_size < 1:
+            raise ValueError(
+                f"window_size={window_size!r} is invalid: a TimerStat needs a window of at "
+                f"least 1 duration; use e.g. window_size=10")
+        self.window_size = window_size
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._local = threading.local()
+        self._samples: deque[float] = deque(maxlen=window_size)
+        self._units: deque[float] = deque(maxlen=window_size)
+        self.count = 0
+        self.total = 0.0
+
+    def __enter__(self) -> TimerStat:
+        if getattr(self._local, "start", None) is not None:
+            raise RuntimeError("TimerStat entered again before it was exited in the same thread; "
+                               "use a separate TimerStat for a nested operation")
+        self._local.start = self._clock()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        elapsed = self._clock() - self._local.start
+        self._local.start = None
+        self.push(elapsed)
+
+    def push(self, seconds: float) -> None:
+        """Records one operation that took `seconds`."""
+        seconds = float(seconds)
+        with self._lock:
+            self._samples.append(seconds)
+            self.count += 1
+            self.total += seconds
+
+    def push_units_processed(self, n: float) -> None:
+        """Records how many units (e.g. env steps) the latest operation processed."""
+        with self._lock:
+            self._units.append(float(n))
+
+    def samples(self) -> list[float]:
+        """The durations in the window, oldest first, in seconds."""
+        with self._lock:
+            return list(self._samples)
+
+    @property
+    def mean(self) -> float:
+        """Mean duration over the window, in seconds; 0.0 before the first push."""
+        with self._lock:
+            n = len(self._samples)
+            return math.fsum(self._samples) / n if n else 0.0
+
+    @property
+    def median(self) -> float:
+        """Median duration over the window, in seconds; 0.0 before the first push."""
+        s = self.samples()
+        return float(np.median(s)) if s else 0.0
+
+    @property
+    def max(self) -> float:
+        """Longest duration in the window, in seconds; 0.0 before the first push."""
+        s = self.samples()
+        return max(s) if s else 0.0
+
+    @property
+    def last(self) -> float:
+        """The latest duration, in seconds; 0.0 before the first push."""
+        with self._lock:
+            return self._samples[-1] if self._samples else 0.0
+
+    @property
+    def mean_units_processed(self) -> float:
+        """Mean of the last `window_size` `push_units_processed` values; 0.0 if none."""
+        with self._lock:
+            n = len(self._units)
+            return math.fsum(self._units) / n if n else 0.0
+
+    @property
+    def mean_throughput(self) -> float:
+        """Units per second over the window: sum(units) / sum(durations); 0.0 if no time."""
+        with self._lock:
+            seconds = math.fsum(self._samples)
+            return math.fsum(self._units) / seconds if seconds > 0 else 0.0
+
+    def reset(self) -> None:
+        """Forgets every duration, unit count and total."""
+        with self._lock:
+            self._samples.clear()
+            self._units.clear()
+            self.count = 0
+            self.total = 0.0
+
+
+class WindowStat:
+    """Mean, std, min and max of the last `n` pushed numbers, like RLlib's ``WindowStat``.
+
+    The learner pushes e.g. its inqueue size after each step; the driver reads `stats()`.
+    The keys are plain (``"mean"``, not ``"size_mean"``); `name` says what was measured.
+    """
+
+    def __init__(self, name: str, n: int) -> None:
+        """Creates an empty window.
+
+        Args:
+          name: what the numbers are, e.g. ``"size"`` for the learner queue's size.
+          n: window length, >= 1.
+        """
+        if n < 1:
+            raise ValueError(f"n={n!r} is invalid: a WindowStat keeps the last n values, "
+                             f"so n must be >= 1; use e.g. n=50")
+        self.name = name
+        self.n = n
+        self.total_count = 0  # pushes ever, not limited by the window
+        self._items: deque[float] = deque(maxlen=n)
+        self._lock = threading.Lock()
+
+    def push(self, x: float) -> None:
+        """Adds one value; the oldest drops out once `n` are held."""
+        with self._lock:
+            self._items.append(float(x))
+            self.total_count += 1
+
+    def stats(self) -> dict[str, float | int]:
+        """Statistics of the values in the window.
+
+        Returns:
+          A dict with ``"mean"``, ``"std"`` (population std, ``ddof=0`` as ``np.std``),
+          ``"min"``, ``"max"`` (floats) and ``"count"`` (int, values in the window, at
+          most `n`). An empty window gives count 0 and 0.0 for the others (never NaN).
+        """
+        with self._lock:
+            items = np.fromiter(self._items, dtype=np.float64, count=len(self._items))
+        if items.size == 0:
+            return {"mean": 0.0, "std": 0.0, "min": 0.0, "max": 0.0, "count": 0}
+        return {
+            "mean": float(items.mean()),
+            "std": float(items.std()),
+            "min": float(items.min()),
+            "max": float(items.max()),
+            "count": int(items.size),
+        }
+
+
+class ThroughputMeter:
+    """Counts units (env steps, batches) and reports how fast they arrive.
+
+    Three figures, for three uses:
+
+    - `rate()`: units per second over the last `window_s` seconds (the live gauge);
+    - `mean_rate`: the cumulative `total` over the time since creation (or `reset`);
+    - `pop_interval_rate()`: units per second since the previous call of it, which it then
+      resets: the seed's ``get_mean_stats_and_reset`` (``sample_throughput`` in stats()).
+
+    Memory: one ``(time, n)`` entry per `add` inside the window; add per batch, not per step.
+    """
+
+    def __init__(self, window_s: float = 10.0, clock: Clock = time.monotonic) -> None:
+        """Creates a meter that starts counting now.
+
+        Args:
+          window_s: length of the sliding window of `rate`, seconds, > 0.
+          clock: returns the current time in seconds; inject a fake one in tests.
+        """
+        if not (window_s > 0 and math.isfinite(window_s)):
+            raise ValueError(f"window_s={window_s!r} is invalid: the sliding window needs a "
+                             f"positive finite length in seconds, e.g. window_s=10.0")
+        self.window_s = float(window_s)
+        self._clock = clock
+        self._lock = threading.Lock()
+        self.reset()
+
+    def reset(self) -> None:
+        """Forgets everything and restarts the clock."""
+        with self._lock:
+            now = self._clock()
+            self._start = now
+            self._events: deque[tuple[float, float]] = deque()
+            self._window_sum = 0.0
+            self._total = 0.0
+            self._interval_start = now
+            self._interval_sum = 0.0
+
+    def add(self, n: float = 1) -> None:
+        """Records `n` units arriving now."""
+        with self._lock:
+            now = self._clock()
+            self._events.append((now, n))
+            self._window_sum += n
+            self._total += n
+            self._interval_sum += n
+            self._prune(now)
+
+    def _prune(self, now: float) -> None:
+        cutoff = now - self.window_s
+        while self._events and self._events[0][0] <= cutoff:
+            self._window_sum -= self._events.popleft()[1]
+        if not self._events:
+            self._window_sum = 0.0  # drop float drift accumulated by += / -=
+
+    def rate(self) -> float:
+        """Units per second over the last `window_s` seconds.
+
+        While the meter is younger than `window_s`, the rate is over its age instead, so a
+        fresh meter does not under-report. 0.0 at age 0.
+        """
+        with self._lock:
+            now = self._clock()
+            self._prune(now)
+            span = min(self.window_s, now - self._start)
+            return self._window_sum / span if span > 0 else 0.0
+
+    @property
+    def total(self) -> float:
+        """Units added since creation (or `reset`)."""
+        with self._lock:
+            return self._total
+
+    @property
+    def elapsed(self) -> float:
+        """Seconds since creation (or `reset`)."""
+        return self._clock() - self._start
+
+    @property
+    def mean_rate(self) -> float:
+        """`total` / `elapsed`: units per second since creation; 0.0 at age 0."""
+        with self._lock:
+            span = self._clock() - self._start
+            return self._total / span if span > 0 else 0.0
+
+    def pop_interval_rate(self) -> float:
+        """Units per second since the previous call (or creation), then starts a new interval."""
+        with self._lock:
+            now = self._clock()
+            span = now - self._interval_start
+            value = self._interval_sum / span if span > 0 else 0.0
+            self._interval_start = now
+            self._interval_sum = 0.0
+            return value
+
+
+def flatten(nested: Mapping[str, Any], sep: str = ".") -> dict[str, Any]:
+    """Flattens nested dicts into one level, joining keys with `sep`.
+
+    ``{"timing_breakdown": {"learner_grad_time_ms": 5.0}, "n": 1}`` becomes
+    ``{"timing_breakdown.learner_grad_time_ms": 5.0, "n": 1}``. Values that are not
+    mappings (numbers, lists, arrays) are kept as they are; keys become ``str``.
+    """
+    out: dict[str, Any] = {}
+
+    def walk(d: Mapping[Any, Any], prefix: str) -> None:
+        for key, value in d.items():
+            name = f"{prefix}{sep}{key}" if prefix else str(key)
+            if isinstance(value, Mapping):
+                walk(value, name)
+            else:
+                out[name] = value
+
+    walk(nested, "")
+    return out
+
+
+class StatsHistory:
+    """The last `maxlen` stats snapshots, flattened, for plots over time.
+
+    The driver appends ``Impala.stats()`` after each step; the dashboard reads columns::
+
+        history.append(impala.stats())
+        t = history.column("time")
+        grad_ms = history.column("timing_breakdown.learner_grad_time_ms")
+    """
+
+    def __init__(self, maxlen: int = 1000, clock: Clock = time.time,
+                 time_key: str = "time") -> None:
+        """Creates an empty history.
+
+        Args:
+          maxlen: rows kept; the oldest is dropped beyond it. >= 1.
+          clock: stamps rows that have no `time_key` of their own (seconds).
+          time_key: the key of the timestamp in every row.
+        """
+        if maxlen < 1:
+            raise ValueError(f"maxlen={maxlen!r} is invalid: the history must keep at least "
+                             f"one row; use e.g. maxlen=1000")
+        self.maxlen = maxlen
+        self.time_key = time_key
+        self._clock = clock
+        self._rows: deque[dict[str, Any]] = deque(maxlen=maxlen)
+        self._lock = threading.Lock()
+
+    def append(self, snapshot: Mapping[str, Any]) -> dict[str, Any]:
+        """Stores a flattened copy of `snapshot`, stamped with `time_key` if it has none.
+
+        Returns:
+          The stored row (a new flat dict).
+        """
+        row = flatten(snapshot)
+        if self.time_key not in row:
+            row[self.time_key] = self._clock()
+        with self._lock:
+            self._rows.append(row)
+        return row
+
+    def rows(self) -> list[dict[str, Any]]:
+        """Copies of the rows, oldest first."""
+        with self._lock:
+            return [dict(r) for r in self._rows]
+
+    def keys(self) -> list[str]:
+        """Every key seen in the kept rows, in order of first appearance."""
+        with self._lock:
+            seen: dict[str, None] = {}
+            for r in self._rows:
+                seen.update(dict.fromkeys(r))
+            return list(seen)
+
+    def column(self, key: str) -> np.ndarray:
+        """One key's values over the kept rows, oldest first.
+
+        Returns:
+          `[len(self)]` float64 array; rows without `key` give NaN (a gap in a plot). If a
+          value is not a number (e.g. a string), an object array of the raw values (None
+          where missing) instead.
+        """
+        with self._lock:
+            values = [r.get(key) for r in self._rows]
+        try:
+            return np.array([np.nan if v is None else v for v in values], dtype=np.float64)
+        except (TypeError, ValueError):
+            return np.array(values, dtype=object)
+
+    def clear(self) -> None:
+        """Drops every row."""
+        with self._lock:
+            self._rows.clear()
+
+    def __len__(self) -> int:
+        return len(self._rows)
+

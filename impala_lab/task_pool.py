@@ -1,0 +1,250 @@
+"""`SampleTaskPool`: the sample requests in flight, per worker, whatever the backend.
+
+The driver keeps `max_sample_requests_in_flight_per_worker` sample requests queued on every
+worker, so a worker never idles while the driver handles its previous batch. The pool
+remembers which worker each request went to and hands back finished ones in the order they
+finished, like RLlib's ``TaskPool`` over Ray object ids.
+
+A backend represents a request by a future (see `SampleFuture`) and may supply a `wait_fn`
+that blocks efficiently (on process sentinels and pipes, or ``ray.wait``). The default,
+`poll_wait`, polls ``done()`` with a short sleep: fine for tests and the inline backend.
+
+Nothing here imports TensorFlow.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Hashable, Iterable, Iterator
+from typing import Any, Protocol, runtime_checkable
+
+
+@runtime_checkable
+class SampleFuture(Protocol):
+    """What a backend returns for one sample request.
+
+    A future may also carry ``completion_time`` (float seconds on one clock shared by the
+    backend's futures, ``None`` until done): the pool then hands futures back in that order.
+    """
+
+    def done(self) -> bool:
+        """True once the result (or the worker's error) is available; never blocks."""
+        ...
+
+    def result(self) -> Any:
+        """The value (e.g. a `SampleBatch`), or raises the worker's error."""
+        ...
+
+
+WaitFn = Callable[[list[Any], float | None], list[Any]]
+
+
+class _Default:
+    """Marks an argument left out (None already means "no limit")."""
+
+    def __repr__(self) -> str:
+        return "DEFAULT"
+
+
+DEFAULT: Any = _Default()
+
+
+def poll_wait(futures: list[Any], timeout: float | None, *, min_sleep: float = 0.0005,
+              max_sleep: float = 0.02) -> list[Any]:
+    """The default `wait_fn`: polls ``done()``, sleeping with a doubling backoff.
+
+    Meant for tests and in-process (inline) futures; a real backend should block on OS
+    handles instead, which wakes at once and costs no CPU.
+
+    Args:
+      futures: the futures to watch.
+      timeout: seconds to wait for at least one to finish; 0 checks once; None waits forever.
+      min_sleep, max_sleep: the backoff's first and largest sleep, seconds.
+
+    Returns:
+      The futures that are done, in the order of `futures` (polling cannot see which
+      finished first); empty if none finished within `timeout` (or `futures` is empty).
+    """
+    if not futures:
+        return []
+    deadline = None if timeout is None else time.monotonic() + timeout
+    sleep = min_sleep
+    while True:
+        ready = [f for f in futures if f.done()]
+        if ready:
+            return ready
+        if deadline is None:
+            time.sleep(sleep)
+        else:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return []
+            time.sleep(min(sleep, left))
+        sleep = min(sleep * 2, max_sleep)
+
+
+class SampleTaskPool:
+    """Sample requests in flight, keyed by the worker (any hashable object) they went to.
+
+    Three places a request can be:
+
+    - in flight: added, not yet seen done (`__len__`, `count(worker)`, `in_flight_counts()`);
+    - prefetched: seen done by `completed_prefetch` but not yet handed out (`num_prefetched`);
+    - handed out: removed from the pool, its ``result()`` given to the caller.
+
+    Order: the futures one wait finds done are handed out by their ``completion_time`` if
+    every one of them has one, else in the order `wait_fn` returned them.
+
+    Errors: a request leaves the pool *before* its ``result()`` is called, so when the
+    result raises (the worker's error), the exception reaches the caller and the pool holds
+    exactly the other requests; the caller decides whether to restart the worker
+    (`reset_workers`) or give up.
+
+    Not a thread-safe queue for several consumers: one driver thread consumes. The counts
+    may be read from another thread (a lock guards the bookkeeping).
+    """
+
+    def __init__(self, wait_fn: WaitFn | None = None,
+                 blocking_timeout: float | None = 10.0) -> None:
+        """Creates an empty pool.
+
+        Args:
+          wait_fn: ``wait_fn(futures, timeout) -> done_futures``: returns, as soon as at
+            least one of `futures` is done or `timeout` seconds passed (0: do not block;
+            None: no limit), every future of the list that is done, in completion order.
+            Defaults to `poll_wait`.
+          blocking_timeout: the longest a ``blocking_wait=True`` call blocks unless the call
+            passes its own `timeout` (seconds, None: no limit); on expiry it yields nothing,
+            as RLlib's ``TaskPool`` (10 s) does, so the driver's loop can check its own
+            stop conditions.
+        """
+        self._wait = wait_fn if wait_fn is not None else poll_wait
+        self.blocking_timeout = blocking_timeout
+        self._lock = threading.Lock()
+        # id(future) -> (worker, future); the dict keeps the futures alive, so ids stay unique.
+        self._in_flight: dict[int, tuple[Hashable, Any]] = {}
+        self._prefetched: deque[tuple[Hashable, Any]] = deque()
+
+    def add(self, worker: Hashable, future: Any) -> None:
+        """Records a sample request sent to `worker`, represented by `future`."""
+        with self._lock:
+            self._in_flight[id(future)] = (worker, future)
+
+    def _ready(self, block: bool, timeout: float | None) -> list[Any]:
+        """Asks `wait_fn` which in-flight futures are done; sorted by completion_time."""
+        with self._lock:
+            pending = [fut for _, fut in self._in_flight.values()]
+        if not pending:
+            return []
+        if timeout is DEFAULT:
+            timeout = self.blocking_timeout
+        ready = self._wait(pending, timeout if block else 0.0)
+        times = [getattr(f, "completion_time", None) for f in ready]
+        if ready and all(isinstance(t, (int, float)) for t in times):
+            order = sorted(range(len(ready)), key=times.__getitem__)  # stable for ties
+            ready = [ready[i] for i in order]
+        return ready
+
+    def completed(self, blocking_wait: bool = False,
+                  timeout: float | None = DEFAULT) -> Iterator[tuple[Hashable, Any]]:
+        """Yields ``(worker, result)`` for each in-flight request that is done.
+
+        A generator: it asks `wait_fn` once, on the first ``next()``. Requests are removed
+        one at a time just before their result is fetched, so stopping the iteration
+        early (or an exception from ``result()``) leaves the rest in flight for the next call.
+
+        Args:
+          blocking_wait: if nothing is done, block up to `timeout` for one.
+          timeout: seconds a blocking wait may last in this call (None: no limit); defaults
+            to `blocking_timeout`. Ignored without `blocking_wait`.
+        """
+        for fut in self._ready(blocking_wait, timeout):
+            with self._lock:
+                entry = self._in_flight.pop(id(fut), None)
+            if entry is None:  # dropped by reset_workers while this generator was suspended
+                continue
+            worker, fut = entry
+            yield worker, fut.result()
+
+    def completed_prefetch(self, blocking_wait: bool = False, max_yield: int = 999,
+                           timeout: float | None = DEFAULT) -> Iterator[tuple[Hashable, Any]]:
+        """Like `completed`, but hands out at most `max_yield` results per call.
+
+        All done requests move from in flight to prefetched at the first ``next()``; up to
+        `max_yield` of the prefetched ones (oldest first) are then yielded, and the rest
+        wait for the next call, as in RLlib's ``TaskPool.completed_prefetch``. It blocks
+        (with `blocking_wait`) only when nothing is prefetched already.
+
+        Args:
+          blocking_wait: if nothing is done or prefetched, block up to `timeout`.
+          max_yield: results to hand out in this call at most, >= 0.
+          timeout: as in `completed`.
+        """
+        if max_yield < 0:
+            raise ValueError(f"max_yield={max_yield!r} is invalid: it is how many results to "
+                             f"hand out at most; use 0 or more")
+        ready = self._ready(blocking_wait and not self._prefetched, timeout)
+        with self._lock:
+            for fut in ready:
+                entry = self._in_flight.pop(id(fut), None)
+                if entry is not None:
+                    self._prefetched.append(entry)
+        for _ in range(max_yield):
+            with self._lock:
+                if not self._prefetched:
+                    return
+                worker, fut = self._prefetched.popleft()
+            yield worker, fut.result()
+
+    def reset_workers(self, workers: Iterable[Hashable]) -> list[tuple[Hashable, Any]]:
+        """Keeps only the requests (in flight or prefetched) of `workers`, as RLlib does.
+
+        Call it after a worker died or was replaced, with the workers that are alive: the
+        dead worker's futures would never finish (or only raise), so they are dropped;
+        a generator of this pool that is still running skips them too.
+
+        Returns:
+          The dropped ``(worker, future)`` pairs, so a backend can cancel or log them.
+        """
+        keep = set(workers)
+        with self._lock:
+            dropped = [e for e in self._in_flight.values() if e[0] not in keep]
+            self._in_flight = {k: e for k, e in self._in_flight.items() if e[0] in keep}
+            dropped += [e for e in self._prefetched if e[0] not in keep]
+            # Filter in place: a suspended completed_prefetch reads this same deque.
+            kept = [e for e in self._prefetched if e[0] in keep]
+            self._prefetched.clear()
+            self._prefetched.extend(kept)
+        return dropped
+
+    def count(self, worker: Hashable) -> int:
+        """Requests of `worker` in flight (prefetched ones not included)."""
+        with self._lock:
+            return sum(1 for w, _ in self._in_flight.values() if w == worker)
+
+    def in_flight_counts(self) -> dict[Hashable, int]:
+        """``{worker: requests in flight}`` for every worker with at least one."""
+        counts: dict[Hashable, int] = {}
+        with self._lock:
+            for w, _ in self._in_flight.values():
+                counts[w] = counts.get(w, 0) + 1
+        return counts
+
+    def prefetched_counts(self) -> dict[Hashable, int]:
+        """``{worker: requests prefetched, not yet handed out}``."""
+        counts: dict[Hashable, int] = {}
+        with self._lock:
+            for w, _ in self._prefetched:
+                counts[w] = counts.get(w, 0) + 1
+        return counts
+
+    @property
+    def num_prefetched(self) -> int:
+        """Requests seen done by `completed_prefetch` and not yet handed out."""
+        return len(self._prefetched)
+
+    def __len__(self) -> int:
+        """Requests in flight (prefetched ones not included)."""
+        return len(self._in_flight)
