@@ -1,0 +1,351 @@
+"""`ImpalaConfig`: every knob of the pipeline, with RLlib's names, validated when built.
+
+Each field carries its own documentation (``metadata["help"]``); the README's config table
+and the CLI's ``--help`` are generated from it, so the three never disagree::
+
+    python -m impala_lab.config          # prints the markdown table
+
+A bad value raises `ConfigError` (a ``ValueError``) that names the field, the value and the
+fix, before any process starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import numbers
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from impala_lab.errors import ConfigError
+
+BACKENDS = ("process", "inline", "ray")
+OPTIMIZERS = ("adam", "rmsprop")
+# Knobs the driver may change between two steps of a live run (the dashboard's controls).
+LIVE_KNOBS = ("broadcast_interval", "replay_proportion", "num_sgd_iter", "lr", "entropy_coeff")
+
+
+def _f(default: Any, help: str, **kw: Any) -> Any:
+    return field(default=default, metadata={"help": help, **kw})
+
+
+@dataclass
+class ImpalaConfig:
+    """All settings of one IMPALA run. Defaults are RLlib's IMPALA defaults."""
+
+    # --- environment and actors -------------------------------------------------------
+    env: Any = _f("CartPole-v1", "Gymnasium env id (or, in Python, a zero-argument env factory).")
+    num_workers: int = _f(2, "Rollout workers (actors) sampling in parallel.")
+    num_envs_per_worker: int = _f(1, "Envs each worker steps as one batch; a sample is [T, this].")
+    sample_batch_size: int = _f(50, "Unroll length T of one worker sample (time steps per env).")
+    backend: str = _f("process", "Where workers live: 'process' (spawned), 'inline' (in the "
+                      "driver's process, steppable) or 'ray'.")
+    seed: int | None = _f(
+        None, "Seed for envs, action sampling, model init and replay; None = random.")
+    model: tuple[int, ...] = _f((64, 64), "Hidden layer sizes of the MLP (after the conv stack "
+                                "for image observations).")
+    max_sample_requests_in_flight_per_worker: int = _f(
+        2, "Sample requests each worker has queued at once (the task pool's depth).")
+    restart_failed_workers: bool = _f(
+        True, "Replace a worker that died and go on; False raises its error in the driver.")
+    ray_address: str | None = _f(
+        None, "Ray backend: address of an existing cluster; None starts a local Ray.")
+    # --- batching, replay and queues --------------------------------------------------
+    train_batch_size: int = _f(500, "Env steps per learner batch; worker samples are "
+                               "concatenated along B until at least this many.")
+    replay_proportion: float = _f(0.0, "Replayed batches mixed in per new batch, on average.")
+    replay_buffer_num_slots: int = _f(
+        0, "Sample batches kept for replay (FIFO); 0 disables replay.")
+    learner_queue_size: int = _f(
+        16, "Train batches waiting for the learner at most (bounded queue).")
+    learner_queue_timeout: float = _f(
+        300.0, "Seconds the learner waits on an empty queue before raising an error.")
+    minibatch_buffer_size: int = _f(1, "Slots of the learner's minibatch ring buffer.")
+    num_sgd_iter: int = _f(1, "Passes over each train batch (the ring's max ttl).")
+    broadcast_interval: int = _f(1, "Sample batches a worker returns between weight refreshes "
+                                 "(once the learner has new weights).")
+    # --- learner devices --------------------------------------------------------------
+    num_gpus: int = _f(0, "Learner devices; > 1 selects the MultiGPULearner.")
+    fake_gpus: bool = _f(
+        False, "Split the CPU into num_gpus logical devices (multi-GPU on a laptop).")
+    num_data_loader_buffers: int = _f(1, "Device-resident batch buffers of the MultiGPULearner; "
+                                      "> 1 selects it.")
+    # --- loss and optimizer -----------------------------------------------------------
+    lr: float = _f(0.0005, "Learning rate.")
+    opt_type: str = _f("adam", "Optimizer: 'adam' or 'rmsprop'.")
+    decay: float = _f(0.99, "RMSProp decay (rho).")
+    momentum: float = _f(0.0, "RMSProp momentum.")
+    epsilon: float = _f(0.1, "RMSProp epsilon.")
+    grad_clip: float = _f(40.0, "Clip gradients to this global norm.")
+    gamma: float = _f(0.99, "Discount factor.")
+    vf_loss_coeff: float = _f(0.5, "Weight of the value loss.")
+    entropy_coeff: float = _f(0.01, "Weight of the entropy bonus.")
+    vtrace_clip_rho_threshold: float | None = _f(
+        1.0, "V-trace rho-bar (clips importance weights in the value target); None disables.")
+    vtrace_clip_pg_rho_threshold: float | None = _f(
+        1.0, "Clip of importance weights in the policy-gradient advantage; None disables.")
+    tf_intra_op_threads: int = _f(
+        1, "TensorFlow intra-op threads for the learner (1 leaves the other core to the actors).")
+
+    def __post_init__(self) -> None:
+        if isinstance(self.model, list):
+            self.model = tuple(self.model)
+        self.validate()
+
+    # ------------------------------------------------------------------ validation
+    def validate(self) -> None:
+        """Raise `ConfigError` on the first value that cannot work."""
+        for f in fields(self):
+            _check_type(f, getattr(self, f.name))
+        self._check_env()
+        if self.num_workers < 1:
+            _bad("num_workers", self.num_workers,
+                 "training would hang with no worker to sample; set num_workers >= 1")
+        for name in ("num_envs_per_worker", "sample_batch_size", "train_batch_size",
+                     "max_sample_requests_in_flight_per_worker", "broadcast_interval",
+                     "num_sgd_iter", "minibatch_buffer_size", "learner_queue_size",
+                     "num_data_loader_buffers", "tf_intra_op_threads"):
+            if getattr(self, name) < 1:
+                _bad(name, getattr(self, name), "it must be a positive integer (>= 1)")
+        for name in ("lr", "grad_clip", "learner_queue_timeout", "epsilon"):
+            value = getattr(self, name)
+            if not (value > 0 and math.isfinite(value)):
+                _bad(name, value, "it must be a positive finite number")
+        if self.seed is not None and self.seed < 0:
+            _bad("seed", self.seed, "use a non-negative integer, or None for a random seed")
+        if self.num_gpus < 0:
+            _bad("num_gpus", self.num_gpus, "use 0 or 1 for one learner device, > 1 for several")
+        if self.replay_buffer_num_slots < 0:
+            _bad("replay_buffer_num_slots", self.replay_buffer_num_slots, "use 0 to disable replay")
+        _check_range("gamma", self.gamma, 0.0, 1.0)
+        _check_range("decay", self.decay, 0.0, 1.0)
+        _check_range("momentum", self.momentum, 0.0, 1.0)
+        for name in ("vf_loss_coeff", "entropy_coeff", "replay_proportion"):
+            _check_range(name, getattr(self, name), 0.0, math.inf)
+        for name in ("vtrace_clip_rho_threshold", "vtrace_clip_pg_rho_threshold"):
+            value = getattr(self, name)
+            if value is not None and not (value > 0 and math.isfinite(value)):
+                _bad(name, value, "use a positive number, or None to disable the clip")
+        if not self.model or any(h < 1 for h in self.model):
+            _bad("model", self.model, "give one or more positive hidden sizes, e.g. [64, 64]")
+        _check_choice("backend", self.backend, BACKENDS)
+        _check_choice("opt_type", self.opt_type, OPTIMIZERS)
+        if self.replay_proportion > 0:
+            # Replay starts once the store holds more than ceil(train / sample) batches.
+            needed = math.ceil(self.train_batch_size / self.sample_batch_size) + 1
+            if self.replay_buffer_num_slots < needed:
+                _bad("replay_buffer_num_slots", self.replay_buffer_num_slots,
+                     f"with replay_proportion={self.replay_proportion} the replay buffer "
+                     f"(replay_buffer_num_slots * sample_batch_size = "
+                     f"{self.replay_buffer_num_slots * self.sample_batch_size}) must hold more "
+                     f"than train_batch_size={self.train_batch_size} steps; set "
+                     f"replay_buffer_num_slots to at least {needed}, or replay_proportion=0")
+        if self.uses_multi_gpu_learner:
+            if self.num_data_loader_buffers < self.minibatch_buffer_size:
+                _bad("num_data_loader_buffers", self.num_data_loader_buffers,
+                     f"the multi-device learner needs at least as many data loader buffers as "
+                     f"minibatch buffers (minibatch_buffer_size={self.minibatch_buffer_size}); "
+                     f"raise num_data_loader_buffers or lower minibatch_buffer_size")
+            columns = self.train_batch_columns
+            if columns % self.num_learner_devices:
+                _bad("train_batch_size", self.train_batch_size,
+                     f"a train batch has {columns} columns (sample batches of "
+                     f"{self.sample_batch_size} x {self.num_envs_per_worker} env steps "
+                     f"concatenated to reach train_batch_size), which does not split evenly "
+                     f"across {self.num_learner_devices} learner devices; choose "
+                     f"train_batch_size and num_envs_per_worker so that the column count is a "
+                     f"multiple of num_gpus")
+        if self.fake_gpus and self.num_gpus < 1:
+            _bad("fake_gpus", self.fake_gpus, "set num_gpus >= 1 to say how many fake devices")
+
+    def _check_env(self) -> None:
+        if callable(self.env):
+            return
+        if not isinstance(self.env, str) or not self.env:
+            _bad("env", self.env, "give a gymnasium env id such as 'CartPole-v1' or a factory")
+        import gymnasium
+
+        if self.env not in gymnasium.registry:
+            close = difflib.get_close_matches(self.env, list(gymnasium.registry), n=3, cutoff=0.5)
+            hint = f"did you mean {', '.join(map(repr, close))}?" if close else (
+                "see gymnasium.pprint_registry() for the registered ids")
+            _bad("env", self.env, f"gymnasium does not know this env id; {hint}")
+
+    # ------------------------------------------------------------------ derived values
+    @property
+    def uses_multi_gpu_learner(self) -> bool:
+        """The seed's rule: the MultiGPULearner runs when num_gpus > 1 or loader buffers > 1."""
+        return self.num_gpus > 1 or self.num_data_loader_buffers > 1
+
+    @property
+    def num_learner_devices(self) -> int:
+        return max(1, self.num_gpus)
+
+    @property
+    def sample_steps(self) -> int:
+        """Env steps in one worker sample: sample_batch_size * num_envs_per_worker."""
+        return self.sample_batch_size * self.num_envs_per_worker
+
+    @property
+    def train_batch_columns(self) -> int:
+        """Columns B of a train batch: samples are concatenated until >= train_batch_size."""
+        return -(-self.train_batch_size // self.sample_steps) * self.num_envs_per_worker
+
+    @property
+    def env_id(self) -> str:
+        """A printable name of the env (a factory's qualified name)."""
+        if callable(self.env):
+            return "factory:" + getattr(self.env, "__qualname__", type(self.env).__name__)
+        return str(self.env)
+
+    # ------------------------------------------------------------------ dict round trip
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict; ``ImpalaConfig.from_dict(c.to_dict()) == c``."""
+        out = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "model":
+                value = list(value)
+            elif f.name == "env" and callable(value):
+                value = self.env_id
+            out[f.name] = value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ImpalaConfig:
+        """Build a config from a mapping; unknown keys are rejected with a did-you-mean."""
+        if not isinstance(data, Mapping):
+            raise ConfigError(
+                f"config must be a mapping of field names to values, got {type(data).__name__}")
+        known = field_names()
+        for key in data:
+            if key not in known:
+                close = difflib.get_close_matches(str(key), known, n=1)
+                hint = f"did you mean {close[0]!r}?" if close else "see the README's config table"
+                raise ConfigError(f"unknown config key {key!r}: {hint}")
+        return cls(**dict(data))
+
+    def replace(self, **changes: Any) -> ImpalaConfig:
+        """A validated copy with some fields changed (unknown names rejected like from_dict)."""
+        merged = self.to_dict()
+        if callable(self.env):
+            merged["env"] = self.env
+        for key in changes:
+            if key not in field_names():
+                self.from_dict({key: None})  # raises the did-you-mean error
+        merged.update(changes)
+        return type(self).from_dict(merged)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ImpalaConfig):
+            return NotImplemented
+        return self.to_dict() == other.to_dict()
+
+
+# ---------------------------------------------------------------------- helpers
+def field_names() -> list[str]:
+    return [f.name for f in fields(ImpalaConfig)]
+
+
+def field_help(name: str) -> str:
+    return {f.name: f.metadata["help"] for f in fields(ImpalaConfig)}[name]
+
+
+def _bad(name: str, value: Any, fix: str) -> None:
+    raise ConfigError(f"{name}={value!r} is invalid: {fix}")
+
+
+def _check_range(name: str, value: float, lo: float, hi: float) -> None:
+    if not (lo <= value <= hi) or math.isnan(value):
+        span = f"in [{lo}, {hi}]" if math.isfinite(hi) else f">= {lo}"
+        _bad(name, value, f"it must be {span}")
+
+
+def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        close = difflib.get_close_matches(value, choices, n=1, cutoff=0.4)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        _bad(name, value, f"choose one of {', '.join(map(repr, choices))}{hint}")
+
+
+def _kind(f: dataclasses.Field) -> str:
+    default = f.default
+    if f.name == "env":
+        return "env"
+    if f.name == "model":
+        return "model"
+    if f.name in ("seed",):
+        return "int?"
+    if f.name == "ray_address":
+        return "str?"
+    if f.name.startswith("vtrace_clip"):
+        return "float?"
+    if isinstance(default, bool):
+        return "bool"
+    if isinstance(default, int):
+        return "int"
+    if isinstance(default, float):
+        return "float"
+    return "str"
+
+
+def field_kind(name: str) -> str:
+    """'int', 'float', 'bool', 'str', 'int?', 'float?', 'str?', 'model' or 'env' (CLI parsing)."""
+    return _kind({f.name: f for f in fields(ImpalaConfig)}[name])
+
+
+def _check_type(f: dataclasses.Field, value: Any) -> None:
+    kind = _kind(f)
+    optional = kind.endswith("?")
+    base = kind.rstrip("?")
+    if optional and value is None:
+        return
+    ok = True
+    if base == "bool":
+        ok = isinstance(value, bool)
+    elif base == "int":
+        ok = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    elif base == "float":
+        ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
+        try:
+            finite = ok and math.isfinite(float(value))
+        except OverflowError:  # an int too large for a float
+            finite = False
+        if ok and not finite:
+            _bad(f.name, value, "it must be a finite number")
+    elif base == "str":
+        ok = isinstance(value, str)
+    elif base == "model":
+        ok = isinstance(value, tuple | list) and all(
+            isinstance(h, numbers.Integral) and not isinstance(h, bool) for h in value)
+    elif base == "env":
+        ok = isinstance(value, str) or callable(value)
+    if not ok:
+        expected = {"int": "an integer", "float": "a number", "bool": "true or false",
+                    "str": "a string", "model": "a list of positive integers, e.g. [64, 64]",
+                    "env": "a gymnasium env id or an env factory"}[base]
+        if optional:
+            expected += " or None"
+        raise ConfigError(
+            f"{f.name}={value!r} has type {type(value).__name__}: it must be {expected}")
+
+
+def markdown_table() -> str:
+    """The README's config table: every field, its default and what it does."""
+    rows = ["| field | default | what it does |", "| --- | --- | --- |"]
+    for f in fields(ImpalaConfig):
+        default = list(f.default) if isinstance(f.default, tuple) else f.default
+        rows.append(f"| `{f.name}` | `{default!r}` | {f.metadata['help']} |")
+    return "\n".join(rows)
+
+
+def live_knob_names() -> tuple[str, ...]:
+    return LIVE_KNOBS
+
+
+EnvFactory = Callable[[], Any]
+
+if __name__ == "__main__":
+    print(markdown_table())
