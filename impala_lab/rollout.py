@@ -1,0 +1,408 @@
+"""`RolloutWorker`: gymnasium envs stepped by a numpy policy, returning `SampleBatch`es.
+
+This is IMPALA's actor (RLlib's ``PolicyEvaluator`` in the seed). It holds
+``num_envs`` envs and a numpy copy of the policy network, and each `sample` call steps
+every env ``sample_batch_size`` (T) times, giving one time-major [T, num_envs] batch with
+the behaviour logits and the weights version used, which V-trace needs to correct for the
+policy lag between this actor and the learner.
+
+Episode boundaries. The worker loops over a plain list of envs and resets an env itself
+the moment it reports ``terminated`` or ``truncated`` (measured about 1.3-1.6x faster
+than ``gymnasium.vector.SyncVectorEnv`` for 8 CartPole envs here). So:
+
+- ``obs[t, b]`` is always the observation the action ``actions[t, b]`` was taken in; a
+  final observation is never recorded as ``obs`` and the reset is never an action.
+- At an episode's last step ``terminateds[t, b]`` (discount 0) or ``truncateds[t, b]``
+  is set and ``obs[t + 1, b]`` is the first observation of the next episode (the learner
+  cuts the trace there). A step that is both terminated and truncated counts as terminated.
+- At a truncated step the final observation is lost to the next ``obs`` row, so the
+  worker stores ``truncation_values[t, b]`` = V(final obs) under its current numpy model
+  and the learner bootstraps from it.
+
+This module imports numpy and gymnasium only (no TensorFlow): actor processes import it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from impala_lab import models
+from impala_lab.batch import SampleBatch
+
+__all__ = ["RolloutWorker", "env_description"]
+
+EnvSpec = str | Callable[[], gym.Env]
+
+
+def env_description(env: EnvSpec) -> str:
+    """A short name for an env id or factory: the id itself, or the factory's __qualname__
+    (for a ``functools.partial``, that of the wrapped callable)."""
+    if isinstance(env, str):
+        return env
+    name = getattr(env, "__qualname__", None)
+    if name is None and hasattr(env, "func"):  # functools.partial
+        name = getattr(env.func, "__qualname__", None)
+    return name if name is not None else type(env).__name__
+
+
+class RolloutWorker:
+    """Steps ``num_envs`` gymnasium envs with a numpy policy; `sample` returns [T, num_envs].
+
+    Args:
+      env: a gymnasium env id (built with ``gymnasium.make``) or a zero-argument callable
+        returning a ``gymnasium.Env`` (called ``num_envs`` times).
+      num_envs: envs stepped side by side; the batch's B.
+      sample_batch_size: unroll length T of each `sample`.
+      hiddens: hidden layer sizes of the policy network (must match the learner's model).
+      gamma: discount; kept for the learner and reports (the worker does not discount).
+      seed: seeds envs, action sampling and the initial weights; None = random. Env ``i`` is
+        seeded from ``SeedSequence(seed, spawn_key=(worker_index,))``'s child ``i + 1``,
+        action sampling from child 0, so equal (seed, worker_index) give equal batches.
+      worker_index: this worker's index in the run (seeding and error messages).
+
+    Raises:
+      ValueError: if an env cannot be built (naming the env), the spaces are unsupported,
+        the envs disagree on their spaces, or an argument is out of range.
+    """
+
+    def __init__(
+        self,
+        env: EnvSpec,
+        num_envs: int = 1,
+        sample_batch_size: int = 50,
+        hiddens: Sequence[int] = (64, 64),
+        gamma: float = 0.99,
+        seed: int | None = None,
+        worker_index: int = 0,
+    ) -> None:
+        if not isinstance(num_envs, int) or num_envs < 1:
+            raise ValueError(f"RolloutWorker: num_envs={num_envs!r} must be an int >= 1.")
+        if not isinstance(sample_batch_size, int) or sample_batch_size < 1:
+            raise ValueError(
+                f"RolloutWorker: sample_batch_size={sample_batch_size!r} must be an int >= 1."
+            )
+        if not (isinstance(env, str) or callable(env)):
+            raise TypeError(
+                f"RolloutWorker: env={env!r} must be a gymnasium env id (str) or a "
+                "zero-argument callable returning a gymnasium.Env."
+            )
+        self._env_spec = env
+        self._env_id = env_description(env)
+        self._num_envs = num_envs
+        self._T = sample_batch_size
+        self.gamma = float(gamma)
+        self.worker_index = int(worker_index)
+        self.seed = seed
+        self._envs: list[gym.Env] = []
+        self._closed = False
+        self._ep_returns = [0.0] * num_envs  # running return of each env's episode
+        self._ep_lengths = [0] * num_envs
+        self._steps_per_env = 0  # step() calls each env has had (they step in lockstep)
+        self.num_env_steps = 0
+        self.num_episodes = 0
+
+        seq = np.random.SeedSequence(seed, spawn_key=(self.worker_index,))
+        children = seq.spawn(num_envs + 1)
+        self._rng = np.random.default_rng(children[0])
+        env_seeds = [int(c.generate_state(1, np.uint32)[0]) for c in children[1:]]
+
+        try:
+            for i in range(num_envs):
+                self._envs.append(self._make_env(i))
+            self._observation_space = self._envs[0].observation_space
+            self._action_space = self._envs[0].action_space
+            for i, e in enumerate(self._envs[1:], start=1):
+                if e.observation_space != self._observation_space or (
+                    e.action_space != self._action_space
+                ):
+                    raise ValueError(
+                        f"RolloutWorker: env index {i} of {self._env_id!r} has spaces "
+                        f"({e.observation_space}, {e.action_space}) but env 0 has "
+                        f"({self._observation_space}, {self._action_space}); all envs of a "
+                        "worker need the same spaces."
+                    )
+            try:
+                models.check_spaces(self._observation_space, self._action_space)
+            except ValueError as err:
+                raise ValueError(f"RolloutWorker: env {self._env_id!r}: {err}") from err
+
+            self._obs_shape = tuple(self._observation_space.shape)
+            is_image = np.dtype(self._observation_space.dtype) == np.uint8
+            self._obs_dtype = np.dtype(np.uint8 if is_image else np.float32)
+            self._check_obs = self._obs_dtype.kind == "f"
+            self._num_actions = int(self._action_space.n)
+
+            self._model = models.NumpyModel(
+                self._observation_space, self._action_space, hiddens=tuple(hiddens)
+            )
+            init_seed = seed if seed is not None else int(seq.entropy % (2**63))
+            self._weights: list[np.ndarray] = list(self._model.initial_weights(init_seed))
+            self._model.set_weights(self._weights)
+            self._version = -1
+
+            self._obs = np.empty((num_envs, *self._obs_shape), self._obs_dtype)
+            for i, (e, s) in enumerate(zip(self._envs, env_seeds, strict=True)):
+                self._obs[i] = self._reset_env(i, e, seed=s)
+        except BaseException:
+            self.close()
+            raise
+
+    # ------------------------------------------------------------------ construction
+    def _make_env(self, index: int) -> gym.Env:
+        spec = self._env_spec
+        where = f"env index {index} of worker {self.worker_index}"
+        try:
+            e = gym.make(spec) if isinstance(spec, str) else spec()
+        except Exception as err:
+            kind = "gymnasium.make" if isinstance(spec, str) else "the env factory"
+            raise ValueError(
+                f"RolloutWorker could not build env {self._env_id!r} ({where}): {kind} raised "
+                f"{type(err).__name__}: {err}"
+            ) from err
+        if not isinstance(e, gym.Env):
+            raise TypeError(
+                f"RolloutWorker: env factory {self._env_id!r} returned {type(e).__name__}, "
+                "expected a gymnasium.Env."
+            )
+        return e
+
+    def _reset_env(self, index: int, env: gym.Env, seed: int | None = None) -> np.ndarray:
+        obs, _ = env.reset(seed=seed)
+        if self._check_obs and not np.isfinite(obs).all():
+            after = f"after env step {self._steps_per_env}" if self._steps_per_env else (
+                "before any step"
+            )
+            self._raise_nonfinite(index, "observation", obs, f"from reset() {after}")
+        return obs
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def observation_space(self) -> gym.Space:
+        return self._observation_space
+
+    @property
+    def action_space(self) -> gym.Space:
+        return self._action_space
+
+    @property
+    def num_actions(self) -> int:
+        return self._num_actions
+
+    @property
+    def num_envs(self) -> int:
+        return self._num_envs
+
+    @property
+    def sample_batch_size(self) -> int:
+        return self._T
+
+    @property
+    def env_id(self) -> str:
+        """The env id, or the factory's __qualname__."""
+        return self._env_id
+
+    @property
+    def weights_version(self) -> int:
+        """Version of the weights in use; -1 until the first `set_weights`."""
+        return self._version
+
+    @property
+    def model(self) -> models.NumpyModel:
+        """The numpy policy the worker acts with (read it; change it with `set_weights`)."""
+        return self._model
+
+    # ------------------------------------------------------------------ weights
+    def set_weights(self, weights: list[np.ndarray], version: int) -> None:
+        """Installs the learner's weights (``keras_model.get_weights()`` order).
+
+        The arrays are used as given, not copied: do not mutate them afterwards.
+        """
+        self._model.set_weights(weights)
+        self._weights = list(weights)
+        self._version = int(version)
+
+    def get_weights(self) -> tuple[list[np.ndarray], int]:
+        """Returns ``(weights, version)``."""
+        return self._weights, self._version
+
+    # ------------------------------------------------------------------ sampling
+    def sample(self) -> SampleBatch:
+        """Steps every env T times with the current weights.
+
+        Returns:
+          A `SampleBatch` of shape [T, num_envs]; ``policy_versions`` is the current
+          `weights_version` for every column; the episode arrays hold the episodes that
+          ended during this call, in order of (step, env index).
+
+        Raises:
+          ValueError: if an env returns a non-finite observation or reward (naming the env,
+            its index, the step and the quantity).
+          Exception: whatever an env raises, with a note naming the env and step.
+        """
+        if self._closed:
+            raise RuntimeError(f"RolloutWorker {self.worker_index} is closed; build a new one.")
+        T, n = self._T, self._num_envs
+        obs_buf = np.empty((T + 1, n, *self._obs_shape), self._obs_dtype)
+        obs_buf[0] = self._obs
+        actions = np.empty((T, n), np.int64)
+        logits_buf = np.empty((T, n, self._num_actions), np.float32)
+        rewards = np.empty((T, n), np.float32)
+        terminateds = np.zeros((T, n), np.bool_)
+        truncateds = np.zeros((T, n), np.bool_)
+        truncation_values = np.zeros((T, n), np.float32)
+        done_returns: list[float] = []
+        done_lengths: list[int] = []
+
+        # Locals: this loop is the actor's hot path.
+        model = self._model
+        sample_actions = models.sample_actions
+        rng = self._rng
+        envs = self._envs
+        steps = [e.step for e in envs]
+        ep_ret = self._ep_returns
+        ep_len = self._ep_lengths
+        check_obs = self._check_obs
+        isfinite = np.isfinite
+        r_row = [0.0] * n
+        i = -1
+        t = 0
+        try:
+            for t in range(T):
+                logits, _ = model(obs_buf[t])
+                acts = sample_actions(logits, rng)
+                logits_buf[t] = logits
+                actions[t] = acts
+                nxt = obs_buf[t + 1]
+                truncated_final: list[tuple[int, Any]] | None = None
+                # numpy ints, as a vector env passes them: Discrete.contains checks them
+                # faster than Python ints.
+                for i, a in enumerate(acts):
+                    o, r, term, trunc, _ = steps[i](a)
+                    r_row[i] = r
+                    ep_ret[i] += float(r)  # float64 sum, whatever r's type
+                    ep_len[i] += 1
+                    if term or trunc:
+                        if term:
+                            terminateds[t, i] = True
+                        else:
+                            truncateds[t, i] = True
+                            if truncated_final is None:
+                                truncated_final = []
+                            # Copied: reset() may reuse the env's obs buffer.
+                            truncated_final.append((i, np.array(o, copy=True)))
+                        done_returns.append(float(ep_ret[i]))
+                        done_lengths.append(ep_len[i])
+                        ep_ret[i] = 0.0
+                        ep_len[i] = 0
+                        o, _ = envs[i].reset()
+                    nxt[i] = o
+                i = -1
+                self._steps_per_env += 1
+                rewards[t] = r_row
+                if not math.isfinite(sum(r_row)):
+                    self._check_rewards(r_row)
+                if check_obs and not isfinite(nxt).all():
+                    self._check_row(nxt, t, terminateds, truncateds)
+                if truncated_final is not None:
+                    self._fill_truncation_values(truncated_final, truncation_values[t])
+        except Exception as err:
+            if not getattr(err, "_impala_lab_located", False):
+                if i >= 0:
+                    where = f"stepping env index {i}"
+                else:
+                    where = "computing the policy's actions"
+                err.add_note(
+                    f"(RolloutWorker {self.worker_index}, env {self._env_id!r}: raised while "
+                    f"{where}, at step {t} of the fragment, env step "
+                    f"{self._steps_per_env + 1})"
+                )
+            raise
+
+        self._obs = obs_buf[T].copy()
+        self.num_env_steps += T * n
+        self.num_episodes += len(done_returns)
+        policy_versions = np.full(n, self._version, np.int64)
+        return SampleBatch(
+            obs=obs_buf[:T],
+            actions=actions,
+            rewards=rewards,
+            terminateds=terminateds,
+            truncateds=truncateds,
+            truncation_values=truncation_values,
+            behaviour_logits=logits_buf,
+            bootstrap_obs=self._obs.copy(),
+            policy_versions=policy_versions,
+            episode_returns=np.asarray(done_returns, np.float64),
+            episode_lengths=np.asarray(done_lengths, np.int64),
+        )
+
+    def _fill_truncation_values(
+        self, finals: list[tuple[int, Any]], out_row: np.ndarray
+    ) -> None:
+        """out_row[i] = V(final obs of env i) for every truncated env i of this step."""
+        idx = [i for i, _ in finals]
+        final_obs = np.stack([o for _, o in finals]).astype(self._obs_dtype, copy=False)
+        if self._check_obs and not np.isfinite(final_obs).all():
+            k = int(np.argwhere(~np.isfinite(final_obs).reshape(len(idx), -1).all(1))[0, 0])
+            self._raise_nonfinite(
+                idx[k], "observation", final_obs[k],
+                f"at env step {self._steps_per_env} (the final observation of a truncated "
+                "episode, needed for its bootstrap value)",
+            )
+        _, values = self._model(final_obs)
+        out_row[idx] = values
+
+    def _check_rewards(self, r_row: list[float]) -> None:
+        for i, r in enumerate(r_row):
+            if not math.isfinite(float(r)):
+                self._raise_nonfinite(i, "reward", r, f"at env step {self._steps_per_env}")
+
+    def _check_row(
+        self, row: np.ndarray, t: int, terminateds: np.ndarray, truncateds: np.ndarray
+    ) -> None:
+        bad = ~np.isfinite(row.reshape(len(row), -1)).all(axis=1)
+        i = int(np.argmax(bad))
+        step = self._steps_per_env
+        reset = bool(terminateds[t, i] or truncateds[t, i])
+        when = f"from reset() after env step {step}" if reset else f"at env step {step}"
+        self._raise_nonfinite(i, "observation", row[i], when)
+
+    def _raise_nonfinite(self, index: int, quantity: str, value: Any, when: str) -> None:
+        text = np.array2string(np.asarray(value), threshold=8, precision=4)
+        err = ValueError(
+            f"env {self._env_id!r} (env index {index} of worker {self.worker_index}) returned "
+            f"a non-finite {quantity} {when}: {text}. "
+            "Fix the env (or wrap it to clip/validate its output); a NaN here would "
+            "otherwise surface as a NaN loss much later."
+        )
+        err._impala_lab_located = True  # type: ignore[attr-defined]
+        raise err
+
+    # ------------------------------------------------------------------ lifetime
+    def close(self) -> None:
+        """Closes the envs (idempotent)."""
+        self._closed = True
+        envs, self._envs = self._envs, []
+        for e in envs:
+            # Closing must not mask the error that brought us here.
+            with contextlib.suppress(Exception):
+                e.close()
+
+    def __enter__(self) -> RolloutWorker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"RolloutWorker(env={self._env_id!r}, num_envs={self._num_envs}, "
+            f"sample_batch_size={self._T}, worker_index={self.worker_index}, "
+            f"weights_version={getattr(self, '_version', None)})"
+        )

@@ -1,0 +1,206 @@
+"""Tiny deterministic gymnasium envs for the project's tests (registered nowhere).
+
+Pass them to a worker as factories, e.g. ``functools.partial(FixedLengthEnv, length=3)``
+or the class itself. All have ``Discrete(n_actions)`` actions; all but `ImageEnv` (uint8
+images) have ``Box`` float32 observations. They are importable (``tests.envs``) so spawned worker
+processes can unpickle them.
+
+Every env refuses ``step()`` after its episode ended until ``reset()`` is called, so a
+worker with an autoreset bug fails loudly instead of recording a bogus transition.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+
+class FixedLengthEnv(gym.Env):
+    """An episode ends exactly after ``length`` steps (terminated, or truncated if asked).
+
+    Observation (float32, shape [obs_dim]): ``obs[0]`` = steps taken in the episode (0
+    after reset, ``length`` in the final obs); ``obs[1]`` = episode index (resets since
+    construction, the first episode is 0); ``obs[2]`` = the last action taken (-1 after
+    reset); further entries are 0. So a test can read the episode boundaries off the obs.
+    A seeded ``reset(seed=...)`` restarts the episode count.
+
+    Reward: ``reward`` per step; if ``rewarded_action`` is given, ``reward`` only when the
+    action equals it and 0 otherwise (a one-step bandit a learner can solve).
+    """
+
+    metadata: dict[str, Any] = {"render_modes": []}
+
+    def __init__(
+        self,
+        length: int = 5,
+        obs_dim: int = 2,
+        n_actions: int = 2,
+        reward: float = 1.0,
+        truncate: bool = False,
+        rewarded_action: int | None = None,
+    ) -> None:
+        if length < 1:
+            raise ValueError(f"FixedLengthEnv: length={length} must be >= 1.")
+        if obs_dim < 1:
+            raise ValueError(f"FixedLengthEnv: obs_dim={obs_dim} must be >= 1.")
+        self.length = length
+        self.obs_dim = obs_dim
+        self.reward = float(reward)
+        self.truncate = truncate
+        self.rewarded_action = rewarded_action
+        self.observation_space = gym.spaces.Box(-1e6, 1e6, (obs_dim,), np.float32)
+        self.action_space = gym.spaces.Discrete(n_actions)
+        self.t = 0
+        self.episode = -1
+        self.total_steps = 0  # step() calls since construction
+        self.last_seed: int | None = None
+        self._done = True
+
+    def _obs(self, last_action: int) -> np.ndarray:
+        obs = np.zeros(self.obs_dim, np.float32)
+        values = (self.t, self.episode, last_action)
+        obs[: min(self.obs_dim, 3)] = values[: self.obs_dim]
+        return obs
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        super().reset(seed=seed)
+        if seed is not None:  # a seeded reset restarts the episode count (deterministic obs)
+            self.last_seed = seed
+            self.episode = -1
+        self.t = 0
+        self.episode += 1
+        self._done = False
+        return self._obs(-1), {}
+
+    def _reward(self, action: int) -> float:
+        if self.rewarded_action is None or action == self.rewarded_action:
+            return self.reward
+        return 0.0
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        if self._done:
+            raise RuntimeError(
+                f"{type(self).__name__}.step() called after the episode ended (episode "
+                f"{self.episode}, t={self.t}) without reset()"
+            )
+        action = int(action)
+        if not self.action_space.contains(action):
+            raise ValueError(f"invalid action {action} for {self.action_space}")
+        self.total_steps += 1
+        self.t += 1
+        done = self.t >= self.length
+        self._done = done
+        terminated = done and not self.truncate
+        truncated = done and self.truncate
+        return self._obs(action), self._reward(action), terminated, truncated, {}
+
+
+class RaisingEnv(FixedLengthEnv):
+    """A `FixedLengthEnv` whose ``step()`` raises ``RuntimeError("boom at step N")`` on every
+    ``every``-th call (N counts step() calls since construction, from 1)."""
+
+    def __init__(self, every: int = 10, length: int = 5, **kwargs: Any) -> None:
+        super().__init__(length=length, **kwargs)
+        self.every = every
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        if (self.total_steps + 1) % self.every == 0:
+            self.total_steps += 1
+            raise RuntimeError(f"boom at step {self.total_steps}")
+        return super().step(action)
+
+
+class NaNEnv(FixedLengthEnv):
+    """A `FixedLengthEnv` that returns a NaN observation (or reward, ``field="reward"``) from
+    the ``at_step``-th ``step()`` call since construction (from 1); ``at_step=0`` makes the
+    first ``reset()`` return a NaN observation."""
+
+    def __init__(self, at_step: int = 3, field: str = "obs", length: int = 5,
+                 **kwargs: Any) -> None:
+        if field not in ("obs", "reward"):
+            raise ValueError(f"NaNEnv: field={field!r} must be 'obs' or 'reward'.")
+        super().__init__(length=length, **kwargs)
+        self.at_step = at_step
+        self.field = field
+
+    def reset(self, **kwargs: Any) -> tuple[np.ndarray, dict[str, Any]]:
+        obs, info = super().reset(**kwargs)
+        if self.at_step == 0 and self.episode == 0:
+            obs[0] = np.nan
+        return obs, info
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        obs, reward, terminated, truncated, info = super().step(action)
+        if self.total_steps == self.at_step:
+            if self.field == "obs":
+                obs[0] = np.nan
+            else:
+                reward = float("nan")
+        return obs, reward, terminated, truncated, info
+
+
+class SlowEnv(FixedLengthEnv):
+    """A `FixedLengthEnv` that sleeps ``delay_s`` seconds in every ``step()`` (for timeouts,
+    backpressure and throughput tests)."""
+
+    def __init__(self, delay_s: float = 0.01, length: int = 5, **kwargs: Any) -> None:
+        super().__init__(length=length, **kwargs)
+        self.delay_s = delay_s
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        time.sleep(self.delay_s)
+        return super().step(action)
+
+
+class ImageEnv(gym.Env):
+    """Image observations ``Box(0, 255, (size, size, 3), uint8)`` for CNN tests.
+
+    ``size`` defaults to 20, the smallest image `impala_lab.models`' CNN accepts (its conv
+    stack needs at least 20x20). The episode ends (terminated) after ``length`` steps.
+    Pixel [0, 0, 0] holds the step in the episode, channel 1 is a fixed gradient, channel 2
+    is the last action * 100 (0 after reset). Reward 1.0 when the action equals
+    ``rewarded_action`` (default 0), else 0.
+    """
+
+    metadata: dict[str, Any] = {"render_modes": []}
+
+    def __init__(
+        self, length: int = 5, n_actions: int = 3, rewarded_action: int = 0, size: int = 20
+    ) -> None:
+        self.length = length
+        self.size = size
+        self.rewarded_action = rewarded_action
+        self.observation_space = gym.spaces.Box(0, 255, (size, size, 3), np.uint8)
+        self.action_space = gym.spaces.Discrete(n_actions)
+        self._gradient = (np.arange(size * size).reshape(size, size) % 256).astype(np.uint8)
+        self.t = 0
+        self._done = True
+
+    def _obs(self, last_action: int) -> np.ndarray:
+        obs = np.zeros((self.size, self.size, 3), np.uint8)
+        obs[:, :, 1] = self._gradient
+        obs[:, :, 2] = min(255, max(0, last_action) * 100)
+        obs[0, 0, 0] = self.t % 256
+        return obs
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        super().reset(seed=seed)
+        self.t = 0
+        self._done = False
+        return self._obs(0), {}
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        if self._done:
+            raise RuntimeError("ImageEnv.step() called after the episode ended without reset()")
+        action = int(action)
+        self.t += 1
+        self._done = self.t >= self.length
+        reward = 1.0 if action == self.rewarded_action else 0.0
+        return self._obs(action), reward, self._done, False, {}
