@@ -1,0 +1,441 @@
+"""Policy/value networks: a Keras model for the learner, the same network in numpy for actors.
+
+Two networks, chosen by the observation space (`check_spaces`):
+
+  * ``"mlp"`` for Box observations of rank 1: ``hiddens`` dense layers with tanh
+    (RLlib's default fcnet activation; bounded features keep the value head tame);
+  * ``"cnn"`` for Box observations of rank 3 (HxWxC images): conv 16 8x8 stride 4, conv 32
+    4x4 stride 2 ('valid' padding, NHWC), flatten, then ``hiddens`` dense layers, all relu.
+
+uint8 observations are scaled by 1/255 inside the network (both versions), so actors ship
+raw uint8 frames. Both networks end in two heads on the last hidden features: policy
+logits [N, A] (Discrete actions) and a value [N].
+
+Weights are a ``list[np.ndarray]`` in ``keras_model.get_weights()`` order, which is also
+`NumpyModel.weight_shapes()` order::
+
+    mlp: [hidden_0/kernel [D, H0], hidden_0/bias [H0], ..., logits_head/kernel [Hk, A],
+          logits_head/bias [A], value_head/kernel [Hk, 1], value_head/bias [1]]
+    cnn: [conv_0/kernel [8, 8, C, 16], conv_0/bias [16], conv_1/kernel [4, 4, 16, 32],
+          conv_1/bias [32], hidden_0/kernel [F, H0], ..., then the two heads as above]
+
+Initialisation (`NumpyModel.initial_weights`, also what `build_keras_model` loads):
+orthogonal kernels with gain sqrt(2) for hidden/conv layers, 0.01 for the policy head (a
+near-uniform first policy) and 1.0 for the value head; zero biases.
+
+Actor processes import this module for `NumpyModel` and `sample_actions`; it must never
+import TensorFlow or Keras at module level (a test holds that). Keras is imported inside
+`build_keras_model` and `keras_forward` only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from gymnasium import spaces
+
+if TYPE_CHECKING:  # for annotations only; never imported at run time here
+    import keras
+
+__all__ = [
+    "CONV_LAYERS",
+    "check_spaces",
+    "build_keras_model",
+    "keras_forward",
+    "NumpyModel",
+    "sample_actions",
+]
+
+# (filters, kernel size, stride) of the CNN's conv layers, 'valid' padding.
+CONV_LAYERS: tuple[tuple[int, int, int], ...] = ((16, 8, 4), (32, 4, 2))
+
+_SUPPORTED_OBS = "supported: Box observations of rank 1 (MLP) or rank 3 (HxWxC images, CNN)"
+_HIDDEN_GAIN = math.sqrt(2.0)
+_POLICY_GAIN = 0.01
+_VALUE_GAIN = 1.0
+_UINT8_SCALE = np.float32(1.0 / 255.0)
+
+
+def _min_image_size() -> int:
+    """Smallest H (and W) for which every conv layer has at least one output row."""
+    size = 1
+    for _, kernel, stride in reversed(CONV_LAYERS):
+        size = (size - 1) * stride + kernel
+    return size
+
+
+def _conv_out(size: int, kernel: int, stride: int) -> int:
+    return (size - kernel) // stride + 1
+
+
+def check_spaces(observation_space: Any, action_space: Any) -> str:
+    """Checks that the spaces are supported and says which network they get.
+
+    Args:
+      observation_space: a gymnasium space; Box of rank 1 (vector) or rank 3 (HxWxC image).
+      action_space: a gymnasium space; Discrete(n) with start 0.
+
+    Returns:
+      ``"mlp"`` for rank-1 observations, ``"cnn"`` for rank-3 observations.
+
+    Raises:
+      ValueError: the space is not supported; the message names it and what is supported.
+    """
+    if not isinstance(action_space, spaces.Discrete):
+        raise ValueError(
+            f"action space {action_space} is not supported: impala_lab supports Discrete "
+            "action spaces (continuous Box, MultiDiscrete, MultiBinary, Dict and Tuple "
+            "actions are not)"
+        )
+    if int(action_space.start) != 0:
+        raise ValueError(
+            f"action space {action_space} is not supported: impala_lab supports Discrete "
+            f"action spaces starting at 0; wrap the env to map actions 0..n-1 to "
+            f"{int(action_space.start)}..{int(action_space.start) + int(action_space.n) - 1}"
+        )
+    if not isinstance(observation_space, spaces.Box):
+        raise ValueError(
+            f"observation space {observation_space} is not supported: {_SUPPORTED_OBS}; "
+            "wrap the env with gymnasium.wrappers.FlattenObservation to turn Discrete, "
+            "Dict or Tuple observations into a rank-1 Box"
+        )
+    shape = tuple(observation_space.shape)
+    if len(shape) == 1:
+        return "mlp"
+    if len(shape) == 3:
+        height, width, _ = shape
+        need = _min_image_size()
+        if height < need or width < need:
+            raise ValueError(
+                f"observation space {observation_space} is not supported: images must be at "
+                f"least {need}x{need} (HxWxC) for the CNN's conv layers {CONV_LAYERS}; resize "
+                "with gymnasium.wrappers.ResizeObservation"
+            )
+        return "cnn"
+    raise ValueError(
+        f"observation space {observation_space} with shape {shape} (rank {len(shape)}) is not "
+        f"supported: {_SUPPORTED_OBS}; flatten it with gymnasium.wrappers.FlattenObservation, "
+        "or give images a channel axis"
+    )
+
+
+def _check_hiddens(hiddens: Sequence[int]) -> tuple[int, ...]:
+    try:
+        given = tuple(hiddens)
+        out = tuple(int(h) for h in given)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"hiddens={hiddens!r} is not supported: give a sequence of layer sizes, "
+            "e.g. (64, 64), or () for none"
+        ) from None
+    if any(h <= 0 for h in out) or out != given:
+        raise ValueError(
+            f"hiddens={given!r} is not supported: every layer size must be a "
+            "positive integer, e.g. (64, 64)"
+        )
+    return out
+
+
+def _orthogonal(rng: np.random.Generator, shape: tuple[int, ...], gain: float) -> np.ndarray:
+    """Orthogonal init as keras.initializers.Orthogonal does it: rows = prod(shape[:-1])."""
+    rows = int(np.prod(shape[:-1]))
+    cols = shape[-1]
+    flat = rng.standard_normal((max(rows, cols), min(rows, cols)))
+    q, r = np.linalg.qr(flat)
+    q = q * np.sign(np.diag(r))  # make the decomposition unique (uniform over rotations)
+    if rows < cols:
+        q = q.T
+    return (gain * q).reshape(shape).astype(np.float32)
+
+
+def _sliding_patches(x: np.ndarray, kernel: int, stride: int) -> np.ndarray:
+    """im2col for NHWC input with 'valid' padding.
+
+    Args:
+      x: A float32 array of shape [N, H, W, C].
+      kernel: kernel height and width.
+      stride: stride in both spatial dims.
+
+    Returns:
+      A float32 array of shape [N * Ho * Wo, kernel * kernel * C], patch entries in
+      (kh, kw, C) order, matching a Keras kernel [kh, kw, C, F] reshaped to [kh*kw*C, F].
+    """
+    n, h, w, c = x.shape
+    ho, wo = _conv_out(h, kernel, stride), _conv_out(w, kernel, stride)
+    sn, sh, sw, sc = x.strides
+    view = np.lib.stride_tricks.as_strided(
+        x,
+        shape=(n, ho, wo, kernel, kernel, c),
+        strides=(sn, sh * stride, sw * stride, sh, sw, sc),
+        writeable=False,
+    )
+    return view.reshape(n * ho * wo, kernel * kernel * c)  # copies: one gemm per layer
+
+
+class NumpyModel:
+    """The Keras network's forward pass in numpy, for actor processes.
+
+    Usage::
+
+        model = NumpyModel(env.observation_space, env.action_space, hiddens=(64, 64))
+        model.set_weights(model.initial_weights(seed))   # or the learner's broadcast
+        logits, values = model(obs)                      # obs [N, *obs_shape]
+        actions = sample_actions(logits, rng)
+
+    `__call__` reuses no output buffers, but is meant for one thread at a time (like an
+    actor's env loop).
+    """
+
+    def __init__(
+        self, observation_space: Any, action_space: Any, hiddens: Sequence[int] = (64, 64)
+    ) -> None:
+        self.kind = check_spaces(observation_space, action_space)
+        self.hiddens = _check_hiddens(hiddens)
+        self.obs_shape: tuple[int, ...] = tuple(int(d) for d in observation_space.shape)
+        self.obs_dtype = np.dtype(observation_space.dtype)
+        self.num_actions = int(action_space.n)
+        self._scale_uint8 = self.obs_dtype == np.uint8
+        self._shapes, self._gains = self._layout()
+        self._weights: list[np.ndarray] | None = None
+
+    def _layout(self) -> tuple[list[tuple[int, ...]], list[float]]:
+        """Weight shapes in get_weights() order, and each kernel's init gain."""
+        shapes: list[tuple[int, ...]] = []
+        gains: list[float] = []
+        if self.kind == "cnn":
+            height, width, channels = self.obs_shape
+            for filters, kernel, stride in CONV_LAYERS:
+                shapes += [(kernel, kernel, channels, filters), (filters,)]
+                gains += [_HIDDEN_GAIN, 0.0]
+                height, width = _conv_out(height, kernel, stride), _conv_out(width, kernel, stride)
+                channels = filters
+            features = height * width * channels
+        else:
+            features = self.obs_shape[0]
+        for size in self.hiddens:
+            shapes += [(features, size), (size,)]
+            gains += [_HIDDEN_GAIN, 0.0]
+            features = size
+        shapes += [(features, self.num_actions), (self.num_actions,), (features, 1), (1,)]
+        gains += [_POLICY_GAIN, 0.0, _VALUE_GAIN, 0.0]
+        return shapes, gains
+
+    def weight_shapes(self) -> list[tuple[int, ...]]:
+        """The shape of every weight array, in `keras_model.get_weights()` order."""
+        return list(self._shapes)
+
+    def initial_weights(self, seed: int | None) -> list[np.ndarray]:
+        """Fresh weights: orthogonal kernels (gains sqrt(2) hidden, 0.01 policy, 1.0 value),
+        zero biases; float32, in `weight_shapes()` order. The same seed gives the same weights.
+        """
+        rng = np.random.default_rng(seed)
+        weights = []
+        for shape, gain in zip(self._shapes, self._gains, strict=True):
+            if len(shape) == 1:
+                weights.append(np.zeros(shape, dtype=np.float32))
+            else:
+                weights.append(_orthogonal(rng, shape, gain))
+        return weights
+
+    def set_weights(self, weights: Sequence[np.ndarray]) -> None:
+        """Loads weights in `weight_shapes()` order (e.g. the learner's broadcast).
+
+        Raises:
+          ValueError: wrong number of arrays or a wrong shape (the message names the index,
+            both shapes and the network the shapes belong to).
+        """
+        if len(weights) != len(self._shapes):
+            raise ValueError(
+                f"weights has {len(weights)} arrays but this {self.kind} network "
+                f"(obs {self.obs_shape}, {self.num_actions} actions, hiddens {self.hiddens}) "
+                f"needs {len(self._shapes)}: expected shapes {self._shapes}; build both models "
+                "from the same spaces and hiddens"
+            )
+        arrays = []
+        for i, (w, shape) in enumerate(zip(weights, self._shapes, strict=True)):
+            arr = np.ascontiguousarray(w, dtype=np.float32)
+            if arr.shape != shape:
+                raise ValueError(
+                    f"weights[{i}] has shape {arr.shape} but this {self.kind} network "
+                    f"(obs {self.obs_shape}, {self.num_actions} actions, hiddens "
+                    f"{self.hiddens}) expects {shape}: expected shapes {self._shapes}"
+                )
+            arrays.append(arr)
+        self._weights = arrays
+        self._conv = []
+        if self.kind == "cnn":
+            for i, (_, size, stride) in enumerate(CONV_LAYERS):
+                kernel, bias = arrays[2 * i], arrays[2 * i + 1]
+                # [kh, kw, C, F] -> [kh*kw*C, F], rows in the (kh, kw, C) order of the patches.
+                self._conv.append((kernel.reshape(-1, kernel.shape[-1]), bias, size, stride))
+        n_conv = 2 * len(self._conv)
+        n_dense = 2 * len(self.hiddens)
+        self._dense = [(arrays[i], arrays[i + 1]) for i in range(n_conv, n_conv + n_dense, 2)]
+        # Both heads in one gemm: [H, A + 1], logits in the first A columns.
+        pw, pb, vw, vb = arrays[-4:]
+        self._head_w = np.ascontiguousarray(np.concatenate([pw, vw], axis=1))
+        self._head_b = np.concatenate([pb, vb])
+
+    def get_weights(self) -> list[np.ndarray]:
+        """Copies of the loaded weights, in `weight_shapes()` order."""
+        if self._weights is None:
+            raise RuntimeError(
+                "NumpyModel has no weights yet: call set_weights(...) first, e.g. "
+                "model.set_weights(model.initial_weights(seed))"
+            )
+        return [w.copy() for w in self._weights]
+
+    def __call__(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Forward pass.
+
+        Args:
+          obs: An array of shape [N, *obs_shape] (uint8 images are scaled by 1/255).
+
+        Returns:
+          (logits, values): float32 arrays of shape [N, A] and [N]; both are views into
+          one fresh [N, A + 1] array (the heads share a gemm), never into obs or weights.
+        """
+        if self._weights is None:
+            raise RuntimeError(
+                "NumpyModel has no weights yet: call set_weights(...) first, e.g. "
+                "model.set_weights(model.initial_weights(seed))"
+            )
+        if obs.shape[1:] != self.obs_shape:
+            raise ValueError(
+                f"obs has shape {obs.shape} but this model expects [N, *obs_shape] = "
+                f"[N, {', '.join(map(str, self.obs_shape))}]; add a batch axis for one "
+                "observation (obs[None])"
+            )
+        if self._scale_uint8:
+            x = obs.astype(np.float32)
+            x *= _UINT8_SCALE
+        else:
+            x = obs if obs.dtype == np.float32 else obs.astype(np.float32)
+        if self._conv:
+            n = x.shape[0]
+            for kernel2d, bias, size, stride in self._conv:
+                ho = _conv_out(x.shape[1], size, stride)
+                wo = _conv_out(x.shape[2], size, stride)
+                y = _sliding_patches(x, size, stride) @ kernel2d
+                y += bias
+                np.maximum(y, 0.0, out=y)
+                x = y.reshape(n, ho, wo, -1)
+            x = x.reshape(n, -1)
+            for w, b in self._dense:
+                x = x @ w
+                x += b
+                np.maximum(x, 0.0, out=x)
+        else:
+            for w, b in self._dense:
+                x = x @ w  # a fresh array: obs is never written to
+                x += b
+                np.tanh(x, out=x)
+        out = x @ self._head_w
+        out += self._head_b
+        return out[:, : self.num_actions], out[:, self.num_actions]
+
+
+def build_keras_model(
+    observation_space: Any,
+    action_space: Any,
+    hiddens: Sequence[int] = (64, 64),
+    seed: int | None = None,
+) -> keras.Model:
+    """Builds the Keras network (the learner's) for these spaces.
+
+    The model maps an observation batch [N, *obs_shape] to (logits [N, A], value [N]);
+    its weights start as `NumpyModel(...).initial_weights(seed)`, so a learner and actors
+    built with the same seed start from the same weights.
+
+    Args:
+      observation_space: a gymnasium Box of rank 1 (MLP) or rank 3 (HxWxC, CNN).
+      action_space: a gymnasium Discrete.
+      hiddens: sizes of the dense hidden layers (after the convs, for images).
+      seed: seed of the initial weights; None draws fresh ones.
+
+    Returns:
+      A functional `keras.Model` with outputs [logits, value].
+
+    Raises:
+      ValueError: unsupported spaces or hiddens.
+    """
+    import keras  # learner only: actors must not pay for TensorFlow
+
+    numpy_model = NumpyModel(observation_space, action_space, hiddens)
+    kind, hiddens = numpy_model.kind, numpy_model.hiddens
+    input_dtype = "uint8" if numpy_model.obs_dtype == np.uint8 else "float32"
+    obs = keras.Input(shape=numpy_model.obs_shape, dtype=input_dtype, name="obs")
+    x = obs
+    if input_dtype == "uint8":
+        x = keras.layers.Rescaling(1.0 / 255.0, name="scale_uint8")(x)
+    hidden_init = keras.initializers.Orthogonal(gain=_HIDDEN_GAIN, seed=seed)
+    if kind == "cnn":
+        for i, (filters, kernel, stride) in enumerate(CONV_LAYERS):
+            x = keras.layers.Conv2D(
+                filters,
+                kernel,
+                strides=stride,
+                padding="valid",
+                data_format="channels_last",
+                activation="relu",
+                kernel_initializer=hidden_init,
+                name=f"conv_{i}",
+            )(x)
+        x = keras.layers.Flatten(name="flatten")(x)
+    activation = "relu" if kind == "cnn" else "tanh"
+    for i, size in enumerate(hiddens):
+        x = keras.layers.Dense(
+            size, activation=activation, kernel_initializer=hidden_init, name=f"hidden_{i}"
+        )(x)
+    logits = keras.layers.Dense(
+        numpy_model.num_actions,
+        kernel_initializer=keras.initializers.Orthogonal(gain=_POLICY_GAIN, seed=seed),
+        name="logits_head",
+    )(x)
+    value = keras.layers.Dense(
+        1,
+        kernel_initializer=keras.initializers.Orthogonal(gain=_VALUE_GAIN, seed=seed),
+        name="value_head",
+    )(x)
+    # Both outputs one layer past their heads: equal depth keeps get_weights() in
+    # [..., logits_head, value_head] order (Keras orders layers by depth).
+    logits = keras.layers.Identity(name="logits")(logits)
+    value = keras.layers.Reshape((), name="value")(value)
+    model = keras.Model(obs, [logits, value], name=f"impala_{kind}")
+    model.set_weights(numpy_model.initial_weights(seed))
+    return model
+
+
+def keras_forward(model: keras.Model, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Eager Keras forward (for tests and notebooks; about 6 ms, never in an actor loop).
+
+    Args:
+      model: a model from `build_keras_model`.
+      obs: An array of shape [N, *obs_shape].
+
+    Returns:
+      (logits, values): numpy float32 arrays of shape [N, A] and [N].
+    """
+    logits, values = model(obs, training=False)
+    return np.asarray(logits), np.asarray(values)
+
+
+def sample_actions(logits: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Samples one action per row from softmax(logits) (Gumbel-max trick).
+
+    argmax(logits + Gumbel noise) is distributed as softmax(logits), needs no
+    normalisation and handles -inf (masked) logits.
+
+    Args:
+      logits: A float array of shape [N, A].
+      rng: the numpy Generator to draw from.
+
+    Returns:
+      An int64 array of shape [N] with actions in [0, A).
+    """
+    noise = rng.gumbel(size=logits.shape)
+    noise += logits
+    return noise.argmax(axis=1).astype(np.int64, copy=False)

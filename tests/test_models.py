@@ -1,0 +1,300 @@
+"""Models: space checks, weight layout, numpy forward == Keras forward, action sampling."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gymnasium import spaces
+
+from impala_lab import models
+from impala_lab.models import NumpyModel, build_keras_model, check_spaces, sample_actions
+
+REPO = Path(__file__).resolve().parents[1]
+CARTPOLE_OBS = spaces.Box(-np.inf, np.inf, (4,), np.float32)
+TWO = spaces.Discrete(2)
+
+
+# ------------------------------------------------------------------ spaces
+
+
+def test_check_spaces_kinds() -> None:
+    assert check_spaces(CARTPOLE_OBS, TWO) == "mlp"
+    assert check_spaces(spaces.Box(0, 255, (84, 84, 4), np.uint8), spaces.Discrete(6)) == "cnn"
+    assert check_spaces(spaces.Box(0, 1, (20, 20, 1), np.float32), TWO) == "cnn"
+
+
+@pytest.mark.parametrize(
+    "action_space, message",
+    [
+        (
+            spaces.Box(-1, 1, (2,)),
+            r"action space Box\(-1.0, 1.0, \(2,\), float32\) is not supported: impala_lab "
+            r"supports Discrete action spaces",
+        ),
+        (spaces.MultiDiscrete([2, 3]), r"action space MultiDiscrete\(\[2 3\]\) is not supported"),
+        (spaces.Tuple([TWO, TWO]), r"is not supported: impala_lab supports Discrete action"),
+        (spaces.Discrete(3, start=1), r"Discrete action spaces starting at 0; wrap the env"),
+    ],
+)
+def test_unsupported_action_spaces(action_space, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        check_spaces(CARTPOLE_OBS, action_space)
+
+
+@pytest.mark.parametrize(
+    "observation_space, message",
+    [
+        (spaces.Dict({"a": CARTPOLE_OBS}), r"observation space Dict\(.*\) is not supported"),
+        (spaces.Tuple([CARTPOLE_OBS]), r"observation space Tuple\(.*\) is not supported"),
+        (spaces.Discrete(16), r"observation space Discrete\(16\) is not supported"),
+        (spaces.Box(0, 1, (3, 4)), r"with shape \(3, 4\) \(rank 2\) is not supported"),
+        (spaces.Box(0, 1, (20, 20, 3, 2)), r"\(rank 4\) is not supported"),
+    ],
+)
+def test_unsupported_observation_spaces(observation_space, message: str) -> None:
+    with pytest.raises(ValueError, match=message) as info:
+        check_spaces(observation_space, TWO)
+    assert "supported: Box observations of rank 1 (MLP) or rank 3 (HxWxC images, CNN)" in str(
+        info.value
+    )
+    assert "FlattenObservation" in str(info.value)
+
+
+def test_too_small_image() -> None:
+    with pytest.raises(
+        ValueError,
+        match=r"images must be at least 20x20 \(HxWxC\) .* resize with "
+        r"gymnasium.wrappers.ResizeObservation",
+    ):
+        check_spaces(spaces.Box(0, 255, (19, 30, 3), np.uint8), TWO)
+
+
+def test_spaces_are_checked_by_both_builders() -> None:
+    with pytest.raises(ValueError, match="supports Discrete action spaces"):
+        NumpyModel(CARTPOLE_OBS, spaces.Box(-1, 1, (1,)))
+    with pytest.raises(ValueError, match="supports Discrete action spaces"):
+        build_keras_model(CARTPOLE_OBS, spaces.MultiDiscrete([2]))
+
+
+@pytest.mark.parametrize("hiddens", [(64, -1), (0,), (1.5,), 7])
+def test_bad_hiddens(hiddens) -> None:
+    with pytest.raises(ValueError, match=r"hiddens=.* is not supported"):
+        NumpyModel(CARTPOLE_OBS, TWO, hiddens)
+
+
+# ------------------------------------------------------------------ weights
+
+
+def test_weight_shapes_mlp_and_cnn() -> None:
+    assert NumpyModel(CARTPOLE_OBS, TWO).weight_shapes() == [
+        (4, 64), (64,), (64, 64), (64,), (64, 2), (2,), (64, 1), (1,)
+    ]  # fmt: skip
+    image = spaces.Box(0, 255, (84, 84, 4), np.uint8)
+    # 84 -> (84 - 8) // 4 + 1 = 20 -> (20 - 4) // 2 + 1 = 9; 9 * 9 * 32 = 2592 features.
+    assert NumpyModel(image, spaces.Discrete(6), (256,)).weight_shapes() == [
+        (8, 8, 4, 16), (16,), (4, 4, 16, 32), (32,), (2592, 256), (256,),
+        (256, 6), (6,), (256, 1), (1,),
+    ]  # fmt: skip
+    assert NumpyModel(CARTPOLE_OBS, spaces.Discrete(3), ()).weight_shapes() == [
+        (4, 3), (3,), (4, 1), (1,)
+    ]  # fmt: skip
+
+
+def test_keras_weight_order_matches_numpy_model() -> None:
+    image = spaces.Box(0, 255, (24, 28, 3), np.uint8)
+    model = build_keras_model(image, spaces.Discrete(5), (32, 16), seed=0)
+    assert [w.path for w in model.weights] == [
+        "conv_0/kernel", "conv_0/bias", "conv_1/kernel", "conv_1/bias",
+        "hidden_0/kernel", "hidden_0/bias", "hidden_1/kernel", "hidden_1/bias",
+        "logits_head/kernel", "logits_head/bias", "value_head/kernel", "value_head/bias",
+    ]  # fmt: skip
+    assert [w.shape for w in model.get_weights()] == NumpyModel(
+        image, spaces.Discrete(5), (32, 16)
+    ).weight_shapes()
+    assert model.output_names == ["logits", "value"]
+
+
+def test_initial_weights_scheme() -> None:
+    model = NumpyModel(CARTPOLE_OBS, TWO, (64, 64))
+    w = model.initial_weights(7)
+    assert all(a.dtype == np.float32 for a in w)
+    for bias in w[1::2]:
+        assert not bias.any()
+    # Orthogonal: rows (4 < 64) or columns are orthonormal, times the gain.
+    np.testing.assert_allclose(w[0] @ w[0].T, 2.0 * np.eye(4), atol=1e-5)
+    np.testing.assert_allclose(w[2].T @ w[2], 2.0 * np.eye(64), atol=1e-5)
+    np.testing.assert_allclose(w[4].T @ w[4], 0.01**2 * np.eye(2), atol=1e-8)
+    np.testing.assert_allclose(w[6].T @ w[6], [[1.0]], atol=1e-6)
+    again = model.initial_weights(7)
+    assert all(np.array_equal(a, b) for a, b in zip(w, again, strict=True))
+    assert not np.array_equal(w[0], model.initial_weights(8)[0])
+
+
+def test_keras_model_starts_from_numpy_initial_weights() -> None:
+    image = spaces.Box(0, 255, (20, 20, 2), np.uint8)
+    for obs_space in (CARTPOLE_OBS, image):
+        keras_w = build_keras_model(obs_space, TWO, seed=5).get_weights()
+        numpy_w = NumpyModel(obs_space, TWO).initial_weights(5)
+        assert all(np.array_equal(a, b) for a, b in zip(keras_w, numpy_w, strict=True))
+
+
+def test_set_weights_validation() -> None:
+    model = NumpyModel(CARTPOLE_OBS, TWO, (64, 64))
+    weights = model.initial_weights(0)
+    with pytest.raises(
+        ValueError,
+        match=r"weights has 7 arrays but this mlp network \(obs \(4,\), 2 actions, hiddens "
+        r"\(64, 64\)\) needs 8: expected shapes \[\(4, 64\), ",
+    ):
+        model.set_weights(weights[:-1])
+    bad = list(weights)
+    bad[2] = np.zeros((64, 32), np.float32)
+    with pytest.raises(
+        ValueError,
+        match=r"weights\[2\] has shape \(64, 32\) but this mlp network .* expects "
+        r"\(64, 64\)",
+    ):
+        model.set_weights(bad)
+    with pytest.raises(RuntimeError, match=r"call set_weights\(...\) first"):
+        model(np.zeros((1, 4), np.float32))
+    model.set_weights([w.astype(np.float64) for w in weights])  # converted to float32
+    assert all(w.dtype == np.float32 for w in model.get_weights())
+    with pytest.raises(
+        ValueError,
+        match=r"obs has shape \(4,\) but this model expects "
+        r"\[N, \*obs_shape\] = \[N, 4\]; add a batch axis",
+    ):
+        model(np.zeros(4, np.float32))
+
+
+# ------------------------------------------------------------------ forward
+
+
+def _random_weights(model: NumpyModel, seed: int) -> list[np.ndarray]:
+    """Fan-in scaled random weights (heads too, so every output is O(1) and informative)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for shape in model.weight_shapes():
+        if len(shape) == 1:
+            out.append(rng.normal(scale=0.1, size=shape).astype(np.float32))
+        else:
+            fan_in = int(np.prod(shape[:-1]))
+            out.append(rng.normal(scale=1.5 / np.sqrt(fan_in), size=shape).astype(np.float32))
+    return out
+
+
+def _observations(space: spaces.Box, n: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    if space.dtype == np.uint8:
+        return rng.integers(0, 256, size=(n, *space.shape), dtype=np.uint8)
+    return rng.normal(scale=2.0, size=(n, *space.shape)).astype(space.dtype)
+
+
+@pytest.mark.parametrize(
+    "obs_space, num_actions, hiddens",
+    [
+        (CARTPOLE_OBS, 2, (64, 64)),
+        (spaces.Box(-1, 1, (11,), np.float64), 5, (32,)),
+        (spaces.Box(0, 255, (16,), np.uint8), 3, (8, 8, 8)),
+        (spaces.Box(-1, 1, (6,), np.float32), 4, ()),
+        (spaces.Box(0, 255, (36, 28, 3), np.uint8), 6, (64,)),
+        (spaces.Box(0, 1, (20, 24, 2), np.float32), 1, (16, 16)),
+    ],
+)
+def test_numpy_forward_equals_keras(obs_space, num_actions: int, hiddens) -> None:
+    action_space = spaces.Discrete(num_actions)
+    keras_model = build_keras_model(obs_space, action_space, hiddens, seed=1)
+    numpy_model = NumpyModel(obs_space, action_space, hiddens)
+    for weights in (numpy_model.initial_weights(3), _random_weights(numpy_model, 4)):
+        keras_model.set_weights(weights)
+        numpy_model.set_weights(weights)
+        for n in (1, 8, 33):
+            obs = _observations(obs_space, n, seed=n)
+            before = obs.copy()
+            logits, values = numpy_model(obs)
+            assert logits.shape == (n, num_actions) and logits.dtype == np.float32
+            assert values.shape == (n,) and values.dtype == np.float32
+            want_logits, want_values = models.keras_forward(keras_model, obs)
+            np.testing.assert_allclose(logits, want_logits, rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(values, want_values, rtol=1e-5, atol=1e-5)
+            np.testing.assert_array_equal(obs, before)  # the forward never writes to obs
+    # Guard against a vacuous comparison: the random weights give spread-out outputs.
+    assert np.std(values) > 0.05
+
+
+def test_uint8_observations_are_scaled() -> None:
+    obs_space = spaces.Box(0, 255, (3,), np.uint8)
+    model = NumpyModel(obs_space, TWO, ())
+    # logits = obs / 255 @ W: with W = identity-like columns the logits are the scaled obs.
+    model.set_weights([
+        np.array([[1, 0], [0, 1], [0, 0]], np.float32), np.zeros(2, np.float32),
+        np.array([[0], [0], [1]], np.float32), np.zeros(1, np.float32),
+    ])  # fmt: skip
+    logits, values = model(np.array([[255, 51, 0]], np.uint8))
+    np.testing.assert_allclose(logits, [[1.0, 0.2]], rtol=1e-6)
+    np.testing.assert_allclose(values, [0.0])
+
+
+# ------------------------------------------------------------------ sampling
+
+
+def test_sample_actions_matches_softmax() -> None:
+    logits = np.array([[0.0, 1.0, 2.0, -np.inf], [3.0, 3.0, -1.0, 0.5]], np.float32)
+    reps = 50_000
+    actions = sample_actions(np.repeat(logits, reps, axis=0), np.random.default_rng(0))
+    assert actions.dtype == np.int64 and actions.shape == (2 * reps,)
+    probs = np.exp(logits - logits.max(axis=1, keepdims=True))
+    probs /= probs.sum(axis=1, keepdims=True)
+    for row in range(2):
+        counts = np.bincount(actions[row * reps : (row + 1) * reps], minlength=4)
+        freq = counts / reps
+        # 5 standard errors: a correct sampler fails this with probability ~1e-6.
+        bound = 5 * np.sqrt(probs[row] * (1 - probs[row]) / reps) + 1e-12
+        assert np.all(np.abs(freq - probs[row]) <= bound), (row, freq, probs[row])
+    assert counts[3] > 0 and np.bincount(actions[:reps], minlength=4)[3] == 0  # -inf: never
+
+
+def test_sample_actions_is_seeded() -> None:
+    logits = np.zeros((64, 5), np.float32)
+    a = sample_actions(logits, np.random.default_rng(3))
+    b = sample_actions(logits, np.random.default_rng(3))
+    np.testing.assert_array_equal(a, b)
+    assert set(a.tolist()) == set(range(5))
+
+
+# ------------------------------------------------------------------ actor imports
+
+
+def test_numpy_part_never_imports_tensorflow() -> None:
+    code = textwrap.dedent(
+        """
+        import sys
+        import numpy as np
+        from gymnasium import spaces
+        from impala_lab import models
+        m = models.NumpyModel(spaces.Box(-1, 1, (4,), np.float32), spaces.Discrete(2))
+        m.set_weights(m.initial_weights(0))
+        logits, values = m(np.zeros((8, 4), np.float32))
+        models.sample_actions(logits, np.random.default_rng(0))
+        img = spaces.Box(0, 255, (20, 20, 1), np.uint8)
+        c = models.NumpyModel(img, spaces.Discrete(2))
+        c.set_weights(c.initial_weights(0))
+        c(np.zeros((2, 20, 20, 1), np.uint8))
+        models.check_spaces(img, spaces.Discrete(2))
+        heavy = sorted(k for k in sys.modules if k.split(".")[0] in ("tensorflow", "keras"))
+        print("HEAVY", heavy)
+        assert not heavy, heavy
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert "HEAVY []" in result.stdout
