@@ -1,0 +1,88 @@
+# impala_lab's everyday commands. On a fresh machine with Python >= 3.11 and make, `make demo`
+# and `make test` work as the very first commands: each creates .venv (or reuses it) and
+# installs what it needs once; a stamp file re-runs the install only when pyproject.toml changes.
+
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= $(shell command -v python3.11 2>/dev/null || command -v python3 2>/dev/null)
+VENV := .venv
+BIN := $(VENV)/bin
+PIP := $(BIN)/python -m pip
+PIP_INSTALL := $(PIP) install --progress-bar off
+# Playwright drives Debian's /usr/bin/chromium; it must never download a browser of its own.
+export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD := 1
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+BASE_STAMP := $(VENV)/.installed-base
+DEV_STAMP := $(VENV)/.installed-dev
+
+.PHONY: help setup demo test lab bench browser-deps clean
+
+help:
+	@echo "make demo          set up .venv and train CartPole-v1 until the mean return reaches 475"
+	@echo "make test          set up .venv (with the dev and ray extras), then ruff and pytest"
+	@echo "make lab           JupyterLab on 127.0.0.1 in notebooks/"
+	@echo "make bench         python -m bench"
+	@echo "make setup         only create .venv and install .[dev,ray]"
+	@echo "make browser-deps  install Debian's chromium for the browser tests (as root)"
+	@echo "make clean         remove .venv, caches and test artifacts (keeps runs/)"
+
+$(BIN)/python:
+	@if [ -z "$(PYTHON)" ]; then \
+	  echo "make: no python3.11 or python3 on PATH; install Python >= 3.11," \
+	       "or run make PYTHON=/path/to/python3.11" >&2; exit 1; fi
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { \
+	  echo "make: impala_lab needs Python >= 3.11, but $(PYTHON) is" \
+	       "$$($(PYTHON) -c 'import platform; print(platform.python_version())');" \
+	       "install Python 3.11 or run make PYTHON=/path/to/python3.11" >&2; exit 1; }
+	@echo "creating $(VENV) with $(PYTHON) ($$($(PYTHON) --version 2>&1))"
+	@$(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); \
+	  echo "make: '$(PYTHON) -m venv' failed; on Debian/Ubuntu install the python3-venv" \
+	       "package (e.g. apt-get install python3.11-venv)" >&2; exit 1; }
+	@$(PIP_INSTALL) --quiet --upgrade pip
+
+# Order-only on the interpreter: a venv that exists is reused, never rebuilt.
+$(BASE_STAMP): pyproject.toml | $(BIN)/python
+	@echo "installing impala_lab into $(VENV) (the first time takes a few minutes)"
+	$(PIP_INSTALL) -e .
+	@touch $@
+
+$(DEV_STAMP): pyproject.toml | $(BIN)/python
+	@echo "installing impala_lab[dev,ray] into $(VENV) (the first time takes a few minutes)"
+	$(PIP_INSTALL) -e '.[dev,ray]'
+	@touch $@ $(BASE_STAMP)
+
+setup: $(DEV_STAMP)
+
+demo: $(BASE_STAMP)
+	$(BIN)/impala-lab train --env CartPole-v1 --stop-return 475 --out runs/demo
+
+test: browser-deps $(DEV_STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest
+
+lab: $(DEV_STAMP)
+	$(BIN)/jupyter lab --ip=127.0.0.1 --ServerApp.root_dir=notebooks \
+	  $$([ "$$(id -u)" = 0 ] && echo --allow-root)
+
+bench: $(BASE_STAMP)
+	$(BIN)/python -m bench
+
+# The browser tests launch Debian's Chromium (Playwright's own download cannot be used).
+browser-deps:
+	@if [ -x /usr/bin/chromium ]; then \
+	  echo "browser-deps: /usr/bin/chromium is there"; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "browser-deps: installing Debian's chromium (about a minute)"; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get update -qq && apt-get install -y -qq chromium >/dev/null; \
+	  test -x /usr/bin/chromium || { echo "browser-deps: chromium did not install" >&2; exit 1; }; \
+	else \
+	  echo "browser-deps: /usr/bin/chromium is missing and this is not root with apt-get;" \
+	       "skipping (install Debian's chromium to run the browser tests)"; \
+	fi
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis test-artifacts bench/out *.egg-info
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

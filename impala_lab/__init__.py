@@ -1,0 +1,59 @@
+"""impala_lab: IMPALA as Ray RLlib's AsyncSamplesOptimizer built it, for learning and experiments.
+
+    from impala_lab import Impala, ImpalaConfig
+    with Impala(ImpalaConfig(env="CartPole-v1")) as run:
+        run.train(stop={"episode_return_mean": 195})
+
+Importing the package is cheap: TensorFlow is imported only by the learner-side modules
+(`policy`, `vtrace`, `impala`), never by what actor processes import.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from impala_lab.config import ImpalaConfig
+from impala_lab.errors import (
+    ConfigError,
+    ImpalaError,
+    LearnerError,
+    NonFiniteLossError,
+    StageError,
+    WorkerError,
+)
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "Impala": "impala_lab.impala",
+    "shutdown_all": "impala_lab.impala",
+    "SampleBatch": "impala_lab.batch",
+    "concat_samples": "impala_lab.batch",
+    "RolloutWorker": "impala_lab.rollout",
+    "VTracePolicy": "impala_lab.policy",
+    "LearnerThread": "impala_lab.learner",
+    "MinibatchBuffer": "impala_lab.minibatch_buffer",
+    "ReplayMixer": "impala_lab.replay",
+    "SampleTaskPool": "impala_lab.task_pool",
+}
+
+__all__ = ["ConfigError", "ImpalaConfig", "ImpalaError", "LearnerError", "NonFiniteLossError",
+           "StageError", "WorkerError", *_LAZY]
+
+if TYPE_CHECKING:  # pragma: no cover
+    from impala_lab.impala import Impala, shutdown_all  # noqa: F401
+
+
+def __getattr__(name: str) -> Any:
+    if name == "shutdown_all":
+        import sys
+
+        module = sys.modules.get("impala_lab.impala")
+        if module is None:  # no run was ever created: nothing to end, and no TF import
+            return lambda: None
+        return module.shutdown_all
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'impala_lab' has no attribute {name!r}")

@@ -1,0 +1,99 @@
+"""What a backend provides: where rollout workers live and how the driver talks to them.
+
+The driver (`impala_lab.impala.Impala`) only ever uses this interface, so the same loop runs
+with workers in its own process (``inline``), in spawned processes (``process``) or as Ray
+actors (``ray``).
+
+A worker handle turns each call into a message: ``sample()`` returns a future (the
+`impala_lab.task_pool.SampleFuture` protocol) and ``set_weights(ref)`` is applied by the worker
+before its next sample, in order. ``put_weights`` is called once per broadcast and returns a
+reference that every worker can read (a shared-memory block, a Ray object ref, or the arrays
+themselves inline), so weights move once per broadcast, not once per request.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from impala_lab.config import ImpalaConfig
+
+
+class WorkerHandle(abc.ABC):
+    """The driver's side of one rollout worker."""
+
+    index: int
+
+    @abc.abstractmethod
+    def sample(self) -> Any:
+        """Ask for one `SampleBatch`; returns a `SampleFuture`."""
+
+    @abc.abstractmethod
+    def set_weights(self, weights_ref: Any) -> None:
+        """Queue new weights (from `Backend.put_weights`) before the worker's next sample."""
+
+    @abc.abstractmethod
+    def is_alive(self) -> bool:
+        """False once the worker died or was stopped."""
+
+    def describe(self) -> str:
+        return f"worker {self.index}"
+
+
+class Backend(abc.ABC):
+    """Creates, feeds and ends rollout workers."""
+
+    name: str = "?"
+
+    def __init__(self, config: ImpalaConfig, env_creator: Callable[[], Any] | None = None):
+        self.config = config
+        self.env = env_creator if env_creator is not None else config.env
+
+    def worker_kwargs(self, index: int) -> dict[str, Any]:
+        """Arguments of `RolloutWorker` for worker ``index`` (seeded from config.seed, index)."""
+        c = self.config
+        return dict(env=self.env, num_envs=c.num_envs_per_worker,
+                    sample_batch_size=c.sample_batch_size, hiddens=tuple(c.model),
+                    gamma=c.gamma, seed=c.seed, worker_index=index)
+
+    @abc.abstractmethod
+    def make_worker(self, index: int) -> WorkerHandle:
+        """Start worker ``index`` and return its handle."""
+
+    @abc.abstractmethod
+    def put_weights(self, weights: list, version: int) -> Any:
+        """Publish weights once; the returned reference goes to `WorkerHandle.set_weights`."""
+
+    @abc.abstractmethod
+    def wait(self, futures: Sequence[Any], timeout: float | None) -> list:
+        """The task pool's wait function: the done futures, blocking up to ``timeout``."""
+
+    @abc.abstractmethod
+    def stop_worker(self, handle: WorkerHandle) -> None:
+        """End one worker (dead or alive) and release what it held."""
+
+    @abc.abstractmethod
+    def shutdown(self) -> None:
+        """End every worker this backend started; safe to call twice."""
+
+    def worker_pids(self) -> list[int]:
+        """OS process ids of the workers (empty where they share the driver's process)."""
+        return []
+
+
+def make_backend(config: ImpalaConfig, env_creator: Callable[[], Any] | None = None) -> Backend:
+    """The backend named by ``config.backend``."""
+    if config.backend == "inline":
+        from impala_lab.backends.inline import InlineBackend
+
+        return InlineBackend(config, env_creator)
+    if config.backend == "process":
+        from impala_lab.backends.process import ProcessBackend
+
+        return ProcessBackend(config, env_creator)
+    if config.backend == "ray":
+        from impala_lab.backends.ray import RayBackend
+
+        return RayBackend(config, env_creator)
+    raise ValueError(f"backend={config.backend!r} is invalid: choose 'process', 'inline' or 'ray'")

@@ -1,0 +1,96 @@
+"""Workers that live in the caller's process: every stage can be inspected between calls.
+
+A sample request runs at once, inside ``sample()``, so after ``impala.step()`` a notebook can
+look at the worker, its envs and the batch it returned. Nothing runs in parallel: this backend
+is for stepping through and for tests, not for speed.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Sequence
+from typing import Any
+
+from impala_lab.backends.base import Backend, WorkerHandle
+from impala_lab.errors import WorkerError
+from impala_lab.rollout import RolloutWorker
+
+
+class DoneFuture:
+    """A future whose value (or error) is already known."""
+
+    def __init__(self, value: Any = None, error: BaseException | None = None) -> None:
+        self._value = value
+        self._error = error
+        self.completion_time = time.monotonic()
+
+    def done(self) -> bool:
+        return True
+
+    def result(self) -> Any:
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+class InlineWorkerHandle(WorkerHandle):
+    def __init__(self, index: int, worker: RolloutWorker) -> None:
+        self.index = index
+        self.worker = worker
+        self._alive = True
+
+    def sample(self) -> DoneFuture:
+        try:
+            return DoneFuture(self.worker.sample())
+        except Exception as exc:  # the env raised: the driver decides (restart or raise)
+            self._alive = False
+            return DoneFuture(error=WorkerError(
+                self.index, self.worker.env_id, f"{type(exc).__name__}: {exc}",
+                traceback.format_exc()))
+
+    def set_weights(self, weights_ref: Any) -> None:
+        weights, version = weights_ref
+        self.worker.set_weights(weights, version)
+
+    def is_alive(self) -> bool:
+        return self._alive
+
+    def describe(self) -> str:
+        return f"worker {self.index} (inline, env {self.worker.env_id})"
+
+
+class InlineBackend(Backend):
+    name = "inline"
+
+    def __init__(self, config, env_creator=None) -> None:
+        super().__init__(config, env_creator)
+        self.handles: list[InlineWorkerHandle] = []
+
+    def make_worker(self, index: int) -> InlineWorkerHandle:
+        kwargs = self.worker_kwargs(index)
+        try:
+            worker = RolloutWorker(**kwargs)
+        except Exception as exc:
+            raise WorkerError(index, str(kwargs["env"]), f"{type(exc).__name__}: {exc}",
+                              traceback.format_exc()) from exc
+        handle = InlineWorkerHandle(index, worker)
+        self.handles.append(handle)
+        return handle
+
+    def put_weights(self, weights: list, version: int) -> Any:
+        return (weights, version)  # the workers share the driver's memory
+
+    def wait(self, futures: Sequence[Any], timeout: float | None) -> list:
+        return [f for f in futures if f.done()]
+
+    def stop_worker(self, handle: WorkerHandle) -> None:
+        assert isinstance(handle, InlineWorkerHandle)
+        handle._alive = False
+        handle.worker.close()
+        if handle in self.handles:
+            self.handles.remove(handle)
+
+    def shutdown(self) -> None:
+        for handle in list(self.handles):
+            self.stop_worker(handle)

@@ -1,0 +1,224 @@
+"""The ``impala-lab`` command.
+
+    impala-lab train --env CartPole-v1 --stop-return 475 --out runs/cartpole
+    impala-lab train --num-workers 4 --num-envs-per-worker 8 --lr 0.001
+    impala-lab config                      # the config table
+
+Every `ImpalaConfig` field is an option (``--field-name value``). Bad input exits with code 2
+and a message naming the option, the value and the fix, before any process starts.
+
+At the end the output directory holds ``config.json``, ``metrics.csv`` (a row per report
+interval), ``result.json`` (solved, seconds_to_target, env_steps_to_target, final stats),
+``report.png`` and ``checkpoint/``. Ctrl-C or SIGTERM ends the run within seconds and still
+writes all of them.
+"""
+
+from __future__ import annotations
+
+import time
+
+_PROCESS_START = time.monotonic()  # before TensorFlow is imported: time-to-solve counts it
+
+import argparse  # noqa: E402
+import csv  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import signal  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+from impala_lab.config import ImpalaConfig, field_help, field_kind, field_names  # noqa: E402
+from impala_lab.errors import ConfigError  # noqa: E402
+
+RUN_OPTIONS = {"stop_return", "max_seconds", "max_env_steps", "out", "report_interval", "quiet"}
+
+
+def _parse_value(name: str, text: str) -> Any:
+    kind = field_kind(name)
+    base = kind.rstrip("?")
+    if kind.endswith("?") and text.lower() in ("none", "null"):
+        return None
+    try:
+        if base == "int":
+            return int(text)
+        if base == "float":
+            return float(text)
+        if base == "bool":
+            lowered = text.lower()
+            if lowered in ("1", "true", "yes", "on"):
+                return True
+            if lowered in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(text)
+        if base == "model":
+            return tuple(int(x) for x in text.replace(",", " ").split())
+    except ValueError:
+        expected = {"int": "an integer", "float": "a number", "bool": "true or false",
+                    "model": "hidden sizes such as 64,64"}[base]
+        raise ConfigError(f"--{name.replace('_', '-')}={text!r} is invalid: it must be "
+                          f"{expected}") from None
+    return text
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="impala-lab", description="IMPALA, as RLlib built it, "
+                                     "for learning and experiments.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    train = sub.add_parser("train", help="train a policy", formatter_class=argparse.
+                           ArgumentDefaultsHelpFormatter)
+    run = train.add_argument_group("run")
+    run.add_argument("--stop-return", type=float, default=None,
+                     help="stop once the mean return of the last 100 episodes reaches this")
+    run.add_argument("--max-seconds", type=float, default=None, help="wall-clock limit")
+    run.add_argument("--max-env-steps", type=int, default=None, help="env step limit")
+    run.add_argument("--out", type=Path, default=Path("runs/latest"), help="output directory")
+    run.add_argument("--report-interval", type=float, default=1.0,
+                     help="seconds between progress lines and metrics.csv rows")
+    run.add_argument("--quiet", action="store_true", help="no progress line")
+    cfg = train.add_argument_group("config (every ImpalaConfig field)")
+    defaults = ImpalaConfig.__dataclass_fields__
+    for name in field_names():
+        default = defaults[name].default
+        cfg.add_argument("--" + name.replace("_", "-"), dest=name, default=None,
+                         metavar=field_kind(name).upper().rstrip("?"),
+                         help=f"{field_help(name)} (default: {default!r})")
+    sub.add_parser("config", help="print the config table (markdown)")
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> ImpalaConfig:
+    values = {name: _parse_value(name, getattr(args, name)) for name in field_names()
+              if getattr(args, name) is not None}
+    return ImpalaConfig.from_dict(values)
+
+
+def _check_run_args(args: argparse.Namespace) -> None:
+    for name in ("max_seconds", "report_interval"):
+        value = getattr(args, name)
+        if value is not None and not (value > 0 and math.isfinite(value)):
+            raise ConfigError(f"--{name.replace('_', '-')}={value!r} is invalid: it must be a "
+                              "positive number of seconds")
+    if args.max_env_steps is not None and args.max_env_steps < 1:
+        raise ConfigError(f"--max-env-steps={args.max_env_steps!r} is invalid: it must be >= 1")
+    if args.stop_return is not None and not math.isfinite(args.stop_return):
+        raise ConfigError(f"--stop-return={args.stop_return!r} is invalid: it must be finite")
+
+
+def progress_line(s: dict) -> str:
+    """The live one-line view: env steps, return, throughputs, learner queue."""
+    ret = s.get("episode_return_mean", math.nan)
+    return (f"{s['time_total_s']:7.1f}s  steps {s['num_steps_sampled']:>9,}  "
+            f"return {ret:7.1f}  sample {s['sample_throughput']:>8,.0f}/s  "
+            f"train {s['train_throughput']:>8,.0f}/s  "
+            f"queue {s['pipeline']['learner_queue_len']:>2}/{s['pipeline']['learner_queue_size']}"
+            f"  lag {s['policy_lag']['mean']:.1f}")
+
+
+def write_metrics_csv(path: Path, rows: list[dict]) -> None:
+    columns: list[str] = []
+    for row in rows:
+        columns.extend(k for k in row if k not in columns)
+    with open(path, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if hasattr(value, "item"):
+        return _jsonable(value.item())
+    return value
+
+
+def train_command(args: argparse.Namespace) -> int:
+    config = config_from_args(args)
+    _check_run_args(args)
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(config.to_dict(), indent=2))
+
+    # SIGTERM ends the run like Ctrl-C: results and checkpoint are still written.
+    def on_sigterm(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    from impala_lab.impala import Impala
+
+    target = {"seconds": None, "env_steps": None}
+    tty = sys.stdout.isatty()
+
+    def solved(s: dict) -> bool:
+        return (args.stop_return is not None and s["episode_return_count"] >= 100
+                and s["episode_return_mean"] >= args.stop_return)
+
+    def on_report(s: dict) -> None:
+        if solved(s) and target["seconds"] is None:
+            target["seconds"] = round(time.monotonic() - _PROCESS_START, 2)
+            target["env_steps"] = s["num_steps_sampled"]
+        if not args.quiet:
+            print(("\r" if tty else "") + progress_line(s), end="" if tty else "\n", flush=True)
+
+    interrupted = False
+    impala = Impala(config)
+    try:
+        try:
+            final = impala.train(solved if args.stop_return is not None else None,
+                                 max_seconds=args.max_seconds, max_env_steps=args.max_env_steps,
+                                 report_interval=args.report_interval, on_report=on_report)
+        except KeyboardInterrupt:
+            interrupted = True
+            final = impala.record()
+            final["stop_reason"] = "interrupted"
+        if tty and not args.quiet:
+            print()
+        impala.stop()
+        impala.save(out / "checkpoint")
+        write_metrics_csv(out / "metrics.csv", impala.history.rows())
+        result = {"solved": target["seconds"] is not None,
+                  "stop_return": args.stop_return,
+                  "seconds_to_target": target["seconds"],
+                  "env_steps_to_target": target["env_steps"],
+                  "stop_reason": final.get("stop_reason"),
+                  "final": final}
+        (out / "result.json").write_text(json.dumps(_jsonable(result), indent=2))
+        try:
+            from impala_lab.dashboard.plots import save_report
+
+            save_report(impala.history.rows(), out / "report.png",
+                        title=f"{config.env_id} ({config.backend}, {config.num_workers} workers)")
+        except Exception as exc:  # a plot must never cost the run's results
+            print(f"impala-lab: could not draw report.png: {exc}", file=sys.stderr)
+    finally:
+        impala.stop()
+        signal.signal(signal.SIGTERM, previous)
+    status = "interrupted" if interrupted else final.get("stop_reason")
+    print(f"impala-lab: {status}; solved={result['solved']} "
+          f"seconds_to_target={result['seconds_to_target']} "
+          f"env_steps_to_target={result['env_steps_to_target']}; results in {out}/")
+    return 130 if interrupted else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "config":
+            from impala_lab.config import markdown_table
+
+            print(markdown_table())
+            return 0
+        return train_command(args)
+    except ConfigError as exc:
+        print(f"impala-lab: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

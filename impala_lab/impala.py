@@ -1,0 +1,580 @@
+"""`Impala`: the driver loop (RLlib's ``AsyncSamplesOptimizer``), train, stats, save/restore.
+
+One ``step()`` is one turn of the seed's loop::
+
+    for each finished sample request (task pool, completion order):
+        for (worker, batch) in replay mixer(new batch, then replayed ones):
+            append to the batch buffer; once it holds >= train_batch_size env steps,
+            concatenate along B and put it on the learner's (bounded) inqueue
+            if the batch is new (worker is not None):
+                broadcast fresh weights if the learner updated them and this broadcast
+                served >= broadcast_interval returns; send the current weights to the worker
+                ask the worker for another sample
+    count the env steps the learner reports on its outqueue
+
+One deliberate difference from the seed: the seed forgot the weights and the broadcast counter
+at the end of every ``_step`` call, so broadcast_interval only counted returns within one call.
+Here both persist across calls, so broadcast_interval means what its name says.
+
+Everything the dashboard, the CLI and the tests read comes from ``stats()``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import json
+import math
+import os
+import queue
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from impala_lab.backends.base import WorkerHandle, make_backend
+from impala_lab.batch import SampleBatch, concat_samples
+from impala_lab.config import LIVE_KNOBS, ImpalaConfig
+from impala_lab.errors import ConfigError, ImpalaError, WorkerError
+from impala_lab.replay import ReplayMixer
+from impala_lab.stats import StatsHistory, ThroughputMeter, TimerStat, WindowStat, flatten
+from impala_lab.task_pool import SampleTaskPool
+
+CHECKPOINT_FORMAT = 1
+StopCondition = Mapping[str, float] | Callable[[dict], bool] | None
+
+_live_runs: weakref.WeakSet[Impala] = weakref.WeakSet()
+
+
+def shutdown_all() -> None:
+    """Stop every `Impala` run of this process (workers, learner thread, Ray)."""
+    for run in list(_live_runs):
+        run.stop()
+
+
+atexit.register(shutdown_all)
+
+
+def _cleanup(backend: Any, learner: Any) -> None:  # finalizer: must not hold the Impala object
+    try:
+        learner.stop(timeout=2.0)
+    finally:
+        backend.shutdown()
+
+
+def probe_spaces(env: Any) -> tuple[Any, Any]:
+    """Make one env in the driver to read its spaces (before any worker starts)."""
+    import gymnasium
+
+    e = env() if callable(env) else gymnasium.make(env)
+    try:
+        return e.observation_space, e.action_space
+    finally:
+        e.close()
+
+
+class Impala:
+    """The IMPALA driver: actors, task pool, replay mixer, batch buffer, learner, broadcasts.
+
+    Args:
+      config: an `ImpalaConfig`, a dict of its fields, or None for the defaults.
+      env_creator: a zero-argument env factory (overrides ``config.env``).
+      start_learner: False keeps the learner thread unstarted, so ``impala.learner.step()``
+        can be called by hand between driver steps (step-through notebooks).
+      **overrides: config fields to change, e.g. ``Impala(num_workers=4)``.
+    """
+
+    def __init__(self, config: ImpalaConfig | Mapping[str, Any] | None = None, *,
+                 env_creator: Callable[[], Any] | None = None, start_learner: bool = True,
+                 **overrides: Any) -> None:
+        if config is None:
+            config = ImpalaConfig()
+        elif isinstance(config, Mapping):
+            config = ImpalaConfig.from_dict(config)
+        elif not isinstance(config, ImpalaConfig):
+            raise TypeError(f"config must be an ImpalaConfig or a dict, got "
+                            f"{type(config).__name__}")
+        if env_creator is not None:
+            overrides["env"] = env_creator
+        if overrides:
+            config = config.replace(**overrides)
+        self.config = config
+        self._stopped = True  # until everything below is up
+        from impala_lab.models import check_spaces
+
+        self.observation_space, self.action_space = probe_spaces(config.env)
+        check_spaces(self.observation_space, self.action_space)
+
+        from impala_lab.policy import VTracePolicy
+
+        self.policy = VTracePolicy(self.observation_space, self.action_space, config)
+        self.learner = self._make_learner()
+        self.replay = ReplayMixer(config.replay_proportion, config.replay_buffer_num_slots,
+                                  config.train_batch_size, config.sample_batch_size,
+                                  seed=config.seed)
+        self.sample_tasks: SampleTaskPool | None = None
+        self.backend = make_backend(config, env_creator=None)
+        self.workers: list[WorkerHandle] = []
+        self._finalizer = weakref.finalize(self, _cleanup, self.backend, self.learner)
+        _live_runs.add(self)
+        self._stopped = False
+
+        # Counters and stats (the seed's names).
+        self.num_steps_sampled = 0
+        self.num_steps_trained = 0
+        self.num_weight_syncs = 0
+        self.num_broadcasts = 0
+        self.num_worker_failures = 0
+        self.num_train_batches = 0
+        self._next_worker_index = config.num_workers
+        self._optimizer_step_timer = TimerStat()
+        self._concat_timer = TimerStat()
+        self._broadcast_timer = TimerStat()
+        self._sample_meter = ThroughputMeter()
+        self._train_meter = ThroughputMeter()
+        self._episode_returns: deque[float] = deque(maxlen=100)
+        self._episode_lengths: deque[int] = deque(maxlen=100)
+        self.episodes_total = 0
+        self._policy_lag = WindowStat("policy_lag", 100)
+        self.history = StatsHistory(maxlen=100_000)
+        self.knob_changes: list[dict[str, Any]] = []
+        self._pending_knobs: dict[str, Any] = {}
+        self._knob_lock = threading.Lock()
+        self._start_time = time.monotonic()
+        self._elapsed_before_restore = 0.0
+
+        self.batch_buffer: list[SampleBatch] = []
+        self._batch_buffer_steps = 0
+        self._weights_ref: Any = None
+        self._num_sent = 0
+        try:
+            self._start_workers()
+            if start_learner:
+                self.learner.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    # ------------------------------------------------------------------ construction
+    def _make_learner(self):
+        c = self.config
+        if c.uses_multi_gpu_learner:
+            from impala_lab.multi_gpu import MultiGPULearner
+
+            return MultiGPULearner(self.policy, c)
+        from impala_lab.learner import LearnerThread
+
+        return LearnerThread(self.policy, c.minibatch_buffer_size, c.num_sgd_iter,
+                             c.learner_queue_size, c.learner_queue_timeout)
+
+    def _start_workers(self) -> None:
+        self.sample_tasks = SampleTaskPool(wait_fn=self.backend.wait)
+        self.workers = [self.backend.make_worker(i) for i in range(self.config.num_workers)]
+        self._broadcast(force=True)
+        for worker in self.workers:
+            self._send_weights_and_request(worker, initial=True)
+
+    def _send_weights_and_request(self, worker: WorkerHandle, initial: bool = False) -> None:
+        worker.set_weights(self._weights_ref)
+        self.num_weight_syncs += 1
+        n = self.config.max_sample_requests_in_flight_per_worker if initial else 1
+        for _ in range(n):
+            self.sample_tasks.add(worker, worker.sample())
+
+    def _broadcast(self, force: bool = False) -> None:
+        """Publish fresh weights once (a new reference every worker will read)."""
+        with self._broadcast_timer:
+            weights, version = self.policy.get_weights()
+            self._weights_ref = self.backend.put_weights(weights, version)
+        self.learner.weights_updated = False
+        self._num_sent = 0
+        self.num_broadcasts += 1
+
+    # ------------------------------------------------------------------ the loop
+    def step(self, timeout: float = 0.1) -> tuple[int, int]:
+        """One turn of the driver loop (the seed's ``step``).
+
+        Args:
+          timeout: seconds to wait for the first finished sample; the driver blocks on the
+            workers instead of spinning. The inline backend never waits.
+
+        Returns:
+          (env steps sampled, env steps trained) in this turn.
+        """
+        self._check_running()
+        self._apply_pending_knobs()
+        with self._optimizer_step_timer:
+            sampled, trained = self._step(timeout)
+        self._sample_meter.add(sampled)
+        self._train_meter.add(trained)
+        self.num_steps_sampled += sampled
+        self.num_steps_trained += trained
+        return sampled, trained
+
+    def _step(self, timeout: float) -> tuple[int, int]:
+        sample_timesteps, train_timesteps = 0, 0
+        c = self.config
+        for worker, batch in self.replay.mix(self._completed_samples(timeout)):
+            self.batch_buffer.append(batch)
+            self._batch_buffer_steps += batch.count
+            if self._batch_buffer_steps >= c.train_batch_size:
+                with self._concat_timer:
+                    train_batch = concat_samples(self.batch_buffer)
+                self.batch_buffer = []
+                self._batch_buffer_steps = 0
+                self._put_on_learner_queue(train_batch)
+
+            if worker is None:  # a replayed batch: no weights, no new request
+                continue
+            sample_timesteps += batch.count
+            self._record_sample(batch)
+            # Pull new weights once updated, to avoid excessive correlation between actors.
+            if self.learner.weights_updated and self._num_sent >= c.broadcast_interval:
+                self._broadcast()
+            self._num_sent += 1
+            self._send_weights_and_request(worker)
+
+        while True:
+            try:
+                train_timesteps += self.learner.outqueue.get_nowait()
+            except queue.Empty:
+                break
+        return sample_timesteps, train_timesteps
+
+    def _completed_samples(self, timeout: float) -> Iterator[tuple[WorkerHandle, SampleBatch]]:
+        """Finished samples in completion order; a failed worker is replaced or raised."""
+        blocking = True
+        while True:
+            try:
+                yield from self.sample_tasks.completed_prefetch(blocking_wait=blocking,
+                                                                timeout=timeout)
+                return
+            except WorkerError as err:
+                self._on_worker_failure(err)
+                blocking = False
+
+    def _on_worker_failure(self, err: WorkerError) -> None:
+        self.num_worker_failures += 1
+        failed = [w for w in self.workers if w.index == err.worker_index]
+        for worker in failed:
+            self.workers.remove(worker)
+            self.backend.stop_worker(worker)
+        self.sample_tasks.reset_workers(self.workers)
+        if not self.config.restart_failed_workers:
+            raise err
+        replacement = self.backend.make_worker(self._next_worker_index)
+        self._next_worker_index += 1
+        self.workers.append(replacement)
+        self._send_weights_and_request(replacement, initial=True)
+
+    def _put_on_learner_queue(self, train_batch: SampleBatch) -> None:
+        """Put with back-pressure, but never hang: a dead or unstarted learner raises."""
+        while True:
+            try:
+                self.learner.inqueue.put(train_batch, timeout=0.5)
+                self.num_train_batches += 1
+                return
+            except queue.Full:
+                self.learner.raise_if_failed()
+                if not self.learner.is_alive():
+                    raise ImpalaError(
+                        f"the learner queue is full ({self.config.learner_queue_size} batches) "
+                        "and the learner thread is not running; with start_learner=False call "
+                        "impala.learner.step() to consume batches") from None
+
+    def _record_sample(self, batch: SampleBatch) -> None:
+        for r in batch.episode_returns:
+            self._episode_returns.append(float(r))
+        for n in batch.episode_lengths:
+            self._episode_lengths.append(int(n))
+        self.episodes_total += len(batch.episode_returns)
+        lag = self.policy.version - batch.policy_versions
+        self._policy_lag.push(float(lag.mean()))
+        self._max_lag = max(getattr(self, "_max_lag", 0), int(lag.max()))
+
+    def _check_running(self) -> None:
+        if self._stopped:
+            raise ImpalaError("this Impala run was stopped; create a new one (or restore a "
+                              "checkpoint) to train again")
+        self.learner.raise_if_failed()
+
+    # ------------------------------------------------------------------ live knobs
+    def set_knobs(self, **knobs: Any) -> None:
+        """Change knobs that are safe between steps; applied by the driver before its next step.
+
+        Allowed: broadcast_interval, replay_proportion, num_sgd_iter, lr, entropy_coeff.
+        """
+        for name, value in knobs.items():
+            if name not in LIVE_KNOBS:
+                raise ConfigError(f"{name!r} cannot change during a run; live knobs are "
+                                  f"{', '.join(LIVE_KNOBS)}")
+            self.config.replace(**{name: value})  # validates the value (raises ConfigError)
+        with self._knob_lock:
+            self._pending_knobs.update(knobs)
+        if self.learner.ident is None:  # nothing runs in the background: apply now
+            self._apply_pending_knobs()
+
+    def _apply_pending_knobs(self) -> None:
+        with self._knob_lock:
+            pending, self._pending_knobs = self._pending_knobs, {}
+        if not pending:
+            return
+        self.config = self.config.replace(**pending)
+        for name, value in pending.items():
+            if name == "lr":
+                self.policy.set_lr(value)
+            elif name == "entropy_coeff":
+                self.policy.set_entropy_coeff(value)
+            elif name == "num_sgd_iter":
+                self.learner.set_num_sgd_iter(value)
+            elif name == "replay_proportion":
+                self.replay.replay_proportion = value
+            self.knob_changes.append({"time_s": self.elapsed_s,
+                                      "num_steps_sampled": self.num_steps_sampled,
+                                      "knob": name, "value": value})
+
+    # ------------------------------------------------------------------ stats
+    @property
+    def elapsed_s(self) -> float:
+        return self._elapsed_before_restore + time.monotonic() - self._start_time
+
+    def stats(self) -> dict[str, Any]:
+        """All figures of the run: the seed's keys plus episodes, policy lag and the pipeline."""
+        def ms(timer: TimerStat) -> float:
+            return round(1000.0 * timer.mean, 3)
+
+        learner_timers = self.learner.timers()
+        returns = list(self._episode_returns)
+        lag = self._policy_lag.stats()
+        mb = self.learner.minibatch_buffer
+        in_flight = self.sample_tasks.in_flight_counts() if self.sample_tasks else {}
+        return {
+            "sample_throughput": round(self._sample_meter.rate(), 3),
+            "train_throughput": round(self._train_meter.rate(), 3),
+            "num_steps_sampled": self.num_steps_sampled,
+            "num_steps_trained": self.num_steps_trained,
+            "num_weight_syncs": self.num_weight_syncs,
+            "num_broadcasts": self.num_broadcasts,
+            "num_steps_replayed": self.replay.num_replayed,
+            "num_worker_failures": self.num_worker_failures,
+            "time_total_s": round(self.elapsed_s, 3),
+            "timing_breakdown": {
+                "optimizer_step_time_ms": ms(self._optimizer_step_timer),
+                **{k: ms(t) for k, t in learner_timers.items()},
+                "batch_concat_time_ms": ms(self._concat_timer),
+                "broadcast_time_ms": ms(self._broadcast_timer),
+            },
+            "learner_queue": self.learner.learner_queue_size.stats(),
+            "learner": dict(self.learner.stats),
+            "episode_return_mean": float(np.mean(returns)) if returns else math.nan,
+            "episode_len_mean": (float(np.mean(self._episode_lengths))
+                                 if self._episode_lengths else math.nan),
+            "episode_return_count": len(returns),
+            "episodes_total": self.episodes_total,
+            "policy_lag": {"mean": lag["mean"] if lag["count"] else math.nan,
+                           "max": getattr(self, "_max_lag", 0)},
+            "weights_version": self.policy.version,
+            "pipeline": {
+                "backend": self.config.backend,
+                "num_workers": len(self.workers),
+                "in_flight": {str(getattr(w, "index", w)): n for w, n in in_flight.items()},
+                "max_in_flight": self.config.max_sample_requests_in_flight_per_worker,
+                "replay_stored": self.replay.num_stored,
+                "replay_capacity": self.replay.capacity,
+                "batch_buffer_steps": self._batch_buffer_steps,
+                "train_batch_size": self.config.train_batch_size,
+                "learner_queue_len": self.learner.inqueue.qsize(),
+                "learner_queue_size": self.config.learner_queue_size,
+                "minibatch_slots": [list(s) for s in mb.slots()],
+                "num_sgd_iter": mb.max_ttl,
+                "broadcast_interval": self.config.broadcast_interval,
+                "num_train_batches": self.num_train_batches,
+            },
+            "knobs": {k: getattr(self.config, k) for k in LIVE_KNOBS},
+        }
+
+    def record(self) -> dict[str, Any]:
+        """Take a stats snapshot into ``history`` (a row of metrics.csv) and return it."""
+        snapshot = self.stats()
+        row = flatten({k: v for k, v in snapshot.items() if k != "pipeline"})
+        row.pop("learner_queue.count", None)
+        self.history.append(row)
+        return snapshot
+
+    # ------------------------------------------------------------------ train
+    def train(self, stop: StopCondition = None, *, max_seconds: float | None = None,
+              max_env_steps: int | None = None, report_interval: float = 1.0,
+              on_report: Callable[[dict], None] | None = None,
+              dashboard: bool = False) -> dict[str, Any]:
+        """Step until a stop condition holds.
+
+        Args:
+          stop: a dict ``{stats key: threshold}`` (stop when any value reaches its
+            threshold, e.g. ``{"episode_return_mean": 195}``) or a callable on the stats.
+          max_seconds: wall-clock limit of this call.
+          max_env_steps: limit on env steps sampled in total.
+          report_interval: seconds between snapshots into ``history`` (and ``on_report``).
+          on_report: called with each snapshot (the CLI's progress line).
+          dashboard: show the live dashboard while training (needs a notebook).
+
+        Returns:
+          the last stats, with ``stop_reason``.
+        """
+        if dashboard:
+            from impala_lab.dashboard import Dashboard
+
+            Dashboard(self).show()
+        if isinstance(stop, Mapping):
+            thresholds = dict(stop)
+
+            def stop_fn(s: dict) -> bool:
+                flat = flatten(s)
+                return any(flat.get(k) is not None and flat[k] >= v
+                           for k, v in thresholds.items())
+        else:
+            stop_fn = stop
+        start = time.monotonic()
+        next_report = start + report_interval
+        reason = None
+        try:
+            while reason is None:
+                self.step()
+                now = time.monotonic()
+                if now >= next_report:
+                    next_report = now + report_interval
+                    snapshot = self.record()
+                    if on_report is not None:
+                        on_report(snapshot)
+                    if stop_fn is not None and stop_fn(snapshot):
+                        reason = "stop condition"
+                if max_env_steps is not None and self.num_steps_sampled >= max_env_steps:
+                    reason = "max_env_steps"
+                if max_seconds is not None and now - start >= max_seconds:
+                    reason = "max_seconds"
+        except KeyboardInterrupt:
+            # An interrupted cell must not leave processes behind: the run ends here.
+            self.record()
+            self.stop()
+            raise
+        final = self.record()
+        final["stop_reason"] = reason
+        return final
+
+    # ------------------------------------------------------------------ lifetime
+    def stop(self) -> None:
+        """End the learner thread and every worker; safe to call more than once."""
+        if getattr(self, "_stopped", True) and not hasattr(self, "_finalizer"):
+            return
+        self._stopped = True
+        if hasattr(self, "_finalizer"):
+            self._finalizer()  # runs _cleanup once
+        _live_runs.discard(self)
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped
+
+    def __enter__(self) -> Impala:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = "stopped" if self._stopped else "running"
+        return (f"Impala(env={self.config.env_id!r}, backend={self.config.backend!r}, "
+                f"workers={len(self.workers)}, {state}, env_steps={self.num_steps_sampled})")
+
+    # ------------------------------------------------------------------ checkpoints
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write a checkpoint directory: arrays (.npz, no pickle) and JSON only."""
+        out = Path(path)
+        out.mkdir(parents=True, exist_ok=True)
+        weights, version = self.policy.get_weights()
+        files = {"weights.npz": weights, "optimizer.npz": self.policy.optimizer_state()}
+        digests = {}
+        for name, arrays in files.items():
+            tmp = out / (name + ".tmp")
+            with open(tmp, "wb") as fh:
+                np.savez(fh, *arrays)
+            os.replace(tmp, out / name)
+            digests[name] = _sha256(out / name)
+        state = {
+            "format": CHECKPOINT_FORMAT,
+            "config": self.config.to_dict(),
+            "policy_version": version,
+            "counters": {"num_steps_sampled": self.num_steps_sampled,
+                         "num_steps_trained": self.num_steps_trained,
+                         "num_weight_syncs": self.num_weight_syncs,
+                         "episodes_total": self.episodes_total,
+                         "elapsed_s": self.elapsed_s},
+            "sha256": digests,
+        }
+        tmp = out / "state.json.tmp"
+        tmp.write_text(json.dumps(state, indent=2))
+        os.replace(tmp, out / "state.json")
+        return out
+
+    @classmethod
+    def restore(cls, path: str | os.PathLike, *, env_creator: Callable[[], Any] | None = None,
+                **overrides: Any) -> Impala:
+        """A new run from a checkpoint: weights, optimizer slots, counters and config."""
+        state, weights, opt_state = read_checkpoint(path)
+        data = dict(state["config"])
+        if env_creator is not None:
+            data["env"] = env_creator
+        config = ImpalaConfig.from_dict(data)
+        run = cls(config, **overrides)
+        run.policy.set_weights(weights, state["policy_version"])
+        run.policy.set_optimizer_state(opt_state)
+        counters = state["counters"]
+        run.num_steps_sampled = counters["num_steps_sampled"]
+        run.num_steps_trained = counters["num_steps_trained"]
+        run.num_weight_syncs = counters["num_weight_syncs"]
+        run.episodes_total = counters["episodes_total"]
+        run._elapsed_before_restore = counters["elapsed_s"]
+        run._broadcast(force=True)
+        return run
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def read_checkpoint(path: str | os.PathLike) -> tuple[dict, list[np.ndarray], list[np.ndarray]]:
+    """Read and verify a checkpoint; a missing, truncated or tampered file is named."""
+    root = Path(path)
+    state_file = root / "state.json"
+    if not state_file.is_file():
+        raise FileNotFoundError(f"{state_file}: no checkpoint here (state.json is missing)")
+    try:
+        state = json.loads(state_file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{state_file}: not a valid checkpoint state ({exc})") from None
+    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
+        raise ValueError(f"{state_file}: unknown checkpoint format "
+                         f"{state.get('format') if isinstance(state, dict) else state!r}")
+    arrays = {}
+    for name in ("weights.npz", "optimizer.npz"):
+        file = root / name
+        if not file.is_file():
+            raise FileNotFoundError(f"{file}: checkpoint file is missing")
+        expected = state.get("sha256", {}).get(name)
+        if expected != _sha256(file):
+            raise ValueError(f"{file}: checksum mismatch (the file is truncated or was "
+                             "modified after the checkpoint was written)")
+        try:
+            with np.load(file, allow_pickle=False) as data:
+                arrays[name] = [data[f"arr_{i}"] for i in range(len(data.files))]
+        except Exception as exc:
+            raise ValueError(f"{file}: cannot read the arrays ({exc})") from None
+    return state, arrays["weights.npz"], arrays["optimizer.npz"]

@@ -1,0 +1,270 @@
+"""`VTracePolicy`: the learner's TensorFlow policy — V-trace actor-critic loss, one optimizer step.
+
+The loss is RLlib's (and scalable_agent's) IMPALA loss, summed over the batch::
+
+    policy_loss = -sum(log pi(a_t|x_t) * pg_advantage_t)          # clipped-rho advantages
+    vf_loss     = 0.5 * sum((vs_t - V(x_t))^2)
+    entropy     = sum(H(pi(.|x_t)))
+    total_loss  = policy_loss + vf_loss_coeff * vf_loss - entropy_coeff * entropy
+
+Episode ends: the discount is 0 only on *termination*. On *truncation* (a time limit) the
+episode did not end in the MDP, so the target bootstraps from the value of the final
+observation; the actor stores that value as ``truncation_values`` and the learner adds
+``gamma * truncation_values`` to the reward at that step (with discount 0 for the next step,
+which belongs to a new episode). The value comes from the behaviour policy's weights, one
+broadcast old at most, as in Stable-Baselines3's treatment of time limits.
+
+`learn_on_batch` is one compiled ``tf.function`` that does not retrace between batches of the
+same shape. The live knobs ``lr`` and ``entropy_coeff`` are TF variables, so changing them from
+the dashboard does not retrace either.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+from typing import Any
+
+import numpy as np
+
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras
+import tensorflow as tf
+
+from impala_lab import vtrace
+from impala_lab.batch import SampleBatch
+from impala_lab.config import ImpalaConfig
+from impala_lab.errors import NonFiniteLossError
+from impala_lab.models import build_keras_model, check_spaces
+
+STAT_KEYS = ("total_loss", "policy_loss", "vf_loss", "entropy", "grad_gnorm", "var_gnorm",
+             "mean_rho", "vf_explained_var")
+
+_threads_configured = False
+
+
+def configure_tf_threads(intra_op: int) -> None:
+    """Limit TensorFlow's intra-op threads (only possible before TF runs its first op)."""
+    global _threads_configured
+    if _threads_configured:
+        return
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(intra_op)
+        tf.config.threading.set_inter_op_parallelism_threads(max(2, intra_op))
+    except RuntimeError:  # TF already initialised in this process (e.g. a notebook)
+        if tf.config.threading.get_intra_op_parallelism_threads() not in (0, intra_op):
+            warnings.warn("TensorFlow was initialised before impala_lab could set "
+                          f"tf_intra_op_threads={intra_op}; keeping its current setting",
+                          stacklevel=3)
+    _threads_configured = True
+
+
+def batch_to_tensors(batch: SampleBatch) -> dict[str, np.ndarray]:
+    """The arrays of a `SampleBatch` the loss needs, with fixed dtypes (so no retracing)."""
+    return {
+        "obs": batch.obs,
+        "actions": batch.actions.astype(np.int32, copy=False),
+        "rewards": batch.rewards.astype(np.float32, copy=False),
+        "terminateds": batch.terminateds.astype(np.float32),
+        "truncateds": batch.truncateds.astype(np.float32),
+        "truncation_values": batch.truncation_values.astype(np.float32, copy=False),
+        "behaviour_logits": batch.behaviour_logits.astype(np.float32, copy=False),
+        "bootstrap_obs": batch.bootstrap_obs,
+    }
+
+
+class VTracePolicy:
+    """A Keras actor-critic trained with the V-trace loss.
+
+    Args:
+      observation_space: the env's observation space (Box, rank 1 or 3).
+      action_space: the env's action space (Discrete).
+      config: the run's `ImpalaConfig` (lr, opt_type, gamma, coefficients, clips, model).
+    """
+
+    def __init__(self, observation_space: Any, action_space: Any, config: ImpalaConfig) -> None:
+        configure_tf_threads(config.tf_intra_op_threads)
+        check_spaces(observation_space, action_space)
+        self.config = config
+        self.observation_space = observation_space
+        self.action_space = action_space
+        self.model = build_keras_model(observation_space, action_space,
+                                       hiddens=tuple(config.model), seed=config.seed)
+        self.lr = tf.Variable(config.lr, dtype=tf.float32, trainable=False, name="lr")
+        self.entropy_coeff = tf.Variable(config.entropy_coeff, dtype=tf.float32,
+                                         trainable=False, name="entropy_coeff")
+        self.optimizer = self._make_optimizer(config)
+        self.optimizer.build(self.model.trainable_variables)
+        self.version = 0
+        # get_weights() from the driver must not read a half-applied update.
+        self.lock = threading.Lock()
+        self._train_step = tf.function(self._train_step_impl)
+        self.num_traces = 0
+
+    # ------------------------------------------------------------------ optimizer
+    def _make_optimizer(self, config: ImpalaConfig) -> keras.optimizers.Optimizer:
+        if config.opt_type == "adam":
+            return keras.optimizers.Adam(learning_rate=config.lr)
+        # RLlib's RMSProp: decay 0.99, momentum 0, epsilon 0.1.
+        return keras.optimizers.RMSprop(learning_rate=config.lr, rho=config.decay,
+                                        momentum=config.momentum, epsilon=config.epsilon)
+
+    def set_lr(self, lr: float) -> None:
+        """Change the learning rate between steps (no retrace)."""
+        if not (lr > 0 and np.isfinite(lr)):
+            raise ValueError(f"lr={lr!r} is invalid: it must be a positive finite number")
+        self.lr.assign(lr)
+        self.optimizer.learning_rate.assign(lr)
+
+    def set_entropy_coeff(self, value: float) -> None:
+        if not (value >= 0 and np.isfinite(value)):
+            raise ValueError(f"entropy_coeff={value!r} is invalid: it must be >= 0")
+        self.entropy_coeff.assign(value)
+
+    # ------------------------------------------------------------------ loss
+    def loss_and_stats(self, t: dict[str, tf.Tensor]) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
+        """V-trace loss of one batch.
+
+        Args:
+          t: tensors of `batch_to_tensors`: obs [T, B, ...], actions/rewards/terminateds/
+            truncateds/truncation_values [T, B], behaviour_logits [T, B, A],
+            bootstrap_obs [B, ...].
+
+        Returns:
+          total loss (scalar) and a dict of scalar stats (STAT_KEYS without the norms).
+        """
+        c = self.config
+        obs = t["obs"]
+        T, B = tf.shape(obs)[0], tf.shape(obs)[1]
+        flat_obs = tf.reshape(obs, tf.concat([[T * B], tf.shape(obs)[2:]], axis=0))
+        # One forward pass over the unroll and the bootstrap observations.
+        logits, values = self.model(tf.concat([flat_obs, t["bootstrap_obs"]], axis=0))
+        num_actions = tf.shape(logits)[-1]
+        target_logits = tf.reshape(logits[: T * B], [T, B, num_actions])
+        values_tb = tf.reshape(values[: T * B], [T, B])
+        bootstrap_value = values[T * B:]
+
+        terminated = t["terminateds"]
+        truncated = t["truncateds"] * (1.0 - terminated)
+        discounts = c.gamma * (1.0 - tf.maximum(terminated, truncated))
+        rewards = t["rewards"] + c.gamma * truncated * t["truncation_values"]
+
+        vt = vtrace.from_logits(
+            behaviour_policy_logits=t["behaviour_logits"], target_policy_logits=target_logits,
+            actions=t["actions"], discounts=discounts, rewards=rewards, values=values_tb,
+            bootstrap_value=bootstrap_value,
+            clip_rho_threshold=c.vtrace_clip_rho_threshold,
+            clip_pg_rho_threshold=c.vtrace_clip_pg_rho_threshold)
+
+        policy_loss = -tf.reduce_sum(vt.target_action_log_probs * vt.pg_advantages)
+        vf_loss = 0.5 * tf.reduce_sum(tf.square(vt.vs - values_tb))
+        log_pi = tf.nn.log_softmax(target_logits)
+        entropy = tf.reduce_sum(-tf.reduce_sum(tf.exp(log_pi) * log_pi, axis=-1))
+        total = policy_loss + c.vf_loss_coeff * vf_loss - self.entropy_coeff * entropy
+
+        var_vs = tf.math.reduce_variance(vt.vs)
+        explained = 1.0 - tf.math.reduce_variance(vt.vs - values_tb) / tf.maximum(var_vs, 1e-8)
+        stats = {"total_loss": total, "policy_loss": policy_loss, "vf_loss": vf_loss,
+                 "entropy": entropy / tf.cast(T * B, tf.float32),
+                 "mean_rho": tf.reduce_mean(tf.exp(vt.log_rhos)),
+                 "vf_explained_var": explained}
+        return total, stats
+
+    def compute_gradients(self, t: dict[str, tf.Tensor]) -> tuple[list, dict[str, tf.Tensor]]:
+        """Gradients of the loss for one batch (unclipped) and its stats."""
+        with tf.GradientTape() as tape:
+            loss, stats = self.loss_and_stats(t)
+        grads = tape.gradient(loss, self.model.trainable_variables)
+        return grads, stats
+
+    def apply_gradients(self, grads: list) -> dict[str, tf.Tensor]:
+        """Clip to ``grad_clip`` by global norm, skip a non-finite update, apply."""
+        clipped, gnorm = tf.clip_by_global_norm(grads, self.config.grad_clip)
+        finite = tf.math.is_finite(gnorm)
+        # A NaN update would poison the weights the actors receive: zero it, and the
+        # driver raises NonFiniteLossError on the stats.
+        clipped = [tf.where(finite, g, tf.zeros_like(g)) for g in clipped]
+        self.optimizer.apply_gradients(zip(clipped, self.model.trainable_variables))
+        return {"grad_gnorm": gnorm,
+                "var_gnorm": tf.linalg.global_norm(self.model.trainable_variables)}
+
+    def _train_step_impl(self, t: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+        self.num_traces += 1  # Python side effect: runs once per trace
+        grads, stats = self.compute_gradients(t)
+        stats.update(self.apply_gradients(grads))
+        return stats
+
+    # ------------------------------------------------------------------ public API
+    def learn_on_batch(self, batch: SampleBatch) -> dict[str, float]:
+        """One optimizer step on ``batch`` [T, B]; returns the stats as floats.
+
+        Raises:
+          NonFiniteLossError: the loss or the gradient norm is not finite; the message
+            gives the batch's statistics (the update was not applied).
+        """
+        tensors = batch_to_tensors(batch)
+        with self.lock:
+            out = self._train_step(tensors)
+            stats = {k: float(v) for k, v in out.items()}
+            if all(np.isfinite(stats[k]) for k in ("total_loss", "grad_gnorm")):
+                self.version += 1
+        stats["policy_version"] = self.version
+        if not all(np.isfinite(stats[k]) for k in ("total_loss", "grad_gnorm")):
+            raise NonFiniteLossError(describe_nonfinite(stats, batch))
+        return stats
+
+    def get_weights(self) -> tuple[list[np.ndarray], int]:
+        """The model's weights (numpy, in ``model.get_weights()`` order) and their version."""
+        with self.lock:
+            return self.model.get_weights(), self.version
+
+    def set_weights(self, weights: list[np.ndarray], version: int | None = None) -> None:
+        expected = [tuple(w.shape) for w in self.model.weights]
+        got = [tuple(np.shape(w)) for w in weights]
+        if expected != got:
+            raise ValueError(f"weights do not fit the model: expected shapes {expected}, "
+                             f"got {got}")
+        with self.lock:
+            self.model.set_weights(weights)
+            if version is not None:
+                self.version = int(version)
+
+    def compute_logits_and_values(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Keras forward pass (for checks; the actors use the numpy model)."""
+        logits, values = self.model(np.asarray(obs), training=False)
+        return np.asarray(logits), np.asarray(values)
+
+    # ------------------------------------------------------------------ checkpoints
+    def optimizer_state(self) -> list[np.ndarray]:
+        return [np.array(v.numpy()) for v in self.optimizer.variables]
+
+    def set_optimizer_state(self, arrays: list[np.ndarray]) -> None:
+        variables = self.optimizer.variables
+        if len(arrays) != len(variables):
+            raise ValueError(f"optimizer state has {len(arrays)} arrays, the optimizer "
+                             f"expects {len(variables)}")
+        for var, value in zip(variables, arrays, strict=True):
+            var.assign(value)
+        self.lr.assign(float(self.optimizer.learning_rate.numpy()))
+
+
+def describe_nonfinite(stats: dict[str, float], batch: SampleBatch) -> str:
+    """The error text for a non-finite loss: the stats and what the batch held."""
+    def summary(name: str, a: np.ndarray) -> str:
+        a = np.asarray(a, dtype=np.float64)
+        finite = np.isfinite(a)
+        if not finite.any():
+            return f"{name}: no finite values"
+        return (f"{name}: min {a[finite].min():.4g}, max {a[finite].max():.4g}, "
+                f"mean {a[finite].mean():.4g}, non-finite {int((~finite).sum())}")
+
+    lines = [f"non-finite loss (total_loss={stats['total_loss']}, "
+             f"grad_gnorm={stats['grad_gnorm']}); training stopped. Batch statistics:",
+             "  " + summary("obs", batch.obs), "  " + summary("rewards", batch.rewards),
+             "  " + summary("behaviour_logits", batch.behaviour_logits),
+             "  " + summary("truncation_values", batch.truncation_values),
+             "Lower lr, check the env's rewards and observations, or lower grad_clip."]
+    return "\n".join(lines)
