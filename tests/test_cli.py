@@ -1,0 +1,74 @@
+"""The impala-lab command: a short run writes every output; bad input exits 2 with a message."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from impala_lab.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    return subprocess.run([sys.executable, "-m", "impala_lab.cli", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_a_short_run_writes_config_metrics_result_report_and_checkpoint(tmp_path):
+    out = tmp_path / "run"
+    proc = run_cli("train", "--backend", "inline", "--num-envs-per-worker", "4",
+                   "--max-env-steps", "6000", "--report-interval", "0.2", "--seed", "3",
+                   "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    config = json.loads((out / "config.json").read_text())
+    assert config["backend"] == "inline" and config["num_envs_per_worker"] == 4
+    assert config["seed"] == 3
+    result = json.loads((out / "result.json").read_text())
+    assert set(result) >= {"solved", "seconds_to_target", "env_steps_to_target", "final"}
+    assert result["solved"] is False and result["stop_reason"] == "max_env_steps"
+    assert result["final"]["num_steps_sampled"] >= 6000
+    with open(out / "metrics.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    assert rows and "episode_return_mean" in rows[0] and "sample_throughput" in rows[0]
+    assert "timing_breakdown.learner_grad_time_ms" in rows[0]
+    assert (out / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (out / "checkpoint" / "state.json").is_file()
+    assert "steps" in proc.stdout and "results in" in proc.stdout
+
+
+@pytest.mark.parametrize("args, fragments", [
+    (["--num-workers", "0"], ["num_workers=0", "training would hang"]),
+    (["--lr", "abc"], ["--lr='abc'", "a number"]),
+    (["--backend", "procss"], ["backend='procss'", "did you mean 'process'"]),
+    (["--env", "CartPol-v1"], ["env='CartPol-v1'", "did you mean 'CartPole-v1'"]),
+    (["--fake-gpus", "maybe"], ["--fake-gpus='maybe'", "true or false"]),
+    (["--max-seconds", "-1"], ["--max-seconds=-1.0", "positive"]),
+    (["--replay-proportion", "0.5"], ["replay_buffer_num_slots=0", "at least 11"]),
+])
+def test_bad_input_exits_2_with_the_field_value_and_fix(args, fragments, capsys, tmp_path):
+    code = main(["train", "--out", str(tmp_path / "never"), *args])
+    err = capsys.readouterr().err
+    assert code == 2
+    for fragment in fragments:
+        assert fragment in err
+    assert "Traceback" not in err
+
+
+def test_unknown_option_exits_2():
+    with pytest.raises(SystemExit) as info:
+        main(["train", "--num-wrokers", "2"])
+    assert info.value.code == 2
+
+
+def test_config_command_prints_the_table(capsys):
+    assert main(["config"]) == 0
+    out = capsys.readouterr().out
+    assert "| `train_batch_size` | `500` |" in out

@@ -1,0 +1,110 @@
+"""LearnerThread on its own: by hand, in the background, on errors and on an empty queue."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from impala_lab.errors import LearnerError, NonFiniteLossError
+from impala_lab.learner import LearnerThread
+
+
+class Batch:
+    def __init__(self, count: int, tag: int = 0) -> None:
+        self.count = count
+        self.tag = tag
+
+
+class RecordingPolicy:
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+
+    def learn_on_batch(self, batch: Batch) -> dict:
+        self.seen.append(batch.tag)
+        return {"total_loss": float(len(self.seen))}
+
+
+def test_step_by_hand_uses_each_batch_num_sgd_iter_times():
+    policy = RecordingPolicy()
+    learner = LearnerThread(policy, minibatch_buffer_size=1, num_sgd_iter=2)
+    for tag in (1, 2, 3):
+        learner.inqueue.put(Batch(10, tag))
+    while learner.step(block_timeout=0):
+        pass
+    # the ttl ramps 1, 2, 2: batch 1 once, then batches 2 and 3 twice each
+    assert policy.seen == [1, 2, 2, 3, 3]
+    counts = [learner.outqueue.get_nowait() for _ in range(learner.outqueue.qsize())]
+    assert counts == [10] * 5
+    assert learner.weights_updated and learner.stats == {"total_loss": 5.0}
+    assert learner.grad_timer.count == 5
+    assert learner.learner_queue_size.stats()["count"] == 5
+
+
+def test_background_thread_trains_and_stops():
+    policy = RecordingPolicy()
+    learner = LearnerThread(policy)
+    learner.start()
+    for tag in range(5):
+        learner.inqueue.put(Batch(1, tag))
+    deadline = time.monotonic() + 5
+    while len(policy.seen) < 5 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    learner.stop(timeout=2)
+    assert policy.seen == [0, 1, 2, 3, 4]
+    assert not learner.is_alive()
+
+
+def test_exception_is_kept_and_raised_in_the_driver_with_the_stage_named():
+    class Broken:
+        def learn_on_batch(self, batch):
+            raise KeyError("missing_loss_input")
+
+    learner = LearnerThread(Broken())
+    learner.start()
+    learner.inqueue.put(Batch(1))
+    learner.join(5)
+    assert not learner.is_alive()
+    with pytest.raises(LearnerError) as info:
+        learner.raise_if_failed()
+    assert info.value.stage == "learner thread"
+    assert "missing_loss_input" in str(info.value)
+    assert "learn_on_batch" in info.value.remote_traceback
+
+
+def test_non_finite_loss_error_is_passed_through_unchanged():
+    class NaNPolicy:
+        def learn_on_batch(self, batch):
+            raise NonFiniteLossError("non-finite loss (total_loss=nan)")
+
+    learner = LearnerThread(NaNPolicy())
+    learner.start()
+    learner.inqueue.put(Batch(1))
+    learner.join(5)
+    with pytest.raises(NonFiniteLossError, match="total_loss=nan"):
+        learner.raise_if_failed()
+
+
+def test_an_empty_queue_past_learner_queue_timeout_is_an_error_not_a_hang():
+    learner = LearnerThread(RecordingPolicy(), learner_queue_timeout=0.3)
+    learner.poll_interval = 0.05
+    learner.start()
+    learner.join(5)
+    assert not learner.is_alive()
+    with pytest.raises(LearnerError, match="learner_queue_timeout"):
+        learner.raise_if_failed()
+
+
+def test_num_sgd_iter_can_change_between_steps():
+    policy = RecordingPolicy()
+    learner = LearnerThread(policy, num_sgd_iter=1)
+    learner.set_num_sgd_iter(3)
+    for tag in (1, 2, 3):
+        learner.inqueue.put(Batch(1, tag))
+    while learner.step(block_timeout=0):
+        pass
+    assert policy.seen == [1, 2, 2, 3, 3, 3]
+    with pytest.raises(ValueError, match="num_sgd_iter=0"):
+        learner.set_num_sgd_iter(0)
+    assert np.isfinite(learner.timers()["learner_grad_time_ms"].mean)
