@@ -148,6 +148,13 @@ class Impala:
         self._start_time = time.monotonic()
         self._elapsed_before_restore = 0.0
 
+        # Background training (start/pause): the thread, its error, the pause request.
+        self._background: threading.Thread | None = None
+        self._pause_requested = threading.Event()
+        self.background_error: BaseException | None = None
+        self._last_pipeline_view: dict[str, Any] = {}
+        self.last_result: dict[str, Any] | None = None
+
         self.batch_buffer: list[SampleBatch] = []
         self._batch_buffer_steps = 0
         self._weights_ref: Any = None
@@ -207,6 +214,10 @@ class Impala:
           (env steps sampled, env steps trained) in this turn.
         """
         self._check_running()
+        background = self._background
+        if background is not None and threading.get_ident() != background.ident:
+            raise ImpalaError("this run is training in the background; call impala.pause() "
+                              "before stepping it by hand")
         self._apply_pending_knobs()
         with self._optimizer_step_timer:
             sampled, trained = self._step(timeout)
@@ -214,6 +225,8 @@ class Impala:
         self._train_meter.add(trained)
         self.num_steps_sampled += sampled
         self.num_steps_trained += trained
+        if background is not None:
+            self._last_pipeline_view = self._pipeline_view()
         return sampled, trained
 
     def _step(self, timeout: float) -> tuple[int, int]:
@@ -351,8 +364,6 @@ class Impala:
         learner_timers = self.learner.timers()
         returns = list(self._episode_returns)
         lag = self._policy_lag.stats()
-        mb = self.learner.minibatch_buffer
-        in_flight = self.sample_tasks.in_flight_counts() if self.sample_tasks else {}
         return {
             "sample_throughput": round(self._sample_meter.rate(), 3),
             "train_throughput": round(self._train_meter.rate(), 3),
@@ -379,23 +390,32 @@ class Impala:
             "policy_lag": {"mean": lag["mean"] if lag["count"] else math.nan,
                            "max": getattr(self, "_max_lag", 0)},
             "weights_version": self.policy.version,
-            "pipeline": {
-                "backend": self.config.backend,
-                "num_workers": len(self.workers),
-                "in_flight": {str(getattr(w, "index", w)): n for w, n in in_flight.items()},
-                "max_in_flight": self.config.max_sample_requests_in_flight_per_worker,
-                "replay_stored": self.replay.num_stored,
-                "replay_capacity": self.replay.capacity,
-                "batch_buffer_steps": self._batch_buffer_steps,
-                "train_batch_size": self.config.train_batch_size,
-                "learner_queue_len": self.learner.inqueue.qsize(),
-                "learner_queue_size": self.config.learner_queue_size,
-                "minibatch_slots": [list(s) for s in mb.slots()],
-                "num_sgd_iter": mb.max_ttl,
-                "broadcast_interval": self.config.broadcast_interval,
-                "num_train_batches": self.num_train_batches,
-            },
+            "pipeline": self._pipeline_view(),
             "knobs": {k: getattr(self.config, k) for k in LIVE_KNOBS},
+        }
+
+    def _pipeline_view(self) -> dict[str, Any]:
+        """Figures of every stage for the diagram. While a background thread drives the run,
+        other threads read the copy it leaves at the end of each step (no torn reads)."""
+        if self._background is not None and threading.get_ident() != self._background.ident:
+            return self._last_pipeline_view
+        mb = self.learner.minibatch_buffer
+        in_flight = self.sample_tasks.in_flight_counts() if self.sample_tasks else {}
+        return {
+            "backend": self.config.backend,
+            "num_workers": len(self.workers),
+            "in_flight": {str(getattr(w, "index", w)): n for w, n in in_flight.items()},
+            "max_in_flight": self.config.max_sample_requests_in_flight_per_worker,
+            "replay_stored": self.replay.num_stored,
+            "replay_capacity": self.replay.capacity,
+            "batch_buffer_steps": self._batch_buffer_steps,
+            "train_batch_size": self.config.train_batch_size,
+            "learner_queue_len": self.learner.inqueue.qsize(),
+            "learner_queue_size": self.config.learner_queue_size,
+            "minibatch_slots": [list(s) for s in mb.slots()],
+            "num_sgd_iter": mb.max_ttl,
+            "broadcast_interval": self.config.broadcast_interval,
+            "num_train_batches": self.num_train_batches,
         }
 
     def record(self) -> dict[str, Any]:
@@ -443,6 +463,9 @@ class Impala:
         reason = None
         try:
             while reason is None:
+                if self._pause_requested.is_set():
+                    reason = "paused"
+                    break
                 self.step()
                 now = time.monotonic()
                 if now >= next_report:
@@ -465,11 +488,64 @@ class Impala:
         final["stop_reason"] = reason
         return final
 
+    # ------------------------------------------------------------------ background training
+    def start(self, stop: StopCondition = None, *, max_seconds: float | None = None,
+              max_env_steps: int | None = None, report_interval: float = 1.0) -> None:
+        """Train in a background thread: the notebook cell returns, the dashboard keeps moving.
+
+        ``pause()`` ends the background training (the run stays usable), ``stop()`` ends the
+        run. Arguments as in ``train()``; the result lands in ``last_result``.
+        """
+        self._check_running()
+        if self.is_training:
+            raise ImpalaError("this run is already training in the background")
+        self._pause_requested.clear()
+        self.background_error = None
+
+        def loop() -> None:
+            try:
+                self.last_result = self.train(stop, max_seconds=max_seconds,
+                                              max_env_steps=max_env_steps,
+                                              report_interval=report_interval)
+            except BaseException as exc:  # kept for pause()/wait(), shown by the dashboard
+                self.background_error = exc
+
+        self._background = threading.Thread(target=loop, name="impala-driver", daemon=True)
+        self._background.start()
+
+    @property
+    def is_training(self) -> bool:
+        """True while a background ``start()`` is running."""
+        return self._background is not None and self._background.is_alive()
+
+    def pause(self, timeout: float = 30.0) -> None:
+        """End background training after the current step; raise its error, if any."""
+        self._pause_requested.set()
+        self.wait(timeout)
+
+    def wait(self, timeout: float | None = None) -> dict[str, Any] | None:
+        """Block until background training ends; raise its error, if any."""
+        thread = self._background
+        if thread is not None:
+            thread.join(timeout)
+            if thread.is_alive():
+                raise ImpalaError(f"background training did not end within {timeout} s")
+            self._background = None
+        self._pause_requested.clear()
+        if self.background_error is not None:
+            error, self.background_error = self.background_error, None
+            raise error
+        return self.last_result
+
     # ------------------------------------------------------------------ lifetime
     def stop(self) -> None:
         """End the learner thread and every worker; safe to call more than once."""
         if getattr(self, "_stopped", True) and not hasattr(self, "_finalizer"):
             return
+        background = getattr(self, "_background", None)
+        if background is not None and background is not threading.current_thread():
+            self._pause_requested.set()
+            background.join(10.0)
         self._stopped = True
         if hasattr(self, "_finalizer"):
             self._finalizer()  # runs _cleanup once
