@@ -57,6 +57,9 @@ class Backend(abc.ABC):
                     sample_batch_size=c.sample_batch_size, hiddens=tuple(c.model),
                     gamma=c.gamma, seed=c.seed, worker_index=index)
 
+    def prepare(self) -> None:
+        """Checks that can fail before TensorFlow loads or any process starts (default: none)."""
+
     @abc.abstractmethod
     def make_worker(self, index: int) -> WorkerHandle:
         """Start worker ``index`` and return its handle."""

@@ -47,7 +47,7 @@ class InlineWorkerHandle(WorkerHandle):
             self._alive = False
             return DoneFuture(error=WorkerError(
                 self.index, self.worker.env_id, f"{type(exc).__name__}: {exc}",
-                traceback.format_exc()))
+                "".join(traceback.format_exception(exc, chain=False))))
 
     def set_weights(self, weights_ref: Any) -> None:
         weights, version = weights_ref

@@ -1,10 +1,9 @@
 """Rollout workers in spawned processes (the default backend).
 
 Each `RolloutWorker` lives in its own process, started with the ``spawn`` method of the
-`multiprocess` package (TensorFlow is not fork-safe, and ``multiprocess`` pickles with dill,
-so an env factory defined in a notebook cell reaches the worker). Worker processes import
-numpy, gymnasium and `impala_lab.rollout` only, never TensorFlow (about 40 MB each instead
-of about 600 MB).
+`multiprocess` package (TensorFlow is not fork-safe). Worker processes import numpy,
+gymnasium and `impala_lab.rollout` only, never TensorFlow (about 45 MB each instead of
+about 600 MB).
 
 Transport. One duplex pipe per worker carries small commands, in order::
 
@@ -20,39 +19,49 @@ worker; `ProcessBackend.wait` (the task pool's ``wait_fn``) blocks on the pipes 
 process sentinels with ``multiprocess.connection.wait``, so an idle driver uses no CPU, and
 completes each worker's futures in the order of its requests.
 
-Weights: one shared-memory block per broadcast. `ProcessBackend.put_weights` writes every
-array and the version once into a new ``SharedMemory`` block; ``set_weights`` sends only the
-block's name and layout (about 300 bytes), and a worker copies the arrays out when it
-starts its next sample with a block it has not read yet. ``bench/transport.py`` measured
-the two ways (2 workers, each worker applies the weights and answers; median per broadcast,
-this 2-core machine):
+Weights: shared memory, written once per broadcast. `ProcessBackend.put_weights` writes
+every array, the version and a broadcast serial into a shared-memory block no worker is
+using; ``set_weights`` sends only the block's name and layout (about 300 bytes), and a
+worker copies the arrays out when it starts its next sample with a broadcast it has not
+read yet. ``bench/transport.py`` measured both ways on this 2-core machine (2 workers;
+medians, ranges over 3 runs, some with other jobs running). "broadcast" lasts until every
+worker holds the arrays, "driver" is the driver's writing and sending only; "busy" workers
+read their pipe only between 10 ms samples, as real ones do::
 
-    =================  ===========  =======================  ==========================
-    weights            way          broadcast to 2 workers   driver CPU per broadcast
-    =================  ===========  =======================  ==========================
-    64x64 MLP, 19 KB   pipe         {PIPE_SMALL_MS} ms                 {PIPE_SMALL_CPU} ms
-    64x64 MLP, 19 KB   shared mem   {SHM_SMALL_MS} ms                 {SHM_SMALL_CPU} ms
-    1024x1024, 4.2 MB  pipe         {PIPE_LARGE_MS} ms                 {PIPE_LARGE_CPU} ms
-    1024x1024, 4.2 MB  shared mem   {SHM_LARGE_MS} ms                 {SHM_LARGE_CPU} ms
-    =================  ===========  =======================  ==========================
+    workers  weights            way         broadcast   driver wall   driver CPU  (ms)
+    idle     64x64 MLP, 19 KB   pipe        0.23-0.27   0.07-0.10     0.07-0.12
+    idle     64x64 MLP, 19 KB   shared mem  0.34-0.47   0.08-0.11     0.09-0.12
+    idle     1024x1024, 4.2 MB  pipe        5.1-28      4.0-20        1.9-4.4
+    idle     1024x1024, 4.2 MB  shared mem  2.1-6.3     0.54-0.90     0.58-0.75
+    busy     64x64 MLP, 19 KB   pipe        10.4-10.6   0.17-0.20     0.17-0.19
+    busy     64x64 MLP, 19 KB   shared mem  10.7-11.3   0.23-0.25     0.23-0.26
+    busy     1024x1024, 4.2 MB  pipe        21-29       15.6-20.1     2.5-2.7
+    busy     1024x1024, 4.2 MB  shared mem  12.6-13.1   0.82-0.96     0.71-0.84
 
-The small model costs the same either way; for large weights shared memory moves the
-arrays once instead of once per worker and spends a fraction of the driver's CPU (which
-the learner thread shares). It also keeps every command tiny, so a driver writing a
-command can never block on a pipe whose worker is itself blocked writing a large batch
-(with weights in the pipe, that needs a sender thread to avoid a deadlock).
+For the small model the two cost the same (a tenth of a millisecond); for 4 MB of weights
+the pipe blocks the driver loop until each busy worker has finished its sample and drained
+the pipe (15-20 ms per broadcast with 2 workers, growing with the number of workers),
+while shared memory costs the driver under 1 ms whatever the number of workers. Tiny
+commands also mean the driver can never block on a worker's pipe while that worker is
+itself blocked writing a large batch to the driver (with 4 MB commands that deadlock needs
+a sender thread to avoid). So: shared memory.
 
-Block lifetime: a block is unlinked once it is not the latest one and every worker that
-was told to use it has answered a later request (it has read it, or skipped it for a newer
-one), or has ended; `ProcessBackend.shutdown` unlinks all of them. Blocks are named
-``il<driver pid>_<random>_<n>`` (``/dev/shm`` on Linux). If the driver is killed, the
-resource tracker of ``multiprocess`` unlinks what is left once the workers have exited.
+Block lifetime and reuse: a block is released once it is not the latest broadcast and
+every worker that was told to use it has answered a later request (so it has read the
+block, or skipped it for a newer one) or has ended. Up to two released blocks are kept
+and overwritten by later broadcasts (a new 4 MB block costs 8-15 ms of page faults here,
+overwriting one 0.3-0.6 ms); the rest are unlinked, and `ProcessBackend.shutdown` unlinks
+all. Blocks are named ``il<driver pid>_<random>_<n>`` (in ``/dev/shm`` on Linux); if the
+driver is killed, the ``multiprocess`` resource tracker unlinks what is left once the
+workers have exited.
 
 Lifetimes. A worker ignores SIGINT (interrupting a notebook cell interrupts the driver,
-which stops its workers in order), exits when its parent dies (a watchdog thread compares
-``os.getppid()`` with the parent's pid every 0.5 s; ``PR_SET_PDEATHSIG`` is not used
-because it fires when the *thread* that started the worker ends, which would kill the
-workers of a driver running in a background thread), and exits when its pipe closes.
+which stops its workers in order; only a Ctrl-C in a terminal during the fraction of a
+second before a worker's own code runs can still end it, seen as a failed worker). It
+exits when its parent dies (a watchdog thread compares ``os.getppid()`` with the parent's
+pid every 0.5 s; ``PR_SET_PDEATHSIG`` is not used because it fires when the *thread* that
+started the worker ends, which would kill the workers of a driver running in a background
+thread), and when its pipe closes.
 `ProcessBackend.stop_worker` and `ProcessBackend.shutdown` send ``stop``, close the pipe,
 join for 2 s, then terminate, join, kill. Worker processes are daemonic, so an env cannot
 start ``multiprocess`` children of its own, and ``multiprocess`` ends them at interpreter
@@ -65,19 +74,25 @@ type and message, formatted traceback, env id) and exits (a broken env is not re
 that worker completes and raises `WorkerError` naming the exit code or signal, so the
 driver restarts the worker or raises instead of hanging.
 
-What travels to a worker, and what dill cannot carry. The env (an id, or a zero-argument
-factory) is pickled with dill once, before the first process starts. Functions, lambdas
-and classes defined in a notebook or script are carried by value, with the variables they
-close over. Dill cannot carry objects holding operating-system or C-extension state: open
-sockets, database connections (``sqlite3.Connection``), generators, ``mmap`` objects, ctypes
-pointers, SSL contexts, hash objects; a factory closing over one of them is refused by
-`ProcessBackend.make_worker` with a ValueError. Some objects arrive as fresh copies, not
-shared ones: a lock arrives unlocked, a file is reopened by name. Create such resources
-inside the factory, or define the factory in an importable module (a ``.py`` file on
-``sys.path``; the workers get the driver's ``sys.path``). The spawn method also runs the
-main script's top level again (as ``__mp_main__``) in each worker: keep ``import
-tensorflow`` in a script under ``if __name__ == "__main__":`` or inside functions, or every
-worker imports TensorFlow too.
+What travels to a worker, and what cannot. The env (an id, or a zero-argument factory) is
+pickled once, before the first process starts, with cloudpickle (a gymnasium dependency),
+as Ray does. Functions, lambdas and classes defined in a notebook or a script are carried
+by value, with the variables and notebook-defined classes they use; functions and classes
+of importable modules by reference. Not dill, although ``multiprocess`` is built on it:
+dill 0.4 either leaves a notebook-defined env class behind (``NameError`` in the worker)
+or, with ``recurse=True``, rebuilds a subclass of ``gymnasium.Env`` or ``gymnasium.Wrapper``
+on the wrong bases (it takes the ``__orig_bases__`` inherited from ``Env``'s
+``Generic[...]``), so the worker's env is no ``gymnasium.Env`` at all. Neither can carry
+objects holding operating-system or C-extension state: locks and queues, open files and
+sockets, threads, database connections (``sqlite3.Connection``), generators, ``mmap``
+objects, ctypes pointers, SSL contexts, hash objects, weak references; a factory that holds
+or closes over one is refused by `ProcessBackend.make_worker` with a ValueError before any
+process starts. Create such resources inside the factory, or define the factory in an
+importable module (a ``.py`` file on ``sys.path``; the workers get the driver's
+``sys.path``). The spawn method also runs the main script's top level again (as
+``__mp_main__``) in each worker: keep ``import tensorflow`` in a script under ``if __name__
+== "__main__":`` or inside functions, or every worker imports TensorFlow too (notebooks
+and ``python -c`` have no main script to run again).
 """
 
 from __future__ import annotations
@@ -124,6 +139,10 @@ _WATCHDOG_PERIOD_S = 0.5
 _ALIGN = 64  # byte alignment of each array in a weights block
 _HEADER = 64  # block header: int64 serial, version, number of arrays
 _MAX_FREE_BLOCKS = 2  # released blocks kept for reuse (a new block costs page faults)
+# What a pipe operation raises once the worker's end is gone (EOF, EPIPE), or when another
+# thread closed our end meanwhile (OSError "handle is closed", or TypeError: the handle is
+# already None while the close runs); only a shutdown at exit, under a driver thread, does.
+_PIPE_GONE = (EOFError, OSError, TypeError, ValueError)
 
 _live_backends: weakref.WeakSet[ProcessBackend] = weakref.WeakSet()
 
@@ -252,6 +271,7 @@ def read_shared_weights(ref: SharedWeights) -> list[np.ndarray]:
 @dataclass
 class _Block:
     memory: shared_memory.SharedMemory
+    serial: int
     users: int = 0  # set_weights commands naming this block not yet known to be consumed
 
 
@@ -296,20 +316,18 @@ def _worker_main(conn: Any, parent_pid: int, index: int, env_blob: bytes,
     _watch_parent(parent_pid)
     import traceback
 
-    import dill
-
     from impala_lab.rollout import RolloutWorker
 
     def send(obj: Any) -> None:
         conn.send_bytes(pickle.dumps(obj, protocol=5))
 
     def send_error(exc: BaseException, what: str, env_id: str) -> None:
-        send(("error", {"message": f"{what}{type(exc).__name__}: {exc}",
+        send(("error", {"type": type(exc).__name__, "message": f"{what}{type(exc).__name__}: {exc}",
                         "traceback": traceback.format_exc(), "env_id": env_id}))
 
     env_id = f"<env of worker {index}>"
     try:
-        env = dill.loads(env_blob)
+        env = pickle.loads(env_blob)  # cloudpickle's output loads with plain pickle
         env_id = _describe_env(env)
         worker = RolloutWorker(env=env, **kwargs)
     except Exception as exc:
@@ -404,6 +422,8 @@ class ProcessWorkerHandle(WorkerHandle):
     Attributes:
       index: the worker's index in the run.
       pid: the worker's process id.
+      exitcode: the process's exit code once `ProcessBackend.stop_worker` or ``shutdown``
+        ended it (-N: killed by signal N); None before.
       env_id: the env's name (the id, or the factory's ``__qualname__``).
       process: the ``multiprocess`` Process.
     """
@@ -414,13 +434,15 @@ class ProcessWorkerHandle(WorkerHandle):
         self.index = index
         self.process = process
         self.pid: int = process.pid
+        self.exitcode: int | None = None  # the process's, once stopped (negative: signal)
         self.conn = conn
         self.env_id = env_id
         self.started_at = time.monotonic()
         self._pending: deque[ProcessFuture] = deque()
         self._unconsumed: list[str] = []  # blocks named since the last request was sent
         self._sent_serial: int | None = None
-        self._alive = True
+        self._alive = True  # False once it died or was stopped
+        self._stopped = False  # stop_worker/shutdown ended it
         self._failure: WorkerError | None = None
 
     # -- commands
@@ -430,16 +452,22 @@ class ProcessWorkerHandle(WorkerHandle):
     def _request(self, cmd: tuple) -> ProcessFuture:
         fut = ProcessFuture(self, self._unconsumed)
         self._unconsumed = []
-        if not self._alive:
+        with self._backend._lock:
+            alive = self._alive
+            if alive:
+                self._pending.append(fut)
+        if not alive:
             self._backend._release(fut.weight_blocks)
             fut._finish(error=self._failure or WorkerError(
                 self.index, self.env_id, "the worker was stopped; start a new one"))
             return fut
-        self._pending.append(fut)
         try:
             self._send(cmd)
-        except OSError:  # the process is gone: fail every pending request, this one too
+        except _PIPE_GONE:  # the process is gone: fail every pending request, this one too
             self._backend._on_worker_exit(self)
+            if not fut.done():  # another thread is stopping this worker
+                self._backend._fail_pending(self, self._failure or WorkerError(
+                    self.index, self.env_id, "the worker was stopped by the driver"))
         return fut
 
     def sample(self) -> ProcessFuture:
@@ -465,7 +493,7 @@ class ProcessWorkerHandle(WorkerHandle):
         self._sent_serial = weights_ref.serial
         try:
             self._send(("set_weights", weights_ref))
-        except OSError:
+        except _PIPE_GONE:
             self._backend._on_worker_exit(self)
 
     def is_alive(self) -> bool:
@@ -508,21 +536,25 @@ class ProcessBackend(Backend):
     # -- workers
     def _pickled_env(self) -> bytes:
         if self._env_blob is None:
-            import dill
+            import cloudpickle
 
             try:
-                self._env_blob = dill.dumps(self.env)
+                self._env_blob = cloudpickle.dumps(self.env, protocol=5)
             except Exception as exc:
                 name = _describe_env(self.env)
                 raise ValueError(
                     f"backend='process' cannot send the env factory {name!r} to a worker "
-                    f"process: dill could not pickle it ({type(exc).__name__}: {exc}). It "
-                    "probably holds or closes over an open handle (socket, database "
-                    "connection, generator, C-extension object). Create such objects inside "
-                    "the factory, or define the factory in an importable module (a .py file "
-                    "on sys.path) and pass that function; backend='inline' needs no pickling."
+                    f"process: cloudpickle could not pickle it ({type(exc).__name__}: {exc}). "
+                    "It probably holds or closes over an open handle (lock, file, socket, "
+                    "database connection, generator, C-extension object). Create such objects "
+                    "inside the factory, or define the factory in an importable module (a .py "
+                    "file on sys.path) and pass that function; backend='inline' needs no "
+                    "pickling."
                 ) from exc
         return self._env_blob
+
+    def prepare(self) -> None:
+        self._pickled_env()  # an env factory that cannot travel fails here, before TF loads
 
     def make_worker(self, index: int) -> ProcessWorkerHandle:
         """Starts worker ``index`` in a new process; returns at once (the process builds its
@@ -568,7 +600,7 @@ class ProcessBackend(Backend):
                                                name=name, block=reuse)
             if reuse is None:
                 self._num_blocks += 1
-            self._blocks[ref.name] = _Block(memory)
+            self._blocks[ref.name] = _Block(memory, ref.serial)
             self._latest = ref.name
             self._collect()
         return ref
@@ -576,7 +608,7 @@ class ProcessBackend(Backend):
     def _acquire(self, ref: SharedWeights) -> None:
         with self._lock:
             block = self._blocks.get(ref.name)
-            if block is None:
+            if block is None or block.serial != ref.serial:
                 raise ValueError(f"set_weights: the weights block {ref.name!r} (version "
                                  f"{ref.version}) was already released; pass the reference the "
                                  "latest put_weights() returned")
@@ -638,10 +670,15 @@ class ProcessBackend(Backend):
         if not handles:
             return
         objects: dict[Any, ProcessWorkerHandle] = {}
-        for h in handles:
-            objects[h.conn] = h
-            objects[h.process.sentinel] = h
-        ready = multiprocess.connection.wait(list(objects), timeout)
+        try:
+            for h in handles:
+                objects[h.conn] = h
+                objects[h.process.sentinel] = h
+            ready = multiprocess.connection.wait(list(objects), timeout)
+        except _PIPE_GONE:
+            # Another thread (shutdown at exit) closed a pipe or process meanwhile: its
+            # futures were failed there; the caller looks at the futures again.
+            return
         exited = set()
         for obj in ready:
             h = objects[obj]
@@ -655,16 +692,20 @@ class ProcessBackend(Backend):
 
     def _drain(self, h: ProcessWorkerHandle) -> bool:
         """Handles every message waiting on the worker's pipe; False at EOF."""
-        try:
-            while h._alive and h.conn.poll(0):
-                self._on_message(h, h.conn.recv_bytes())
-        except (EOFError, OSError):
-            return False
+        while h._alive:
+            try:
+                if not h.conn.poll(0):
+                    break
+                data = h.conn.recv_bytes()
+            except _PIPE_GONE:
+                return False
+            self._on_message(h, data)
         return True
 
     def _on_message(self, h: ProcessWorkerHandle, data: bytes) -> None:
         kind, payload = pickle.loads(data)
-        fut = h._pending.popleft() if h._pending else None
+        with self._lock:
+            fut = h._pending.popleft() if h._pending else None
         if kind == "ok":
             if fut is not None:
                 fut._finish(value=payload)
@@ -682,11 +723,21 @@ class ProcessBackend(Backend):
         """The worker's pipe closed or its process ended: fail what it still owed."""
         if not h._alive:
             return
-        with contextlib.suppress(EOFError, OSError):
-            while h.conn.poll(0):  # what it sent before it ended (its error record)
-                self._on_message(h, h.conn.recv_bytes())
-        h._alive = False
-        h.process.join(_EXIT_JOIN_S)
+        while True:  # what it sent before it ended (its error record)
+            try:
+                if not h.conn.poll(0):
+                    break
+                data = h.conn.recv_bytes()
+            except _PIPE_GONE:
+                break
+            self._on_message(h, data)
+        with self._lock:
+            if not h._alive:  # stopped meanwhile by another thread
+                return
+            h._alive = False
+        with contextlib.suppress(ValueError):  # ValueError: closed by a concurrent stop
+            h.process.join(_EXIT_JOIN_S)
+            h.exitcode = h.process.exitcode
         if h._failure is not None:
             err = WorkerError(h.index, h.env_id,
                               "the worker process ended after an earlier error "
@@ -694,20 +745,21 @@ class ProcessBackend(Backend):
                               h._failure.remote_traceback)
         else:
             err = WorkerError(h.index, h.env_id, f"the worker process (pid {h.pid}) "
-                              f"{_exit_description(h.process.exitcode)}; its pending sample "
+                              f"{_exit_description(h.exitcode)}; its pending sample "
                               "requests are lost")
             h._failure = err
         self._fail_pending(h, err)
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(*_PIPE_GONE):
             h.conn.close()
 
     def _fail_pending(self, h: ProcessWorkerHandle, err: WorkerError) -> None:
-        pending, h._pending = h._pending, deque()
-        for fut in pending:
-            fut._finish(error=err)
-            self._release(fut.weight_blocks)
-        unconsumed, h._unconsumed = h._unconsumed, []
-        self._release(unconsumed)
+        with self._lock:  # the driver thread and a shutdown at exit may both get here
+            pending, h._pending = h._pending, deque()
+            unconsumed, h._unconsumed = h._unconsumed, []
+            for fut in pending:
+                fut._finish(error=err)
+                self._release(fut.weight_blocks)
+            self._release(unconsumed)
 
     # -- ending
     def stop_worker(self, handle: WorkerHandle) -> None:
@@ -716,16 +768,19 @@ class ProcessBackend(Backend):
         self._stop([handle])
 
     def _stop(self, handles: list[ProcessWorkerHandle]) -> None:
+        with self._lock:
+            handles = [h for h in handles if not h._stopped]
+            for h in handles:
+                h._stopped = True
+                if h._alive:  # from now on no thread reads its pipe or sends to it
+                    h._alive = False
+                    h._failure = h._failure or WorkerError(
+                        h.index, h.env_id, "the worker was stopped by the driver")
         for h in handles:  # all at once: the workers exit in parallel
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(*_PIPE_GONE):
                 h._send(("stop",))
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(*_PIPE_GONE):
                 h.conn.close()  # a worker blocked writing a batch gets EPIPE and exits
-            if h._alive:
-                h._alive = False
-                h._failure = h._failure or WorkerError(
-                    h.index, h.env_id, "the worker was stopped by the driver")
-                self._fail_pending(h, h._failure)
         deadline = time.monotonic() + _STOP_JOIN_S
         for h in handles:
             h.process.join(max(0.0, deadline - time.monotonic()))
@@ -738,10 +793,15 @@ class ProcessBackend(Backend):
             if h.process.is_alive():
                 h.process.kill()
                 h.process.join(_KILL_JOIN_S)
+        for h in handles:
+            # Only now that it has ended: a running worker might still open a weights block.
+            self._fail_pending(h, h._failure or WorkerError(
+                h.index, h.env_id, "the worker was stopped by the driver"))
         with self._lock:
             for h in handles:
                 if h in self.handles:
                     self.handles.remove(h)
+                h.exitcode = h.process.exitcode
                 with contextlib.suppress(ValueError):
                     h.process.close()  # frees its sentinel; ValueError: still running
 

@@ -1,0 +1,379 @@
+"""Rollout workers as Ray actors (the ``ray`` extra: ``pip install 'impala_lab[ray]'``).
+
+The same `RolloutWorker` as the other backends, wrapped in a Ray actor (numpy and gymnasium
+only: actors never import TensorFlow). A weights broadcast is one ``ray.put`` of
+``(weights, version)``; every ``set_weights`` passes that object ref, which Ray resolves in
+the actor (zero-copy from the node's object store), so weights move once per broadcast and
+node. A sample request is an actor task; Ray runs one caller's tasks on an actor in the
+order they were submitted, so ``set_weights`` applies before the next ``sample``.
+`RayBackend.wait` is ``ray.wait`` (blocking, no polling).
+
+Ray itself is imported only when a `RayBackend` is built (`impala_lab.backends.base.
+make_backend` imports this module lazily), so the package works without Ray installed.
+
+Starting Ray:
+
+- ``config.ray_address`` set: ``ray.init(address=config.ray_address)`` joins an existing
+  cluster; the backend never shuts that cluster down.
+- Ray already initialized in this process (e.g. by the notebook): the backend uses it and
+  leaves it running.
+- Otherwise a private local Ray starts with the machine's CPUs, no dashboard, and every
+  Ray server listening on loopback only. Ray 2.x turns ``_node_ip_address="127.0.0.1"`` into
+  the machine's primary address on Linux (``ray._private.services.resolve_ip_for_localhost``)
+  unless Ray runs in local-only mode, which ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` selects
+  (the default on Windows and macOS); the backend sets that mode while ``ray.init`` starts
+  the local processes (they inherit it) and restores the driver's setting afterwards.
+  The actors get the directory holding ``impala_lab`` on their path
+  (``JobConfig(code_search_path=...)``), so a source checkout works without installing.
+  `RayBackend.shutdown` shuts this Ray down again.
+
+Worker output (``print`` in an env, warnings) is streamed to the driver's terminal
+(``log_to_driver=True``), except inside a Jupyter kernel, where Ray's streaming thread
+would write into whichever cell runs; there it stays in Ray's log files
+(``/tmp/ray/session_latest/logs``). Errors never depend on it: an env that raises reaches
+the driver as `WorkerError` with the actor's traceback.
+
+Each actor asks for ``min(1, cluster CPUs / num_workers)`` CPUs, so ``num_workers`` above
+the CPU count shares the CPUs (as processes would) instead of leaving actors unscheduled.
+
+Running on a Ray cluster::
+
+    # on the head node (every node needs the same Python, impala_lab and gymnasium):
+    ray start --head --port=6379
+    # on each other node:
+    ray start --address=<head>:6379
+    # anywhere that can reach the head:
+    impala-lab train --backend ray --ray-address <head>:6379
+
+From Python: ``Impala(ImpalaConfig(backend="ray", ray_address="<head>:6379"))``. The env
+factory travels to the actors with cloudpickle: a factory defined in a notebook is carried
+by value, but the modules it imports must be installed on every node. `RayBackend.
+worker_pids` gives the actors' process ids on their nodes (local ones only on one machine).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from impala_lab.backends.base import Backend, WorkerHandle
+from impala_lab.config import ImpalaConfig
+from impala_lab.errors import WorkerError
+
+__all__ = ["RayBackend", "RayWorkerHandle", "RayFuture", "RAY_MISSING"]
+
+RAY_MISSING = "backend='ray' needs the 'ray' extra: pip install 'impala_lab[ray]'"
+_LOCAL_ONLY_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")  # Ray colours its reports; a WorkerError is plain text
+
+
+def _import_ray() -> Any:
+    try:
+        import ray
+    except ImportError as exc:
+        raise ImportError(RAY_MISSING) from exc
+    return ray
+
+
+def _rss_bytes() -> int | None:
+    try:
+        with open("/proc/self/status") as fh:
+            return next(int(line.split()[1]) * 1024 for line in fh if line.startswith("VmRSS:"))
+    except (OSError, StopIteration):
+        return None
+
+
+class RolloutActor:
+    """The body of a worker actor: a `RolloutWorker` behind Ray method calls."""
+
+    def __init__(self, kwargs: dict[str, Any]) -> None:
+        from impala_lab.rollout import RolloutWorker
+
+        self.worker = RolloutWorker(**kwargs)
+
+    def set_weights(self, weights_and_version: tuple[list, int]) -> None:
+        weights, version = weights_and_version
+        self.worker.set_weights(list(weights), version)
+
+    def sample(self) -> Any:
+        return self.worker.sample()
+
+    def info(self) -> dict[str, Any]:
+        return {"pid": os.getpid(), "env_id": self.worker.env_id,
+                "weights_version": self.worker.weights_version,
+                "num_env_steps": self.worker.num_env_steps, "rss_bytes": _rss_bytes(),
+                "tensorflow_imported": "tensorflow" in sys.modules,
+                "keras_imported": "keras" in sys.modules}
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+class RayFuture:
+    """One actor task (the `SampleFuture` protocol); ``completion_time`` is when the driver
+    first saw it done."""
+
+    __slots__ = ("_done", "completion_time", "handle", "ref", "seq")
+
+    def __init__(self, ref: Any, handle: RayWorkerHandle) -> None:
+        self.ref = ref
+        self.handle = handle
+        self.seq = handle._next_seq  # submission order on this actor
+        handle._next_seq += 1
+        self._done = False
+        self.completion_time: float | None = None
+
+    def _mark_done(self) -> None:
+        if not self._done:
+            self._done = True
+            self.completion_time = time.monotonic()
+
+    def done(self) -> bool:
+        if not self._done:
+            ready, _ = self.handle._ray.wait([self.ref], timeout=0)
+            if ready:
+                self._mark_done()
+        return self._done
+
+    def result(self) -> Any:
+        """The task's value; a failed task or a dead actor raises `WorkerError`, and so
+        does every later task of that actor (its env is broken: the actor was killed)."""
+        h = self.handle
+        ray = h._ray
+        try:
+            first = h._failure
+            if first is not None and self.seq > first[0]:
+                raise WorkerError(h.index, h.env_id, "the worker ended after an earlier error "
+                                  f"({first[1].splitlines()[0]})", first[2])
+            try:
+                return ray.get(self.ref)
+            except ray.exceptions.RayTaskError as exc:
+                # ray.get raises a class derived from both RayTaskError and the cause's class;
+                # its str() is Ray's report with the actor's formatted traceback.
+                cause = exc.cause
+                text = getattr(exc, "traceback_str", None) or str(exc)
+                raise h._failed(self.seq, f"{type(cause).__name__}: {cause}",
+                                _ANSI.sub("", text)) from None
+            except ray.exceptions.RayActorError as exc:
+                text = _ANSI.sub("", str(exc))
+                raise h._failed(self.seq, f"the Ray actor died: {text.splitlines()[0]}",
+                                text) from None
+        finally:
+            self._mark_done()
+
+
+class RayWorkerHandle(WorkerHandle):
+    """The driver's side of one worker actor.
+
+    Attributes:
+      index: the worker's index in the run.
+      env_id: the env's name (the id, or the factory's ``__qualname__``).
+      actor: the Ray actor handle.
+    """
+
+    def __init__(self, backend: RayBackend, index: int, actor: Any, env_id: str) -> None:
+        self._backend = backend
+        self._ray = backend._ray
+        self.index = index
+        self.actor = actor
+        self.env_id = env_id
+        self._pid_ref = actor.pid.remote()
+        self._alive = True
+        self._next_seq = 0
+        self._failure: tuple[int, str, str] | None = None  # (seq, message, traceback)
+
+    def sample(self) -> RayFuture:
+        """Submits one sample task; the future's result is a `SampleBatch`."""
+        return RayFuture(self.actor.sample.remote(), self)
+
+    def info(self) -> RayFuture:
+        """Submits a task returning the actor's state (``pid``, ``env_id``,
+        ``weights_version``, ``num_env_steps``, ``rss_bytes``, ``tensorflow_imported``)."""
+        return RayFuture(self.actor.info.remote(), self)
+
+    def set_weights(self, weights_ref: Any) -> None:
+        """Submits ``set_weights`` with the object ref from `RayBackend.put_weights`."""
+        self.actor.set_weights.remote(weights_ref)
+
+    def is_alive(self) -> bool:
+        return self._alive
+
+    def _failed(self, seq: int, message: str, remote_traceback: str) -> WorkerError:
+        if self._failure is None or seq < self._failure[0]:
+            self._failure = (seq, message, remote_traceback)
+        # A broken env is not reused: end the actor, as the process backend's worker exits.
+        if self._alive:
+            self._alive = False
+            with contextlib.suppress(Exception):
+                self._ray.kill(self.actor, no_restart=True)
+        return WorkerError(self.index, self.env_id, message, remote_traceback)
+
+    def describe(self) -> str:
+        return f"worker {self.index} (Ray actor, env {self.env_id})"
+
+
+class RayBackend(Backend):
+    """Rollout workers as Ray actors (see the module docstring).
+
+    Args:
+      config: the run's config; ``config.ray_address`` picks the cluster.
+      env_creator: a zero-argument env factory; overrides ``config.env``.
+      ray_init_kwargs: extra ``ray.init`` arguments for a Ray this backend starts (e.g.
+        ``{"num_cpus": 2}``), overriding the defaults of `init_kwargs`.
+
+    Raises:
+      ImportError: if Ray is not installed (naming the ``ray`` extra).
+    """
+
+    name = "ray"
+
+    def __init__(self, config: ImpalaConfig, env_creator: Callable[[], Any] | None = None, *,
+                 ray_init_kwargs: dict[str, Any] | None = None) -> None:
+        super().__init__(config, env_creator)
+        ray = _import_ray()
+        self._ray = ray
+        self.handles: list[RayWorkerHandle] = []
+        self._closed = False
+        self.started_ray = False
+        if not ray.is_initialized():
+            kwargs = self.init_kwargs(config, ray_init_kwargs)
+            if config.ray_address:
+                ray.init(**kwargs)
+            else:
+                with _local_only_mode(ray):
+                    ray.init(**kwargs)
+                self.started_ray = True
+        cpus = ray.cluster_resources().get("CPU", 1.0)
+        self.cpus_per_actor = max(0.01, min(1.0, int(1e4 * cpus / config.num_workers) / 1e4))
+        self._actor_class = ray.remote(num_cpus=self.cpus_per_actor)(RolloutActor)
+        self._env_checked = False
+
+    @staticmethod
+    def init_kwargs(config: ImpalaConfig, overrides: dict[str, Any] | None = None
+                    ) -> dict[str, Any]:
+        """The ``ray.init`` arguments: join ``config.ray_address``, or start a local Ray."""
+        in_notebook = "ipykernel" in sys.modules
+        kwargs: dict[str, Any] = {"ignore_reinit_error": True, "log_to_driver": not in_notebook,
+                                  "logging_level": logging.WARNING}
+        if config.ray_address:
+            kwargs["address"] = config.ray_address
+        else:
+            from ray.job_config import JobConfig
+
+            # The actors import impala_lab: find it where the driver found it, installed or not.
+            package_parent = os.path.dirname(os.path.dirname(os.path.dirname(
+                os.path.abspath(__file__))))
+            kwargs.update(num_cpus=os.cpu_count() or 1, include_dashboard=False,
+                          _node_ip_address="127.0.0.1",
+                          job_config=JobConfig(code_search_path=[package_parent]))
+        kwargs.update(overrides or {})
+        return kwargs
+
+    # -- workers
+    def _check_env(self) -> None:
+        if self._env_checked:
+            return
+        try:
+            self._ray.cloudpickle.dumps(self.env)
+        except Exception as exc:
+            from impala_lab.rollout import env_description
+
+            raise ValueError(
+                f"backend='ray' cannot send the env factory {env_description(self.env)!r} to "
+                f"a Ray actor: cloudpickle could not pickle it ({type(exc).__name__}: {exc}). "
+                "Create open handles (sockets, connections, generators) inside the factory, "
+                "or define it in an importable module installed on every node."
+            ) from exc
+        self._env_checked = True
+
+    def make_worker(self, index: int) -> RayWorkerHandle:
+        """Creates actor ``index``; returns at once (Ray starts it in the background)."""
+        if self._closed:
+            raise RuntimeError("this RayBackend was shut down; create a new one")
+        from impala_lab.rollout import env_description
+
+        self._check_env()
+        actor = self._actor_class.remote(self.worker_kwargs(index))
+        handle = RayWorkerHandle(self, index, actor, env_description(self.env))
+        self.handles.append(handle)
+        return handle
+
+    def worker_pids(self) -> list[int]:
+        """Process ids of the live actors (on their nodes); waits for actors to start."""
+        alive = [h for h in self.handles if h._alive]
+        return [int(p) for p in self._ray.get([h._pid_ref for h in alive], timeout=60)]
+
+    # -- weights
+    def put_weights(self, weights: list, version: int) -> Any:
+        """One ``ray.put`` of ``(weights, version)``; every actor reads that object."""
+        return self._ray.put((list(weights), int(version)))
+
+    # -- completion
+    def wait(self, futures: Sequence[Any], timeout: float | None) -> list:
+        """``ray.wait`` on the futures' refs: the done futures, blocking up to ``timeout``."""
+        if not futures:
+            return []
+        ray = self._ray
+        pending = {f.ref: f for f in futures if not f._done}
+        refs = list(pending)
+
+        def take_ready() -> None:
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+            for ref in ready:
+                pending[ref]._mark_done()
+
+        if refs:
+            take_ready()
+            if not any(f._done for f in futures) and timeout != 0:
+                ready, _ = ray.wait(refs, num_returns=1, timeout=timeout)
+                if ready:
+                    take_ready()  # with whatever else finished meanwhile
+        return [f for f in futures if f._done]
+
+    # -- ending
+    def stop_worker(self, handle: WorkerHandle) -> None:
+        """Kills the actor (its pending tasks fail with `WorkerError`)."""
+        assert isinstance(handle, RayWorkerHandle)
+        handle._alive = False
+        with contextlib.suppress(Exception):
+            self._ray.kill(handle.actor, no_restart=True)
+        if handle in self.handles:
+            self.handles.remove(handle)
+
+    def shutdown(self) -> None:
+        """Kills every actor; shuts Ray down if this backend started it. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for handle in list(self.handles):
+            self.stop_worker(handle)
+        if self.started_ray:
+            self._ray.shutdown()
+
+
+@contextlib.contextmanager
+def _local_only_mode(ray: Any):
+    """Ray's local-only mode while ``ray.init`` starts the local processes (see the module
+    docstring): they bind to loopback; the driver's setting is restored afterwards."""
+    from ray._private import ray_constants
+
+    saved_env = os.environ.get(_LOCAL_ONLY_ENV)
+    saved_flag = getattr(ray_constants, "ENABLE_RAY_CLUSTER", None)
+    os.environ[_LOCAL_ONLY_ENV] = "0"
+    if saved_flag is not None:
+        ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        if saved_env is None:
+            os.environ.pop(_LOCAL_ONLY_ENV, None)
+        else:
+            os.environ[_LOCAL_ONLY_ENV] = saved_env
+        if saved_flag is not None:
+            ray_constants.ENABLE_RAY_CLUSTER = saved_flag

@@ -1,0 +1,598 @@
+"""The process backend: workers in spawned processes, driven through pipes and shared memory.
+
+Spawning a worker costs about 0.5-1 s here, so the tests that only sample share one pair of
+workers (a module fixture); the tests that break a worker start their own.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from impala_lab.backends.base import make_backend
+from impala_lab.backends.process import (
+    ProcessBackend,
+    ProcessWorkerHandle,
+    read_shared_weights,
+    write_shared_weights,
+)
+from impala_lab.batch import SampleBatch
+from impala_lab.config import ImpalaConfig
+from impala_lab.errors import WorkerError
+from impala_lab.models import NumpyModel
+from tests.envs import FixedLengthEnv, RaisingEnv, SlowEnv
+
+ROOT = Path(__file__).resolve().parents[1]
+HIDDENS = (8,)
+T, B = 5, 2  # unroll length, envs per worker
+
+
+def config(env, num_workers: int = 2, num_envs: int = B, T: int = T, **kw) -> ImpalaConfig:
+    return ImpalaConfig(env=env, num_workers=num_workers, num_envs_per_worker=num_envs,
+                        sample_batch_size=T, model=HIDDENS, seed=0, **kw)
+
+
+def model_for(env_factory) -> NumpyModel:
+    env = env_factory()
+    return NumpyModel(env.observation_space, env.action_space, hiddens=HIDDENS)
+
+
+def results(backend: ProcessBackend, futures: list, timeout: float = 20.0) -> list:
+    """Waits (through backend.wait, as the task pool does) until every future is done."""
+    deadline = time.monotonic() + timeout
+    pending = list(futures)
+    while pending:
+        assert time.monotonic() < deadline, f"futures not done after {timeout} s: {pending}"
+        for f in backend.wait(pending, 1.0):
+            pending.remove(f)
+    return [f.result() for f in futures]
+
+
+def gone(pid: int) -> bool:
+    """True once ``pid`` is no process, or a zombie (PID 1 here may not reap orphans)."""
+    if not os.path.isdir("/proc"):  # not Linux: a zombie counts as alive here
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
+def wait_gone(pids: list[int], timeout: float) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all(gone(p) for p in pids):
+            return []
+        time.sleep(0.05)
+    return [p for p in pids if not gone(p)]
+
+
+def shm_names(prefix: str) -> set[str]:
+    return {n for n in os.listdir("/dev/shm") if n.startswith(prefix)}
+
+
+ENV3 = functools.partial(FixedLengthEnv, length=3)
+
+
+@pytest.fixture(scope="module")
+def pair():
+    backend = ProcessBackend(config(ENV3))
+    handles = [backend.make_worker(i) for i in range(2)]
+    yield backend, handles
+    pids = [h.pid for h in handles]
+    backend.shutdown()
+    assert wait_gone(pids, 0.1) == []
+
+
+# ---------------------------------------------------------------------- sampling
+def test_make_backend_builds_a_process_backend():
+    backend = make_backend(config("CartPole-v1", backend="process"))
+    try:
+        assert isinstance(backend, ProcessBackend)
+        assert backend.worker_pids() == []
+    finally:
+        backend.shutdown()
+
+
+def test_samples_are_valid_batches_in_request_order(pair):
+    backend, handles = pair
+    model = model_for(ENV3)
+    w7 = model.initial_weights(7)
+    model.set_weights(w7)
+    ref = backend.put_weights(w7, 7)
+    steps_before = []
+    for h in handles:
+        h.set_weights(ref)
+        steps_before.append(results(backend, [h.info()])[0]["num_env_steps"] // B)
+    futs = [[h.sample() for _ in range(3)] for h in handles]  # three in flight per worker
+    for h, fs, before in zip(handles, futs, steps_before):
+        batches = results(backend, fs)
+        times = [f.completion_time for f in fs]
+        assert times == sorted(times) and None not in times
+        for k, batch in enumerate(batches):
+            assert isinstance(batch, SampleBatch)
+            batch.validate(check_values=True)
+            assert batch.obs.shape == (T, B, 2) and batch.behaviour_logits.shape == (T, B, 2)
+            assert batch.policy_versions.tolist() == [7] * B
+            # FixedLengthEnv: obs[..., 0] counts the steps of the episode (length 3), so the
+            # k-th batch continues exactly where the (k-1)-th ended.
+            start = before + k * T
+            expected = (start + np.arange(T)) % 3
+            np.testing.assert_array_equal(batch.obs[:, :, 0], np.stack([expected] * B, 1))
+            logits, _ = model(batch.obs.reshape(T * B, 2))
+            np.testing.assert_allclose(batch.behaviour_logits.reshape(T * B, 2), logits,
+                                       rtol=1e-5, atol=1e-6)
+            assert batch.episode_lengths.tolist() == [3] * len(batch.episode_lengths)
+        for a, b in itertools.pairwise(batches):
+            np.testing.assert_array_equal(a.bootstrap_obs, b.obs[0])
+        assert h.describe() == f"worker {h.index} (process {h.pid}, env FixedLengthEnv)"
+
+
+def test_set_weights_applies_before_the_next_request_only(pair):
+    backend, handles = pair
+    h = handles[0]
+    model = model_for(ENV3)
+    w1, w2 = model.initial_weights(1), model.initial_weights(2)
+    ref1 = backend.put_weights(w1, 1)
+    h.set_weights(ref1)
+    f1, f2 = h.sample(), h.sample()
+    ref2 = backend.put_weights(w2, 2)
+    h.set_weights(ref2)
+    f3 = h.sample()
+    b1, b2, b3 = results(backend, [f1, f2, f3])
+    assert [b.policy_versions.tolist() for b in (b1, b2, b3)] == [[1, 1], [1, 1], [2, 2]]
+    model.set_weights(w2)
+    logits, _ = model(b3.obs.reshape(T * B, 2))
+    np.testing.assert_allclose(b3.behaviour_logits.reshape(T * B, 2), logits, rtol=1e-5,
+                               atol=1e-6)
+    info = results(backend, [h.info()])[0]
+    assert info["weights_version"] == 2
+
+
+def test_weight_blocks_are_reused_and_released(pair):
+    backend, handles = pair
+    model = model_for(ENV3)
+    prefix = backend._block_prefix
+    seen = set()
+    refs = []
+    for v in range(10, 16):
+        ref = backend.put_weights(model.initial_weights(v), v)
+        seen.add(ref.name)
+        refs.append(ref)
+        for h in handles:
+            h.set_weights(ref)
+        batches = results(backend, [h.sample() for h in handles])
+        assert [b.policy_versions[0] for b in batches] == [v, v]
+    in_use, free = backend.shared_blocks()
+    assert in_use == [ref.name]  # every worker answered after reading it: only the latest
+    assert len(free) <= 2
+    assert len(seen) <= 3, f"blocks are reused, not created per broadcast: {sorted(seen)}"
+    assert shm_names(prefix) == set(in_use) | set(free)
+    # A reference to a released (maybe overwritten) block is refused, not silently read.
+    with pytest.raises(ValueError, match=r"was already released; pass the reference the "
+                                         r"latest put_weights\(\) returned"):
+        handles[0].set_weights(refs[0])
+    with pytest.raises(TypeError, match="SharedWeights"):
+        handles[0].set_weights((model.initial_weights(0), 0))
+
+
+def test_shared_weights_round_trip_any_dtype_and_shape():
+    weights = [np.arange(6, dtype=np.float32).reshape(2, 3), np.array([1.5], np.float64),
+               np.zeros((0, 4), np.float32), np.arange(5, dtype=np.int64)]
+    block, ref = write_shared_weights(weights, version=9, serial=4, name=f"iltest{os.getpid()}")
+    try:
+        out = read_shared_weights(ref)
+        assert [a.dtype for a in out] == [a.dtype for a in weights]
+        for a, b in zip(out, weights):
+            np.testing.assert_array_equal(a, b)
+        write_shared_weights([w + 1 for w in weights], version=10, serial=5, block=block)
+        with pytest.raises(ValueError, match=r"holds \(serial, version, arrays\) \(5, 10, 4\)"):
+            read_shared_weights(ref)
+    finally:
+        block.close()
+        block.unlink()
+
+
+def test_workers_never_import_tensorflow_and_ignore_sigint(pair):
+    backend, handles = pair
+    results(backend, [h.info() for h in handles])  # up: ignoring SIGINT from their first line
+    for h in handles:
+        os.kill(h.pid, signal.SIGINT)
+    infos = results(backend, [h.info() for h in handles])
+    for h, info in zip(handles, infos):
+        assert info["pid"] == h.pid and info["ppid"] == os.getpid()
+        assert info["tensorflow_imported"] is False
+        assert info["keras_imported"] is False
+        assert info["sigint_ignored"] is True
+        assert 5e6 < info["rss_bytes"] < 200e6
+    batches = results(backend, [h.sample() for h in handles])  # still working
+    assert [b.count for b in batches] == [T * B, T * B]
+    assert sorted(backend.worker_pids()) == sorted(h.pid for h in handles)
+    assert all(h.is_alive() for h in handles)
+
+
+def test_wait_with_nothing_pending_returns_at_once(pair):
+    backend, _ = pair
+    t0 = time.monotonic()
+    assert backend.wait([], None) == []
+    assert backend.wait([], 5.0) == []
+    assert time.monotonic() - t0 < 0.1
+
+
+# ---------------------------------------------------------------------- env factories
+def test_lambda_closing_over_a_local_variable_travels_by_value():
+    length = 4  # only the closure knows it: the worker must get it by value
+    backend = ProcessBackend(config(lambda: FixedLengthEnv(length=length, obs_dim=3),
+                                    num_workers=1))
+    try:
+        h = backend.make_worker(0)
+        batch = results(backend, [h.sample()])[0]
+        np.testing.assert_array_equal(batch.obs[:, 0, 0], [0, 1, 2, 3, 0])
+        assert batch.obs.shape == (T, B, 3)
+        assert h.env_id.endswith("<locals>.<lambda>")
+    finally:
+        backend.shutdown()
+
+
+NOTEBOOK_SCRIPT = textwrap.dedent("""
+    # Run with `python -c`: like a notebook, __main__ has no file a worker could import.
+    import sys
+    sys.path.insert(0, {root!r})
+    import gymnasium as gym
+    import numpy as np
+    from impala_lab.backends.process import ProcessBackend
+    from impala_lab.config import ImpalaConfig
+
+    LENGTH = 4
+
+    class CountingEnv(gym.Env):
+        def __init__(self):
+            self.observation_space = gym.spaces.Box(-10, 10, (1,), np.float32)
+            self.action_space = gym.spaces.Discrete(2)
+        def reset(self, *, seed=None, options=None):
+            self.t = 0
+            return np.zeros(1, np.float32), {{}}
+        def step(self, action):
+            self.t += 1
+            return np.full(1, self.t, np.float32), 1.0, self.t >= LENGTH, False, {{}}
+
+    class Doubled(gym.ObservationWrapper):
+        def observation(self, obs):
+            return 2 * obs
+
+    def make_env():
+        return Doubled(CountingEnv())
+
+    backend = ProcessBackend(ImpalaConfig(env=make_env, num_workers=1, num_envs_per_worker=1,
+                                          sample_batch_size=6, model=(8,), seed=0))
+    try:
+        batch = backend.make_worker(0).sample().result()
+        print(batch.obs[:, 0, 0].tolist(), batch.episode_lengths.tolist())
+    finally:
+        backend.shutdown()
+""")
+
+
+def test_env_classes_defined_in_a_notebook_reach_the_worker():
+    out = subprocess.run([sys.executable, "-c", NOTEBOOK_SCRIPT.format(root=str(ROOT))],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[0.0, 2.0, 4.0, 6.0, 0.0, 2.0] [4]"
+
+
+def test_unpicklable_env_factory_is_refused_before_any_process_starts():
+    conn = sqlite3.connect(":memory:")
+
+    def env_with_db():
+        conn.execute("select 1")
+        return FixedLengthEnv()
+
+    backend = ProcessBackend(config(env_with_db, num_workers=1))
+    try:
+        with pytest.raises(ValueError) as info:
+            backend.make_worker(0)
+        text = str(info.value)
+        assert "env factory" in text and "env_with_db" in text
+        assert "sqlite3.Connection" in text
+        assert "importable module" in text
+        assert backend.handles == [] and backend.worker_pids() == []
+    finally:
+        backend.shutdown()
+        conn.close()
+
+
+def test_env_that_cannot_be_built_fails_the_first_request():
+    backend = ProcessBackend(config(functools.partial(FixedLengthEnv, length=0),
+                                    num_workers=1))
+    try:
+        h = backend.make_worker(3)
+        f1, f2 = h.sample(), h.sample()
+        results_or_errors = []
+        for f in (f1, f2):
+            with pytest.raises(WorkerError) as info:
+                results(backend, [f])
+            results_or_errors.append(info.value)
+        first, second = results_or_errors
+        assert first.worker_index == 3 and first.env_id == "FixedLengthEnv"
+        assert "could not start: ValueError" in str(first)
+        assert "length=0 must be >= 1" in first.remote_traceback
+        assert "ended after an earlier error" in str(second)
+        h.process.join(5)
+        assert h.process.exitcode == 1
+        assert not h.is_alive()
+    finally:
+        backend.shutdown()
+
+
+# ---------------------------------------------------------------------- faults
+def test_env_error_reaches_the_driver_with_the_worker_traceback():
+    backend = ProcessBackend(config(functools.partial(RaisingEnv, every=3, length=10),
+                                    num_workers=1, num_envs=1))
+    try:
+        h = backend.make_worker(0)
+        model = model_for(RaisingEnv)
+        ref = backend.put_weights(model.initial_weights(0), 0)
+        h.set_weights(ref)
+        f1, f2 = h.sample(), h.sample()
+        done = []
+        deadline = time.monotonic() + 20
+        while len(done) < 2 and time.monotonic() < deadline:
+            done += [f for f in backend.wait([f1, f2], 1.0) if f not in done]
+        assert set(done) == {f1, f2}  # the error, then the worker's exit: both are done
+        assert f1.completion_time <= f2.completion_time
+        with pytest.raises(WorkerError) as info:
+            f1.result()
+        err = info.value
+        assert err.worker_index == 0 and err.env_id == "RaisingEnv"
+        assert "RuntimeError: boom at step 3" in str(err)
+        assert 'raise RuntimeError(f"boom at step {self.total_steps}")' in err.remote_traceback
+        assert "tests/envs.py" in err.remote_traceback
+        assert "stepping env index 0" in err.remote_traceback  # the worker's note
+        with pytest.raises(WorkerError, match="ended after an earlier error"):
+            f2.result()
+        h.process.join(5)
+        assert h.process.exitcode == 1  # a broken env is not reused
+        assert not h.is_alive()
+        f3 = h.sample()  # a request to an ended worker fails at once
+        assert f3.done()
+        with pytest.raises(WorkerError):
+            f3.result()
+        assert backend.shared_blocks()[0] == [ref.name]
+    finally:
+        backend.shutdown()
+    assert shm_names(backend._block_prefix) == set()
+
+
+def test_wait_blocks_without_spinning_and_a_killed_worker_fails_its_futures():
+    slow = functools.partial(SlowEnv, delay_s=0.2, length=100)
+    backend = ProcessBackend(config(slow, num_workers=1, num_envs=1, T=10))
+    try:
+        h = backend.make_worker(5)
+        assert isinstance(h, ProcessWorkerHandle)
+        futs = [h.sample(), h.sample()]
+        cpu0, t0 = time.process_time(), time.monotonic()
+        assert backend.wait(futs, 0.5) == []
+        wall, cpu = time.monotonic() - t0, time.process_time() - cpu0
+        assert 0.5 <= wall < 1.5
+        assert cpu < 0.05, f"wait() used {cpu:.3f} s CPU in {wall:.2f} s: it spins"
+
+        os.kill(h.pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        done = backend.wait(futs, 10.0)
+        assert time.monotonic() - t0 < 3.0  # woken by the pipe's EOF, not the timeout
+        assert set(done) == set(futs)
+        for f in futs:
+            with pytest.raises(WorkerError) as info:
+                f.result()
+            assert info.value.worker_index == 5 and info.value.env_id == "SlowEnv"
+            assert "was killed by SIGKILL (exit code -9)" in str(info.value)
+            assert f"pid {h.pid}" in str(info.value)
+        assert not h.is_alive()
+        assert backend.worker_pids() == []
+        backend.stop_worker(h)  # stopping a dead worker is fine
+        assert backend.handles == []
+    finally:
+        backend.shutdown()
+
+
+def test_stop_worker_fails_pending_requests_and_ends_the_process():
+    slow = functools.partial(SlowEnv, delay_s=0.025, length=100)  # 0.5 s per sample
+    backend = ProcessBackend(config(slow, num_workers=2, num_envs=1, T=20))
+    try:
+        h0, h1 = backend.make_worker(0), backend.make_worker(1)
+        results(backend, [h0.sample()])  # the worker is up
+        futs = [h0.sample() for _ in range(4)]
+        time.sleep(0.1)
+        t0 = time.monotonic()
+        backend.stop_worker(h0)
+        # It finishes the sample it is in (<= 0.5 s), then reads "stop" before the 3 queued
+        # ones (1.5 s) and exits by itself (code 0, not terminated).
+        assert time.monotonic() - t0 < 1.2
+        assert h0.exitcode == 0
+        assert gone(h0.pid)
+        for f in futs:
+            assert f.done()
+            with pytest.raises(WorkerError, match="stopped by the driver"):
+                f.result()
+        assert backend.handles == [h1]
+        backend.stop_worker(h0)  # twice: nothing left to do
+        assert h0.exitcode == 0 and not h0.is_alive()
+        assert results(backend, [h1.sample()])[0].count == 20
+    finally:
+        backend.shutdown()
+
+
+# ---------------------------------------------------------------------- lifetimes
+def test_shutdown_is_fast_idempotent_and_leaves_no_process_or_block():
+    backend = ProcessBackend(config(ENV3, num_workers=2))
+    handles = [backend.make_worker(i) for i in range(2)]
+    ref = backend.put_weights(model_for(ENV3).initial_weights(0), 0)
+    for h in handles:
+        h.set_weights(ref)
+    futs = [h.sample() for h in handles for _ in range(2)]
+    results(backend, futs[:1])
+    pids = [h.pid for h in handles]
+    prefix = backend._block_prefix
+    assert shm_names(prefix)
+    t0 = time.monotonic()
+    backend.shutdown()
+    assert time.monotonic() - t0 < 2.0
+    assert wait_gone(pids, 0.1) == []
+    assert shm_names(prefix) == set()
+    backend.shutdown()  # again: nothing to do
+    assert backend.worker_pids() == []
+    with pytest.raises(RuntimeError, match="shut down"):
+        backend.make_worker(2)
+
+
+PARENT_SCRIPT = textwrap.dedent("""
+    import functools, sys, time
+    sys.path.insert(0, {root!r})
+    from impala_lab.backends.process import ProcessBackend
+    from impala_lab.config import ImpalaConfig
+    from impala_lab.models import NumpyModel
+    from tests.envs import SlowEnv
+
+    mode = {mode!r}
+    delay = 0.0 if mode != "sleep" else 1.0
+    env = functools.partial(SlowEnv, delay_s=delay, length=3)
+    backend = ProcessBackend(ImpalaConfig(env=env, num_workers=2, num_envs_per_worker=2,
+                                          sample_batch_size=5, model=(8,), seed=0))
+    handles = [backend.make_worker(i) for i in range(2)]
+    e = env()
+    weights = NumpyModel(e.observation_space, e.action_space, (8,)).initial_weights(0)
+    for h in handles:
+        h.info().result()  # the worker is up
+    for v in range(3):
+        ref = backend.put_weights(weights, v)
+        for h in handles:
+            h.set_weights(ref)
+        futures = [h.sample() for h in handles]
+        if mode != "sleep":
+            for f in futures:
+                f.result()
+    if mode == "sleep":
+        time.sleep(0.5)  # each worker is now inside a 10 s sample: deaf to its pipe
+    print(backend._block_prefix, *backend.worker_pids(), flush=True)
+    if mode == "sleep":
+        time.sleep(60)
+    elif mode == "shutdown":
+        backend.shutdown()
+    # "exit": leave it to the atexit hook
+""")
+
+
+def run_parent(mode: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", PARENT_SCRIPT.format(root=str(ROOT),
+                                                                        mode=mode)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=str(ROOT))
+
+
+def test_workers_exit_when_their_parent_is_killed():
+    # The workers are busy sampling when the parent dies, so only their watchdog (not a
+    # closed pipe) can end them in time.
+    parent = run_parent("sleep")
+    try:
+        line = parent.stdout.readline().split()
+        assert len(line) == 3, parent.stderr.read()
+        prefix, pids = line[0], [int(p) for p in line[1:]]
+        assert not any(gone(p) for p in pids)
+        parent.kill()
+        parent.wait(5)
+        assert wait_gone(pids, 5.0) == [], "workers outlived their parent"
+        # The resource tracker unlinks the weights blocks once the workers are gone.
+        deadline = time.monotonic() + 5
+        while shm_names(prefix) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert shm_names(prefix) == set()
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+        parent.stdout.close()
+        parent.stderr.close()
+
+
+@pytest.mark.parametrize("mode", ["shutdown", "exit"])
+def test_clean_exit_leaves_no_block_and_no_warning(mode):
+    parent = run_parent(mode)
+    out, err = parent.communicate(timeout=30)
+    assert parent.returncode == 0, err
+    prefix, *pids = out.split()
+    assert wait_gone([int(p) for p in pids], 1.0) == []
+    assert shm_names(prefix) == set()
+    assert "resource_tracker" not in err and "leaked" not in err, err
+    assert "Traceback" not in err, err
+
+
+THREAD_SCRIPT = textwrap.dedent("""
+    import functools, os, sys, threading, time
+    sys.path.insert(0, {root!r})
+    from impala_lab.backends.process import ProcessBackend
+    from impala_lab.config import ImpalaConfig
+    from impala_lab.errors import WorkerError
+    from impala_lab.models import NumpyModel
+    from tests.envs import FixedLengthEnv
+
+    env = functools.partial(FixedLengthEnv, length=3)
+    backend = ProcessBackend(ImpalaConfig(env=env, num_workers=2, num_envs_per_worker=2,
+                                          sample_batch_size=5, model=(8,), seed=0))
+    handles = [backend.make_worker(i) for i in range(2)]
+    e = env()
+    weights = NumpyModel(e.observation_space, e.action_space, (8,)).initial_weights(0)
+    done = [0]
+
+    def drive():  # a driver loop in a daemon thread, as Impala.start() runs one
+        futures = [h.sample() for h in handles for _ in range(2)]
+        version = 0
+        try:
+            while True:
+                for f in backend.wait(futures, 0.1):
+                    futures.remove(f)
+                    f.result()
+                    done[0] += 1
+                    version += 1
+                    f.handle.set_weights(backend.put_weights(weights, version))
+                    futures.append(f.handle.sample())
+        except WorkerError as exc:  # the expected end: the workers were stopped under it
+            assert "stopped by the driver" in str(exc), exc
+        except RuntimeError as exc:  # put_weights after shutdown
+            assert "shut down" in str(exc), exc
+        except BaseException as exc:
+            os.write(2, f"UNEXPECTED {{exc!r}}".encode())
+            raise
+
+    threading.Thread(target=drive, daemon=True).start()
+    while done[0] < 20:
+        time.sleep(0.05)
+    print(backend._block_prefix, *backend.worker_pids(), flush=True)
+    # The interpreter exits now, with the thread in backend.wait(): the atexit hook stops
+    # the workers under it.
+""")
+
+
+def test_exit_while_a_background_thread_drives_the_workers():
+    out = subprocess.run([sys.executable, "-c", THREAD_SCRIPT.format(root=str(ROOT))],
+                         capture_output=True, text=True, timeout=60, cwd=str(ROOT))
+    assert out.returncode == 0, out.stderr
+    assert out.stderr == ""
+    prefix, *pids = out.stdout.split()
+    assert len(pids) == 2
+    assert wait_gone([int(p) for p in pids], 2.0) == []
+    assert shm_names(prefix) == set()
