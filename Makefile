@@ -17,13 +17,14 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 BASE_STAMP := $(VENV)/.installed-base
 DEV_STAMP := $(VENV)/.installed-dev
 
-.PHONY: help setup demo test lab bench browser-deps clean
+.PHONY: help setup demo test lab bench nbstrip browser-deps clean
 
 help:
 	@echo "make demo          set up .venv and train CartPole-v1 until the mean return reaches 475"
 	@echo "make test          set up .venv (with the dev and ray extras), then ruff and pytest"
 	@echo "make lab           JupyterLab on 127.0.0.1 in notebooks/"
 	@echo "make bench         python -m bench"
+	@echo "make nbstrip       strip outputs from notebooks/ (they are committed without them)"
 	@echo "make setup         only create .venv and install .[dev,ray]"
 	@echo "make browser-deps  install Debian's chromium for the browser tests (as root)"
 	@echo "make clean         remove .venv, caches and test artifacts (keeps runs/)"
@@ -68,6 +69,10 @@ lab: $(DEV_STAMP)
 
 bench: $(BASE_STAMP)
 	$(BIN)/python -m bench
+
+# Standard library only: works before .venv exists.
+nbstrip:
+	$(PYTHON) tools/nbstrip.py notebooks
 
 # The browser tests launch Debian's Chromium (Playwright's own download cannot be used).
 browser-deps:

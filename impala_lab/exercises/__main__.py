@@ -1,0 +1,37 @@
+"""``python -m impala_lab.exercises NOTEBOOK.ipynb ...``: check exercise notebooks.
+
+Prints each notebook's result; the exit status is 0 when every answer passes, else 1.
+``--list`` prints the exercises.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from impala_lab.exercises import EXERCISES
+from impala_lab.exercises.notebook import check_notebook
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m impala_lab.exercises",
+        description="Check exercise notebooks against the reference on seeded cases.")
+    parser.add_argument("notebooks", nargs="*", help="exercise notebooks (.ipynb) to check")
+    parser.add_argument("--list", action="store_true", help="list the exercises and exit")
+    args = parser.parse_args(argv)
+    if args.list or not args.notebooks:
+        for ex in EXERCISES.values():
+            print(f"{ex.name:14} {ex.notebook:34} answer: {ex.answer:18} ({ex.title})")
+        return 0 if args.list else 2
+    failed = 0
+    for path in args.notebooks:
+        print(f"== {path}")
+        result = check_notebook(path)
+        failed += not result.passed
+    print(f"{len(args.notebooks) - failed} of {len(args.notebooks)} notebooks pass")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

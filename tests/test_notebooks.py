@@ -1,0 +1,147 @@
+"""Every notebook under notebooks/ runs top to bottom in fast mode, and is committed clean.
+
+Notebooks are found by globbing ``notebooks/**/*.ipynb``, so a new one is executed (and checked
+for outputs) as soon as it lands. Each runs in a fresh kernel of this interpreter with
+``IMPALA_LAB_FAST=1``; a cell that prints a ``✓`` check must print it, an exercise stub must
+show its checker's NotImplementedError message (pointing at the student's cell) and a solution
+its pass line. The executed copies are never written back.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+import nbclient
+import nbformat
+import pytest
+
+from impala_lab.exercises import EXERCISES, MARK_END, MARK_START
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOK_DIR = ROOT / "notebooks"
+NOTEBOOKS = sorted(p for p in NOTEBOOK_DIR.rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts)
+IDS = [p.relative_to(NOTEBOOK_DIR).as_posix() for p in NOTEBOOKS]
+KERNEL = "impala-lab-tests"
+STEP_THROUGH = ["01_rollouts_and_sample_batches", "02_task_pool_and_async_sampling",
+                "03_replay_mixing", "04_learner_queue_and_minibatch_buffer", "05_vtrace",
+                "06_learner_thread", "07_knobs_side_by_side"]
+
+CHECK_PRINT = re.compile(r'print\(f?"✓')
+
+_spec = importlib.util.spec_from_file_location("nbstrip", ROOT / "tools" / "nbstrip.py")
+nbstrip = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(nbstrip)
+
+
+def text_of(cell) -> str:
+    """Everything a code cell printed or displayed as text (streams, results, errors)."""
+    parts = []
+    for out in cell.get("outputs", []):
+        if out["output_type"] == "stream":
+            parts.append(out["text"])
+        elif out["output_type"] in ("execute_result", "display_data"):
+            parts.append(out.get("data", {}).get("text/plain", ""))
+        elif out["output_type"] == "error":
+            parts.append(f"{out['ename']}: {out['evalue']}")
+    return "".join(parts)
+
+
+def test_the_step_through_notebooks_and_exercises_are_there():
+    names = {p.relative_to(NOTEBOOK_DIR).as_posix() for p in NOTEBOOKS}
+    for stem in STEP_THROUGH:
+        assert f"{stem}.ipynb" in names
+    for e in EXERCISES.values():
+        assert f"exercises/{e.notebook}" in names and f"solutions/{e.notebook}" in names
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_committed_without_outputs(path):
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    assert nb["nbformat"] == 4
+    for i, cell in enumerate(nb["cells"]):
+        if cell["cell_type"] == "code":
+            assert cell["outputs"] == [], f"cell {i} has outputs: run `make nbstrip`"
+            assert cell["execution_count"] is None, f"cell {i} has an execution count"
+            assert "execution" not in cell["metadata"], f"cell {i}: run `make nbstrip`"
+    assert "widgets" not in nb["metadata"], "saved widget state: run `make nbstrip`"
+
+
+def test_nbstrip_strips_and_checks(tmp_path, capsys):
+    nb = {"nbformat": 4, "nbformat_minor": 5,
+          "metadata": {"widgets": {"state": {}}, "kernelspec": {"name": "python3"},
+                       "language_info": {"name": "python", "version": "3.11.9"}},
+          "cells": [{"cell_type": "code", "id": "a", "execution_count": 3, "source": "1",
+                     "metadata": {"tags": ["check"], "execution": {"t": 1}, "scrolled": True},
+                     "outputs": [{"output_type": "stream", "name": "stdout", "text": "1"}]},
+                    {"cell_type": "markdown", "id": "b", "metadata": {}, "source": "# hi"}]}
+    path = tmp_path / "dirty.ipynb"
+    path.write_text(json.dumps(nb))
+    assert nbstrip.main(["--check", str(tmp_path)]) == 1
+    assert "would strip" in capsys.readouterr().out
+    assert json.loads(path.read_text()) == nb  # --check changes nothing
+    assert nbstrip.main([str(path)]) == 0
+    clean = json.loads(path.read_text())
+    code = clean["cells"][0]
+    assert code["outputs"] == [] and code["execution_count"] is None
+    assert code["metadata"] == {"tags": ["check"]}
+    assert clean["metadata"] == {"kernelspec": {"name": "python3"},
+                                 "language_info": {"name": "python"}}
+    assert clean["cells"][1] == nb["cells"][1]
+    assert nbstrip.main(["--check", str(path)]) == 0
+
+
+@pytest.fixture(scope="session")
+def kernel_dir(tmp_path_factory) -> Path:
+    """A kernelspec that runs this very interpreter (no stray 'python3' spec can win)."""
+    root = tmp_path_factory.mktemp("jupyter")
+    spec = root / "kernels" / KERNEL
+    spec.mkdir(parents=True)
+    (spec / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "impala_lab tests", "language": "python"}))
+    return root
+
+
+def execute(path: Path, kernel_dir: Path, monkeypatch) -> tuple[object, float]:
+    monkeypatch.setenv("JUPYTER_PATH", str(kernel_dir))
+    monkeypatch.setenv("IMPALA_LAB_FAST", "1")
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "2")
+    nb = nbformat.read(path, as_version=4)
+    client = nbclient.NotebookClient(nb, timeout=300, kernel_name=KERNEL,
+                                     resources={"metadata": {"path": str(path.parent)}})
+    start = time.perf_counter()
+    client.execute()  # raises CellExecutionError (with the traceback) if a cell fails
+    return nb, time.perf_counter() - start
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_runs_top_to_bottom_in_fast_mode(path, kernel_dir, monkeypatch):
+    nb, seconds = execute(path, kernel_dir, monkeypatch)
+    print(f"{path.relative_to(NOTEBOOK_DIR)}: {seconds:.1f} s")
+    code_cells = [c for c in nb.cells if c.cell_type == "code"]
+    for cell in code_cells:
+        if CHECK_PRINT.search(cell.source):
+            assert "✓" in text_of(cell), f"this check printed nothing:\n{cell.source[:300]}"
+
+    folder = path.parent.name
+    if folder not in ("exercises", "solutions"):
+        return
+    exercise = EXERCISES[nb.metadata["impala_lab"]["exercise"]]
+    student = [c for c in code_cells if "student" in c.metadata.get("tags", [])]
+    check = [c for c in code_cells if "check" in c.metadata.get("tags", [])]
+    assert len(student) == 1 and len(check) == 1
+    out = text_of(check[0])
+    if folder == "exercises":
+        assert MARK_START in student[0].source and MARK_END in student[0].source
+        assert "still raises NotImplementedError: fill in the code between the markers" in out
+        assert f"{MARK_START}\n      {MARK_END}" in out
+        assert f"in cell [{student[0].execution_count}] (the cell that defines it)" in out
+    else:
+        assert f"✓ {exercise.name}: all " in out and " cases pass" in out, out
