@@ -80,9 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
     defaults = ImpalaConfig.__dataclass_fields__
     for name in field_names():
         default = defaults[name].default
+        extra = {"nargs": "?", "const": "true"} if field_kind(name) == "bool" else {}
         cfg.add_argument("--" + name.replace("_", "-"), dest=name, default=None,
                          metavar=field_kind(name).upper().rstrip("?"),
-                         help=f"{field_help(name)} (default: {default!r})")
+                         help=f"{field_help(name)} (default: {default!r})", **extra)
     sub.add_parser("config", help="print the config table (markdown)")
     return parser
 
@@ -103,16 +104,6 @@ def _check_run_args(args: argparse.Namespace) -> None:
         raise ConfigError(f"--max-env-steps={args.max_env_steps!r} is invalid: it must be >= 1")
     if args.stop_return is not None and not math.isfinite(args.stop_return):
         raise ConfigError(f"--stop-return={args.stop_return!r} is invalid: it must be finite")
-
-
-def progress_line(s: dict) -> str:
-    """The live one-line view: env steps, return, throughputs, learner queue."""
-    ret = s.get("episode_return_mean", math.nan)
-    return (f"{s['time_total_s']:7.1f}s  steps {s['num_steps_sampled']:>9,}  "
-            f"return {ret:7.1f}  sample {s['sample_throughput']:>8,.0f}/s  "
-            f"train {s['train_throughput']:>8,.0f}/s  "
-            f"queue {s['pipeline']['learner_queue_len']:>2}/{s['pipeline']['learner_queue_size']}"
-            f"  lag {s['policy_lag']['mean']:.1f}")
 
 
 def write_metrics_csv(path: Path, rows: list[dict]) -> None:
@@ -149,10 +140,12 @@ def train_command(args: argparse.Namespace) -> int:
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGTERM, on_sigterm)
+    from impala_lab.dashboard.terminal import TerminalView
     from impala_lab.impala import Impala
 
     target = {"seconds": None, "env_steps": None}
-    tty = sys.stdout.isatty()
+    # A TTY gets the live panel redrawn in place; a log gets one progress line per report.
+    view = TerminalView(title=f"{config.env_id} ({config.backend}, {config.num_workers} workers)")
 
     def solved(s: dict) -> bool:
         return (args.stop_return is not None and s["episode_return_count"] >= 100
@@ -163,7 +156,7 @@ def train_command(args: argparse.Namespace) -> int:
             target["seconds"] = round(time.monotonic() - _PROCESS_START, 2)
             target["env_steps"] = s["num_steps_sampled"]
         if not args.quiet:
-            print(("\r" if tty else "") + progress_line(s), end="" if tty else "\n", flush=True)
+            view.update(s)
 
     interrupted = False
     impala = Impala(config)
@@ -176,8 +169,7 @@ def train_command(args: argparse.Namespace) -> int:
             interrupted = True
             final = impala.record()
             final["stop_reason"] = "interrupted"
-        if tty and not args.quiet:
-            print()
+        view.close()
         impala.stop()
         impala.save(out / "checkpoint")
         write_metrics_csv(out / "metrics.csv", impala.history.rows())

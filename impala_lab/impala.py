@@ -110,15 +110,25 @@ class Impala:
         self.observation_space, self.action_space = probe_spaces(config.env)
         check_spaces(self.observation_space, self.action_space)
 
+        # Backend checks that can fail (an env factory that cannot travel) run before
+        # TensorFlow loads and before any process starts.
+        self.backend = make_backend(config, env_creator=None)
+        self.backend.prepare()
+
         from impala_lab.policy import VTracePolicy
 
+        if config.uses_multi_gpu_learner:
+            # Fake devices must be set up before TensorFlow initialises (building the model
+            # does); a device error is a config error, raised before anything starts.
+            from impala_lab.multi_gpu import configure_learner_devices
+
+            configure_learner_devices(config)
         self.policy = VTracePolicy(self.observation_space, self.action_space, config)
         self.learner = self._make_learner()
         self.replay = ReplayMixer(config.replay_proportion, config.replay_buffer_num_slots,
                                   config.train_batch_size, config.sample_batch_size,
                                   seed=config.seed)
         self.sample_tasks: SampleTaskPool | None = None
-        self.backend = make_backend(config, env_creator=None)
         self.workers: list[WorkerHandle] = []
         self._finalizer = weakref.finalize(self, _cleanup, self.backend, self.learner)
         _live_runs.add(self)
@@ -130,6 +140,7 @@ class Impala:
         self.num_weight_syncs = 0
         self.num_broadcasts = 0
         self.num_worker_failures = 0
+        self._failures_in_a_row = 0
         self.num_train_batches = 0
         self._next_worker_index = config.num_workers
         self._optimizer_step_timer = TimerStat()
@@ -273,6 +284,7 @@ class Impala:
 
     def _on_worker_failure(self, err: WorkerError) -> None:
         self.num_worker_failures += 1
+        self._failures_in_a_row += 1
         failed = [w for w in self.workers if w.index == err.worker_index]
         for worker in failed:
             self.workers.remove(worker)
@@ -280,6 +292,13 @@ class Impala:
         self.sample_tasks.reset_workers(self.workers)
         if not self.config.restart_failed_workers:
             raise err
+        limit = max(3, 2 * self.config.num_workers)
+        if self._failures_in_a_row >= limit:
+            # Replacements that fail before any sample arrives would restart forever.
+            raise ImpalaError(
+                f"workers failed {self._failures_in_a_row} times in a row without returning a "
+                f"sample; the env keeps failing, so restarting is stopped. Last error:\n{err}"
+            ) from err
         replacement = self.backend.make_worker(self._next_worker_index)
         self._next_worker_index += 1
         self.workers.append(replacement)
@@ -301,6 +320,7 @@ class Impala:
                         "impala.learner.step() to consume batches") from None
 
     def _record_sample(self, batch: SampleBatch) -> None:
+        self._failures_in_a_row = 0
         for r in batch.episode_returns:
             self._episode_returns.append(float(r))
         for n in batch.episode_lengths:
@@ -401,7 +421,7 @@ class Impala:
             return self._last_pipeline_view
         mb = self.learner.minibatch_buffer
         in_flight = self.sample_tasks.in_flight_counts() if self.sample_tasks else {}
-        return {
+        view = {
             "backend": self.config.backend,
             "num_workers": len(self.workers),
             "in_flight": {str(getattr(w, "index", w)): n for w, n in in_flight.items()},
@@ -417,6 +437,11 @@ class Impala:
             "broadcast_interval": self.config.broadcast_interval,
             "num_train_batches": self.num_train_batches,
         }
+        devices = getattr(self.learner, "devices", None)
+        if devices is not None:  # the MultiGPULearner: its devices and its data buffers' states
+            view["learner_devices"] = list(devices)
+            view["loader_buffers"] = self.learner.buffer_states()
+        return view
 
     def record(self) -> dict[str, Any]:
         """Take a stats snapshot into ``history`` (a row of metrics.csv) and return it."""
@@ -448,7 +473,21 @@ class Impala:
         if dashboard:
             from impala_lab.dashboard import Dashboard
 
-            Dashboard(self).show()
+            board = Dashboard(self)
+            board.show(blocking_train=True)  # the kernel takes no clicks until this returns
+            # The dashboard's poller thread reads stats() while this thread steps: marking
+            # this thread as the driver makes it read the pipeline view each step leaves.
+            owner = self._background is None
+            if owner:
+                self._background = threading.current_thread()
+            try:
+                return self.train(stop, max_seconds=max_seconds, max_env_steps=max_env_steps,
+                                  report_interval=report_interval,
+                                  on_report=board.report_hook(on_report))
+            finally:
+                if owner:
+                    self._background = None
+                board.train_ended()
         if isinstance(stop, Mapping):
             thresholds = dict(stop)
 

@@ -236,3 +236,12 @@ def test_episode_stats_come_from_the_workers():
         assert stats["episodes_total"] == 14
         assert stats["episode_return_mean"] == 4.0
         assert stats["episode_len_mean"] == 4.0
+
+
+def test_workers_that_never_return_a_sample_stop_restarting():
+    with Impala(ImpalaConfig(**SMALL), env_creator=lambda: RaisingEnv(every=1),
+                start_learner=False) as run:
+        with pytest.raises(ImpalaError, match=r"(?s)failed 4 times in a row.*boom at step 1"):
+            for _ in range(20):
+                run.step()
+        assert run.num_worker_failures == 4
