@@ -245,3 +245,14 @@ def test_workers_that_never_return_a_sample_stop_restarting():
             for _ in range(20):
                 run.step()
         assert run.num_worker_failures == 4
+
+
+@pytest.mark.slow
+def test_inline_impala_learns_cartpole_within_bounded_env_steps():
+    cfg = ImpalaConfig(backend="inline", num_workers=2, num_envs_per_worker=8, lr=0.003,
+                       vf_loss_coeff=0.1, seed=0)
+    with Impala(cfg) as run:
+        result = run.train(lambda s: s["episode_return_count"] >= 20
+                           and s["episode_return_mean"] >= 195,
+                           max_env_steps=1_500_000, report_interval=0.5)
+    assert result["stop_reason"] == "stop condition", result["episode_return_mean"]
