@@ -28,7 +28,13 @@ import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
-from impala_lab.config import ImpalaConfig, field_help, field_kind, field_names  # noqa: E402
+from impala_lab.config import (  # noqa: E402
+    TUNED_PRESETS,
+    ImpalaConfig,
+    field_help,
+    field_kind,
+    field_names,
+)
 from impala_lab.errors import ConfigError  # noqa: E402
 
 RUN_OPTIONS = {"stop_return", "max_seconds", "max_env_steps", "out", "report_interval", "quiet"}
@@ -76,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--report-interval", type=float, default=1.0,
                      help="seconds between progress lines and metrics.csv rows")
     run.add_argument("--quiet", action="store_true", help="no progress line")
+    run.add_argument("--preset", choices=("tuned", "rllib"), default="tuned",
+                     help="defaults for fields you do not set: 'tuned' uses the values tuned "
+                     "for the env where there are some (CartPole-v1), 'rllib' RLlib's defaults")
     cfg = train.add_argument_group("config (every ImpalaConfig field)")
     defaults = ImpalaConfig.__dataclass_fields__
     for name in field_names():
@@ -91,6 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
 def config_from_args(args: argparse.Namespace) -> ImpalaConfig:
     values = {name: _parse_value(name, getattr(args, name)) for name in field_names()
               if getattr(args, name) is not None}
+    if getattr(args, "preset", "rllib") == "tuned":
+        env = values.get("env", ImpalaConfig.__dataclass_fields__["env"].default)
+        values = {**TUNED_PRESETS.get(env, {}), **values}
     return ImpalaConfig.from_dict(values)
 
 

@@ -27,6 +27,14 @@ OPTIMIZERS = ("adam", "rmsprop")
 LIVE_KNOBS = ("broadcast_interval", "replay_proportion", "num_sgd_iter", "lr", "entropy_coeff")
 
 
+# Values tuned on a 2-core laptop (see the README's Performance section), applied by the CLI
+# (``--preset tuned``, its default) and by ``ImpalaConfig.tuned(env)``; the dataclass defaults
+# stay RLlib's.
+TUNED_PRESETS: dict[str, dict[str, Any]] = {
+    "CartPole-v1": {"num_envs_per_worker": 8, "lr": 0.003, "vf_loss_coeff": 0.1},
+}
+
+
 def _f(default: Any, help: str, **kw: Any) -> Any:
     return field(default=default, metadata={"help": help, **kw})
 
@@ -226,6 +234,11 @@ class ImpalaConfig:
                 hint = f"did you mean {close[0]!r}?" if close else "see the README's config table"
                 raise ConfigError(f"unknown config key {key!r}: {hint}")
         return cls(**dict(data))
+
+    @classmethod
+    def tuned(cls, env: str = "CartPole-v1", **overrides: Any) -> ImpalaConfig:
+        """RLlib's defaults plus the values tuned for ``env`` (if any), then ``overrides``."""
+        return cls.from_dict({"env": env, **TUNED_PRESETS.get(env, {}), **overrides})
 
     def replace(self, **changes: Any) -> ImpalaConfig:
         """A validated copy with some fields changed (unknown names rejected like from_dict)."""

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from impala_lab.cli import main
+from impala_lab.config import ImpalaConfig
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -72,3 +73,18 @@ def test_config_command_prints_the_table(capsys):
     assert main(["config"]) == 0
     out = capsys.readouterr().out
     assert "| `train_batch_size` | `500` |" in out
+
+
+def test_the_tuned_preset_fills_only_fields_the_user_left_out():
+    from impala_lab.cli import build_parser, config_from_args
+    from impala_lab.config import TUNED_PRESETS
+
+    tuned = config_from_args(build_parser().parse_args(["train", "--lr", "0.01"]))
+    assert tuned.lr == 0.01  # the user's value wins
+    assert tuned.num_envs_per_worker == TUNED_PRESETS["CartPole-v1"]["num_envs_per_worker"]
+    assert tuned.vf_loss_coeff == TUNED_PRESETS["CartPole-v1"]["vf_loss_coeff"]
+    rllib = config_from_args(build_parser().parse_args(["train", "--preset", "rllib"]))
+    assert rllib == ImpalaConfig()
+    other = config_from_args(build_parser().parse_args(["train", "--env", "Acrobot-v1"]))
+    assert other == ImpalaConfig(env="Acrobot-v1")  # no tuned values for this env
+    assert ImpalaConfig.tuned("CartPole-v1", seed=1) == tuned.replace(lr=0.003, seed=1)

@@ -59,6 +59,7 @@ class Backend(abc.ABC):
 
     def prepare(self) -> None:
         """Checks that can fail before TensorFlow loads or any process starts (default: none)."""
+        return None
 
     @abc.abstractmethod
     def make_worker(self, index: int) -> WorkerHandle:
