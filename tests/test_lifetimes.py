@@ -6,6 +6,7 @@ import _thread
 import gc
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -119,8 +120,9 @@ def test_cli_interrupt_ends_within_10_s_with_results_and_checkpoint(tmp_path, si
          "--report-interval", "0.5", "--out", str(out)],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        for line in proc.stdout:  # wait until training reports progress
-            if "steps" in line:
+        for line in proc.stdout:  # wait until training reports sampled env steps
+            match = re.search(r"steps\s+([\d,]+)", line)
+            if match and int(match.group(1).replace(",", "")) > 0:
                 break
         workers = children_of(proc.pid)
         assert workers, "the CLI should have started worker processes"
