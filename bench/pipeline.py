@@ -1,0 +1,347 @@
+"""The pipeline benchmarks of ``python -m bench``: each returns a dict of plain numbers.
+
+    sampling_ceiling(num_workers, seconds)      env steps/s of process workers, no learner
+    end_to_end(num_workers, seconds)            env steps/s of the whole run, training
+    learner_ceiling(seconds)                    learn_on_batch samples/s on pre-made batches
+    fed_learner(seconds, num_sgd_iter)          the learner's samples/s inside the pipeline
+    time_to_solve(seeds, max_seconds)           ``impala-lab train --stop-return 475``, timed
+    machine_info()                              nproc, CPU model, python/TF versions
+
+Every run uses ``ImpalaConfig.tuned("CartPole-v1")`` (what the CLI trains with) unless an
+argument overrides a field. The ceilings take the same shapes as the pipeline: a worker
+sample is [sample_batch_size, num_envs_per_worker], a train batch [sample_batch_size,
+train_batch_columns].
+
+A ratio of a pipeline figure to its ceiling says how much of what the parts can do the
+driver delivers: the sampling ceiling against end to end shows what the learner thread and
+the driver loop cost the actors (on 2 cores all three share the CPUs), the learner ceiling
+against the fed learner shows what the actors and the driver cost the learner.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ENV = "CartPole-v1"
+REPO = Path(__file__).resolve().parent.parent
+
+
+def tuned_config(**overrides: Any) -> Any:
+    """The tuned CartPole-v1 config (the CLI's defaults) with ``overrides``."""
+    from impala_lab.config import ImpalaConfig
+
+    return ImpalaConfig.tuned(ENV, **{"seed": 0, **overrides})
+
+
+# ---------------------------------------------------------------------- memory
+def _status_kb(pid: int, field: str) -> int | None:
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+class RssSampler:
+    """Samples VmRSS of the driver and the workers every ``interval`` s in a thread.
+
+    ``pids_fn`` returns the worker pids at each tick (workers may be replaced). The result
+    holds the peak of the total (driver + workers, summed at one tick), the peak of each
+    process (the larger of the sampled VmRSS and the kernel's VmHWM high-water mark), all in
+    MB (1e6 bytes).
+    """
+
+    def __init__(self, pids_fn: Any, interval: float = 0.2) -> None:
+        self._pids_fn = pids_fn
+        self._interval = interval
+        self._stop = threading.Event()
+        self.peak_total_kb = 0
+        self.peak_kb: dict[int, int] = {}
+        self._thread = threading.Thread(target=self._loop, name="bench-rss", daemon=True)
+
+    def _tick(self) -> None:
+        pids = [os.getpid(), *self._pids_fn()]
+        total = 0
+        for pid in pids:
+            rss = _status_kb(pid, "VmRSS") or 0
+            hwm = _status_kb(pid, "VmHWM") or 0
+            total += rss
+            self.peak_kb[pid] = max(self.peak_kb.get(pid, 0), rss, hwm)
+        self.peak_total_kb = max(self.peak_total_kb, total)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._interval):
+            self._tick()
+
+    def __enter__(self) -> RssSampler:
+        self._tick()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._tick()  # the high-water marks at the end
+        self._stop.set()
+        self._thread.join(2.0)
+
+    def result(self) -> dict[str, Any]:
+        driver = os.getpid()
+        workers = {p: kb for p, kb in self.peak_kb.items() if p != driver}
+        return {"peak_total_mb": round(self.peak_total_kb * 1024 / 1e6, 1),
+                "driver_peak_mb": round(self.peak_kb.get(driver, 0) * 1024 / 1e6, 1),
+                "actor_peak_mb": round(max(workers.values(), default=0) * 1024 / 1e6, 1),
+                "num_actors": len(workers)}
+
+
+# ---------------------------------------------------------------------- 1. sampling
+def sampling_ceiling(num_workers: int = 2, seconds: float = 10.0, **overrides: Any
+                     ) -> dict[str, Any]:
+    """Env steps/s of ``num_workers`` process workers sampling as fast as they can.
+
+    The backend's handles are driven directly: one weights broadcast, then each worker
+    keeps ``max_sample_requests_in_flight_per_worker`` requests queued and every finished
+    sample is re-requested at once. Timing starts once every worker has returned its first
+    sample (process start and env construction excluded).
+
+    Returns:
+      ``{"env_steps_per_s", "env_steps", "seconds", "num_workers", "envs_per_worker"}``.
+    """
+    import gymnasium
+
+    from impala_lab.backends.base import make_backend
+    from impala_lab.models import NumpyModel
+
+    config = tuned_config(num_workers=num_workers, **overrides)
+    env = gymnasium.make(config.env)
+    weights = NumpyModel(env.observation_space, env.action_space,
+                         config.model).initial_weights(0)
+    env.close()
+    backend = make_backend(config)
+    backend.prepare()
+    try:
+        workers = [backend.make_worker(i) for i in range(num_workers)]
+        ref = backend.put_weights(weights, 0)
+        pending: dict[Any, Any] = {}
+        for w in workers:
+            w.set_weights(ref)
+            for _ in range(config.max_sample_requests_in_flight_per_worker):
+                pending[w.sample()] = w
+        started: set[int] = set()
+        steps, t0 = 0, None
+        while True:
+            for fut in backend.wait(list(pending), timeout=1.0):
+                worker = pending.pop(fut)
+                batch = fut.result()
+                if t0 is not None:
+                    steps += batch.count
+                started.add(worker.index)
+                pending[worker.sample()] = worker
+            now = time.perf_counter()
+            if t0 is None and len(started) == num_workers:
+                t0 = now
+            if t0 is not None and now - t0 >= seconds:
+                break
+        elapsed = time.perf_counter() - t0
+    finally:
+        backend.shutdown()
+    return {"env_steps_per_s": round(steps / elapsed, 1), "env_steps": steps,
+            "seconds": round(elapsed, 2), "num_workers": num_workers,
+            "envs_per_worker": config.num_envs_per_worker}
+
+
+def end_to_end(num_workers: int = 2, seconds: float = 15.0, warmup_s: float = 5.0,
+               measure_memory: bool = False, **overrides: Any) -> dict[str, Any]:
+    """Env steps/s (sampled and trained) of a whole tuned run, learner training.
+
+    ``warmup_s`` of training first (worker start, the learner's first trace), then the
+    counters' change over ``seconds`` of ``Impala.train``. With ``measure_memory`` the RSS of
+    the driver and the workers is sampled throughout (`RssSampler`).
+
+    Returns:
+      ``{"env_steps_per_s", "trained_per_s", "train_throughput", "timing_breakdown",
+      "episode_return_mean", "memory" (if measured), ...}``.
+    """
+    from impala_lab.impala import Impala
+
+    config = tuned_config(num_workers=num_workers, **overrides)
+    impala = Impala(config)
+    sampler = (RssSampler(impala.backend.worker_pids) if measure_memory else None)
+    try:
+        if sampler is not None:
+            sampler.__enter__()
+        impala.train(max_seconds=warmup_s, report_interval=1.0)
+        s0, n0, m0 = time.perf_counter(), impala.num_steps_sampled, impala.num_steps_trained
+        final = impala.train(max_seconds=seconds, report_interval=1.0)
+        dt = time.perf_counter() - s0
+        n1, m1 = impala.num_steps_sampled, impala.num_steps_trained
+    finally:
+        if sampler is not None:
+            sampler.__exit__(None, None, None)
+        impala.stop()
+    timing = final["timing_breakdown"]
+    grad_ms = timing.get("learner_grad_time_ms") or float("nan")
+    out = {"env_steps_per_s": round((n1 - n0) / dt, 1),
+           "trained_per_s": round((m1 - m0) / dt, 1),
+           "train_throughput": final["train_throughput"],
+           # A train batch holds whole samples: [sample_batch_size, train_batch_columns].
+           "learner_busy_samples_per_s": round(
+               config.sample_batch_size * config.train_batch_columns / grad_ms * 1e3, 1),
+           "seconds": round(dt, 2), "num_workers": num_workers,
+           "num_sgd_iter": config.num_sgd_iter,
+           "timing_breakdown": timing,
+           "learner_queue_mean": final["learner_queue"].get("mean"),
+           "episode_return_mean": final["episode_return_mean"]}
+    if sampler is not None:
+        out["memory"] = sampler.result()
+    return out
+
+
+# ---------------------------------------------------------------------- 2. learner
+def learner_ceiling(seconds: float = 8.0, warmup_steps: int = 5, **overrides: Any
+                    ) -> dict[str, Any]:
+    """``policy.learn_on_batch`` in a loop on pre-made train batches of the tuned shape.
+
+    Returns:
+      ``{"samples_per_s", "steps", "step_ms", "batch_shape"}``; a batch is
+      [sample_batch_size, train_batch_columns], sampled once from CartPole before timing.
+    """
+    import gymnasium
+
+    from bench.multi_gpu import make_batches
+    from impala_lab.policy import VTracePolicy
+
+    config = tuned_config(**overrides)
+    env = gymnasium.make(config.env)
+    policy = VTracePolicy(env.observation_space, env.action_space, config)
+    env.close()
+    batches = make_batches(config, 4, seed=0)
+    for i in range(warmup_steps):  # the first call traces the step
+        policy.learn_on_batch(batches[i % len(batches)])
+    steps, samples = 0, 0
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        batch = batches[steps % len(batches)]
+        policy.learn_on_batch(batch)
+        steps += 1
+        samples += batch.count
+    dt = time.perf_counter() - t0
+    return {"samples_per_s": round(samples / dt, 1), "steps": steps,
+            "step_ms": round(1e3 * dt / steps, 3),
+            "batch_shape": list(batches[0].actions.shape)}
+
+
+def fed_learner(seconds: float = 15.0, num_sgd_iter: int = 4, warmup_s: float = 5.0,
+                **overrides: Any) -> dict[str, Any]:
+    """The learner's trained samples/s inside a 2-worker pipeline with ``num_sgd_iter`` passes
+    per batch (so that sampling is not the bottleneck): `end_to_end`'s figures."""
+    return end_to_end(seconds=seconds, warmup_s=warmup_s, num_sgd_iter=num_sgd_iter,
+                      **overrides)
+
+
+# ---------------------------------------------------------------------- 3. time to solve
+def time_to_solve(seed: int, max_seconds: float = 150.0, stop_return: float = 475.0,
+                  extra_args: tuple[str, ...] = ()) -> dict[str, Any]:
+    """``impala-lab train --env CartPole-v1 --stop-return 475`` in a fresh process.
+
+    Wall seconds are measured around the subprocess (interpreter start, TensorFlow import and
+    the shutdown after solving included); ``seconds_to_target`` and ``env_steps_to_target``
+    come from its result.json (from the CLI's process start to the first report that met
+    the target). An unsolved run reports ``solved: False`` and None for the targets.
+    """
+    with tempfile.TemporaryDirectory(prefix="bench-solve-") as tmp:
+        cmd = [sys.executable, "-m", "impala_lab.cli", "train", "--env", ENV,
+               "--stop-return", str(stop_return), "--max-seconds", str(max_seconds),
+               "--seed", str(seed), "--quiet", "--out", tmp, *extra_args]
+        env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "MPLBACKEND": "Agg"}
+        t0 = time.perf_counter()
+        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
+                              timeout=max_seconds + 120)
+        wall = time.perf_counter() - t0
+        result_file = Path(tmp) / "result.json"
+        if proc.returncode != 0 or not result_file.is_file():
+            raise RuntimeError(f"time_to_solve(seed={seed}): impala-lab exited with "
+                               f"{proc.returncode}:\n{proc.stderr[-2000:]}")
+        result = json.loads(result_file.read_text())
+    final = result.get("final", {})
+    return {"seed": seed, "solved": bool(result["solved"]),
+            "wall_s": round(wall, 2),
+            "seconds_to_target": result["seconds_to_target"],
+            "env_steps_to_target": result["env_steps_to_target"],
+            "stop_reason": result.get("stop_reason"),
+            "final_return_mean": final.get("episode_return_mean"),
+            "final_env_steps": final.get("num_steps_sampled")}
+
+
+def summarize_solves(runs: list[dict[str, Any]], max_seconds: float) -> dict[str, Any]:
+    """Median and spread over seeds. An unsolved seed counts as infinitely slow (it did not
+    solve within ``max_seconds``): a median over unsolved seeds is None and fails the target,
+    so the median never hides a failure."""
+    secs = [r["seconds_to_target"] if r["solved"] else math.inf for r in runs]
+    steps = [r["env_steps_to_target"] for r in runs if r["solved"]]
+
+    def finite(x: float) -> float | None:
+        return round(x, 2) if math.isfinite(x) else None
+
+    return {"runs": runs, "num_solved": sum(r["solved"] for r in runs),
+            "max_seconds": max_seconds,
+            "median_s": finite(statistics.median(secs)),
+            "min_s": finite(min(secs)), "max_s": finite(max(secs)),
+            "median_wall_s": round(statistics.median(r["wall_s"] for r in runs), 2),
+            "median_env_steps": (int(statistics.median(steps)) if steps else None),
+            "min_env_steps": min(steps, default=None),
+            "max_env_steps": max(steps, default=None)}
+
+
+# ---------------------------------------------------------------------- machine
+def machine_info() -> dict[str, Any]:
+    """nproc, CPU model, memory, load, python / TensorFlow / numpy / gymnasium versions."""
+    import importlib.metadata as md
+
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem_gb = None
+    kb = _status_kb_meminfo()
+    if kb:
+        mem_gb = round(kb * 1024 / 1e9, 1)
+
+    def version(name: str) -> str | None:
+        try:
+            return md.version(name)
+        except md.PackageNotFoundError:
+            return None
+
+    return {"nproc": os.cpu_count(), "affinity": len(os.sched_getaffinity(0)),
+            "cpu_model": cpu, "mem_gb": mem_gb, "loadavg_at_start": list(os.getloadavg()),
+            "python": platform.python_version(), "platform": platform.platform(),
+            "tensorflow": version("tensorflow-cpu") or version("tensorflow"),
+            "keras": version("keras"), "numpy": version("numpy"),
+            "gymnasium": version("gymnasium")}
+
+
+def _status_kb_meminfo() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1])
+    except (OSError, ValueError):
+        return None
+    return None
