@@ -1,0 +1,375 @@
+"""The pipeline diagram: an SVG of the data's way through IMPALA, with live figures per stage.
+
+Left to right, as the data flows::
+
+    actors -> task pool -> replay mixer -> batch buffer -> learner queue -> minibatch ring
+      ^                                                                       -> learner
+      '------------------------- weight broadcast --------------------------------'
+
+Each stage shows its figures from one ``Impala.stats()`` snapshot: requests in flight per
+worker, replay store fill, batch buffer fill, learner queue fill against
+``learner_queue_size``, minibatch slots with their ttl, weights version and policy lag.
+An arrow is drawn dashed and dark while data crossed it since the previous drawing (its dashes
+march one step per drawing) and grey while nothing moved, so a paused run visibly stops.
+
+Stable classes on the live counters (for tests and custom CSS): ``impala-count-sampled``,
+``impala-sample-rate``, ``impala-train-rate``, ``impala-weights-version``,
+``impala-learner-queue``, ``impala-broadcast``, ``impala-policy-lag``; every arrow has
+``impala-edge`` and ``impala-edge-flowing`` while data moves.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from html import escape
+from typing import Any
+
+from impala_lab.dashboard.terminal import (
+    TIMER_LABELS,
+    fmt_count,
+    fmt_float,
+    fmt_knob,
+    fraction,
+    nice_ceil,
+    queue_figures,
+)
+
+WIDTH, HEIGHT = 1180, 290
+BOX_Y, BOX_H = 30, 182
+FONT = "'DejaVu Sans', 'Helvetica Neue', Arial, sans-serif"
+# (key, title, x, width, colour), left to right.
+STAGES = (
+    ("actors", "actors", 8, 160, "#1f77b4"),
+    ("pool", "task pool", 196, 128, "#138d9c"),
+    ("replay", "replay mixer", 352, 140, "#8e44ad"),
+    ("buffer", "batch buffer", 520, 136, "#d35400"),
+    ("queue", "learner queue", 684, 160, "#c0392b"),
+    ("ring", "minibatch ring", 872, 140, "#7b5a3a"),
+    ("learner", "learner", 1040, 132, "#218a3b"),
+)
+# Which counter moves each arrow: (from stage, to stage, flow name).
+EDGES = (
+    ("actors", "pool", "sample"),
+    ("pool", "replay", "sample"),
+    ("replay", "buffer", "mix"),
+    ("buffer", "queue", "batch"),
+    ("queue", "ring", "train"),
+    ("ring", "learner", "train"),
+)
+FLOWS = ("sample", "mix", "batch", "train", "broadcast")
+DASH_PERIOD = 16  # stroke-dasharray "10 6"
+
+
+def flow_counters(stats: Mapping[str, Any]) -> dict[str, float]:
+    """The cumulative counter behind each flow (an arrow moves when its counter grew)."""
+    p = stats.get("pipeline") or {}
+    return {
+        "sample": float(stats.get("num_steps_sampled", 0)),
+        "mix": float(stats.get("num_steps_sampled", 0) + stats.get("num_steps_replayed", 0)),
+        "batch": float(p.get("num_train_batches", 0)),
+        "train": float(stats.get("num_steps_trained", 0)),
+        "broadcast": float(stats.get("num_broadcasts", 0)),
+    }
+
+
+class PipelineDiagram:
+    """Draws successive snapshots; remembers the previous one to animate the arrows.
+
+        diagram = PipelineDiagram()
+        svg = diagram.render(impala.stats())   # an <svg> string for an HTML widget
+    """
+
+    def __init__(self) -> None:
+        self._previous: dict[str, float] | None = None
+        self.phase = dict.fromkeys(FLOWS, 0)
+
+    def render(self, stats: Mapping[str, Any]) -> str:
+        """The SVG of `stats`; arrows whose counter grew since the last call march."""
+        counters = flow_counters(stats)
+        flowing = {name: self._previous is not None and counters[name] > self._previous[name]
+                   for name in FLOWS}
+        for name, moved in flowing.items():
+            if moved:
+                self.phase[name] += 1
+        self._previous = counters
+        return pipeline_svg(stats, flowing=flowing, phase=self.phase)
+
+
+# ---------------------------------------------------------------------- SVG pieces
+def _text(x: float, y: float, s: str, *, size: int = 13, weight: str = "normal",
+          color: str = "#222", anchor: str = "middle", cls: str = "") -> str:
+    c = f' class="{cls}"' if cls else ""
+    return (f'<text x="{x:.1f}" y="{y:.1f}" font-size="{size}" font-weight="{weight}" '
+            f'fill="{color}" text-anchor="{anchor}"{c}>{escape(s)}</text>')
+
+
+def _bar(x: float, y: float, w: float, frac: float, color: str, cls: str) -> str:
+    fill = max(0.0, min(frac, 1.0)) * w
+    return (f'<g class="{cls}"><rect x="{x:.1f}" y="{y:.1f}" width="{w:.1f}" height="12" '
+            f'rx="3" fill="#e6e6e6"/><rect x="{x:.1f}" y="{y:.1f}" width="{fill:.1f}" '
+            f'height="12" rx="3" fill="{color}"/></g>')
+
+
+def _fill_color(frac: float) -> str:
+    """Learner queue: green while there is room, orange when nearly full, red when full (the
+    learner is the bottleneck)."""
+    return "#2e9e44" if frac < 0.75 else ("#e67e22" if frac < 1.0 else "#c0392b")
+
+
+def _box(key: str, title: str, x: float, w: float, color: str) -> str:
+    y, h = BOX_Y, BOX_H
+    header = (f"M{x},{y + 30} V{y + 8} Q{x},{y} {x + 8},{y} H{x + w - 8} "
+              f"Q{x + w},{y} {x + w},{y + 8} V{y + 30} Z")
+    return (f'<g class="impala-stage impala-stage-{key}">'
+            f'<rect x="{x}" y="{y}" width="{w}" height="{h}" rx="8" fill="#ffffff" '
+            f'stroke="{color}" stroke-width="2.5"/><path d="{header}" fill="{color}"/>'
+            + _text(x + w / 2, y + 21, title, size=15, weight="bold", color="#ffffff")
+            + "</g>")
+
+
+def _edge(x1: float, x2: float, y: float, flowing: bool, phase: int, cls: str) -> str:
+    color = "#333333" if flowing else "#b5b5b5"
+    offset = -(phase * 4) % DASH_PERIOD
+    state = " impala-edge-flowing" if flowing else ""
+    return (f'<line class="impala-edge impala-edge-{cls}{state}" x1="{x1}" y1="{y}" '
+            f'x2="{x2}" y2="{y}" stroke="{color}" stroke-width="3" stroke-dasharray="10 6" '
+            f'stroke-dashoffset="{offset}" marker-end="url(#impala-arrow-'
+            f'{"on" if flowing else "off"})"/>')
+
+
+def _actors(x: float, w: float, s: Mapping[str, Any], color: str) -> list[str]:
+    p = s.get("pipeline") or {}
+    in_flight = p.get("in_flight") or {}
+    most = int(p.get("max_in_flight", 0))
+    out = []
+    workers = list(in_flight.items())
+    shown = workers if len(workers) <= 5 else workers[:4]
+    for row, (idx, n) in enumerate(shown):
+        y = BOX_Y + 54 + 21 * row
+        out.append(_text(x + 12, y + 5, f"w{idx}", size=13, anchor="start"))
+        if most <= 6:
+            for j in range(most):
+                filled = color if j < n else "#ffffff"
+                out.append(f'<circle cx="{x + 52 + 17 * j}" cy="{y}" r="6.5" fill="{filled}" '
+                           f'stroke="{color}" stroke-width="2"/>')
+        else:
+            out.append(_text(x + 50, y + 5, f"{n} / {most} in flight", anchor="start"))
+    if len(workers) > len(shown):
+        out.append(_text(x + 12, BOX_Y + 54 + 21 * 4 + 5, f"+{len(workers) - 4} more workers",
+                         anchor="start"))
+    if not workers:
+        out.append(_text(x + w / 2, BOX_Y + 70, "no workers", color="#777"))
+    out.append(_text(x + w / 2, BOX_Y + BOX_H - 32, f"{fmt_count(s.get('sample_throughput'))}/s",
+                     size=16, weight="bold", cls="impala-sample-rate"))
+    out.append(_text(x + w / 2, BOX_Y + BOX_H - 11,
+                     f"env steps {fmt_count(s.get('num_steps_sampled'))}", size=13,
+                     cls="impala-count-sampled"))
+    return out
+
+
+def _figure_box(x: float, w: float, big: str, lines: list[str], frac: float | None,
+                cls: str, color: str) -> list[str]:
+    """A stage that is one big figure, caption lines and an optional fill bar."""
+    out = [_text(x + w / 2, BOX_Y + 64, big, size=22, weight="bold", cls=cls)]
+    for i, line in enumerate(lines):
+        out.append(_text(x + w / 2, BOX_Y + 88 + 19 * i, line, color="#444"))
+    if frac is not None:
+        out.append(_bar(x + 12, BOX_Y + BOX_H - 24, w - 24, frac, color, cls + "-bar"))
+    return out
+
+
+def _queue(x: float, w: float, s: Mapping[str, Any]) -> list[str]:
+    level, size = queue_figures(s)["learner_queue"]
+    frac = fraction(level, size)
+    mean = (s.get("learner_queue") or {}).get("mean", math.nan)
+    out = [_text(x + w / 2, BOX_Y + 62, f"{level:.0f} / {size:.0f}", size=22, weight="bold",
+                 cls="impala-learner-queue"),
+           _text(x + w / 2, BOX_Y + 82, "train batches waiting", color="#444")]
+    n, per_row = int(size), 8
+    if 0 < n <= 24:  # one cell per queue slot, filled up to the queue's length
+        cell, gap = 15, 3
+        row_w = min(n, per_row) * (cell + gap) - gap
+        x0 = x + (w - row_w) / 2
+        for i in range(n):
+            cx = x0 + (i % per_row) * (cell + gap)
+            cy = BOX_Y + 94 + (i // per_row) * (cell + gap)
+            fill = _fill_color(frac) if i < level else "#eeeeee"
+            out.append(f'<rect x="{cx:.1f}" y="{cy}" width="{cell}" height="{cell}" rx="2" '
+                       f'fill="{fill}" stroke="#999" stroke-width="0.8"/>')
+    else:
+        out.append(_bar(x + 12, BOX_Y + 100, w - 24, frac, _fill_color(frac),
+                        "impala-learner-queue-bar"))
+    out.append(_text(x + w / 2, BOX_Y + BOX_H - 10, f"mean {fmt_float(mean, 2)} (last 50)",
+                     color="#444"))
+    return out
+
+
+def _ring(x: float, w: float, s: Mapping[str, Any], color: str) -> list[str]:
+    p = s.get("pipeline") or {}
+    slots = p.get("minibatch_slots") or []
+    out = []
+    if 0 < len(slots) <= 8:
+        cell, gap, per_row = 28, 6, 4
+        row_w = min(len(slots), per_row) * (cell + gap) - gap
+        x0 = x + (w - row_w) / 2
+        for i, (occupied, ttl) in enumerate(slots):
+            cx = x0 + (i % per_row) * (cell + gap)
+            cy = BOX_Y + 44 + (i // per_row) * (cell + gap)
+            fill = "#e8d9c8" if occupied else "#ffffff"
+            out.append(f'<rect class="impala-slot" x="{cx:.1f}" y="{cy}" width="{cell}" '
+                       f'height="{cell}" rx="4" fill="{fill}" stroke="{color}" '
+                       f'stroke-width="2"/>')
+            out.append(_text(cx + cell / 2, cy + 19, str(ttl) if occupied else "·", size=14,
+                             weight="bold", color=color))
+    else:
+        used = sum(1 for occupied, _ in slots if occupied)
+        out.append(_text(x + w / 2, BOX_Y + 64, f"{used} / {len(slots)}", size=22,
+                         weight="bold"))
+    out.append(_text(x + w / 2, BOX_Y + 128, "ttl: passes left", color="#444"))
+    out.append(_text(x + w / 2, BOX_Y + 148, f"num_sgd_iter = {p.get('num_sgd_iter', '–')}",
+                     color="#444"))
+    return out
+
+
+def _learner(x: float, w: float, s: Mapping[str, Any]) -> list[str]:
+    grad = (s.get("timing_breakdown") or {}).get("learner_grad_time_ms", math.nan)
+    return [
+        _text(x + w / 2, BOX_Y + 64, f"v{s.get('weights_version', 0)}", size=24,
+              weight="bold", cls="impala-weights-version"),
+        _text(x + w / 2, BOX_Y + 86, "weights version", color="#444"),
+        _text(x + w / 2, BOX_Y + 124, f"{fmt_count(s.get('train_throughput'))}/s", size=16,
+              weight="bold", cls="impala-train-rate"),
+        _text(x + w / 2, BOX_Y + 144, "env steps trained", color="#444"),
+        _text(x + w / 2, BOX_Y + BOX_H - 12, f"grad {fmt_float(grad, 3)} ms", color="#444"),
+    ]
+
+
+def pipeline_svg(stats: Mapping[str, Any], *, flowing: Mapping[str, bool] | None = None,
+                 phase: Mapping[str, int] | None = None) -> str:
+    """The pipeline diagram of one ``Impala.stats()`` snapshot as an ``<svg>`` string.
+
+    Args:
+      stats: a snapshot; missing parts (no pipeline view yet, no learner step) draw as
+        empty stages, never raise.
+      flowing: flow name (``sample, mix, batch, train, broadcast``) -> whether that arrow
+        is drawn moving; None draws every arrow still.
+      phase: flow name -> dash offset step of a moving arrow.
+
+    Returns:
+      ``<svg viewBox="0 0 1180 290" width="100%" ...>``: it scales to the cell's width.
+    """
+    flowing = flowing or {}
+    phase = phase or {}
+    p = stats.get("pipeline") or {}
+    q = queue_figures(stats)
+    where = {key: (x, w, color) for key, _, x, w, color in STAGES}
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="impala-pipeline" width="100%" '
+        f'viewBox="0 0 {WIDTH} {HEIGHT}" font-family="{FONT}" '
+        f'style="max-width:{WIDTH}px; background:#fbfbfb">',
+        "<defs>",
+        *(f'<marker id="impala-arrow-{state}" markerWidth="8" markerHeight="8" refX="6" '
+          f'refY="4" orient="auto"><path d="M0,0 L8,4 L0,8 Z" fill="{c}"/></marker>'
+          for state, c in (("on", "#333333"), ("off", "#b5b5b5"))),
+        "</defs>",
+    ]
+    for key, title, x, w, color in STAGES:
+        parts.append(_box(key, title, x, w, color))
+    parts += _actors(*where["actors"][:2], stats, where["actors"][2])
+    level, cap = q["in_flight"]
+    parts += _figure_box(*where["pool"][:2], f"{level:.0f} / {cap:.0f}",
+                         ["requests", "in flight"], fraction(level, cap), "impala-in-flight",
+                         where["pool"][2])
+    level, cap = q["replay"]
+    if cap > 0:
+        knobs = stats.get("knobs") or {}
+        parts += _figure_box(*where["replay"][:2], f"{level:.0f} / {cap:.0f}",
+                             ["batches stored",
+                              f"p = {fmt_knob(knobs.get('replay_proportion', '–'))}",
+                              f"{fmt_count(stats.get('num_steps_replayed'))} replayed"],
+                             fraction(level, cap), "impala-replay", where["replay"][2])
+    else:
+        parts += _figure_box(*where["replay"][:2], "off", ["no replay slots", "(new batches",
+                                                           "pass through)"], None,
+                             "impala-replay", where["replay"][2])
+    level, cap = q["batch_buffer"]
+    parts += _figure_box(*where["buffer"][:2], f"{level:.0f} / {cap:.0f}",
+                         ["env steps", f"{fmt_count(p.get('num_train_batches'))} batches out"],
+                         fraction(level, cap), "impala-batch-buffer", where["buffer"][2])
+    parts += _queue(*where["queue"][:2], stats)
+    parts += _ring(*where["ring"][:2], stats, where["ring"][2])
+    parts += _learner(*where["learner"][:2], stats)
+
+    mid = BOX_Y + BOX_H / 2
+    for src, dst, flow in EDGES:
+        x1 = where[src][0] + where[src][1] + 3
+        x2 = where[dst][0] - 5
+        parts.append(_edge(x1, x2, mid, flowing.get(flow, False), phase.get(flow, 0), flow))
+
+    # The broadcast: from the learner back to the actors, under the stages.
+    on = flowing.get("broadcast", False)
+    color = "#218a3b" if on else "#9fc9a9"
+    lx = where["learner"][0] + where["learner"][1] / 2
+    ax = where["actors"][0] + where["actors"][1] / 2
+    by = BOX_Y + BOX_H + 34
+    offset = -(phase.get("broadcast", 0) * 4) % DASH_PERIOD
+    parts.append(f'<path class="impala-edge impala-edge-broadcast'
+                 f'{" impala-edge-flowing" if on else ""}" d="M{lx},{BOX_Y + BOX_H + 2} '
+                 f'V{by} H{ax} V{BOX_Y + BOX_H + 8}" fill="none" stroke="{color}" '
+                 f'stroke-width="3" stroke-dasharray="10 6" stroke-dashoffset="{offset}"/>')
+    parts.append(f'<path d="M{ax - 7},{BOX_Y + BOX_H + 12} L{ax},{BOX_Y + BOX_H + 2} '
+                 f'L{ax + 7},{BOX_Y + BOX_H + 12} Z" fill="{color}"/>')
+    lag = stats.get("policy_lag") or {}
+    knobs = stats.get("knobs") or {}
+    interval = knobs.get("broadcast_interval", p.get("broadcast_interval", "–"))
+    label = (f"weight broadcast: v{stats.get('weights_version', 0)} · "
+             f"{fmt_count(stats.get('num_broadcasts'))} broadcasts · "
+             f"every {interval} returned samples · "
+             f"{fmt_count(stats.get('num_weight_syncs'))} syncs")
+    mid_x = (ax + lx) / 2
+    half = 4.6 * len(label) + 12  # about half the label's width at 15 px bold
+    parts.append(f'<rect x="{mid_x - half:.0f}" y="{by - 13}" width="{2 * half:.0f}" '
+                 f'height="26" fill="#fbfbfb"/>')
+    parts.append(_text(mid_x, by + 6, label, size=15, weight="bold", color="#1d6b30",
+                       cls="impala-broadcast"))
+    parts.append(_text(mid_x, by + 32,
+                       f"policy lag {fmt_float(lag.get('mean'), 2)} updates "
+                       f"(max {lag.get('max', '–')}): how stale the actors' weights were",
+                       size=14, color="#333", cls="impala-policy-lag"))
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def timing_svg(stats: Mapping[str, Any], width: int = 560) -> str:
+    """The timing breakdown (``stats()["timing_breakdown"]``, mean ms) as horizontal bars.
+
+    Drawn at the poll rate (an SVG string costs far less than a matplotlib render); the
+    scale is a round number of ms above the largest timer. Each value's text has the class
+    ``impala-timer-<key>``.
+    """
+    timing = stats.get("timing_breakdown") or {}
+    rows = [(key, label, float(timing.get(key) or 0.0)) for key, label in TIMER_LABELS.items()
+            if key in timing] or [(key, label, 0.0) for key, label in TIMER_LABELS.items()]
+    scale = nice_ceil(max(1.0, max(v for _, _, v in rows) * 1.15))
+    left, right, row_h, top = 110, 64, 26, 34
+    bar_w = width - left - right
+    height = top + row_h * len(rows) + 8
+    colors = ("#555555", "#d35400", "#218a3b", "#c0392b", "#8e44ad", "#7f8c8d", "#1f77b4")
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" class="impala-timing" width="{width}" '
+             f'height="{height}" viewBox="0 0 {width} {height}" font-family="{FONT}">',
+             _text(4, 20, "timing breakdown (mean ms per call)", size=15, weight="bold",
+                   anchor="start"),
+             _text(width - 4, 20, f"scale 0-{scale:g} ms", size=12, color="#666",
+                   anchor="end")]
+    for i, (key, label, value) in enumerate(rows):
+        y = top + i * row_h
+        w = bar_w * min(value / scale, 1.0)
+        parts.append(_text(left - 8, y + 16, label, size=14, anchor="end"))
+        parts.append(f'<rect x="{left}" y="{y + 3}" width="{bar_w}" height="18" '
+                     f'fill="#f0f0f0"/><rect x="{left}" y="{y + 3}" width="{w:.1f}" '
+                     f'height="18" fill="{colors[i % len(colors)]}"/>')
+        parts.append(_text(left + w + 6, y + 17, fmt_float(value, 3), size=13,
+                           anchor="start", cls=f"impala-timer-{key.replace('_', '-')}"))
+    parts.append("</svg>")
+    return "".join(parts)
