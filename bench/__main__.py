@@ -39,6 +39,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("MPLBACKEND", "Agg")
 
 from bench import pipeline
+from impala_lab.stats import jsonable
 
 NAMES = ("sampling", "learner", "solve", "dashboard", "memory", "scaling")
 HERE = Path(__file__).resolve().parent
@@ -303,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
                      f"{', '.join(NAMES)}")
     results = run_benchmarks(names, args.quick)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(json.dumps(_jsonable(results), indent=2))
+    (args.out / "results.json").write_text(json.dumps(jsonable(results), indent=2))
     try:
         plot(results, args.out / "results.png")
     except Exception as exc:  # a plot must never cost the numbers
@@ -312,18 +313,6 @@ def main(argv: list[str] | None = None) -> int:
     print(format_table(results))
     print(f"wrote {args.out / 'results.json'} and {args.out / 'results.png'}")
     return 0 if not results["errors"] else 1
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if hasattr(value, "item"):
-        return _jsonable(value.item())
-    return value
 
 
 if __name__ == "__main__":

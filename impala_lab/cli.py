@@ -36,6 +36,7 @@ from impala_lab.config import (  # noqa: E402
     field_names,
 )
 from impala_lab.errors import ConfigError  # noqa: E402
+from impala_lab.stats import jsonable  # noqa: E402
 
 RUN_OPTIONS = {"stop_return", "max_seconds", "max_env_steps", "out", "report_interval", "quiet"}
 
@@ -128,18 +129,6 @@ def write_metrics_csv(path: Path, rows: list[dict]) -> None:
         writer.writerows(rows)
 
 
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if hasattr(value, "item"):
-        return _jsonable(value.item())
-    return value
-
-
 def train_command(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     _check_run_args(args)
@@ -191,7 +180,7 @@ def train_command(args: argparse.Namespace) -> int:
                   "env_steps_to_target": target["env_steps"],
                   "stop_reason": final.get("stop_reason"),
                   "final": final}
-        (out / "result.json").write_text(json.dumps(_jsonable(result), indent=2))
+        (out / "result.json").write_text(json.dumps(jsonable(result), indent=2))
         try:
             from impala_lab.dashboard.plots import save_report
 

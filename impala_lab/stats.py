@@ -390,3 +390,15 @@ class StatsHistory:
     def __len__(self) -> int:
         return len(self._rows)
 
+
+def jsonable(value: Any) -> Any:
+    """A stats snapshot made JSON-ready: NaN/inf become null, numpy scalars plain numbers."""
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if hasattr(value, "item"):
+        return jsonable(value.item())
+    return value
