@@ -24,6 +24,7 @@ from __future__ import annotations
 import atexit
 import hashlib
 import json
+import logging
 import math
 import os
 import queue
@@ -49,6 +50,7 @@ CHECKPOINT_FORMAT = 1
 StopCondition = Mapping[str, float] | Callable[[dict], bool] | None
 
 _live_runs: weakref.WeakSet[Impala] = weakref.WeakSet()
+logger = logging.getLogger("impala_lab")
 
 
 def shutdown_all() -> None:
@@ -292,6 +294,7 @@ class Impala:
         self.sample_tasks.reset_workers(self.workers)
         if not self.config.restart_failed_workers:
             raise err
+        first_line = str(err).split("\n", 1)[0]
         limit = max(3, 2 * self.config.num_workers)
         if self._failures_in_a_row >= limit:
             # Replacements that fail before any sample arrives would restart forever.
@@ -299,6 +302,9 @@ class Impala:
                 f"workers failed {self._failures_in_a_row} times in a row without returning a "
                 f"sample; the env keeps failing, so restarting is stopped. Last error:\n{err}"
             ) from err
+        # Said once per failure, so a recovered run shows what it recovered from.
+        logger.warning("%s; replaced by worker %d (%d worker failures so far)", first_line,
+                       self._next_worker_index, self.num_worker_failures)
         replacement = self.backend.make_worker(self._next_worker_index)
         self._next_worker_index += 1
         self.workers.append(replacement)

@@ -1,0 +1,185 @@
+"""Reliability, end to end through the `Impala` driver: faults, checkpoints, bad input, sockets.
+
+Each fault test runs a small run (process workers where the fault is about processes) and
+then checks that the fault was recovered from or raised with the stage, env and step named,
+that nothing hung, and that no child process or thread of the run is left (`tests.leaks`).
+The CLI's SIGINT/SIGTERM checks live in test_lifetimes.py.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import logging
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from impala_lab import Impala, ImpalaConfig
+from impala_lab.errors import ImpalaError, LearnerError, WorkerError
+from tests.envs import NaNEnv, RaisingEnv, SlowEnv
+from tests.leaks import children_of, no_leaks
+
+REPO = Path(__file__).resolve().parents[1]
+# Small process runs: 2 workers x 2 envs x 10 steps per sample, a train batch of 2 samples.
+SMALL = dict(backend="process", num_workers=2, num_envs_per_worker=2, sample_batch_size=10,
+             train_batch_size=40, model=(16,), seed=0)
+
+
+def spy_on_returns(run: Impala) -> collections.Counter:
+    """Count the samples each worker (by index) returns to the driver from now on."""
+    returned: collections.Counter = collections.Counter()
+    send = run._send_weights_and_request
+
+    def spy(worker, initial: bool = False) -> None:
+        if not initial:  # called once per returned sample, with the worker that sent it
+            returned[worker.index] += 1
+        send(worker, initial)
+
+    run._send_weights_and_request = spy
+    return returned
+
+
+# ---------------------------------------------------------------------- 1. faults
+def test_a_worker_killed_with_sigkill_is_replaced_and_its_replacement_samples(caplog):
+    caplog.set_level(logging.WARNING, logger="impala_lab")
+    with no_leaks(), Impala(ImpalaConfig(env="CartPole-v1", **SMALL)) as run:
+        run.train(max_env_steps=400)
+        victim = run.workers[0]
+        returned = spy_on_returns(run)
+        os.kill(victim.pid, signal.SIGKILL)
+        result = run.train(lambda s: returned[2] >= 3, max_seconds=60, report_interval=0.05)
+        assert result["stop_reason"] == "stop condition", dict(returned)
+        assert result["num_worker_failures"] == 1
+        assert sorted(w.index for w in run.workers) == [1, 2]
+        assert returned[1] > 0  # the other worker never stopped
+        assert sorted(run.backend.worker_pids()) == sorted(w.pid for w in run.workers)
+        assert victim.exitcode == -signal.SIGKILL
+        pids = run.backend.worker_pids()
+    # the failure and the restart are in the output, naming the signal
+    text = caplog.text
+    assert "worker 0" in text and "SIGKILL" in text and "replaced by worker 2" in text
+    assert not any(p in children_of(os.getpid()) for p in pids)
+
+
+def test_an_env_that_raises_every_n_steps_is_restarted_and_counted(caplog):
+    caplog.set_level(logging.WARNING, logger="impala_lab")
+    # each worker process fails at its envs' 25th step: in its 3rd sample of 10 steps
+    env = functools.partial(RaisingEnv, every=25, length=7)
+    with no_leaks(), Impala(ImpalaConfig(env=env, **SMALL)) as run:
+        result = run.train(max_env_steps=400, max_seconds=90)
+        assert result["stop_reason"] == "max_env_steps"
+        assert result["num_steps_sampled"] >= 400
+        # 400 steps need 20 samples, 2 per worker process: at least 8 processes failed
+        assert result["num_worker_failures"] >= 8
+        assert len(run.workers) == 2
+    assert caplog.text.count("boom at step 25") == result["num_worker_failures"]
+
+
+def test_an_env_that_raises_ends_the_run_with_its_traceback_when_restarts_are_off():
+    env = functools.partial(RaisingEnv, every=25, length=7)
+    cfg = ImpalaConfig(env=env, restart_failed_workers=False, **SMALL)
+    with no_leaks(), Impala(cfg) as run, pytest.raises(WorkerError) as info:
+        run.train(max_seconds=60)
+    err = info.value
+    assert err.env_id == "RaisingEnv" and err.worker_index in (0, 1)
+    assert "RuntimeError: boom at step 25" in str(err)
+    assert "raise RuntimeError" in err.remote_traceback  # the env's own line
+    assert run.num_worker_failures == 1
+
+
+@pytest.mark.parametrize("restart", [False, True])
+def test_nan_observations_are_a_clear_error_naming_the_env_and_step(restart):
+    env = functools.partial(NaNEnv, at_step=7)
+    cfg = ImpalaConfig(env=env, restart_failed_workers=restart, **SMALL)
+    expected = WorkerError if not restart else ImpalaError
+    with no_leaks(), Impala(cfg) as run, pytest.raises(expected) as info:
+        run.train(max_seconds=60)
+    text = str(info.value)
+    assert "env 'NaNEnv'" in text and "non-finite observation at env step 7" in text
+    assert "NaN loss" in text  # says why it stops here
+    if restart:  # every replacement fails the same way before a sample: restarting stops
+        assert "times in a row without returning a sample" in text
+        assert run.num_worker_failures == 4
+
+
+def test_an_env_slower_than_learner_queue_timeout_raises_the_learners_timeout():
+    env = functools.partial(SlowEnv, delay_s=0.3, length=5)  # a sample takes 3 s
+    cfg = ImpalaConfig(env=env, learner_queue_timeout=1.0, **SMALL)
+    start = time.monotonic()
+    with no_leaks(), Impala(cfg) as run, pytest.raises(LearnerError) as info:
+        run.train(max_seconds=60)
+    assert time.monotonic() - start < 30
+    text = str(info.value)
+    assert info.value.stage == "learner thread"
+    assert "learner_queue_timeout" in text and "1.0" in text
+
+
+def test_a_learner_thread_exception_ends_train_with_the_original_traceback():
+    with no_leaks(), Impala(ImpalaConfig(env="CartPole-v1", **SMALL)) as run:
+        learn = run.policy.learn_on_batch
+        calls = []
+
+        def flaky_learn(batch):
+            calls.append(batch.count)
+            if len(calls) == 3:
+                raise ArithmeticError("gradient blew up on purpose")
+            return learn(batch)
+
+        run.policy.learn_on_batch = flaky_learn
+        with pytest.raises(LearnerError) as info:
+            run.train(max_seconds=60)
+        assert run.learner.num_steps == 2  # the two steps before the failure
+        assert run.num_steps_trained <= 2 * 40
+        assert not run.learner.is_alive()
+    assert info.value.stage == "learner thread"
+    assert "ArithmeticError: gradient blew up on purpose" in str(info.value)
+    assert "in flaky_learn" in info.value.remote_traceback
+
+
+def test_a_loader_thread_exception_ends_train_with_the_loader_named():
+    # num_data_loader_buffers=2 selects the MultiGPULearner (on /cpu:0, no fake devices)
+    cfg = ImpalaConfig(env="CartPole-v1", num_data_loader_buffers=2, **SMALL)
+    with no_leaks(), Impala(cfg) as run:
+        stage = run.learner.stage_batch
+        calls = []
+
+        def flaky_stage(batch):
+            calls.append(batch.count)
+            if len(calls) == 3:
+                raise MemoryError("device buffer full on purpose")
+            return stage(batch)
+
+        run.learner.stage_batch = flaky_stage
+        with pytest.raises(LearnerError) as info:
+            run.train(max_seconds=60)
+        assert len(calls) == 3  # the loaders stage ahead: it failed on the third batch
+        assert run.num_steps_trained <= 2 * 40
+        threads = [run.learner, *run.learner.loader_threads]
+    assert info.value.stage == "loader thread 0"
+    assert "MemoryError: device buffer full on purpose" in str(info.value)
+    assert "in flaky_stage" in info.value.remote_traceback
+    assert not any(t.is_alive() for t in threads)
+
+
+def test_the_leak_check_sees_a_left_process_and_a_left_thread():
+    left = r"child processes left behind: \[\d+\]"
+    with pytest.raises(AssertionError, match=left), no_leaks(timeout=0.2):
+        proc = subprocess.Popen(["sleep", "30"])
+    try:
+        assert proc.poll() is None
+    finally:
+        proc.kill()
+        proc.wait()
+    release = threading.Event()
+    try:
+        left = r"threads left behind: \['stray'\]"
+        with pytest.raises(AssertionError, match=left), no_leaks(timeout=0.2):
+            threading.Thread(target=release.wait, name="stray", daemon=True).start()
+    finally:
+        release.set()
