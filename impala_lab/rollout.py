@@ -158,7 +158,9 @@ class RolloutWorker:
         spec = self._env_spec
         where = f"env index {index} of worker {self.worker_index}"
         try:
-            e = gym.make(spec) if isinstance(spec, str) else spec()
+            # A registered env has passed gymnasium's checks; its passive checker is one more
+            # wrapper call per step (and the NaN checks here are stricter).
+            e = gym.make(spec, disable_env_checker=True) if isinstance(spec, str) else spec()
         except Exception as err:
             kind = "gymnasium.make" if isinstance(spec, str) else "the env factory"
             raise ValueError(

@@ -140,3 +140,29 @@ def test_episode_ends_set_the_value_target(terminated, truncated, expected):
     target = {"r": 1.0, "r+g*tv": 1.0 + 0.9 * 5.0, "r+g*V(x1)": 1.0 + 0.9 * v1}[expected]
     # vf_loss = 0.5 * (vs - V(x0))^2 with vs = target on-policy (rho = 1)
     assert float(stats["vf_loss"]) == pytest.approx(0.5 * (target - v0) ** 2, rel=1e-4)
+
+
+def test_get_weights_is_the_models_weights_bitwise_through_every_path(cartpole_batch):
+    policy = make_policy()
+
+    def same_as_model(weights: list[np.ndarray]) -> None:
+        expected = policy.model.get_weights()
+        assert [w.shape for w in weights] == [w.shape for w in expected]
+        for a, b in zip(weights, expected, strict=True):
+            assert a.dtype == np.float32
+            np.testing.assert_array_equal(a, b)
+
+    weights, version = policy.get_weights()  # no step yet: the compiled read
+    same_as_model(weights)
+    assert version == 0
+    for step in (1, 2):  # after a step: the flat copy the step left
+        policy.learn_on_batch(cartpole_batch)
+        weights, version = policy.get_weights()
+        assert version == step
+        same_as_model(weights)
+    new = [w + 1.0 for w in weights]
+    policy.set_weights(new, version=7)  # the step's copy is stale now
+    weights, version = policy.get_weights()
+    assert version == 7
+    for a, b in zip(weights, new, strict=True):
+        np.testing.assert_array_equal(a, b)

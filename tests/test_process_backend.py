@@ -24,6 +24,7 @@ from impala_lab.backends.base import make_backend
 from impala_lab.backends.process import (
     ProcessBackend,
     ProcessWorkerHandle,
+    SharedWeightsReader,
     read_shared_weights,
     write_shared_weights,
 )
@@ -207,6 +208,30 @@ def test_shared_weights_round_trip_any_dtype_and_shape():
     finally:
         block.close()
         block.unlink()
+
+
+def test_reader_keeps_blocks_open_and_still_checks_the_header():
+    weights = [np.arange(6, dtype=np.float32).reshape(2, 3)]
+    blocks, refs = [], []
+    reader = SharedWeightsReader(max_open=2)
+    try:
+        for i in range(3):
+            block, ref = write_shared_weights([w * i for w in weights], version=i, serial=i,
+                                              name=f"iltest{os.getpid()}r{i}")
+            blocks.append(block)
+            refs.append(ref)
+            np.testing.assert_array_equal(reader.read(ref)[0], weights[0] * i)
+        assert list(reader._open) == [refs[1].name, refs[2].name]  # the oldest was closed
+        write_shared_weights([w + 1 for w in weights], version=5, serial=9, block=blocks[2])
+        # The open block now holds a later broadcast: refused, as without the cache.
+        with pytest.raises(ValueError, match=r"holds \(serial, version, arrays\) \(9, 5, 1\)"):
+            reader.read(refs[2])
+    finally:
+        reader.close()
+        for block in blocks:
+            block.close()
+            block.unlink()
+    assert reader._open == {}
 
 
 def test_workers_never_import_tensorflow_and_ignore_sigint(pair):
