@@ -47,6 +47,8 @@ from impala_lab.stats import StatsHistory, ThroughputMeter, TimerStat, WindowSta
 from impala_lab.task_pool import SampleTaskPool
 
 CHECKPOINT_FORMAT = 1
+CHECKPOINT_COUNTERS = ("num_steps_sampled", "num_steps_trained", "num_weight_syncs",
+                       "episodes_total", "elapsed_s")
 StopCondition = Mapping[str, float] | Callable[[dict], bool] | None
 
 _live_runs: weakref.WeakSet[Impala] = weakref.WeakSet()
@@ -649,7 +651,11 @@ class Impala:
         data = dict(state["config"])
         if env_creator is not None:
             data["env"] = env_creator
-        config = ImpalaConfig.from_dict(data)
+        try:
+            config = ImpalaConfig.from_dict(data)
+        except ConfigError as exc:
+            raise ConfigError(f"{Path(path) / 'state.json'}: the checkpoint's config is "
+                              f"invalid: {exc}") from None
         run = cls(config, **overrides)
         run.policy.set_weights(weights, state["policy_version"])
         run.policy.set_optimizer_state(opt_state)
@@ -684,6 +690,14 @@ def read_checkpoint(path: str | os.PathLike) -> tuple[dict, list[np.ndarray], li
     if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
         raise ValueError(f"{state_file}: unknown checkpoint format "
                          f"{state.get('format') if isinstance(state, dict) else state!r}")
+    counters = state.get("counters")
+    missing = [k for k, kind in (("config", dict), ("policy_version", int), ("counters", dict),
+                                 ("sha256", dict)) if not isinstance(state.get(k), kind)]
+    missing += [f"counters.{k}" for k in CHECKPOINT_COUNTERS
+                if isinstance(counters, dict) and not isinstance(counters.get(k), int | float)]
+    if missing:
+        raise ValueError(f"{state_file}: not a valid checkpoint state (missing or mistyped: "
+                         f"{', '.join(missing)})")
     arrays = {}
     for name in ("weights.npz", "optimizer.npz"):
         file = root / name
