@@ -160,7 +160,11 @@ def train_command(args: argparse.Namespace) -> int:
             view.update(s)
 
     interrupted = False
-    impala = Impala(config)
+    try:
+        impala = Impala(config)
+    except BaseException:  # a config error found while building: the handler goes back
+        signal.signal(signal.SIGTERM, previous)
+        raise
     try:
         try:
             final = impala.train(solved if args.stop_return is not None else None,

@@ -111,8 +111,17 @@ class Impala:
         self._stopped = True  # until everything below is up
         from impala_lab.models import check_spaces
 
-        self.observation_space, self.action_space = probe_spaces(config.env)
-        check_spaces(self.observation_space, self.action_space)
+        # An env that cannot be made, or whose spaces the model cannot take, is a config
+        # error (the CLI's exit code 2), raised before any process starts.
+        try:
+            self.observation_space, self.action_space = probe_spaces(config.env)
+        except Exception as exc:
+            raise ConfigError(f"env={config.env_id!r} is invalid: it could not be made "
+                              f"({type(exc).__name__}: {exc})") from exc
+        try:
+            check_spaces(self.observation_space, self.action_space)
+        except ValueError as exc:
+            raise ConfigError(f"env={config.env_id!r} is invalid: its {exc}") from None
 
         # Backend checks that can fail (an env factory that cannot travel) run before
         # TensorFlow loads and before any process starts.

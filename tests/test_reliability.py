@@ -9,10 +9,13 @@ The CLI's SIGINT/SIGTERM checks live in test_lifetimes.py.
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
+import io
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -20,13 +23,16 @@ import textwrap
 import threading
 import time
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from impala_lab import Impala, ImpalaConfig
-from impala_lab.errors import ImpalaError, LearnerError, WorkerError
-from tests.envs import NaNEnv, RaisingEnv, SlowEnv
+from impala_lab.errors import ConfigError, ImpalaError, LearnerError, WorkerError
+from tests.envs import FixedLengthEnv, NaNEnv, RaisingEnv, SlowEnv
 from tests.leaks import children_of, no_leaks
 
 REPO = Path(__file__).resolve().parents[1]
@@ -328,3 +334,124 @@ def test_a_truncated_or_tampered_checkpoint_is_a_clear_error_naming_the_file(
     with no_leaks(), pytest.raises(ValueError, match=message) as info:
         Impala.restore(path)
     assert str(path) in str(info.value)
+
+
+# ---------------------------------------------------------------------- 3. bad input
+def cli_options() -> list[str]:
+    """Every option of ``impala-lab train`` but --help and --out (the test sets --out)."""
+    from impala_lab.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    return [o for a in sub.choices["train"]._actions for o in a.option_strings
+            if o not in ("-h", "--help", "--out")]
+
+
+_SPECIAL = ["nan", "-nan", "inf", "-inf", "1e400", "-1", "0", "1", "2", "0.5", "-0.0", "None",
+            "none", "true", "false", "", " ", "64,64", "0,0", "1,,", "CartPole-v1", "Pendulum-v1",
+            "process", "inline", "ray", "rmsprop", "tuned", "rllib", "--lr", "-", "１２", "٣",
+            "\u00e9t\u00e9", "\U0001f600", "10" * 40, "0x10", "1_000", "+5"]
+_value = st.one_of(
+    st.sampled_from(_SPECIAL),
+    st.integers(-(10**30), 10**30).map(str),
+    st.floats(allow_nan=True, allow_infinity=True).map(repr),
+    st.text(max_size=10),
+)
+_option = st.sampled_from([o for o in cli_options() if o != "--quiet"])
+_argument = st.one_of(
+    st.tuples(_option, _value).map(list),  # an option and its value
+    st.tuples(_option, _value).map(lambda ov: [f"{ov[0]}={ov[1]}"]),  # --option=value
+)
+# Now and then a malformed argument: a flag given a value, an unknown option, a stray word,
+# an option without its value (argparse's own errors, also exit code 2).
+_malformed = st.one_of(
+    st.just([]),
+    st.sampled_from([["--quiet=1"], ["--num-wrokers", "2"], ["--LR", "1"], ["-x"], ["stray"],
+                     ["--lr"], ["--preset", "fast"], ["--quiet"]]),
+)
+
+
+class _Started(Exception):
+    """Raised by the stand-in for `Impala`: the input passed every check and training
+    would start now (nothing is trained in this test)."""
+
+    def __init__(self, config: ImpalaConfig) -> None:
+        self.config = config
+
+
+class _NoTraining:
+    def __init__(self, config: ImpalaConfig) -> None:
+        raise _Started(config)
+
+
+@settings(max_examples=200, deadline=5000,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(arguments=st.lists(_argument, max_size=4), malformed=_malformed)
+def test_the_cli_turns_any_argv_into_exit_2_with_a_message_or_a_valid_run(
+        arguments: list[list[str]], malformed: list[str],
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    from impala_lab import cli
+
+    argv = ["train", *[token for arg in arguments for token in arg], *malformed,
+            "--out", str(tmp_path_factory.getbasetemp() / "cli-fuzz")]
+    err, out = io.StringIO(), io.StringIO()
+    handler = signal.getsignal(signal.SIGTERM)
+    started = None
+    with mock.patch("impala_lab.impala.Impala", _NoTraining), \
+            contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+        try:
+            code = cli.main(argv)
+        except SystemExit as exc:  # argparse: an unknown option, a missing value
+            code = exc.code
+        except _Started as exc:
+            code, started = None, exc.config
+    assert signal.getsignal(signal.SIGTERM) == handler  # the CLI put its handler back
+    text = err.getvalue()
+    assert "Traceback" not in text, (argv, text)
+    if started is not None:  # valid input: a config that round-trips
+        assert ImpalaConfig.from_dict(started.to_dict()) == started
+        return
+    assert code == 2, (argv, code, text)
+    message = text.strip().splitlines()[-1]
+    assert message.startswith("impala-lab") and "error: " in message, (argv, text)
+
+
+@pytest.mark.parametrize("env, space", [
+    ("Pendulum-v1", r"action space Box\(-2.0, 2.0, \(1,\), float32\) is not supported"),
+    ("FrozenLake-v1", r"observation space Discrete\(16\) is not supported"),
+    ("Blackjack-v1", r"observation space Tuple\(Discrete\(32\), .*\) is not supported"),
+])
+def test_an_unsupported_env_space_exits_2_naming_it_before_anything_starts(
+        env, space, tmp_path, capsys):
+    from impala_lab.cli import main
+
+    with no_leaks():
+        code = main(["train", "--env", env, "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert re.search(rf"impala-lab: error: env='{env}' is invalid: its {space}", err), err
+    assert "Traceback" not in err
+    assert not (tmp_path / "run" / "result.json").exists()
+
+
+def test_an_unsupported_space_from_a_factory_is_a_config_error():
+    import gymnasium as gym
+
+    class DictObsEnv(FixedLengthEnv):
+        def __init__(self) -> None:
+            super().__init__()
+            self.observation_space = gym.spaces.Dict({"x": self.observation_space})
+
+    with no_leaks(), pytest.raises(ConfigError) as info:
+        Impala(ImpalaConfig(env=DictObsEnv, **SMALL))
+    text = str(info.value)
+    assert "env='factory:" in text and "DictObsEnv" in text
+    assert "observation space Dict('x': Box(" in text and "FlattenObservation" in text
+
+
+def test_an_env_that_cannot_be_made_is_a_config_error_naming_the_cause():
+    def broken() -> None:
+        raise ModuleNotFoundError("No module named 'Box2D'")
+
+    with no_leaks(), pytest.raises(ConfigError) as info:
+        Impala(ImpalaConfig(env=broken, **SMALL))
+    assert "could not be made (ModuleNotFoundError: No module named 'Box2D')" in str(info.value)
