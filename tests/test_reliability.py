@@ -455,3 +455,71 @@ def test_an_env_that_cannot_be_made_is_a_config_error_naming_the_cause():
     with no_leaks(), pytest.raises(ConfigError) as info:
         Impala(ImpalaConfig(env=broken, **SMALL))
     assert "could not be made (ModuleNotFoundError: No module named 'Box2D')" in str(info.value)
+
+
+# ---------------------------------------------------------------------- 4. safe defaults
+def _address(hex_addr: str) -> str:
+    """/proc/net's ``HEXIP:HEXPORT`` as ``ip`` (IPv4 or IPv6, in the kernel's byte order)."""
+    import ipaddress
+
+    ip = hex_addr.split(":")[0]
+    if len(ip) == 8:
+        return str(ipaddress.IPv4Address(bytes.fromhex(ip)[::-1]))
+    words = [bytes.fromhex(ip[i:i + 8])[::-1] for i in range(0, 32, 8)]
+    return str(ipaddress.IPv6Address(b"".join(words)))
+
+
+def open_server_sockets(pids: list[int]) -> list[tuple[int, str, str]]:
+    """(pid, protocol, local address) of every listening TCP and bound unconnected UDP
+    socket the processes ``pids`` hold."""
+    owner = {}
+    for pid in pids:
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if link.startswith("socket:["):
+                    owner[link[8:-1]] = pid
+        except (FileNotFoundError, PermissionError):
+            continue
+    found = []
+    for proto, server_state in (("tcp", "0A"), ("tcp6", "0A"), ("udp", "07"), ("udp6", "07")):
+        try:
+            lines = Path(f"/proc/net/{proto}").read_text().splitlines()[1:]
+        except FileNotFoundError:
+            continue
+        for line in lines:
+            cols = line.split()
+            if cols[3] == server_state and cols[9] in owner:
+                found.append((owner[cols[9]], proto, _address(cols[1])))
+    return found
+
+
+def is_loopback(address: str) -> bool:
+    import ipaddress
+
+    ip = ipaddress.ip_address(address)
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return (mapped or ip).is_loopback
+
+
+def test_a_process_run_opens_no_server_socket_reachable_from_outside(tmp_path):
+    import socket
+
+    me = os.getpid()
+    # the check sees a server socket on all interfaces (so it can fail) ...
+    with socket.socket() as probe:
+        probe.bind(("0.0.0.0", 0))
+        probe.listen()
+        assert any(pid == me and not is_loopback(addr)
+                   for pid, _, addr in open_server_sockets([me]))
+    exposed_before = [s for s in open_server_sockets([me]) if not is_loopback(s[2])]
+    # ... and a whole process run (driver, learner, workers, a checkpoint) opens none
+    with Impala(ImpalaConfig(env="CartPole-v1", **SMALL)) as run:
+        run.train(max_env_steps=2000)
+        workers = run.backend.worker_pids()
+        assert len(workers) == 2
+        sockets = open_server_sockets([me, *workers])
+        run.save(tmp_path / "ckpt")
+    assert [s for s in sockets if s[0] in workers] == []  # workers: no server at all
+    exposed = [s for s in sockets if not is_loopback(s[2]) and s not in exposed_before]
+    assert exposed == [], exposed
