@@ -523,3 +523,72 @@ def test_a_process_run_opens_no_server_socket_reachable_from_outside(tmp_path):
     assert [s for s in sockets if s[0] in workers] == []  # workers: no server at all
     exposed = [s for s in sockets if not is_loopback(s[2]) and s not in exposed_before]
     assert exposed == [], exposed
+
+
+# ---------------------------------------------------------------------- 5. soak
+def soak_record(seconds: float = 100.0, **changes) -> dict:
+    """A synthetic `bench.soak.soak` record: flat figures, one sample per second."""
+    samples = [{"t": float(t), "driver_rss_mb": 600.0, "workers_rss_mb": 90.0,
+                "total_rss_mb": 690.0, "learner_queue_len": 3, "replay_stored": 0,
+                "batch_buffer_steps": 400, "max_in_flight": 2, "threads": 2, "open_fds": 19,
+                "child_processes": 2, "num_steps_sampled": 1000 * t, "num_worker_failures": 0}
+               for t in range(int(seconds) + 1)]
+    config = ImpalaConfig.tuned("CartPole-v1").to_dict()
+    record = {"config": config, "seconds": seconds, "samples": samples, "threads_before": 1,
+              "threads_after_stop": 1, "children_after_stop": []}
+    record.update(changes)
+    return record
+
+
+def failed_checks(record: dict) -> list[str]:
+    from bench.soak import analyse
+
+    return [c["name"] for c in analyse(record)["checks"] if c["status"] == "FAIL"]
+
+
+def test_the_soak_checks_fail_on_growth_overflow_and_leaks():
+    assert failed_checks(soak_record(200.0)) == []
+    grown = soak_record(200.0)
+    for s in grown["samples"]:  # the driver grows linearly: +20% by the end
+        s["driver_rss_mb"] = 600.0 * (1 + 0.2 * s["t"] / 200.0)
+        s["total_rss_mb"] = s["driver_rss_mb"] + 90.0
+    assert failed_checks(grown) == ["total rss growth <= 10%", "driver rss growth <= 10%"]
+    short = soak_record(30.0, samples=grown["samples"][:31])  # too short to judge RSS
+    assert failed_checks(short) == []
+    over = soak_record(200.0)
+    over["samples"][50]["learner_queue_len"] = 17
+    over["samples"][-1]["threads"] = 3
+    assert failed_checks(over) == ["learner_queue_len <= 16", "threads end <= after warm-up"]
+    leaked = soak_record(200.0, children_after_stop=[4242], threads_after_stop=2)
+    assert failed_checks(leaked) == ["no child process after stop",
+                                     "threads after stop <= before the run"]
+
+
+@pytest.mark.slow
+def test_a_short_soak_run_passes_its_leak_and_bound_checks(tmp_path):
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    proc = subprocess.run([sys.executable, "-m", "bench.soak", "--seconds", "20", "--out",
+                           str(tmp_path)], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads((tmp_path / "soak.json").read_text())
+    assert (tmp_path / "soak.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    samples = report["samples"]
+    assert len(samples) >= 10
+    assert set(samples[0]) >= {"t", "driver_rss_mb", "worker_rss_mb", "workers_rss_mb",
+                               "total_rss_mb", "learner_queue_len", "replay_stored",
+                               "batch_buffer_steps", "max_in_flight", "threads", "open_fds",
+                               "child_processes"}
+    assert len(samples[-1]["worker_rss_mb"]) == 2
+    assert all(s["child_processes"] == 2 for s in samples)  # the two workers, no more
+    assert samples[-1]["num_steps_sampled"] > 0
+    figures = report["figures"]
+    assert figures["total_rss_after_warmup_mb"] > figures["driver_rss_after_warmup_mb"] > 0
+    assert report["children_after_stop"] == []
+    status = {c["name"]: c["status"] for c in report["checks"]}
+    # 20 s is too short to judge RSS growth: reported only; every other check must pass
+    assert status.pop("total rss growth <= 10%") == "INFO"
+    assert status.pop("driver rss growth <= 10%") == "INFO"
+    assert set(status.values()) == {"PASS"}, report["checks"]
+    assert report["passed"] is True
+    assert "no child process after stop" in proc.stdout and "PASS" in proc.stdout
