@@ -177,8 +177,13 @@ def analyse(record: dict[str, Any]) -> dict[str, Any]:
     warmup = min(0.2 * seconds, 60.0)
     window = 0.1 * seconds
     end = samples[-1]["t"] if samples else 0.0
-    after = [s for s in samples if warmup <= s["t"] <= warmup + window]
+    # Each window holds at least 3 samples: a stalled driver (the learner's first trace on a
+    # loaded machine) can leave a short window empty.
+    later = [s for s in samples if s["t"] >= warmup]
+    after = [s for s in later if s["t"] <= warmup + window]
+    after = after if len(after) >= 3 else later[:3]
     last = [s for s in samples if s["t"] >= end - window]
+    last = last if len(last) >= 3 else samples[-3:]
     figures: dict[str, Any] = {"warmup_s": round(warmup, 1), "window_s": round(window, 1),
                                "num_samples": len(samples)}
     for key in ("total_rss_mb", "driver_rss_mb", "workers_rss_mb"):
