@@ -51,6 +51,29 @@ def env_description(env: EnvSpec) -> str:
     return name if name is not None else type(env).__name__
 
 
+class Int64Discrete(gym.spaces.Discrete):
+    """A `Discrete` space whose ``contains`` answers an ``np.int64`` scalar directly.
+
+    Envs such as CartPole assert ``action_space.contains(action)`` on every step, and
+    gymnasium's check spends about 2 us on dtype tests: a fifth of a CartPole worker's CPU
+    (py-spy, issue 8). The worker's actions are np.int64 scalars, for which the answer is the
+    range test alone, as in `Discrete.contains`; any other value goes to `Discrete.contains`.
+    """
+
+    def contains(self, x: Any) -> bool:
+        if type(x) is np.int64:
+            return bool(self.start <= x < self.start + self.n)
+        return super().contains(x)
+
+
+def fast_int64_action_check(env: gym.Env) -> None:
+    """Gives ``env``'s own int64 `Discrete` action space the `Int64Discrete` check (in place;
+    the space stays equal to what it was and answers every ``contains`` the same)."""
+    space = getattr(env.unwrapped, "action_space", None)
+    if type(space) is gym.spaces.Discrete and space.dtype == np.int64:
+        space.__class__ = Int64Discrete
+
+
 class RolloutWorker:
     """Steps ``num_envs`` gymnasium envs with a numpy policy; `sample` returns [T, num_envs].
 
@@ -172,6 +195,7 @@ class RolloutWorker:
                 f"RolloutWorker: env factory {self._env_id!r} returned {type(e).__name__}, "
                 "expected a gymnasium.Env."
             )
+        fast_int64_action_check(e)
         return e
 
     def _reset_env(self, index: int, env: gym.Env, seed: int | None = None) -> np.ndarray:

@@ -473,3 +473,29 @@ def test_test_envs_behaviour():
     t0 = time.perf_counter()
     env.step(0)
     assert time.perf_counter() - t0 >= 0.02
+
+
+def test_int64_discrete_answers_every_contains_like_discrete():
+    from impala_lab.rollout import Int64Discrete, fast_int64_action_check
+
+    values = [np.int64(v) for v in (-3, -1, 0, 1, 2, 3, 4, 5, 2**62)] + [
+        0, 1, 4, -1, 2.0, np.int32(1), np.int8(3), np.uint64(2), np.float64(1.0),
+        np.array(1), np.array([1]), "1", None, True]
+    for start, n in ((0, 2), (-2, 5), (3, 1)):
+        reference = gym.spaces.Discrete(n, start=start)
+        fast = gym.spaces.Discrete(n, start=start)
+        fast.__class__ = Int64Discrete
+        assert fast == reference and repr(fast) == repr(reference)
+        for v in values:
+            assert fast.contains(v) == reference.contains(v), (start, n, v)
+            assert type(fast.contains(v)) is bool
+
+    env = gym.make("CartPole-v1")
+    fast_int64_action_check(env)
+    assert type(env.unwrapped.action_space) is Int64Discrete
+    assert env.action_space == gym.spaces.Discrete(2)
+    # Only exactly Discrete over int64 is changed: subclasses and other dtypes are left alone.
+    other = gym.make("CartPole-v1")
+    other.unwrapped.action_space = gym.spaces.Discrete(2, dtype=np.int32)
+    fast_int64_action_check(other)
+    assert type(other.unwrapped.action_space) is gym.spaces.Discrete
