@@ -10,7 +10,8 @@ and a message naming the option, the value and the fix, before any process start
 At the end the output directory holds ``config.json``, ``metrics.csv`` (a row per report
 interval), ``result.json`` (solved, seconds_to_target, env_steps_to_target, final stats),
 ``report.png`` and ``checkpoint/``. Ctrl-C or SIGTERM ends the run within seconds and still
-writes all of them.
+writes all of them (exit code 130); so does an error of a worker, the learner or the loss
+(exit code 1, the error in ``result.json`` and on stderr).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from impala_lab.config import (  # noqa: E402
     field_kind,
     field_names,
 )
-from impala_lab.errors import ConfigError  # noqa: E402
+from impala_lab.errors import ConfigError, ImpalaError  # noqa: E402
 from impala_lab.stats import jsonable  # noqa: E402
 
 RUN_OPTIONS = {"stop_return", "max_seconds", "max_env_steps", "out", "report_interval", "quiet"}
@@ -160,8 +161,14 @@ def train_command(args: argparse.Namespace) -> int:
             view.update(s)
 
     interrupted = False
+    error: ImpalaError | None = None
     try:
         impala = Impala(config)
+    except KeyboardInterrupt:  # Ctrl-C while TensorFlow loads or workers start
+        signal.signal(signal.SIGTERM, previous)
+        print(f"impala-lab: interrupted before training started; only {out}/config.json "
+              "was written", file=sys.stderr)
+        return 130
     except BaseException:  # a config error found while building: the handler goes back
         signal.signal(signal.SIGTERM, previous)
         raise
@@ -174,15 +181,23 @@ def train_command(args: argparse.Namespace) -> int:
             interrupted = True
             final = impala.record()
             final["stop_reason"] = "interrupted"
+        except ImpalaError as exc:  # a worker, learner or loss error: results still written
+            error = exc
+            final = impala.record()
+            final["stop_reason"] = "error"
         view.close()
         impala.stop()
-        impala.save(out / "checkpoint")
+        try:
+            impala.save(out / "checkpoint")
+        except Exception as exc:  # e.g. a disk error: the metrics and result still count
+            print(f"impala-lab: could not save the checkpoint: {exc}", file=sys.stderr)
         write_metrics_csv(out / "metrics.csv", impala.history.rows())
         result = {"solved": target["seconds"] is not None,
                   "stop_return": args.stop_return,
                   "seconds_to_target": target["seconds"],
                   "env_steps_to_target": target["env_steps"],
                   "stop_reason": final.get("stop_reason"),
+                  "error": None if error is None else f"{type(error).__name__}: {error}",
                   "final": final}
         (out / "result.json").write_text(json.dumps(jsonable(result), indent=2))
         try:
@@ -195,6 +210,13 @@ def train_command(args: argparse.Namespace) -> int:
     finally:
         impala.stop()
         signal.signal(signal.SIGTERM, previous)
+    if error is not None:
+        # The error's own text names the stage, the env and the worker's traceback; the
+        # driver's stack under it would only bury that.
+        print(f"impala-lab: error: {type(error).__name__}: {error}", file=sys.stderr)
+        print(f"impala-lab: the run stopped; metrics, result and checkpoint are in {out}/",
+              file=sys.stderr)
+        return 1
     status = "interrupted" if interrupted else final.get("stop_reason")
     print(f"impala-lab: {status}; solved={result['solved']} "
           f"seconds_to_target={result['seconds_to_target']} "

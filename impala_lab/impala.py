@@ -127,17 +127,20 @@ class Impala:
         # TensorFlow loads and before any process starts.
         self.backend = make_backend(config, env_creator=None)
         self.backend.prepare()
+        try:  # a Ctrl-C while TensorFlow loads must not leave a prepared backend (Ray) up
+            from impala_lab.policy import VTracePolicy
 
-        from impala_lab.policy import VTracePolicy
+            if config.uses_multi_gpu_learner:
+                # Fake devices must be set up before TensorFlow initialises (building the
+                # model does); a device error is a config error, raised before anything starts.
+                from impala_lab.multi_gpu import configure_learner_devices
 
-        if config.uses_multi_gpu_learner:
-            # Fake devices must be set up before TensorFlow initialises (building the model
-            # does); a device error is a config error, raised before anything starts.
-            from impala_lab.multi_gpu import configure_learner_devices
-
-            configure_learner_devices(config)
-        self.policy = VTracePolicy(self.observation_space, self.action_space, config)
-        self.learner = self._make_learner()
+                configure_learner_devices(config)
+            self.policy = VTracePolicy(self.observation_space, self.action_space, config)
+            self.learner = self._make_learner()
+        except BaseException:
+            self.backend.shutdown()
+            raise
         self.replay = ReplayMixer(config.replay_proportion, config.replay_buffer_num_slots,
                                   config.train_batch_size, config.sample_batch_size,
                                   seed=config.seed)
@@ -178,6 +181,7 @@ class Impala:
         self.background_error: BaseException | None = None
         self._last_pipeline_view: dict[str, Any] = {}
         self.last_result: dict[str, Any] | None = None
+        self.last_error: str | None = None  # the error that ended train(), as text
 
         self.batch_buffer: list[SampleBatch] = []
         self._batch_buffer_steps = 0
@@ -423,6 +427,7 @@ class Impala:
             "episode_len_mean": (float(np.mean(self._episode_lengths))
                                  if self._episode_lengths else math.nan),
             "episode_return_count": len(returns),
+            "last_error": self.last_error,
             "episodes_total": self.episodes_total,
             "policy_lag": {"mean": lag["mean"] if lag["count"] else math.nan,
                            "max": getattr(self, "_max_lag", 0)},
@@ -539,6 +544,11 @@ class Impala:
             # An interrupted cell must not leave processes behind: the run ends here.
             self.record()
             self.stop()
+            raise
+        except Exception as exc:
+            # In the stats too (metrics.csv, the dashboard), not only in the traceback.
+            self.last_error = f"{type(exc).__name__}: {exc}"
+            self.record()
             raise
         final = self.record()
         final["stop_reason"] = reason

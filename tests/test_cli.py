@@ -88,3 +88,50 @@ def test_the_tuned_preset_fills_only_fields_the_user_left_out():
     other = config_from_args(build_parser().parse_args(["train", "--env", "Acrobot-v1"]))
     assert other == ImpalaConfig(env="Acrobot-v1")  # no tuned values for this env
     assert ImpalaConfig.tuned("CartPole-v1", seed=1) == tuned.replace(lr=0.003, seed=1)
+
+
+def test_a_run_time_error_still_writes_results_and_exits_1_with_the_message(tmp_path, capsys):
+    import gymnasium as gym
+
+    if "ImpalaLabRaising-v0" not in gym.registry:
+        gym.register("ImpalaLabRaising-v0", entry_point="tests.envs:RaisingEnv",
+                     kwargs={"every": 40, "length": 5})
+    out = tmp_path / "run"
+    code = main(["train", "--env", "ImpalaLabRaising-v0", "--backend", "inline",
+                 "--num-workers", "1", "--num-envs-per-worker", "1",
+                 "--sample-batch-size", "10", "--train-batch-size", "10",
+                 "--restart-failed-workers", "false", "--max-seconds", "60", "--quiet",
+                 "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "impala-lab: error: WorkerError" in err and "boom at step 40" in err
+    assert "(env ImpalaLabRaising-v0) failed" in err and f"are in {out}/" in err
+    result = json.loads((out / "result.json").read_text())
+    assert result["stop_reason"] == "error" and result["solved"] is False
+    assert result["error"].startswith("WorkerError") and "boom at step 40" in result["error"]
+    assert result["final"]["last_error"] == result["error"]
+    # Steps 1-30 were sampled fine; the failing request may cut the last fine one short.
+    assert result["final"]["num_steps_sampled"] in (20, 30)
+    with open(out / "metrics.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    assert "boom at step 40" in rows[-1]["last_error"]
+    assert (out / "checkpoint" / "state.json").is_file()
+
+
+def test_ctrl_c_while_the_run_is_built_exits_130_without_a_traceback(tmp_path, capsys,
+                                                                     monkeypatch):
+    import signal
+
+    import impala_lab.impala
+
+    class Interrupted:
+        def __init__(self, config):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(impala_lab.impala, "Impala", Interrupted)
+    handler = signal.getsignal(signal.SIGTERM)
+    code = main(["train", "--backend", "inline", "--out", str(tmp_path / "run")])
+    assert code == 130
+    assert "interrupted before training started" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGTERM) is handler
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["config.json"]
