@@ -2,8 +2,10 @@
 
     sampling_ceiling(num_workers, seconds)      env steps/s of process workers, no learner
     end_to_end(num_workers, seconds)            env steps/s of the whole run, training
+    sampling_side_by_side(num_workers, rounds)  the two above in alternating windows
     learner_ceiling(seconds)                    learn_on_batch samples/s on pre-made batches
     fed_learner(seconds, num_sgd_iter)          the learner's samples/s inside the pipeline
+    learner_side_by_side(num_sgd_iter, rounds)  the two above in alternating windows
     time_to_solve(seeds, max_seconds)           ``impala-lab train --stop-return 475``, timed
     machine_info()                              nproc, CPU model, python/TF versions
 
@@ -249,6 +251,180 @@ def fed_learner(seconds: float = 15.0, num_sgd_iter: int = 4, warmup_s: float = 
     per batch (so that sampling is not the bottleneck): `end_to_end`'s figures."""
     return end_to_end(seconds=seconds, warmup_s=warmup_s, num_sgd_iter=num_sgd_iter,
                       **overrides)
+
+
+# ---------------------------------------------------------------------- side by side
+class _SamplingWorkers:
+    """`sampling_ceiling`'s workers, kept alive so that windows can alternate with a run."""
+
+    def __init__(self, num_workers: int, **overrides: Any) -> None:
+        import gymnasium
+
+        from impala_lab.backends.base import make_backend
+        from impala_lab.models import NumpyModel
+
+        self.config = tuned_config(num_workers=num_workers, **overrides)
+        env = gymnasium.make(self.config.env)
+        weights = NumpyModel(env.observation_space, env.action_space,
+                             self.config.model).initial_weights(0)
+        env.close()
+        self.backend = make_backend(self.config)
+        self.backend.prepare()
+        self.workers = [self.backend.make_worker(i) for i in range(num_workers)]
+        ref = self.backend.put_weights(weights, 0)
+        for w in self.workers:
+            w.set_weights(ref)
+        for w in self.workers:  # started: the first sample of each is back
+            w.sample().result()
+
+    def window(self, seconds: float) -> float:
+        """Env steps/s over ``seconds`` of sampling as fast as the workers can; returns with
+        no request in flight, so the workers are idle until the next window."""
+        pending = {}
+        for w in self.workers:
+            for _ in range(self.config.max_sample_requests_in_flight_per_worker):
+                pending[w.sample()] = w
+        steps, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            for fut in self.backend.wait(list(pending), timeout=1.0):
+                worker = pending.pop(fut)
+                steps += fut.result().count
+                pending[worker.sample()] = worker
+        elapsed = time.perf_counter() - t0
+        for fut in pending:  # drain; the steps after the window are not counted
+            fut.result()
+        return steps / elapsed
+
+    def close(self) -> None:
+        self.backend.shutdown()
+
+
+def _train_window(impala: Any, seconds: float) -> tuple[float, float, dict[str, Any]]:
+    """(env steps/s sampled, samples/s trained, last stats) over ``seconds`` of training."""
+    t0, n0, m0 = time.perf_counter(), impala.num_steps_sampled, impala.num_steps_trained
+    final = impala.train(max_seconds=seconds, report_interval=1.0)
+    dt = time.perf_counter() - t0
+    return ((impala.num_steps_sampled - n0) / dt, (impala.num_steps_trained - m0) / dt, final)
+
+
+def _median(xs: list[float]) -> float:
+    return round(statistics.median(xs), 1)
+
+
+def sampling_side_by_side(num_workers: int = 2, rounds: int = 3, seconds: float = 5.0,
+                          warmup_s: float = 5.0, measure_memory: bool = False
+                          ) -> dict[str, Any]:
+    """The sampling ceiling and the whole run, in alternating windows of one process tree.
+
+    A tuned run (`end_to_end`'s) and `num_workers` bare sampling workers (`sampling_ceiling`'s)
+    are both started; after ``warmup_s`` of training, ``rounds`` times: a ceiling window of
+    ``seconds`` (the run idle), then a training window (the bare workers idle). Alternating
+    keeps slow drifts of the machine (other jobs, the host) out of the ratio; the ratio is
+    that of the medians.
+
+    Returns:
+      ``{"ceiling": {"env_steps_per_s", "rounds"}, "end_to_end": {"env_steps_per_s",
+      "trained_per_s", "rounds", "timing_breakdown", ...}, "ratio", "round_ratios",
+      "memory" (if measured)}``.
+    """
+    from impala_lab.impala import Impala
+
+    impala = Impala(tuned_config(num_workers=num_workers))
+    bare = None
+    sampler = RssSampler(impala.backend.worker_pids) if measure_memory else None
+    try:
+        if sampler is not None:
+            sampler.__enter__()
+        impala.train(max_seconds=warmup_s, report_interval=1.0)
+        bare = _SamplingWorkers(num_workers)
+        ceilings, sampled, trained, final = [], [], [], {}
+        for _ in range(rounds):
+            ceilings.append(bare.window(seconds))
+            s, t, final = _train_window(impala, seconds)
+            sampled.append(s)
+            trained.append(t)
+    finally:
+        if sampler is not None:
+            sampler.__exit__(None, None, None)
+        impala.stop()
+        if bare is not None:
+            bare.close()
+    out = {"ceiling": {"env_steps_per_s": _median(ceilings),
+                       "rounds": [round(x, 1) for x in ceilings]},
+           "end_to_end": {"env_steps_per_s": _median(sampled),
+                          "trained_per_s": _median(trained),
+                          "rounds": [round(x, 1) for x in sampled],
+                          "timing_breakdown": final.get("timing_breakdown"),
+                          "learner_queue_mean": final.get("learner_queue", {}).get("mean"),
+                          "episode_return_mean": final.get("episode_return_mean")},
+           "num_workers": num_workers, "seconds_per_window": seconds,
+           "ratio": round(statistics.median(sampled) / statistics.median(ceilings), 4),
+           "round_ratios": [round(e / c, 4) for e, c in zip(sampled, ceilings)]}
+    if sampler is not None:
+        out["memory"] = sampler.result()
+    return out
+
+
+def learner_side_by_side(num_sgd_iter: int = 4, rounds: int = 3, seconds: float = 4.0,
+                         warmup_s: float = 5.0, idle_s: float = 0.5) -> dict[str, Any]:
+    """The learner ceiling and the fed learner, in alternating windows of one process.
+
+    A tuned 2-worker run with ``num_sgd_iter`` passes per batch (so the learner, not
+    sampling, is the bottleneck), and a second `VTracePolicy` that `learner_ceiling` drives on
+    pre-made batches. After ``warmup_s``, ``rounds`` times: a ceiling window (the run idle:
+    ``idle_s`` first lets its learner finish the batches it holds), then a training window.
+
+    Returns:
+      ``{"ceiling": {"samples_per_s", "step_ms", "batch_shape", "rounds"}, "fed":
+      {"trained_per_s", "rounds", ...}, "ratio", "round_ratios"}``.
+    """
+    import gymnasium
+
+    from bench.multi_gpu import make_batches
+    from impala_lab.impala import Impala
+    from impala_lab.policy import VTracePolicy
+
+    config = tuned_config(num_sgd_iter=num_sgd_iter)
+    impala = Impala(config)
+    try:
+        env = gymnasium.make(config.env)
+        policy = VTracePolicy(env.observation_space, env.action_space, tuned_config())
+        env.close()
+        batches = make_batches(config, 4, seed=0)
+        for b in batches:  # the first call traces the step
+            policy.learn_on_batch(b)
+        impala.train(max_seconds=warmup_s, report_interval=1.0)
+        ceilings, step_ms, trained, final = [], [], [], {}
+        for _ in range(rounds):
+            time.sleep(idle_s)
+            steps, samples, t0 = 0, 0, time.perf_counter()
+            while time.perf_counter() - t0 < seconds:
+                batch = batches[steps % len(batches)]
+                policy.learn_on_batch(batch)
+                steps += 1
+                samples += batch.count
+            dt = time.perf_counter() - t0
+            ceilings.append(samples / dt)
+            step_ms.append(1e3 * dt / steps)
+            _, t, final = _train_window(impala, seconds)
+            trained.append(t)
+    finally:
+        impala.stop()
+    grad_ms = (final.get("timing_breakdown") or {}).get("learner_grad_time_ms") or math.nan
+    return {"ceiling": {"samples_per_s": _median(ceilings),
+                        "step_ms": round(statistics.median(step_ms), 3),
+                        "batch_shape": list(batches[0].actions.shape),
+                        "rounds": [round(x, 1) for x in ceilings]},
+            "fed": {"trained_per_s": _median(trained), "rounds": [round(x, 1) for x in trained],
+                    "num_sgd_iter": num_sgd_iter,
+                    "learner_busy_samples_per_s": round(
+                        config.sample_batch_size * config.train_batch_columns / grad_ms * 1e3,
+                        1),
+                    "timing_breakdown": final.get("timing_breakdown"),
+                    "learner_queue_mean": final.get("learner_queue", {}).get("mean")},
+            "seconds_per_window": seconds,
+            "ratio": round(statistics.median(trained) / statistics.median(ceilings), 4),
+            "round_ratios": [round(f / c, 4) for f, c in zip(trained, ceilings)]}
 
 
 # ---------------------------------------------------------------------- 3. time to solve

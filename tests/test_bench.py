@@ -43,6 +43,22 @@ def test_end_to_end_with_memory_and_learner_ceiling_ratio():
     assert _positive(e["trained_per_s"] / c["samples_per_s"])
 
 
+def test_side_by_side_windows_alternate_and_ratios_are_of_the_medians():
+    r = pipeline.sampling_side_by_side(num_workers=1, rounds=2, seconds=0.5, warmup_s=0.5,
+                                       measure_memory=True)
+    ceil, e2e = r["ceiling"]["rounds"], r["end_to_end"]["rounds"]
+    assert len(ceil) == len(e2e) == 2 and all(_positive(x) for x in ceil + e2e)
+    assert r["ratio"] == pytest.approx(
+        (e2e[0] + e2e[1]) / (ceil[0] + ceil[1]), rel=1e-3)  # the median of two is the mean
+    assert r["round_ratios"] == [pytest.approx(e / c, rel=1e-3) for e, c in zip(e2e, ceil)]
+    assert r["memory"]["num_actors"] == 1
+    ll = pipeline.learner_side_by_side(num_sgd_iter=2, rounds=1, seconds=0.5, warmup_s=0.5,
+                                       idle_s=0.1)
+    assert ll["ceiling"]["batch_shape"] == [50, 16] and ll["fed"]["num_sgd_iter"] == 2
+    assert ll["ratio"] == pytest.approx(
+        ll["fed"]["trained_per_s"] / ll["ceiling"]["samples_per_s"], rel=1e-3)
+
+
 def test_summarize_solves_counts_an_unsolved_seed_as_a_failure():
     runs = [{"seed": 0, "solved": True, "wall_s": 50.0, "seconds_to_target": 40.0,
              "env_steps_to_target": 300_000},
@@ -77,13 +93,20 @@ def test_main_writes_results_and_plot(tmp_path, monkeypatch):
                         lambda n, s: {**fake["sampling"], "num_workers": n})
     monkeypatch.setattr(pipeline, "end_to_end",
                         lambda n, s, w, measure_memory=False: {**fake["e2e"], "num_workers": n})
+    monkeypatch.setattr(pipeline, "sampling_side_by_side",
+                        lambda n, rounds, s, w, measure_memory=False: {
+                            "ceiling": {**fake["sampling"], "rounds": [1000.0]},
+                            "end_to_end": fake["e2e"], "memory": fake["e2e"]["memory"],
+                            "ratio": 0.7, "round_ratios": [0.7]})
     code = bench_main.main(["--quick", "--only", "sampling,memory,scaling",
                             "--out", str(tmp_path)])
     assert code == 0
     results = json.loads((tmp_path / "results.json").read_text())
     assert [t["passed"] for t in results["targets"]] == [True, True, True]
     assert results["targets"][0]["value"] == 0.7
-    assert [r["num_workers"] for r in results["benchmarks"]["scaling"]] == [1, 2, 4]
+    scaling = results["benchmarks"]["scaling"]
+    assert [r["num_workers"] for r in scaling] == [1, 2, 4]
+    assert scaling[1]["end_to_end_env_steps_per_s"] == 700.0  # the side-by-side figure
     assert results["machine"]["nproc"] == os.cpu_count()
     assert (tmp_path / "results.png").stat().st_size > 10_000
 
