@@ -110,6 +110,22 @@ def test_stats_keep_the_seeds_keys():
         "learner_load_wait_time_ms", "learner_dequeue_time_ms"}
 
 
+def test_readme_explains_every_logged_metric():
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("### Logged metrics explained", 1)[1].split("\n#", 1)[0]
+    documented = set()
+    for row in re.findall(r"^\| (`.+?`) \|", section, flags=re.M):
+        documented |= set(re.findall(r"`([a-z_]+)`", row))
+    with Impala(ImpalaConfig(**SMALL), start_learner=False) as run:
+        run.step()
+        keys = set(run.stats())
+    assert documented == keys, (f"README lacks {sorted(keys - documented)}, documents "
+                                f"{sorted(documented - keys)} that stats() does not have")
+
+
 def test_full_learner_queue_without_a_learner_raises_instead_of_hanging():
     cfg = ImpalaConfig(**{**SMALL, "learner_queue_size": 1})
     with Impala(cfg, start_learner=False) as run:
