@@ -1,5 +1,6 @@
 """``python -m bench`` (``make bench``): every benchmark, one after the other in one process
-tree, a table, ``bench/results.json`` and ``bench/results.png``.
+tree, a table, ``bench/results.json``, ``bench/results.md`` (the README's Performance table)
+and ``bench/results.png``.
 
     python -m bench                         # all, under 10 minutes on 2 cores
     python -m bench --quick                 # every duration short (CI, smoke test)
@@ -236,6 +237,28 @@ def format_table(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def format_markdown(results: dict[str, Any]) -> str:
+    """The README's Performance table: every target, then the scaling rows."""
+    def num(v: Any, unit: str = "") -> str:
+        if v is None:
+            return "n/a"
+        text = f"{v:.3f}" if abs(v) < 10 else f"{v:,.1f}" if abs(v) < 1000 else f"{v:,.0f}"
+        return text + (f" {unit}" if unit else "")
+
+    lines = ["| target | measured | goal | result |", "| --- | --- | --- | --- |"]
+    for t in results["targets"]:
+        goal = f"{t['op']} {t['target']:g}" + (f" {t['unit']}" if t["unit"] else "")
+        lines.append(f"| {t['name']} | {num(t['value'], t['unit'])} | {goal} | "
+                     f"{'met' if t['passed'] else 'MISSED'} |")
+    rows = results["benchmarks"].get("scaling")
+    if rows:
+        lines += ["", "| process workers (x 8 envs) | sampling only, env steps/s | "
+                  "end to end, env steps/s |", "| --- | --- | --- |"]
+        lines += [f"| {r['num_workers']} | {num(r['sampling_env_steps_per_s'])} | "
+                  f"{num(r['end_to_end_env_steps_per_s'])} |" for r in rows]
+    return "\n".join(lines)
+
+
 def plot(results: dict[str, Any], path: Path) -> Path:
     """results.png: scaling bars, time-to-solve points, ratios against their targets."""
     import matplotlib
@@ -316,9 +339,11 @@ def main(argv: list[str] | None = None) -> int:
         plot(results, args.out / "results.png")
     except Exception as exc:  # a plot must never cost the numbers
         print(f"bench: could not draw results.png: {exc}", file=sys.stderr)
+    (args.out / "results.md").write_text(format_markdown(results) + "\n")
     print()
     print(format_table(results))
-    print(f"wrote {args.out / 'results.json'} and {args.out / 'results.png'}")
+    print(f"wrote {args.out / 'results.json'}, results.md (the README's table) and "
+          f"results.png")
     return 0 if not results["errors"] else 1
 
 

@@ -109,6 +109,21 @@ def test_main_writes_results_and_plot(tmp_path, monkeypatch):
     assert scaling[1]["end_to_end_env_steps_per_s"] == 700.0  # the side-by-side figure
     assert results["machine"]["nproc"] == os.cpu_count()
     assert (tmp_path / "results.png").stat().st_size > 10_000
+    table = (tmp_path / "results.md").read_text()
+    assert "| sampling: end to end / sampling ceiling (N=2) | 0.700 | >= 0.6 | met |" in table
+    assert "| 2 | 1,000 | 700.0 |" in table
+
+
+def test_readme_shows_the_committed_bench_results():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    results = json.loads((root / "bench" / "results.json").read_text())
+    assert not results["quick"], "bench/results.json must come from a full `make bench`"
+    readme = (root / "README.md").read_text()
+    assert bench_main.format_markdown(results) in readme, (
+        "README's Performance table differs from bench/results.json: paste bench/results.md")
+    assert (root / "bench" / "results.png").is_file()
 
 
 def test_only_rejects_an_unknown_benchmark(capsys):
