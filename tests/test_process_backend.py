@@ -621,3 +621,35 @@ def test_exit_while_a_background_thread_drives_the_workers():
     assert len(pids) == 2
     assert wait_gone([int(p) for p in pids], 2.0) == []
     assert shm_names(prefix) == set()
+
+
+@pytest.mark.slow
+def test_a_script_without_a_main_guard_is_told_how_to_fix_it(tmp_path):
+    import subprocess
+    import textwrap
+
+    script = tmp_path / "train_me.py"
+    script.write_text(textwrap.dedent("""
+        from impala_lab import Impala, ImpalaConfig
+
+        run = Impala(ImpalaConfig.tuned("CartPole-v1", num_workers=1,
+                                        restart_failed_workers=False))
+        run.train(max_env_steps=2000)
+    """))
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3",
+           "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode != 0
+    assert "exited with code 1; its pending sample requests are lost while starting" in (
+        proc.stderr)
+    assert f"The script {str(script)!r} has no 'if __name__ == \"__main__\":' guard" in (
+        proc.stderr)
+    # With the guard the same script trains.
+    script.write_text("if __name__ == '__main__':\n" + textwrap.indent(
+        script.read_text().replace("run.train", "print(run.train").rstrip() + "['stop_reason'])",
+        "    ") + "\n    run.stop()\n")
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().endswith("max_env_steps")

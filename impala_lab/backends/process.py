@@ -101,6 +101,7 @@ import atexit
 import contextlib
 import os
 import pickle
+import re
 import secrets
 import signal
 import sys
@@ -489,6 +490,7 @@ class ProcessWorkerHandle(WorkerHandle):
         self._alive = True  # False once it died or was stopped
         self._stopped = False  # stop_worker/shutdown ended it
         self._failure: WorkerError | None = None
+        self._num_messages = 0  # answers received: 0 means it died while starting
 
     # -- commands
     def _send(self, cmd: tuple) -> None:
@@ -749,6 +751,7 @@ class ProcessBackend(Backend):
 
     def _on_message(self, h: ProcessWorkerHandle, data: bytes) -> None:
         kind, payload = pickle.loads(data)
+        h._num_messages += 1
         with self._lock:
             fut = h._pending.popleft() if h._pending else None
         if kind == "ok":
@@ -789,9 +792,10 @@ class ProcessBackend(Backend):
                               f"({str(h._failure).split(' failed: ', 1)[-1].splitlines()[0]})",
                               h._failure.remote_traceback)
         else:
+            hint = _unguarded_main_hint() if h._num_messages == 0 and h.exitcode == 1 else ""
             err = WorkerError(h.index, h.env_id, f"the worker process (pid {h.pid}) "
                               f"{_exit_description(h.exitcode)}; its pending sample "
-                              "requests are lost")
+                              f"requests are lost{hint}")
             h._failure = err
         self._fail_pending(h, err)
         with contextlib.suppress(*_PIPE_GONE):
@@ -874,6 +878,26 @@ def _unlink(memory: shared_memory.SharedMemory) -> None:
         memory.close()
     with contextlib.suppress(FileNotFoundError):
         memory.unlink()
+
+
+def _unguarded_main_hint() -> str:
+    """Why a worker may die while starting: spawn runs the driver's script again in the
+    worker, and a script that builds the run at top level tries to start workers from there
+    (multiprocess refuses). Said only if the script has no ``__main__`` guard."""
+    main_file = getattr(sys.modules.get("__main__"), "__file__", None)
+    if not main_file or not os.path.isfile(main_file):
+        return ""  # a notebook, the REPL or python -c: nothing is re-run
+    try:
+        with open(main_file, encoding="utf-8", errors="replace") as fh:
+            source = fh.read()
+    except OSError:
+        return ""
+    if re.search(r"__name__\s*==\s*['\"]__main__['\"]", source):
+        return ""
+    return (f" while starting. The script {main_file!r} has no 'if __name__ == \"__main__\":' "
+            "guard: the process backend starts workers with spawn, which runs the script "
+            "again in each worker; put the code that builds and trains the run under the "
+            "guard (or use backend='inline')")
 
 
 def _exit_description(exitcode: int | None) -> str:
