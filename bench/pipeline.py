@@ -47,7 +47,8 @@ def tuned_config(**overrides: Any) -> Any:
 
 
 # ---------------------------------------------------------------------- memory
-def _status_kb(pid: int, field: str) -> int | None:
+def proc_status_kb(pid: int, field: str) -> int | None:
+    """A kB field of /proc/PID/status (e.g. ``VmRSS``); None if the process is gone."""
     try:
         with open(f"/proc/{pid}/status") as fh:
             for line in fh:
@@ -79,8 +80,8 @@ class RssSampler:
         pids = [os.getpid(), *self._pids_fn()]
         total = 0
         for pid in pids:
-            rss = _status_kb(pid, "VmRSS") or 0
-            hwm = _status_kb(pid, "VmHWM") or 0
+            rss = proc_status_kb(pid, "VmRSS") or 0
+            hwm = proc_status_kb(pid, "VmHWM") or 0
             total += rss
             self.peak_kb[pid] = max(self.peak_kb.get(pid, 0), rss, hwm)
         self.peak_total_kb = max(self.peak_total_kb, total)
@@ -109,6 +110,55 @@ class RssSampler:
 
 
 # ---------------------------------------------------------------------- 1. sampling
+class _SamplingWorkers:
+    """`sampling_ceiling`'s workers, kept alive so that windows can alternate with a run."""
+
+    def __init__(self, num_workers: int, **overrides: Any) -> None:
+        import gymnasium
+
+        from impala_lab.backends.base import make_backend
+        from impala_lab.models import NumpyModel
+
+        self.config = tuned_config(num_workers=num_workers, **overrides)
+        env = gymnasium.make(self.config.env)
+        weights = NumpyModel(env.observation_space, env.action_space,
+                             self.config.model).initial_weights(0)
+        env.close()
+        self.backend = make_backend(self.config)
+        self.backend.prepare()
+        try:
+            self.workers = [self.backend.make_worker(i) for i in range(num_workers)]
+            ref = self.backend.put_weights(weights, 0)
+            for w in self.workers:
+                w.set_weights(ref)
+            for w in self.workers:  # started: the first sample of each is back
+                w.sample().result()
+        except BaseException:
+            self.backend.shutdown()
+            raise
+
+    def window(self, seconds: float) -> tuple[int, float]:
+        """(env steps, elapsed s) of about ``seconds`` of sampling as fast as the workers can;
+        returns with no request in flight, so the workers are idle until the next window."""
+        pending = {}
+        for w in self.workers:
+            for _ in range(self.config.max_sample_requests_in_flight_per_worker):
+                pending[w.sample()] = w
+        steps, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            for fut in self.backend.wait(list(pending), timeout=1.0):
+                worker = pending.pop(fut)
+                steps += fut.result().count
+                pending[worker.sample()] = worker
+        elapsed = time.perf_counter() - t0
+        for fut in pending:  # drain; the steps after the window are not counted
+            fut.result()
+        return steps, elapsed
+
+    def close(self) -> None:
+        self.backend.shutdown()
+
+
 def sampling_ceiling(num_workers: int = 2, seconds: float = 10.0, **overrides: Any
                      ) -> dict[str, Any]:
     """Env steps/s of ``num_workers`` process workers sampling as fast as they can.
@@ -121,47 +171,24 @@ def sampling_ceiling(num_workers: int = 2, seconds: float = 10.0, **overrides: A
     Returns:
       ``{"env_steps_per_s", "env_steps", "seconds", "num_workers", "envs_per_worker"}``.
     """
-    import gymnasium
-
-    from impala_lab.backends.base import make_backend
-    from impala_lab.models import NumpyModel
-
-    config = tuned_config(num_workers=num_workers, **overrides)
-    env = gymnasium.make(config.env)
-    weights = NumpyModel(env.observation_space, env.action_space,
-                         config.model).initial_weights(0)
-    env.close()
-    backend = make_backend(config)
-    backend.prepare()
+    bare = _SamplingWorkers(num_workers, **overrides)
     try:
-        workers = [backend.make_worker(i) for i in range(num_workers)]
-        ref = backend.put_weights(weights, 0)
-        pending: dict[Any, Any] = {}
-        for w in workers:
-            w.set_weights(ref)
-            for _ in range(config.max_sample_requests_in_flight_per_worker):
-                pending[w.sample()] = w
-        started: set[int] = set()
-        steps, t0 = 0, None
-        while True:
-            for fut in backend.wait(list(pending), timeout=1.0):
-                worker = pending.pop(fut)
-                batch = fut.result()
-                if t0 is not None:
-                    steps += batch.count
-                started.add(worker.index)
-                pending[worker.sample()] = worker
-            now = time.perf_counter()
-            if t0 is None and len(started) == num_workers:
-                t0 = now
-            if t0 is not None and now - t0 >= seconds:
-                break
-        elapsed = time.perf_counter() - t0
+        steps, elapsed = bare.window(seconds)
     finally:
-        backend.shutdown()
+        bare.close()
     return {"env_steps_per_s": round(steps / elapsed, 1), "env_steps": steps,
             "seconds": round(elapsed, 2), "num_workers": num_workers,
-            "envs_per_worker": config.num_envs_per_worker}
+            "envs_per_worker": bare.config.num_envs_per_worker}
+
+
+def _train_window(impala: Any, seconds: float) -> tuple[float, float, float, dict[str, Any]]:
+    """(env steps/s sampled, samples/s trained, elapsed s, last stats) over ``seconds`` of
+    ``Impala.train``."""
+    t0, n0, m0 = time.perf_counter(), impala.num_steps_sampled, impala.num_steps_trained
+    final = impala.train(max_seconds=seconds, report_interval=1.0)
+    dt = time.perf_counter() - t0
+    return ((impala.num_steps_sampled - n0) / dt, (impala.num_steps_trained - m0) / dt, dt,
+            final)
 
 
 def end_to_end(num_workers: int = 2, seconds: float = 15.0, warmup_s: float = 5.0,
@@ -185,18 +212,15 @@ def end_to_end(num_workers: int = 2, seconds: float = 15.0, warmup_s: float = 5.
         if sampler is not None:
             sampler.__enter__()
         impala.train(max_seconds=warmup_s, report_interval=1.0)
-        s0, n0, m0 = time.perf_counter(), impala.num_steps_sampled, impala.num_steps_trained
-        final = impala.train(max_seconds=seconds, report_interval=1.0)
-        dt = time.perf_counter() - s0
-        n1, m1 = impala.num_steps_sampled, impala.num_steps_trained
+        sampled, trained, dt, final = _train_window(impala, seconds)
     finally:
         if sampler is not None:
             sampler.__exit__(None, None, None)
         impala.stop()
     timing = final["timing_breakdown"]
     grad_ms = timing.get("learner_grad_time_ms") or float("nan")
-    out = {"env_steps_per_s": round((n1 - n0) / dt, 1),
-           "trained_per_s": round((m1 - m0) / dt, 1),
+    out = {"env_steps_per_s": round(sampled, 1),
+           "trained_per_s": round(trained, 1),
            "train_throughput": final["train_throughput"],
            # A train batch holds whole samples: [sample_batch_size, train_batch_columns].
            "learner_busy_samples_per_s": round(
@@ -212,6 +236,17 @@ def end_to_end(num_workers: int = 2, seconds: float = 15.0, warmup_s: float = 5.
 
 
 # ---------------------------------------------------------------------- 2. learner
+def _learn_loop(policy: Any, batches: list[Any], seconds: float) -> tuple[int, int, float]:
+    """``learn_on_batch`` over ``batches`` in turn for ``seconds``: (steps, samples, elapsed)."""
+    steps, samples, t0 = 0, 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        batch = batches[steps % len(batches)]
+        policy.learn_on_batch(batch)
+        steps += 1
+        samples += batch.count
+    return steps, samples, time.perf_counter() - t0
+
+
 def learner_ceiling(seconds: float = 8.0, warmup_steps: int = 5, **overrides: Any
                     ) -> dict[str, Any]:
     """``policy.learn_on_batch`` in a loop on pre-made train batches of the tuned shape.
@@ -232,14 +267,7 @@ def learner_ceiling(seconds: float = 8.0, warmup_steps: int = 5, **overrides: An
     batches = make_batches(config, 4, seed=0)
     for i in range(warmup_steps):  # the first call traces the step
         policy.learn_on_batch(batches[i % len(batches)])
-    steps, samples = 0, 0
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        batch = batches[steps % len(batches)]
-        policy.learn_on_batch(batch)
-        steps += 1
-        samples += batch.count
-    dt = time.perf_counter() - t0
+    steps, samples, dt = _learn_loop(policy, batches, seconds)
     return {"samples_per_s": round(samples / dt, 1), "steps": steps,
             "step_ms": round(1e3 * dt / steps, 3),
             "batch_shape": list(batches[0].actions.shape)}
@@ -254,59 +282,6 @@ def fed_learner(seconds: float = 15.0, num_sgd_iter: int = 4, warmup_s: float = 
 
 
 # ---------------------------------------------------------------------- side by side
-class _SamplingWorkers:
-    """`sampling_ceiling`'s workers, kept alive so that windows can alternate with a run."""
-
-    def __init__(self, num_workers: int, **overrides: Any) -> None:
-        import gymnasium
-
-        from impala_lab.backends.base import make_backend
-        from impala_lab.models import NumpyModel
-
-        self.config = tuned_config(num_workers=num_workers, **overrides)
-        env = gymnasium.make(self.config.env)
-        weights = NumpyModel(env.observation_space, env.action_space,
-                             self.config.model).initial_weights(0)
-        env.close()
-        self.backend = make_backend(self.config)
-        self.backend.prepare()
-        self.workers = [self.backend.make_worker(i) for i in range(num_workers)]
-        ref = self.backend.put_weights(weights, 0)
-        for w in self.workers:
-            w.set_weights(ref)
-        for w in self.workers:  # started: the first sample of each is back
-            w.sample().result()
-
-    def window(self, seconds: float) -> float:
-        """Env steps/s over ``seconds`` of sampling as fast as the workers can; returns with
-        no request in flight, so the workers are idle until the next window."""
-        pending = {}
-        for w in self.workers:
-            for _ in range(self.config.max_sample_requests_in_flight_per_worker):
-                pending[w.sample()] = w
-        steps, t0 = 0, time.perf_counter()
-        while time.perf_counter() - t0 < seconds:
-            for fut in self.backend.wait(list(pending), timeout=1.0):
-                worker = pending.pop(fut)
-                steps += fut.result().count
-                pending[worker.sample()] = worker
-        elapsed = time.perf_counter() - t0
-        for fut in pending:  # drain; the steps after the window are not counted
-            fut.result()
-        return steps / elapsed
-
-    def close(self) -> None:
-        self.backend.shutdown()
-
-
-def _train_window(impala: Any, seconds: float) -> tuple[float, float, dict[str, Any]]:
-    """(env steps/s sampled, samples/s trained, last stats) over ``seconds`` of training."""
-    t0, n0, m0 = time.perf_counter(), impala.num_steps_sampled, impala.num_steps_trained
-    final = impala.train(max_seconds=seconds, report_interval=1.0)
-    dt = time.perf_counter() - t0
-    return ((impala.num_steps_sampled - n0) / dt, (impala.num_steps_trained - m0) / dt, final)
-
-
 def _median(xs: list[float]) -> float:
     return round(statistics.median(xs), 1)
 
@@ -339,8 +314,9 @@ def sampling_side_by_side(num_workers: int = 2, rounds: int = 3, seconds: float 
         bare = _SamplingWorkers(num_workers)
         ceilings, sampled, trained, final = [], [], [], {}
         for _ in range(rounds):
-            ceilings.append(bare.window(seconds))
-            s, t, final = _train_window(impala, seconds)
+            steps, elapsed = bare.window(seconds)
+            ceilings.append(steps / elapsed)
+            s, t, _, final = _train_window(impala, seconds)
             sampled.append(s)
             trained.append(t)
     finally:
@@ -397,16 +373,10 @@ def learner_side_by_side(num_sgd_iter: int = 4, rounds: int = 3, seconds: float 
         ceilings, step_ms, trained, final = [], [], [], {}
         for _ in range(rounds):
             time.sleep(idle_s)
-            steps, samples, t0 = 0, 0, time.perf_counter()
-            while time.perf_counter() - t0 < seconds:
-                batch = batches[steps % len(batches)]
-                policy.learn_on_batch(batch)
-                steps += 1
-                samples += batch.count
-            dt = time.perf_counter() - t0
+            steps, samples, dt = _learn_loop(policy, batches, seconds)
             ceilings.append(samples / dt)
             step_ms.append(1e3 * dt / steps)
-            _, t, final = _train_window(impala, seconds)
+            _, t, _, final = _train_window(impala, seconds)
             trained.append(t)
     finally:
         impala.stop()

@@ -42,7 +42,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("MPLBACKEND", "Agg")
 
-from bench.pipeline import tuned_config
+from bench.pipeline import proc_status_kb, tuned_config
 from impala_lab.stats import jsonable
 
 HERE = Path(__file__).resolve().parent
@@ -54,14 +54,8 @@ FD_SLACK = 4  # pipes and shared-memory blocks come and go by one or two between
 # ---------------------------------------------------------------------- /proc readers
 def rss_mb(pid: int) -> float | None:
     """VmRSS of ``pid`` in MB (1e6 bytes); None if the process is gone."""
-    try:
-        with open(f"/proc/{pid}/status") as fh:
-            for line in fh:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024 / 1e6
-    except (OSError, ValueError):
-        return None
-    return None
+    kb = proc_status_kb(pid, "VmRSS")
+    return None if kb is None else kb * 1024 / 1e6
 
 
 def child_pids(pid: int) -> list[int]:

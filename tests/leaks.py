@@ -16,6 +16,12 @@ import threading
 import time
 from collections.abc import Iterator
 
+# One /proc reader for the soak and the tests.
+from bench.soak import child_pids as children_of
+from bench.soak import resource_tracker_pids
+
+__all__ = ["Leaks", "alive", "children_of", "no_leaks", "resource_tracker_pids", "wait_gone"]
+
 
 def alive(pid: int) -> bool:
     """True while ``pid`` is a process that is not a zombie."""
@@ -35,36 +41,6 @@ def wait_gone(pids: list[int], timeout: float = 10.0) -> list[int]:
             return []
         time.sleep(0.05)
     return [p for p in pids if alive(p)]
-
-
-def children_of(pid: int) -> list[int]:
-    """Live (non-zombie) child processes of ``pid``."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        if int(fields[1]) == pid and fields[0] not in ("Z", "X"):
-            out.append(int(entry))
-    return out
-
-
-def resource_tracker_pids() -> set[int]:
-    """Pids of this interpreter's resource trackers (long-lived helpers, not leaks)."""
-    pids = set()
-    for name in ("multiprocess.resource_tracker", "multiprocessing.resource_tracker"):
-        try:
-            module = __import__(name, fromlist=["_resource_tracker"])
-        except ImportError:
-            continue
-        pid = getattr(module._resource_tracker, "_pid", None)
-        if pid is not None:
-            pids.add(pid)
-    return pids
 
 
 class Leaks:

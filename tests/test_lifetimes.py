@@ -18,42 +18,11 @@ import pytest
 
 import impala_lab
 from impala_lab import Impala, ImpalaConfig
+from tests.leaks import alive, children_of, wait_gone
 
 REPO = Path(__file__).resolve().parents[1]
 # Settings that learn CartPole quickly (the README's tuned values).
 FAST_CARTPOLE = dict(num_workers=2, num_envs_per_worker=8, lr=0.003, vf_loss_coeff=0.1)
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-def wait_gone(pids: list[int], timeout: float = 10.0) -> list[int]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        left = [p for p in pids if alive(p)]
-        if not left:
-            return []
-        time.sleep(0.05)
-    return [p for p in pids if alive(p)]
-
-
-def children_of(pid: int) -> list[int]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as fh:
-                    fields = fh.read().split(")")[-1].split()
-                if int(fields[1]) == pid:
-                    out.append(int(entry))
-            except (FileNotFoundError, ProcessLookupError, IndexError):
-                pass
-    return out
 
 
 @pytest.mark.slow
