@@ -309,7 +309,6 @@ class Impala:
         self.sample_tasks.reset_workers(self.workers)
         if not self.config.restart_failed_workers:
             raise err
-        first_line = str(err).split("\n", 1)[0]
         limit = max(3, 2 * self.config.num_workers)
         if self._failures_in_a_row >= limit:
             # Replacements that fail before any sample arrives would restart forever.
@@ -318,8 +317,9 @@ class Impala:
                 f"sample; the env keeps failing, so restarting is stopped. Last error:\n{err}"
             ) from err
         # Said once per failure, so a recovered run shows what it recovered from.
-        logger.warning("%s; replaced by worker %d (%d worker failures so far)", first_line,
-                       self._next_worker_index, self.num_worker_failures)
+        logger.warning("%s; replaced by worker %d (%d worker failures so far)",
+                       str(err).split("\n", 1)[0], self._next_worker_index,
+                       self.num_worker_failures)
         replacement = self.backend.make_worker(self._next_worker_index)
         self._next_worker_index += 1
         self.workers.append(replacement)

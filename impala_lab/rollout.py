@@ -306,8 +306,8 @@ class RolloutWorker:
                 actions[t] = acts
                 nxt = obs_buf[t + 1]
                 truncated_final: list[tuple[int, Any]] | None = None
-                # numpy ints, as a vector env passes them: Discrete.contains checks them
-                # faster than Python ints.
+                # np.int64 scalars, as a vector env passes them: `Int64Discrete` answers
+                # those with the range test alone.
                 for i, a in enumerate(acts):
                     o, r, term, trunc, _ = steps[i](a)
                     r_row[i] = r
