@@ -17,13 +17,14 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 BASE_STAMP := $(VENV)/.installed-base
 DEV_STAMP := $(VENV)/.installed-dev
 
-.PHONY: help setup demo test lab bench nbstrip browser-deps clean
+.PHONY: help setup demo test lab bench bench-peers nbstrip browser-deps clean
 
 help:
 	@echo "make demo          set up .venv and train CartPole-v1 until the mean return reaches 475"
 	@echo "make test          set up .venv (with the dev and ray extras), then ruff and pytest"
 	@echo "make lab           JupyterLab on 127.0.0.1 in notebooks/"
 	@echo "make bench         python -m bench"
+	@echo "make bench-peers   impala_lab against SB3 PPO on random seeds (own venv, bench/.peers-venv)"
 	@echo "make nbstrip       strip outputs from notebooks/ (they are committed without them)"
 	@echo "make setup         only create .venv and install .[dev,ray]"
 	@echo "make browser-deps  install Debian's chromium for the browser tests (as root)"
@@ -69,6 +70,11 @@ lab: $(DEV_STAMP)
 
 bench: $(BASE_STAMP)
 	$(BIN)/python -m bench
+
+# Optional, not part of `make test`: builds bench/.peers-venv (stable-baselines3 and torch from
+# PyPI, a few GB; rebuilt when bench/peers.py's pins change) and writes bench/peers_results.*.
+bench-peers: $(BASE_STAMP)
+	$(BIN)/python -m bench.peers $(PEERS_ARGS)
 
 # Standard library only: works before .venv exists.
 nbstrip:

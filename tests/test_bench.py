@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 
 import pytest
 
@@ -59,6 +60,19 @@ def test_side_by_side_windows_alternate_and_ratios_are_of_the_medians():
         ll["fed"]["trained_per_s"] / ll["ceiling"]["samples_per_s"], rel=1e-3)
 
 
+def _run(seed: int, seconds: float | None, steps: int | None = None, low: float | None = None,
+         after: float | None = 60.0, limit: float = 60.0, wall: float = 90.0) -> dict:
+    """A fabricated `time_to_solve` result: reached at ``seconds`` (None: never)."""
+    reached = seconds is not None
+    return {"seed": seed, "reached": reached, "solved": reached and seconds <= limit,
+            "wall_s": wall, "seconds_to_target": seconds,
+            "env_steps_to_target": steps if reached else None,
+            "train_after_target": 60.0, "return_min_after_target": low if reached else None,
+            "seconds_after_target": after if reached else None,
+            "stop_reason": "train_after_target" if reached else "max_seconds",
+            "final_return_mean": 480.0 if reached else 9.4, "final_env_steps": 1_000_000}
+
+
 def test_summarize_solves_counts_an_unsolved_seed_as_a_failure():
     runs = [{"seed": 0, "solved": True, "wall_s": 50.0, "seconds_to_target": 40.0,
              "env_steps_to_target": 300_000},
@@ -68,10 +82,150 @@ def test_summarize_solves_counts_an_unsolved_seed_as_a_failure():
              "env_steps_to_target": 400_000}]
     s = pipeline.summarize_solves(runs, 100.0)
     assert (s["num_solved"], s["median_s"], s["min_s"], s["max_s"]) == (2, 50.0, 40.0, None)
-    assert (s["median_env_steps"], s["median_wall_s"]) == (350_000, 60.0)
+    # The unsolved seed's env steps count as infinite too: the median is the larger solved one.
+    assert (s["median_env_steps"], s["max_env_steps"], s["median_wall_s"]) == (
+        400_000, None, 60.0)
+    assert s["solve_rate"] == pytest.approx(2 / 3, abs=1e-4)
     assert pipeline.summarize_solves(runs[1:2] * 2 + runs[:1], 100.0)["median_s"] is None
+    # Without a window after the target, "stayed" is not measured.
+    assert s["num_stayed"] == 0 and s["lowest_after_target"] is None
+    assert [r["stayed"] for r in s["runs"]] == [None, None, None]
     target = bench_main._target("solve", None, "<=", 60.0)
     assert target["passed"] is False
+
+
+def test_summarize_solves_rate_median_worst_and_stays_solved():
+    runs = [_run(11, 12.0, 600_000, low=455.0), _run(22, 18.0, 900_000, low=430.0),
+            _run(33, 25.0, 1_400_000, low=390.0),  # solved, then fell below 400
+            _run(44, 75.0, 3_000_000, low=470.0),  # reached 475 after the 60 s limit
+            _run(55, None, wall=130.0)]  # never reached it
+    s = pipeline.summarize_solves(runs, 120.0, solve_limit_s=60.0, after_s=60.0)
+    assert (s["num_runs"], s["num_solved"], s["num_reached"], s["solve_rate"]) == (5, 3, 4, 0.6)
+    assert s["seeds"] == [11, 22, 33, 44, 55]
+    # Seconds and env steps: the late seed with its time, the unreached one as infinite.
+    assert (s["median_s"], s["min_s"], s["max_s"]) == (25.0, 12.0, None)
+    assert (s["median_env_steps"], s["min_env_steps"], s["max_env_steps"]) == (
+        1_400_000, 600_000, None)
+    assert [r["stayed"] for r in s["runs"]] == [True, True, False, None, None]
+    assert (s["num_stayed"], s["lowest_after_target"]) == (2, 390.0)
+    # Every seed reached: the worst is a number.
+    s2 = pipeline.summarize_solves(runs[:4], 120.0, solve_limit_s=60.0, after_s=60.0)
+    assert (s2["max_s"], s2["max_env_steps"], s2["median_s"]) == (75.0, 3_000_000, 21.5)
+    assert s2["median_env_steps"] == 1_150_000
+
+
+def test_stays_solved_needs_the_whole_window_after_the_target():
+    full = _run(1, 10.0, 500_000, low=450.0, after=59.2)  # within one report interval
+    short = _run(2, 11.0, 500_000, low=450.0, after=30.0)  # the run's cap came first
+    s = pipeline.summarize_solves([full, short], 120.0, solve_limit_s=60.0, after_s=60.0)
+    assert [r["stayed"] for r in s["runs"]] == [True, False]
+    assert s["num_stayed"] == 1
+    assert s["lowest_after_target"] is None  # an incomplete window fails the target
+    row = bench_main.solve_targets({**s, "load_procs": 0})[-1]
+    assert row["value"] is None and not row["passed"] and "(1/2 solved seeds stayed" in row["name"]
+    # No seed solved: nothing to stay, and the target fails rather than passing vacuously.
+    none = pipeline.summarize_solves([_run(3, None)], 120.0, solve_limit_s=60.0, after_s=60.0)
+    assert none["lowest_after_target"] is None and none["solve_rate"] == 0.0
+
+
+def test_solve_targets_pass_exactly_at_their_goals():
+    runs = [_run(i, 10.0 + i, 800_000 + i, low=420.0) for i in range(19)]
+    runs.append(_run(99, None))
+    s = pipeline.summarize_solves(runs, 120.0, solve_limit_s=60.0, after_s=60.0)
+    rows = bench_main.solve_targets({**s, "load_procs": 0})
+    assert [(t["name"], t["value"], t["op"], t["target"], t["passed"]) for t in rows] == [
+        ("solve: seeds reaching 475 within 60 s (19/20)", 0.95, ">=", 0.95, True),
+        ("solve: median s from process start to mean 475", 19.5, "<=", 20.0, True),
+        ("solve: median env steps to mean 475, millions", 0.8, "<=", 1.0, True),
+        ("solve: lowest mean in the 60 s after 475 (19/19 solved seeds stayed >= 400)",
+         420.0, ">=", 400.0, True)]
+    loaded = pipeline.summarize_solves([*runs[:18], _run(98, 70.0, 5), _run(99, None)], 60.0,
+                                       solve_limit_s=60.0)
+    (row,) = bench_main.solve_targets({**loaded, "load_procs": 1})
+    assert row["name"] == ("solve, 1 busy process beside: seeds reaching 475 within 60 s "
+                           "(18/20)")
+    assert (row["value"], row["passed"]) == (0.9, False)
+
+
+def test_draw_seeds_are_distinct_and_random_per_run():
+    import random
+
+    a, b = pipeline.draw_seeds(20), pipeline.draw_seeds(20)
+    assert len(set(a)) == 20 and all(0 <= x < pipeline.SEED_RANGE for x in a)
+    assert a != b  # 1 chance in ~1e80 of a false failure
+    assert pipeline.draw_seeds(5, random.Random(7)) == pipeline.draw_seeds(5, random.Random(7))
+
+
+def _proc_state(pid: int) -> str | None:
+    """The state letter of /proc/PID/stat (R running, Z zombie, ...); None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
+
+
+def test_busy_processes_spin_beside_the_block_and_end_with_it():
+    with pipeline.busy_processes(2) as pids:
+        assert len(pids) == 2
+        time.sleep(0.3)
+        # Spinning: running, or runnable and just scheduled out; never ended or stopped.
+        assert all(_proc_state(pid) in ("R", "S") for pid in pids)
+    assert all(_proc_state(pid) is None for pid in pids)  # ended and reaped
+
+
+def test_main_solve_prints_the_random_seeds_and_writes_the_solve_table(tmp_path, monkeypatch,
+                                                                     capsys):
+    calls, loads = [], []
+
+    def fake_time_to_solve(seed, max_seconds, train_after_target=None, solve_limit_s=None):
+        calls.append((seed, max_seconds, train_after_target, solve_limit_s))
+        if seed == calls[0][0] and train_after_target is None:  # loaded: the first seed fails
+            return _run(seed, None, wall=61.0)
+        return _run(seed, 15.0, 700_000, low=450.0, after=train_after_target)
+
+    class FakeLoad:
+        def __init__(self, n):
+            loads.append(n)
+
+        def __enter__(self):
+            return [12345]
+
+        def __exit__(self, *exc):
+            loads.append("ended")
+
+    monkeypatch.setattr(pipeline, "time_to_solve", fake_time_to_solve)
+    monkeypatch.setattr(pipeline, "busy_processes", FakeLoad)
+    code = bench_main.main(["--only", "solve,solve_loaded", "--solve-seeds", "3",
+                            "--load-procs", "2", "--out", str(tmp_path)])
+    assert code == 0
+    out = capsys.readouterr().out
+    results = json.loads((tmp_path / "results.json").read_text())
+    seeds = results["solve_seeds"]
+    assert len(seeds) == 3 and results["benchmarks"]["solve"]["seeds"] == seeds
+    assert f"3 seeds drawn at random for this run: {', '.join(map(str, seeds))}" in out
+    # Idle: cap 120 s and 60 s more after 475; loaded: cap 60 s, no window, same seeds.
+    assert calls == [(s, 120.0, 60.0, 60.0) for s in seeds] + [(s, 60.0, None, 60.0)
+                                                                for s in seeds]
+    assert loads == [2, "ended"]
+    assert [t["passed"] for t in results["targets"]] == [True, True, True, True, False]
+    assert results["benchmarks"]["solve_loaded"]["num_solved"] == 2
+    md = (tmp_path / "results.md").read_text()
+    assert "| solve: seeds reaching 475 within 60 s (3/3) | 1.000 | >= 0.95 | met |" in md
+    assert "| solve: median env steps to mean 475, millions | 0.700 M | <= 1 M | met |" in md
+    assert ("| machine otherwise idle | 3/3 | 15.0 s | 15.0 s | 700,000 | 700,000 | "
+            "3/3 for 60 s |") in md
+    assert ("| 2 busy processes beside | 2/3 | 15.0 s | never | 700,000 | never | "
+            "not measured |") in md
+    assert f"Seeds, drawn at random for this run: {', '.join(map(str, seeds))}." in md
+    assert f"seed {seeds[0]}: NOT solved" in out and "3/3 solved seeds stayed >= 400" in out
+    assert (tmp_path / "results.png").stat().st_size > 10_000
+
+
+def test_solve_seeds_must_be_positive(capsys):
+    with pytest.raises(SystemExit) as exc:
+        bench_main.main(["--only", "solve", "--solve-seeds", "0"])
+    assert exc.value.code == 2 and "--solve-seeds=0" in capsys.readouterr().err
 
 
 def test_time_to_solve_reports_an_unsolved_capped_run():
@@ -154,3 +308,99 @@ def test_profile_aggregates_self_and_inclusive_shares_of_py_spy_raw_output():
                                       "learn (impala_lab/policy.py)": 0.25}
     assert [share for _, share in agg["inclusive"]] == [0.75, 0.75, 0.25]
     assert aggregate("", 5) == {"samples": 0, "threads": {}, "self": [], "inclusive": []}
+
+
+# ---------------------------------------------------------------------- make bench-peers
+def test_peers_requirements_hash_ignores_order_and_follows_pins_and_python():
+    from bench import peers
+
+    base = peers.requirements_hash(["stable-baselines3==2.9.2", "torch==2.14.1"], "3.11.7")
+    assert base == peers.requirements_hash([" torch==2.14.1", "stable-baselines3==2.9.2", ""],
+                                           "3.11.7")
+    assert base != peers.requirements_hash(["stable-baselines3==2.9.2", "torch==2.14.0"],
+                                           "3.11.7")
+    assert base != peers.requirements_hash(["stable-baselines3==2.9.2", "torch==2.14.1"],
+                                           "3.12.1")
+    assert len(base) == 64 and int(base, 16) >= 0
+
+
+def test_peers_venv_is_current_only_when_built_to_the_end_for_these_pins(tmp_path):
+    from bench import peers
+
+    venv = tmp_path / "venv"
+    reqs = ("stable-baselines3==2.9.2", "torch==2.14.1")
+    assert not peers.venv_is_current(venv, reqs)  # missing
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text("")
+    assert not peers.venv_is_current(venv, reqs)  # no stamp: the build did not finish
+    stamp = {"requirements_sha256": peers.requirements_hash(reqs)}
+    (venv / peers.STAMP).write_text(json.dumps(stamp))
+    assert peers.venv_is_current(venv, reqs)
+    assert not peers.venv_is_current(venv, ("stable-baselines3==2.9.2", "torch==2.15.0"))
+    (venv / peers.STAMP).write_text("{not json")
+    assert not peers.venv_is_current(venv, reqs)
+    assert peers.dir_size_mb(venv) >= 0
+
+
+def _peers_results() -> dict:
+    from bench import peers
+
+    ppo = {"solved": True, "seconds_to_target": 16.04, "env_steps_to_target": 64_000}
+    imp = {"solved": True, "seconds_to_target": 21.5, "env_steps_to_target": 1_234_567}
+    runs = [{"seed": 4711, "ppo": ppo, "impala_lab": imp},
+            {"seed": 815, "ppo": {**ppo, "seconds_to_target": 20.0, "env_steps_to_target":
+                                  68_000},
+             "impala_lab": {"solved": False, "seconds_to_target": None,
+                            "env_steps_to_target": None}},
+            {"seed": 3, "ppo": None,  # the PPO worker failed on this seed
+             "impala_lab": {**imp, "seconds_to_target": 12.0, "env_steps_to_target": 700_000}}]
+    results = {"runs": runs, "max_seconds": 120.0, "stop_return": 475.0,
+               "machine": {"nproc": 2}, "loadavg": {"start": [1.5, 1, 1], "end": [2.5, 2, 1]},
+               "ppo_versions": {"stable-baselines3": "2.9.2", "torch": "2.14.1"}}
+    results["summary"] = peers.summarize(runs)
+    return results
+
+
+def test_peers_summary_counts_an_unreached_seed_as_infinitely_slow():
+    s = _peers_results()["summary"]
+    # PPO: 16.04, 20.0 and a failed run (inf): median 20.0; impala_lab: 21.5, inf, 12.0.
+    assert s["ppo"] == {"num_solved": 2, "median_s": 20.0, "median_env_steps": 68_000}
+    assert s["impala_lab"] == {"num_solved": 2, "median_s": 21.5,
+                               "median_env_steps": 1_234_567}
+
+
+def test_peers_tables_show_each_seed_side_by_side_with_medians():
+    from bench import peers
+
+    results = _peers_results()
+    table = peers.format_table(results).splitlines()
+    assert table[0].split() == ["seed", "PPO", "s", "PPO", "env", "steps", "impala_lab", "s",
+                                "impala_lab", "env", "steps"]
+    assert table[2].split() == ["4711", "16.0", "64,000", "21.5", "1,234,567"]
+    assert table[3].split() == ["815", "20.0", "68,000", ">", "120", "(not", "reached)", "n/a"]
+    assert table[4].split() == ["3", "error", "error", "12.0", "700,000"]
+    assert table[5].split() == ["median", "(3", "seeds)", "20.0", "68,000", "21.5", "1,234,567"]
+    assert "solved: PPO 2/3, impala_lab 2/3" in table[6]
+    md = peers.format_markdown(results)
+    assert md.startswith("| seed | PPO s | PPO env steps | impala_lab s | impala_lab env steps |"
+                         "\n| --- | --- | --- | --- | --- |\n")
+    assert "| 4711 | 16.0 | 64,000 | 21.5 | 1,234,567 |" in md
+    assert "| 815 | 20.0 | 68,000 | > 120 (not reached) | n/a |" in md
+    assert "| median (3 seeds) | 20.0 | 68,000 | 21.5 | 1,234,567 |" in md
+    assert "Stable-Baselines3 2.9.2 (torch 2.14.1, one thread)" in md
+
+
+def test_make_bench_peers_runs_bench_peers_and_is_not_part_of_make_test(tmp_path):
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+
+    def dry(target: str) -> str:
+        return subprocess.run(["make", "--no-print-directory", "-C", str(root), "-n",
+                               f"VENV={tmp_path}/venv", target],
+                              capture_output=True, text=True, check=True).stdout
+
+    assert f"{tmp_path}/venv/bin/python -m bench.peers" in dry("bench-peers")
+    assert "bench.peers" not in dry("test") and "bench.peers" not in dry("bench")
+    assert "bench/.peers-venv/" in (root / ".gitignore").read_text().splitlines()

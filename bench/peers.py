@@ -1,0 +1,379 @@
+"""``make bench-peers`` (``python -m bench.peers``): impala_lab against a peer, on the same seeds.
+
+The peer is Stable-Baselines3's PPO with RL Zoo's tuned CartPole-v1 settings (8 envs in a
+``DummyVecEnv``, n_steps 32, batch 256, 20 epochs, gae_lambda 0.8, gamma 0.98, ent_coef 0,
+learning rate and clip range decayed linearly from 1e-3 and 0.2 to 0 over 1e5 steps, MlpPolicy
+defaults, one torch thread). Each seed, drawn at random per run and printed, gets one PPO run
+and one ``impala-lab train --env CartPole-v1 --stop-return 475`` run (`pipeline.time_to_solve`),
+each in a fresh process, in alternating order from seed to seed. Both report the seconds from
+their process's start (the clock is read at the top of the program, before torch or TensorFlow
+is imported) and the env steps until the mean return of the last 100 episodes reaches 475.
+
+    python -m bench.peers                 # 3 seeds
+    python -m bench.peers --seeds 1       # one seed (about 2 minutes once the venv is built)
+
+PPO runs in its own virtualenv, ``bench/.peers-venv`` (git-ignored), never in the project's
+``.venv``: built on first use with ``pip install stable-baselines3 torch`` (pinned in
+`REQUIREMENTS`, from PyPI; torch's Linux wheels pull CUDA libraries, a few GB), reused after,
+rebuilt when `REQUIREMENTS` or the Python version change (`requirements_hash`). It writes
+``bench/peers_results.json`` and ``bench/peers_results.md``. Not part of ``make test``.
+
+This module imports only the standard library at its top: the PPO worker (``--ppo-worker``)
+runs it with the peers venv's interpreter, which has no impala_lab.
+"""
+
+from __future__ import annotations
+
+import time
+
+_PROCESS_START = time.monotonic()  # the PPO worker's clock starts before torch is imported
+
+import argparse  # noqa: E402
+import hashlib  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import os  # noqa: E402
+import platform  # noqa: E402
+import shutil  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+VENV = HERE / ".peers-venv"
+STAMP = ".built.json"  # in the venv: the requirements' hash, the build's seconds and date
+# torch <= 2.14.1 on this project's machines (pip's constraints there); the pins keep the
+# peer's figures comparable from run to run.
+REQUIREMENTS = ("stable-baselines3==2.9.2", "torch==2.14.1")
+ENV = "CartPole-v1"
+STOP_RETURN = 475.0
+
+# RL Zoo's hyperparams/ppo.yml, CartPole-v1 (lin_X: X * progress_remaining over n_timesteps).
+PPO_SETTINGS = {"n_envs": 8, "n_timesteps": 100_000, "policy": "MlpPolicy", "n_steps": 32,
+                "batch_size": 256, "gae_lambda": 0.8, "gamma": 0.98, "n_epochs": 20,
+                "ent_coef": 0.0, "learning_rate": 1e-3, "clip_range": 0.2}
+
+
+# ---------------------------------------------------------------------- the venv
+def requirements_hash(requirements: tuple[str, ...] | list[str],
+                      python_version: str | None = None) -> str:
+    """sha256 of the requirements (order and surrounding blanks ignored) and the Python
+    version: the venv is rebuilt when it changes."""
+    lines = sorted(r.strip() for r in requirements if r.strip())
+    text = f"python {python_version or platform.python_version()}\n" + "\n".join(lines)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def venv_python(venv: Path) -> Path:
+    return venv / "bin" / "python"
+
+
+def venv_is_current(venv: Path, requirements: tuple[str, ...] | list[str] = REQUIREMENTS,
+                    python_version: str | None = None) -> bool:
+    """True if ``venv`` was built (to the end) for these requirements and Python version."""
+    try:
+        stamp = json.loads((venv / STAMP).read_text())
+    except (OSError, ValueError):
+        return False
+    return (stamp.get("requirements_sha256") == requirements_hash(requirements, python_version)
+            and venv_python(venv).exists())
+
+
+def dir_size_mb(path: Path) -> float:
+    """Bytes of the regular files under ``path`` (links not followed), in MB (1e6)."""
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            try:
+                st = os.lstat(os.path.join(root, name))
+            except OSError:
+                continue
+            if not os.path.islink(os.path.join(root, name)):
+                total += st.st_size
+    return round(total / 1e6, 1)
+
+
+def ensure_venv(venv: Path = VENV, requirements: tuple[str, ...] = REQUIREMENTS,
+                rebuild: bool = False, log: Any = print) -> dict[str, Any]:
+    """The peers venv, built if missing, stale or ``rebuild``; its path, size and build."""
+    digest = requirements_hash(requirements)
+    reused = not rebuild and venv_is_current(venv, requirements)
+    if not reused:
+        if venv.exists():
+            log(f"bench.peers: removing {venv} (built for other requirements, or unfinished)")
+            shutil.rmtree(venv)
+        log(f"bench.peers: building {venv} with {' '.join(requirements)} from PyPI "
+            "(torch is large: the first build takes minutes)", flush=True)
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run([str(venv_python(venv)), "-m", "pip", "install", "--progress-bar", "off",
+                        "--disable-pip-version-check", "--quiet", *requirements], check=True)
+        stamp = {"requirements": list(requirements), "requirements_sha256": digest,
+                 "python": platform.python_version(),
+                 "built_s": round(time.perf_counter() - t0, 1),
+                 "built_at": time.strftime("%Y-%m-%d %H:%M:%S")}
+        (venv / STAMP).write_text(json.dumps(stamp, indent=2))  # last: marks the build done
+    stamp = json.loads((venv / STAMP).read_text())
+    info = {"path": str(venv), "reused": reused, "requirements": list(requirements),
+            "requirements_sha256": digest, "built_s": stamp.get("built_s"),
+            "built_at": stamp.get("built_at"), "size_mb": dir_size_mb(venv)}
+    log(f"bench.peers: venv {venv} ({'reused' if reused else 'built'}; built in "
+        f"{info['built_s']} s on {info['built_at']}; {info['size_mb']:,.0f} MB)", flush=True)
+    return info
+
+
+# ---------------------------------------------------------------------- PPO (peers venv)
+def ppo_worker(seed: int, max_seconds: float, stop_return: float = STOP_RETURN
+               ) -> dict[str, Any]:
+    """RL Zoo's PPO on CartPole-v1 until the trailing-100 mean reaches ``stop_return``.
+
+    Runs in the peers venv. The callback reads the returns that each env's ``Monitor`` puts
+    in ``info["episode"]`` at an episode's end, checks after every vectorized step and stops
+    training there; it also stops at ``max_seconds`` from the process start. The schedules
+    decay over RL Zoo's 1e5 steps; a run that has not reached the target by then ends.
+    """
+    import importlib.metadata as md
+    from collections import deque
+
+    import torch
+
+    torch.set_num_threads(1)
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    import_s = round(time.monotonic() - _PROCESS_START, 2)  # torch and SB3 imported
+
+    s = PPO_SETTINGS
+    returns: deque[float] = deque(maxlen=100)
+    out: dict[str, Any] = {"seed": seed, "solved": False, "seconds_to_target": None,
+                           "env_steps_to_target": None, "stop_reason": "max_env_steps"}
+
+    def linear(start: float) -> Any:
+        return lambda progress_remaining: progress_remaining * start
+
+    class StopAtTarget(BaseCallback):
+        def _on_step(self) -> bool:
+            for info in self.locals["infos"]:
+                episode = info.get("episode")
+                if episode is not None:
+                    returns.append(float(episode["r"]))
+            now = time.monotonic() - _PROCESS_START
+            if len(returns) == returns.maxlen and sum(returns) / len(returns) >= stop_return:
+                out.update(solved=True, seconds_to_target=round(now, 2),
+                           env_steps_to_target=int(self.num_timesteps), stop_reason="target")
+                return False
+            if now >= max_seconds:
+                out["stop_reason"] = "max_seconds"
+                return False
+            return True
+
+    env = make_vec_env(ENV, n_envs=s["n_envs"], seed=seed, vec_env_cls=DummyVecEnv)
+    model = PPO(s["policy"], env, n_steps=s["n_steps"], batch_size=s["batch_size"],
+                n_epochs=s["n_epochs"], gae_lambda=s["gae_lambda"], gamma=s["gamma"],
+                ent_coef=s["ent_coef"], learning_rate=linear(s["learning_rate"]),
+                clip_range=linear(s["clip_range"]), seed=seed, device="cpu", verbose=0)
+    callback = StopAtTarget()
+    model.learn(total_timesteps=s["n_timesteps"], callback=callback)
+    env.close()
+    out.update(final_env_steps=int(model.num_timesteps),
+               final_return_mean=(round(sum(returns) / len(returns), 2) if returns else None),
+               seconds_total=round(time.monotonic() - _PROCESS_START, 2), import_s=import_s,
+               versions={name: md.version(name) for name in
+                         ("stable-baselines3", "torch", "gymnasium", "numpy")},
+               torch_threads=torch.get_num_threads())
+    return out
+
+
+def run_ppo(seed: int, max_seconds: float, venv: Path = VENV) -> dict[str, Any]:
+    """`ppo_worker` in a fresh process of the peers venv; ``wall_s`` around it."""
+    # -m from the repository root, not the file's path: that would put bench/ first on
+    # sys.path, where bench/profile.py hides the standard library's profile (torch imports it).
+    cmd = [str(venv_python(venv)), "-m", "bench.peers", "--ppo-worker", str(seed),
+           "--max-seconds", str(max_seconds)]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True,
+                          timeout=max_seconds + 180)
+    wall = time.perf_counter() - t0
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"PPO worker (seed {seed}) exited with {proc.returncode}:\n"
+                           f"{proc.stderr[-2000:]}")
+    return {**json.loads(lines[-1]), "wall_s": round(wall, 2)}
+
+
+# ---------------------------------------------------------------------- the table
+def _median_or_none(values: list[float | None]) -> float | None:
+    """Median with a missing value (target not reached) counted as infinitely slow."""
+    xs = [math.inf if v is None else v for v in values]
+    if not xs:
+        return None
+    m = statistics.median(xs)
+    return m if math.isfinite(m) else None
+
+
+def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians per system over the seeds; a seed that did not reach the target counts as
+    infinitely slow (a median over such seeds is None)."""
+    out: dict[str, Any] = {}
+    for system in ("ppo", "impala_lab"):
+        rs = [r.get(system) or {} for r in runs]
+        out[system] = {"num_solved": sum(bool(r.get("solved")) for r in rs),
+                       "median_s": _median_or_none([r.get("seconds_to_target") for r in rs]),
+                       "median_env_steps": _median_or_none(
+                           [r.get("env_steps_to_target") for r in rs])}
+    return out
+
+
+def _cell(r: dict[str, Any] | None, cap: float) -> tuple[str, str]:
+    if not r:
+        return "error", "error"
+    if not r.get("solved"):
+        return f"> {cap:g} (not reached)", "n/a"
+    return f"{r['seconds_to_target']:.1f}", f"{r['env_steps_to_target']:,}"
+
+
+def _median_cells(m: dict[str, Any]) -> tuple[str, str]:
+    s = "n/a" if m["median_s"] is None else f"{m['median_s']:.1f}"
+    e = "n/a" if m["median_env_steps"] is None else f"{m['median_env_steps']:,.0f}"
+    return s, e
+
+
+HEADERS = ("seed", "PPO s", "PPO env steps", "impala_lab s", "impala_lab env steps")
+
+
+def table_rows(results: dict[str, Any]) -> list[tuple[str, ...]]:
+    """One row per seed, then the medians: the cells of both tables."""
+    cap = results["max_seconds"]
+    rows = []
+    for r in results["runs"]:
+        rows.append((str(r["seed"]), *_cell(r.get("ppo"), cap), *_cell(r.get("impala_lab"), cap)))
+    m = results["summary"]
+    n = len(results["runs"])
+    rows.append((f"median ({n} seed{'' if n == 1 else 's'})", *_median_cells(m["ppo"]),
+                 *_median_cells(m["impala_lab"])))
+    return rows
+
+
+def format_table(results: dict[str, Any]) -> str:
+    """The printed side-by-side table."""
+    rows = [HEADERS, *table_rows(results)]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(HEADERS))]
+    lines = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in
+                       enumerate(zip(row, widths))) for row in rows]
+    lines.insert(1, "-" * len(lines[0]))
+    m = results["summary"]
+    lines.append(f"solved: PPO {m['ppo']['num_solved']}/{len(results['runs'])}, impala_lab "
+                 f"{m['impala_lab']['num_solved']}/{len(results['runs'])} (seconds from "
+                 f"process start to a trailing-100 mean of {results['stop_return']:g}, cap "
+                 f"{results['max_seconds']:g} s)")
+    return "\n".join(lines)
+
+
+def format_markdown(results: dict[str, Any]) -> str:
+    """The same table in markdown, with the settings under it."""
+    lines = ["| " + " | ".join(HEADERS) + " |", "| --- " * len(HEADERS) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in table_rows(results)]
+    v = results.get("ppo_versions") or {}
+    load = results.get("loadavg") or {}
+
+    def first(key: str) -> str:
+        xs = load.get(key)
+        return f"{xs[0]:.1f}" if xs else "?"
+
+    lines += ["", f"CartPole-v1 to a trailing-100 mean of {results['stop_return']:g}, seconds "
+              "from each process's start, a fresh process per run, on "
+              f"{results.get('machine', {}).get('nproc', '?')} CPUs (load average "
+              f"{first('start')} at the start, {first('end')} at the end). PPO: "
+              f"Stable-Baselines3 {v.get('stable-baselines3', '?')} (torch "
+              f"{v.get('torch', '?')}, one thread) with RL Zoo's CartPole-v1 settings; "
+              "impala_lab: `impala-lab train --env CartPole-v1 --stop-return 475` (tuned "
+              "preset). Seeds drawn at random for this run."]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------- the run
+def run(num_seeds: int, max_seconds: float, out: Path = HERE, rebuild: bool = False,
+        log: Any = print) -> dict[str, Any]:
+    """Builds (or reuses) the venv, runs PPO and impala_lab on ``num_seeds`` random seeds,
+    alternating, and writes peers_results.json and peers_results.md under ``out``."""
+    sys.path.insert(0, str(REPO))
+    from bench import pipeline
+    from impala_lab.stats import jsonable
+
+    t_all = time.perf_counter()
+    venv = ensure_venv(rebuild=rebuild, log=log)
+    seeds = pipeline.draw_seeds(num_seeds)
+    log(f"bench.peers: seeds drawn at random for this run: {', '.join(map(str, seeds))}",
+        flush=True)
+    machine = pipeline.machine_info()
+    results: dict[str, Any] = {
+        "machine": machine, "venv": venv, "seeds": seeds, "max_seconds": max_seconds,
+        "stop_return": STOP_RETURN, "ppo_settings": PPO_SETTINGS, "runs": [], "errors": {},
+        "loadavg": {"start": machine["loadavg_at_start"]}}
+    runners = {"ppo": lambda s: run_ppo(s, max_seconds),
+               "impala_lab": lambda s: pipeline.time_to_solve(s, max_seconds, STOP_RETURN)}
+    for i, seed in enumerate(seeds):
+        row: dict[str, Any] = {"seed": seed}
+        order = ("ppo", "impala_lab") if i % 2 == 0 else ("impala_lab", "ppo")
+        for system in order:
+            log(f"bench.peers: seed {seed}: {system} ... (load {os.getloadavg()[0]:.2f})",
+                flush=True)
+            try:
+                r = runners[system](seed)
+            except Exception as exc:  # one failed run must not cost the others
+                results["errors"][f"{system} seed {seed}"] = f"{type(exc).__name__}: {exc}"
+                log(f"bench.peers: {system} seed {seed} FAILED: {exc}", flush=True)
+                r = None
+            else:
+                log(f"bench.peers: seed {seed}: {system}: solved={r['solved']} "
+                    f"seconds_to_target={r['seconds_to_target']} "
+                    f"env_steps_to_target={r['env_steps_to_target']} wall={r['wall_s']} s",
+                    flush=True)
+                if system == "ppo":
+                    results["ppo_versions"] = r.get("versions")
+            row[system] = r
+        results["runs"].append(row)
+    results["summary"] = summarize(results["runs"])
+    results["loadavg"]["end"] = list(os.getloadavg())
+    results["total_s"] = round(time.perf_counter() - t_all, 1)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "peers_results.json").write_text(json.dumps(jsonable(results), indent=2))
+    (out / "peers_results.md").write_text(format_markdown(results) + "\n")
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.peers",
+                                     description=__doc__.split("\n")[0])
+    parser.add_argument("--seeds", type=int, default=3,
+                        help="seeds drawn at random, each run by both systems (default 3)")
+    parser.add_argument("--max-seconds", type=float, default=120.0,
+                        help="cap per run, seconds from its process start (default 120)")
+    parser.add_argument("--out", type=Path, default=HERE,
+                        help="directory for peers_results.json and .md (default bench/)")
+    parser.add_argument("--rebuild-venv", action="store_true",
+                        help=f"rebuild {VENV.relative_to(REPO)} even if it is current")
+    parser.add_argument("--ppo-worker", type=int, metavar="SEED", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.ppo_worker is not None:  # in the peers venv: one PPO run, one JSON line
+        print(json.dumps(ppo_worker(args.ppo_worker, args.max_seconds)), flush=True)
+        return 0
+    if args.seeds < 1 or not args.max_seconds > 0:
+        parser.error("--seeds must be >= 1 and --max-seconds > 0")
+    results = run(args.seeds, args.max_seconds, args.out, args.rebuild_venv)
+    print()
+    print(format_table(results))
+    for name, err in results["errors"].items():
+        print(f"ERROR in {name}: {err}")
+    print(f"\ntotal {results['total_s']} s; wrote {args.out / 'peers_results.json'} and "
+          f"{args.out / 'peers_results.md'}")
+    return 1 if results["errors"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
