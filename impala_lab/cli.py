@@ -8,10 +8,16 @@ Every `ImpalaConfig` field is an option (``--field-name value``). Bad input exit
 and a message naming the option, the value and the fix, before any process starts.
 
 At the end the output directory holds ``config.json``, ``metrics.csv`` (a row per report
-interval), ``result.json`` (solved, seconds_to_target, env_steps_to_target, final stats),
-``report.png`` and ``checkpoint/``. Ctrl-C or SIGTERM ends the run within seconds and still
-writes all of them (exit code 130); so does an error of a worker, the learner or the loss
-(exit code 1, the error in ``result.json`` and on stderr).
+interval), ``result.json`` (solved, seconds_to_target, env_steps_to_target, the health
+monitor's findings, final stats), ``report.png`` and ``checkpoint/``, and the last line says
+whether the target was reached, where the results are and, if not, what the health monitor
+saw. Ctrl-C or SIGTERM ends the run within seconds and still writes all of them (exit code
+130); so does an error of a worker, the learner or the loss (exit code 1, the error in
+``result.json`` and on stderr).
+
+``--train-after-target SECONDS`` keeps training that long after ``--stop-return`` is reached
+(does the run stay solved?); ``--max-seconds`` stays the cap of the whole run, so give it room
+for both phases (e.g. ``--max-seconds 120 --train-after-target 60``).
 """
 
 from __future__ import annotations
@@ -37,9 +43,11 @@ from impala_lab.config import (  # noqa: E402
     field_names,
 )
 from impala_lab.errors import ConfigError, ImpalaError  # noqa: E402
+from impala_lab.health import RETURN_MIN_EPISODES, describe_seen  # noqa: E402
 from impala_lab.stats import jsonable  # noqa: E402
 
-RUN_OPTIONS = {"stop_return", "max_seconds", "max_env_steps", "out", "report_interval", "quiet"}
+RUN_OPTIONS = {"stop_return", "max_seconds", "max_env_steps", "train_after_target", "out",
+               "report_interval", "quiet"}
 
 
 def _parse_value(name: str, text: str) -> Any:
@@ -78,8 +86,14 @@ def build_parser() -> argparse.ArgumentParser:
     run = train.add_argument_group("run")
     run.add_argument("--stop-return", type=float, default=None,
                      help="stop once the mean return of the last 100 episodes reaches this")
-    run.add_argument("--max-seconds", type=float, default=None, help="wall-clock limit")
+    run.add_argument("--max-seconds", type=float, default=None,
+                     help="wall-clock limit of the whole training (with --train-after-target "
+                     "too: leave room for both phases)")
     run.add_argument("--max-env-steps", type=int, default=None, help="env step limit")
+    run.add_argument("--train-after-target", type=float, default=0.0, metavar="SECONDS",
+                     help="once --stop-return is reached, keep training this many seconds "
+                     "more; result.json then says the lowest mean return after the target "
+                     "(return_min_after_target)")
     run.add_argument("--out", type=Path, default=Path("runs/latest"), help="output directory")
     run.add_argument("--report-interval", type=float, default=1.0,
                      help="seconds between progress lines and metrics.csv rows")
@@ -118,6 +132,14 @@ def _check_run_args(args: argparse.Namespace) -> None:
         raise ConfigError(f"--max-env-steps={args.max_env_steps!r} is invalid: it must be >= 1")
     if args.stop_return is not None and not math.isfinite(args.stop_return):
         raise ConfigError(f"--stop-return={args.stop_return!r} is invalid: it must be finite")
+    after = args.train_after_target
+    if not (after >= 0 and math.isfinite(after)):
+        raise ConfigError(f"--train-after-target={after!r} is invalid: it must be a number of "
+                          "seconds >= 0")
+    if after > 0 and args.stop_return is None:
+        raise ConfigError(f"--train-after-target={after!r} is invalid without --stop-return: "
+                          "it counts from the moment the target is reached; add "
+                          "--stop-return RETURN")
 
 
 def write_metrics_csv(path: Path, rows: list[dict]) -> None:
@@ -145,7 +167,11 @@ def train_command(args: argparse.Namespace) -> int:
     from impala_lab.dashboard.terminal import TerminalView
     from impala_lab.impala import Impala
 
-    target = {"seconds": None, "env_steps": None}
+    # The target: when it was reached (from process start, and on the monotonic clock), the
+    # mean returns reported from then on, and the best trailing mean of the whole run.
+    target: dict[str, Any] = {"seconds": None, "env_steps": None, "at": None}
+    returns_after: list[float] = []
+    best = {"return_mean": None}
     # A TTY gets the live panel redrawn in place; a log gets one progress line per report.
     view = TerminalView(title=f"{config.env_id} ({config.backend}, {config.num_workers} workers)")
 
@@ -154,11 +180,21 @@ def train_command(args: argparse.Namespace) -> int:
                 and s["episode_return_mean"] >= args.stop_return)
 
     def on_report(s: dict) -> None:
+        ret = s["episode_return_mean"]
+        if s["episode_return_count"] >= RETURN_MIN_EPISODES and math.isfinite(ret):
+            best["return_mean"] = max(ret, best["return_mean"] or -math.inf)
         if solved(s) and target["seconds"] is None:
-            target["seconds"] = round(time.monotonic() - _PROCESS_START, 2)
+            target["at"] = time.monotonic()
+            target["seconds"] = round(target["at"] - _PROCESS_START, 2)
             target["env_steps"] = s["num_steps_sampled"]
+        if target["at"] is not None:
+            returns_after.append(ret)
         if not args.quiet:
             view.update(s)
+
+    def stop(s: dict) -> bool:  # reached, and trained --train-after-target seconds since
+        return (target["at"] is not None
+                and time.monotonic() - target["at"] >= args.train_after_target)
 
     interrupted = False
     error: ImpalaError | None = None
@@ -174,7 +210,7 @@ def train_command(args: argparse.Namespace) -> int:
         raise
     try:
         try:
-            final = impala.train(solved if args.stop_return is not None else None,
+            final = impala.train(stop if args.stop_return is not None else None,
                                  max_seconds=args.max_seconds, max_env_steps=args.max_env_steps,
                                  report_interval=args.report_interval, on_report=on_report)
         except KeyboardInterrupt:
@@ -185,6 +221,7 @@ def train_command(args: argparse.Namespace) -> int:
             error = exc
             final = impala.record()
             final["stop_reason"] = "error"
+        ended = time.monotonic()
         view.close()
         impala.stop()
         try:
@@ -192,12 +229,21 @@ def train_command(args: argparse.Namespace) -> int:
         except Exception as exc:  # e.g. a disk error: the metrics and result still count
             print(f"impala-lab: could not save the checkpoint: {exc}", file=sys.stderr)
         write_metrics_csv(out / "metrics.csv", impala.history.rows())
-        result = {"solved": target["seconds"] is not None,
+        reached = target["at"] is not None
+        if reached:
+            returns_after.append(final["episode_return_mean"])
+        finite_after = [r for r in returns_after if math.isfinite(r)]
+        result = {"solved": reached,
                   "stop_return": args.stop_return,
                   "seconds_to_target": target["seconds"],
                   "env_steps_to_target": target["env_steps"],
+                  "train_after_target": args.train_after_target,
+                  "seconds_after_target": round(ended - target["at"], 2) if reached else None,
+                  "return_min_after_target": min(finite_after) if finite_after else None,
+                  "best_return_mean": best["return_mean"],
                   "stop_reason": final.get("stop_reason"),
                   "error": None if error is None else f"{type(error).__name__}: {error}",
+                  "health": final.get("health"),
                   "final": final}
         (out / "result.json").write_text(json.dumps(jsonable(result), indent=2))
         try:
@@ -214,14 +260,60 @@ def train_command(args: argparse.Namespace) -> int:
         # The error's own text names the stage, the env and the worker's traceback; the
         # driver's stack under it would only bury that.
         print(f"impala-lab: error: {type(error).__name__}: {error}", file=sys.stderr)
-        print(f"impala-lab: the run stopped; metrics, result and checkpoint are in {out}/",
+        seen = describe_seen(result["health"])
+        saw = f"; health monitor saw: {seen}" if seen else ""
+        print(f"impala-lab: the run stopped{saw}; metrics, result and checkpoint are in {out}/",
               file=sys.stderr)
         return 1
-    status = "interrupted" if interrupted else final.get("stop_reason")
-    print(f"impala-lab: {status}; solved={result['solved']} "
-          f"seconds_to_target={result['seconds_to_target']} "
-          f"env_steps_to_target={result['env_steps_to_target']}; results in {out}/")
+    print(final_line(result, args, out, interrupted))
     return 130 if interrupted else 0
+
+
+def final_line(result: dict[str, Any], args: argparse.Namespace, out: Path,
+               interrupted: bool = False) -> str:
+    """The one line ``train`` ends with: was the target reached, and if not, what the health
+    monitor saw; where the results are.
+
+    E.g. ``impala-lab: reached mean return 475 in 14.2 s (812,000 env steps); results in
+    runs/demo/`` or ``impala-lab: did NOT reach mean return 475 within 300 s (best trailing
+    mean 382.1, last 9.3); health monitor saw: value-loss spike at 40 s (3 times), entropy
+    collapsed at 41 s; results in runs/demo/``.
+    """
+    final = result["final"]
+    seen = describe_seen(result.get("health"))
+    last = final.get("episode_return_mean", math.nan)
+    best = result.get("best_return_mean")
+    returns = (f"best trailing mean {best:.1f}, last {last:.1f}" if best is not None
+               else f"{final.get('episode_return_count', 0)} episodes, too few for a mean")
+    elapsed = final.get("time_total_s", 0.0)
+    steps = final.get("num_steps_sampled", 0)
+    prefix = "impala-lab: interrupted: " if interrupted else "impala-lab: "
+    if result["solved"]:
+        text = (f"reached mean return {args.stop_return:g} in {result['seconds_to_target']:.1f} s "
+                f"({result['env_steps_to_target']:,} env steps)")
+        if args.train_after_target > 0:
+            low = result["return_min_after_target"]
+            text += (f", then trained {result['seconds_after_target']:.1f} s more (lowest mean "
+                     f"return {low if low is not None else math.nan:.1f})")
+        if seen:
+            text += f"; health monitor saw: {seen}"
+    elif args.stop_return is not None:
+        if interrupted:
+            limit = f"before the interrupt at {elapsed:.1f} s"
+        elif result["stop_reason"] == "max_env_steps":
+            limit = f"within {args.max_env_steps:,} env steps"
+        elif result["stop_reason"] == "max_seconds":
+            limit = f"within {args.max_seconds:g} s"
+        else:
+            limit = f"in {elapsed:.1f} s"
+        text = (f"did NOT reach mean return {args.stop_return:g} {limit} ({returns}); health "
+                f"monitor saw: {seen or 'nothing wrong'}")
+    else:
+        text = (f"trained {elapsed:.1f} s, {steps:,} env steps (stop: "
+                f"{result['stop_reason']}); {returns}")
+        if seen:
+            text += f"; health monitor saw: {seen}"
+    return f"{prefix}{text}; results in {out}/"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -42,6 +42,7 @@ from impala_lab.backends.base import WorkerHandle, make_backend
 from impala_lab.batch import SampleBatch, concat_samples
 from impala_lab.config import LIVE_KNOBS, ImpalaConfig
 from impala_lab.errors import ConfigError, ImpalaError, WorkerError
+from impala_lab.health import HealthMonitor, flag_codes
 from impala_lab.replay import ReplayMixer
 from impala_lab.stats import StatsHistory, ThroughputMeter, TimerStat, WindowStat, flatten
 from impala_lab.task_pool import SampleTaskPool
@@ -69,6 +70,16 @@ def _cleanup(backend: Any, learner: Any) -> None:  # finalizer: must not hold th
         learner.stop(timeout=2.0)
     finally:
         backend.shutdown()
+
+
+def _run_clock(ref: weakref.ref) -> Callable[[], float]:
+    """The run's elapsed seconds, without holding the run (the learner outlives it in the
+    finalizer, and the health monitor it feeds must not keep the run alive)."""
+    def clock() -> float:
+        run = ref()
+        return run.elapsed_s if run is not None else math.nan
+
+    return clock
 
 
 def probe_spaces(env: Any) -> tuple[Any, Any]:
@@ -168,6 +179,12 @@ class Impala:
         self._episode_lengths: deque[int] = deque(maxlen=100)
         self.episodes_total = 0
         self._policy_lag = WindowStat("policy_lag", 100)
+        # Seconds the driver waited to put a batch on the full learner queue, per second.
+        self._queue_wait_meter = ThroughputMeter()
+        # Learning health: fed every learner step from the learner thread, judged in stats().
+        self.health = HealthMonitor(int(getattr(self.action_space, "n", 0)),
+                                    config.learner_queue_size, clock=_run_clock(weakref.ref(self)))
+        self.learner.on_train_step = self.health.observe_learner_step
         self.history = StatsHistory(maxlen=100_000)
         self.knob_changes: list[dict[str, Any]] = []
         self._pending_knobs: dict[str, Any] = {}
@@ -327,10 +344,12 @@ class Impala:
 
     def _put_on_learner_queue(self, train_batch: SampleBatch) -> None:
         """Put with back-pressure, but never hang: a dead or unstarted learner raises."""
+        start = time.perf_counter()
         while True:
             try:
                 self.learner.inqueue.put(train_batch, timeout=0.5)
                 self.num_train_batches += 1
+                self._queue_wait_meter.add(time.perf_counter() - start)
                 return
             except queue.Full:
                 self.learner.raise_if_failed()
@@ -404,7 +423,10 @@ class Impala:
 
         learner_timers = self.learner.timers()
         returns = list(self._episode_returns)
+        return_mean = float(np.mean(returns)) if returns else math.nan
         lag = self._policy_lag.stats()
+        lag_mean = lag["mean"] if lag["count"] else math.nan
+        queue_stats = self.learner.learner_queue_size.stats()
         return {
             "sample_throughput": round(self._sample_meter.rate(), 3),
             "train_throughput": round(self._train_meter.rate(), 3),
@@ -421,19 +443,28 @@ class Impala:
                 "batch_concat_time_ms": ms(self._concat_timer),
                 "broadcast_time_ms": ms(self._broadcast_timer),
             },
-            "learner_queue": self.learner.learner_queue_size.stats(),
+            "learner_queue": queue_stats,
             "learner": dict(self.learner.stats),
-            "episode_return_mean": float(np.mean(returns)) if returns else math.nan,
+            "episode_return_mean": return_mean,
             "episode_len_mean": (float(np.mean(self._episode_lengths))
                                  if self._episode_lengths else math.nan),
             "episode_return_count": len(returns),
             "last_error": self.last_error,
             "episodes_total": self.episodes_total,
-            "policy_lag": {"mean": lag["mean"] if lag["count"] else math.nan,
+            "policy_lag": {"mean": lag_mean,
                            "max": getattr(self, "_max_lag", 0)},
             "weights_version": self.policy.version,
             "pipeline": self._pipeline_view(),
             "knobs": {k: getattr(self.config, k) for k in LIVE_KNOBS},
+            "health": self.health.check(
+                episode_return_mean=return_mean,
+                episode_return_count=len(returns),
+                learner_queue=queue_stats,
+                learner_wait_ms=1000.0 * self.learner.data_wait_timer().mean,
+                learner_grad_ms=1000.0 * self.learner.grad_timer.mean,
+                driver_blocked_fraction=self._queue_wait_meter.rate(),
+                policy_lag=lag_mean,
+                num_updates_skipped=getattr(self.policy, "num_updates_skipped", 0)),
         }
 
     def _pipeline_view(self) -> dict[str, Any]:
@@ -466,10 +497,17 @@ class Impala:
         return view
 
     def record(self) -> dict[str, Any]:
-        """Take a stats snapshot into ``history`` (a row of metrics.csv) and return it."""
+        """Take a stats snapshot into ``history`` (a row of metrics.csv) and return it.
+
+        ``health`` becomes two columns: ``health.status`` and ``health.flags`` (the active
+        flags' codes joined with ``;``).
+        """
         snapshot = self.stats()
-        row = flatten({k: v for k, v in snapshot.items() if k != "pipeline"})
+        row = flatten({k: v for k, v in snapshot.items() if k not in ("pipeline", "health")})
         row.pop("learner_queue.count", None)
+        health = snapshot.get("health") or {}
+        row["health.status"] = health.get("status")
+        row["health.flags"] = flag_codes(health)
         self.history.append(row)
         return snapshot
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import queue
 import threading
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 from impala_lab.errors import LearnerError, NonFiniteLossError
@@ -54,6 +55,9 @@ class LearnerThread(threading.Thread):
         self.load_wait_timer = TimerStat()
         self.weights_updated = False
         self.stats: dict[str, float] = {}
+        # Called with each train step's stats, in this thread (the run's health monitor):
+        # it sees every step, where stats() only shows the last one.
+        self.on_train_step: Callable[[dict[str, float]], None] | None = None
         self.stopped = False
         self.num_steps = 0
         self.error: BaseException | None = None
@@ -94,6 +98,8 @@ class LearnerThread(threading.Thread):
         self.num_steps += 1
         self.outqueue.put(batch.count)
         self.learner_queue_size.push(self.inqueue.qsize())
+        if self.on_train_step is not None:
+            self.on_train_step(self.stats)
         return True
 
     # ------------------------------------------------------------------ driver side
@@ -108,6 +114,10 @@ class LearnerThread(threading.Thread):
             raise ValueError(f"num_sgd_iter={n!r} is invalid: it must be >= 1")
         self.minibatch_buffer.max_ttl = int(n)
         self.minibatch_buffer.cur_max_ttl = min(self.minibatch_buffer.cur_max_ttl, int(n))
+
+    def data_wait_timer(self) -> TimerStat:
+        """The timer of this learner's own wait for data (here: its dequeue)."""
+        return self.queue_timer
 
     def timers(self) -> dict[str, TimerStat]:
         return {"learner_grad_time_ms": self.grad_timer,

@@ -320,6 +320,8 @@ class MultiGPULearner(LearnerThread):
             finite = all(np.isfinite(stats[k]) for k in ("total_loss", "grad_gnorm"))
             if finite:
                 policy.version += 1
+            else:  # counted on the policy, as VTracePolicy.learn_on_batch does
+                policy.num_updates_skipped = getattr(policy, "num_updates_skipped", 0) + 1
         stats["policy_version"] = policy.version
         if not finite:
             raise NonFiniteLossError(describe_nonfinite(stats, batch))
@@ -367,6 +369,8 @@ class MultiGPULearner(LearnerThread):
         self.num_steps += 1
         self.outqueue.put(batch.count)
         self.learner_queue_size.push(self.inqueue.qsize())
+        if self.on_train_step is not None:
+            self.on_train_step(self.stats)
         return True
 
     def _next_buffer(self, block_timeout: float | None) -> tuple[DataBuffer | None, bool, float]:
@@ -388,6 +392,10 @@ class MultiGPULearner(LearnerThread):
             waited = self._pending_wait + time.perf_counter() - start
             self._pending_wait = 0.0
             return buf, released, waited
+
+    def data_wait_timer(self) -> TimerStat:
+        """The learner's own wait for data: for a ready buffer (loader 0 waits on the inqueue)."""
+        return self.load_wait_timer
 
     # ------------------------------------------------------------------ errors, lifetime
     def _loader_failed(self, error: LearnerError) -> None:

@@ -1,17 +1,20 @@
-"""The impala-lab command: a short run writes every output; bad input exits 2 with a message."""
+"""The impala-lab command: a short run writes every output; bad input exits 2 with a message;
+the last line says whether the target was reached; --train-after-target trains on after it."""
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from impala_lab.cli import main
+from impala_lab.cli import final_line, main
 from impala_lab.config import ImpalaConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -27,7 +30,7 @@ def test_a_short_run_writes_config_metrics_result_report_and_checkpoint(tmp_path
     out = tmp_path / "run"
     proc = run_cli("train", "--backend", "inline", "--num-envs-per-worker", "4",
                    "--max-env-steps", "6000", "--report-interval", "0.2", "--seed", "3",
-                   "--out", str(out))
+                   "--stop-return", "10000", "--out", str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
     config = json.loads((out / "config.json").read_text())
     assert config["backend"] == "inline" and config["num_envs_per_worker"] == 4
@@ -36,13 +39,103 @@ def test_a_short_run_writes_config_metrics_result_report_and_checkpoint(tmp_path
     assert set(result) >= {"solved", "seconds_to_target", "env_steps_to_target", "final"}
     assert result["solved"] is False and result["stop_reason"] == "max_env_steps"
     assert result["final"]["num_steps_sampled"] >= 6000
+    assert result["seconds_after_target"] is None and result["return_min_after_target"] is None
+    # The health monitor's findings, in result.json and as two metrics.csv columns.
+    health = result["health"]
+    assert health == result["final"]["health"] and health["status"] in ("ok", "warning")
+    assert set(health) == {"status", "flags", "seen", "num_updates_skipped"}
     with open(out / "metrics.csv") as fh:
         rows = list(csv.DictReader(fh))
     assert rows and "episode_return_mean" in rows[0] and "sample_throughput" in rows[0]
     assert "timing_breakdown.learner_grad_time_ms" in rows[0]
+    assert all(r["health.status"] in ("ok", "warning") for r in rows)
+    assert rows[-1]["health.flags"] == ";".join(f["code"] for f in health["flags"])
     assert (out / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (out / "checkpoint" / "state.json").is_file()
-    assert "steps" in proc.stdout and "results in" in proc.stdout
+    assert "steps" in proc.stdout
+    # One clear last line: not reached, the best trailing mean, what the monitor saw, where.
+    last = proc.stdout.rstrip("\n").splitlines()[-1]
+    assert re.fullmatch(
+        r"impala-lab: did NOT reach mean return 10000 within 6,000 env steps \(best trailing "
+        r"mean [\d.]+, last [\d.]+\); health monitor saw: .+; results in " + re.escape(f"{out}/"),
+        last), last
+
+
+def test_train_after_target_trains_on_and_reports_the_lowest_return_after_it(tmp_path):
+    out = tmp_path / "run"
+    proc = run_cli("train", "--backend", "inline", "--num-workers", "1", "--stop-return", "15",
+                   "--train-after-target", "2", "--max-seconds", "120", "--report-interval",
+                   "0.2", "--seed", "1", "--quiet", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((out / "result.json").read_text())
+    assert result["solved"] is True and result["stop_reason"] == "stop condition"
+    assert result["train_after_target"] == 2.0
+    assert 2.0 <= result["seconds_after_target"] < 60
+    # The lowest mean return from the report that reached 15 to the end of training.
+    with open(out / "metrics.csv") as fh:
+        returns = [float(r["episode_return_mean"]) for r in csv.DictReader(fh)
+                   if r["episode_return_count"] == "100"]
+    first = next(i for i, r in enumerate(returns) if r >= 15)
+    assert result["return_min_after_target"] == pytest.approx(min(returns[first:]))
+    assert result["best_return_mean"] >= result["return_min_after_target"]
+    last = proc.stdout.rstrip("\n").splitlines()[-1]
+    assert re.fullmatch(
+        r"impala-lab: reached mean return 15 in [\d.]+ s \([\d,]+ env steps\), then trained "
+        r"[\d.]+ s more \(lowest mean return [\d.]+\)(; health monitor saw: .+)?; results in "
+        + re.escape(f"{out}/"), last), last
+
+
+def _args(**kw) -> argparse.Namespace:
+    base = dict(stop_return=475.0, max_seconds=300.0, max_env_steps=None, train_after_target=0.0)
+    return argparse.Namespace(**{**base, **kw})
+
+
+def _result(**kw) -> dict:
+    seen = {"value_loss_spike": {"first_s": 40.2, "last_s": 44.0, "times": 3, "message": "."},
+            "entropy_collapsed": {"first_s": 41.4, "last_s": 299.0, "times": 1, "message": "."}}
+    base = {"solved": False, "seconds_to_target": None, "env_steps_to_target": None,
+            "seconds_after_target": None, "return_min_after_target": None,
+            "best_return_mean": 382.06, "stop_reason": "max_seconds",
+            "health": {"status": "warning", "flags": [], "seen": seen,
+                       "num_updates_skipped": 0},
+            "final": {"episode_return_mean": 9.31, "episode_return_count": 100,
+                      "time_total_s": 300.4, "num_steps_sampled": 31_000_000}}
+    return {**base, **kw}
+
+
+def test_the_last_line_says_whether_the_target_was_reached_and_what_went_wrong():
+    out = Path("runs/demo")
+    healthy = {"status": "ok", "flags": [], "seen": {}, "num_updates_skipped": 0}
+    assert final_line(_result(solved=True, seconds_to_target=14.21, env_steps_to_target=812_000,
+                              stop_reason="stop condition", health=healthy), _args(), out) == (
+        "impala-lab: reached mean return 475 in 14.2 s (812,000 env steps); results in "
+        "runs/demo/")
+    assert final_line(_result(), _args(), out) == (
+        "impala-lab: did NOT reach mean return 475 within 300 s (best trailing mean 382.1, "
+        "last 9.3); health monitor saw: value-loss spike at 40 s (3 times), entropy collapsed "
+        "at 41 s; results in runs/demo/")
+    assert final_line(_result(stop_reason="max_env_steps", health=healthy),
+                      _args(max_env_steps=20_000), out) == (
+        "impala-lab: did NOT reach mean return 475 within 20,000 env steps (best trailing mean "
+        "382.1, last 9.3); health monitor saw: nothing wrong; results in runs/demo/")
+    assert final_line(_result(stop_reason="interrupted", best_return_mean=None,
+                              final={"episode_return_mean": 20.0, "episode_return_count": 7,
+                                     "time_total_s": 3.14, "num_steps_sampled": 900}),
+                      _args(), out, interrupted=True) == (
+        "impala-lab: interrupted: did NOT reach mean return 475 before the interrupt at 3.1 s "
+        "(7 episodes, too few for a mean); health monitor saw: value-loss spike at 40 s "
+        "(3 times), entropy collapsed at 41 s; results in runs/demo/")
+    assert final_line(_result(solved=True, seconds_to_target=20.0, env_steps_to_target=1_500_000,
+                              seconds_after_target=60.04, return_min_after_target=412.5,
+                              stop_reason="stop condition"),
+                      _args(train_after_target=60.0), out) == (
+        "impala-lab: reached mean return 475 in 20.0 s (1,500,000 env steps), then trained "
+        "60.0 s more (lowest mean return 412.5); health monitor saw: value-loss spike at 40 s "
+        "(3 times), entropy collapsed at 41 s; results in runs/demo/")
+    assert final_line(_result(stop_reason="max_env_steps", health=healthy),
+                      _args(stop_return=None, max_env_steps=20_000), out) == (
+        "impala-lab: trained 300.4 s, 31,000,000 env steps (stop: max_env_steps); best trailing "
+        "mean 382.1, last 9.3; results in runs/demo/")
 
 
 @pytest.mark.parametrize("args, fragments", [
@@ -53,6 +146,9 @@ def test_a_short_run_writes_config_metrics_result_report_and_checkpoint(tmp_path
     (["--fake-gpus", "maybe"], ["--fake-gpus='maybe'", "true or false"]),
     (["--max-seconds", "-1"], ["--max-seconds=-1.0", "positive"]),
     (["--replay-proportion", "0.5"], ["replay_buffer_num_slots=0", "at least 11"]),
+    (["--stop-return", "10", "--train-after-target", "-1"],
+     ["--train-after-target=-1.0", "seconds >= 0"]),
+    (["--train-after-target", "5"], ["--train-after-target=5.0", "without --stop-return"]),
 ])
 def test_bad_input_exits_2_with_the_field_value_and_fix(args, fragments, capsys, tmp_path):
     code = main(["train", "--out", str(tmp_path / "never"), *args])

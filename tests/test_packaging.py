@@ -135,7 +135,7 @@ def test_make_targets_run_the_documented_commands(tmp_path: Path) -> None:
     demo = _make("-n", venv, "demo")
     assert demo.returncode == 0, demo.stderr
     assert f"{tmp_path}/venv/bin/impala-lab train --env CartPole-v1 --stop-return 475 " \
-           "--out runs/demo" in demo.stdout
+           "--max-seconds 300 --out runs/demo" in demo.stdout
     assert "-m venv" in demo.stdout and "install --progress-bar off -e ." in demo.stdout
 
     test = _make("-n", venv, "test")

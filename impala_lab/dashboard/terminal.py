@@ -5,6 +5,9 @@ the pipeline; `progress_line(stats)` is one line for logs; `TerminalView` redraw
 place in a TTY (the CLI's live view) and prints one line per report elsewhere. The dashboard's
 ``show()`` prints `render` when there is no notebook frontend.
 
+Both show the learning-health monitor's active flags (``stats()["health"]``) when there are
+any: the line ends with ``health: entropy collapsed, ...``, the panel has a ``health`` line.
+
 Pure Python on purpose: no numpy, no matplotlib, no ipywidgets, so the CLI stays quick to
 start and this module is safe to import anywhere.
 """
@@ -15,6 +18,8 @@ import math
 import sys
 from collections.abc import Mapping
 from typing import Any, TextIO
+
+from impala_lab.health import flag_labels
 
 # Short labels of stats()["timing_breakdown"] keys (milliseconds), in pipeline order.
 TIMER_LABELS = {
@@ -127,19 +132,23 @@ def queue_figures(stats: Mapping[str, Any]) -> dict[str, tuple[float, float]]:
 
 # ---------------------------------------------------------------------- the views
 def progress_line(s: Mapping[str, Any]) -> str:
-    """One line: time, env steps, return, throughputs, learner queue, policy lag."""
+    """One line: time, env steps, return, throughputs, learner queue, policy lag, and the
+    health flags when there are any."""
     q = queue_figures(s)["learner_queue"]
     lag = (s.get("policy_lag") or {}).get("mean", math.nan)
     ret = s.get("episode_return_mean", math.nan)
+    flags = flag_labels(s.get("health"))
     return (f"{s.get('time_total_s', 0.0):7.1f}s  steps {fmt_count(s.get('num_steps_sampled')):>9}"
             f"  return {ret if is_number(ret) else math.nan:7.1f}"
             f"  sample {fmt_count(s.get('sample_throughput')):>8}/s"
             f"  train {fmt_count(s.get('train_throughput')):>8}/s"
-            f"  queue {q[0]:>2.0f}/{q[1]:.0f}  lag {lag if is_number(lag) else math.nan:.1f}")
+            f"  queue {q[0]:>2.0f}/{q[1]:.0f}  lag {lag if is_number(lag) else math.nan:.1f}"
+            + (f"  health: {flags}" if flags else ""))
 
 
 def render(s: Mapping[str, Any], title: str = "") -> str:
-    """The text dashboard (7 lines, <= 100 columns) of one ``Impala.stats()`` snapshot."""
+    """The text dashboard (7 lines, <= 100 columns) of one ``Impala.stats()`` snapshot; 8 with
+    a ``health`` line when the snapshot has a health key (every live run's has)."""
     p = s.get("pipeline") or {}
     q = queue_figures(s)
     lag = s.get("policy_lag") or {}
@@ -177,6 +186,10 @@ def render(s: Mapping[str, Any], title: str = "") -> str:
         if key in learner) if learner else "no learner step yet"))
     knobs = s.get("knobs") or {}
     lines.append("knobs       " + " ".join(f"{k}={fmt_knob(v)}" for k, v in knobs.items()))
+    health = s.get("health")
+    if health is not None:  # always present in a live run: the panel keeps its height
+        flags = flag_labels(health)
+        lines.append("health      " + (f"WARNING: {flags}" if flags else "ok"))
     return "\n".join(line[:100] for line in lines)
 
 

@@ -5,7 +5,9 @@
     board.show()                      # widgets in this cell; a poller keeps them moving
     impala.start(max_seconds=120)     # trains in the background: the cell returns
 
-What it shows (top to bottom): the run's status and headline figures; the pipeline diagram
+What it shows (top to bottom): the run's status; a learning-health badge (``stats()["health"]``:
+a warning badge per active flag with its one-sentence explanation, else "ok" and what was seen
+earlier); the headline figures; the pipeline diagram
 (`impala_lab.dashboard.diagram`); gauges for the queues with a bottleneck hint; start, pause
 and stop buttons and the live knobs; plots of throughput, return, learner queue and policy
 lag, the timing breakdown and the learner stats (`impala_lab.dashboard.plots`).
@@ -59,6 +61,8 @@ from impala_lab.dashboard.terminal import (
     queue_figures,
     render,
 )
+from impala_lab.health import LABELS as HEALTH_LABELS
+from impala_lab.health import describe_seen
 
 # name -> (label, formatter of the stats snapshot)
 CARDS: dict[str, tuple[str, Callable[[Mapping[str, Any]], str]]] = {
@@ -211,6 +215,8 @@ class Dashboard:
     def _build(self) -> None:
         self.header = W.HTML()
         self.header.add_class("impala-header")
+        self.health = W.HTML(layout=W.Layout(width="100%"))
+        self.health.add_class("impala-health")
         self.cards: dict[str, W.HTML] = {}
         for name in CARDS:
             card = W.HTML(layout=W.Layout(min_width="124px", margin="0 6px 0 0"))
@@ -289,6 +295,7 @@ class Dashboard:
                         learner])
         self.widget = W.VBox([
             self.header,
+            self.health,
             W.HBox(list(self.cards.values()), layout=W.Layout(flex_flow="row wrap")),
             self.diagram,
             W.HBox([gauges, controls], layout=W.Layout(flex_flow="row wrap",
@@ -448,7 +455,7 @@ class Dashboard:
         """Set every widget from one snapshot, each widget's changes in one message."""
         self.last_stats = dict(s)
         state = self._state(run)
-        widgets = [self.header, self.diagram, self.timing, self.hint, self.message,
+        widgets = [self.header, self.health, self.diagram, self.timing, self.hint, self.message,
                    self.knob_log,
                    *self.cards.values(), *self.gauges.values(), *self.gauge_labels.values(),
                    *self.knobs.values(), self.start_button, self.pause_button,
@@ -457,6 +464,7 @@ class Dashboard:
             for w in widgets:
                 stack.enter_context(w.hold_sync())
             self.header.value = self._header_html(s, state)
+            self.health.value = self._health_html(s.get("health"))
             for name, (label, fmt) in CARDS.items():
                 self.cards[name].value = (
                     f'<div style="line-height:1.15"><div style="font-size:13px;color:#555">'
@@ -498,6 +506,31 @@ class Dashboard:
         return (f'<div style="font-size:20px"><b>{self.title}</b>{detail} '
                 f'<span class="impala-status impala-status-{state}" '
                 f'style="color:{color};font-weight:bold;margin-left:12px">{label}</span></div>')
+
+    @staticmethod
+    def _health_html(health: Mapping[str, Any] | None) -> str:
+        """The learning-health badge: one orange badge per active flag with its sentence;
+        "ok" (and what the run saw earlier) otherwise; nothing without a health key."""
+        if not health:
+            return ""
+        flags = health.get("flags") or []
+        if not flags:
+            seen = describe_seen(health)
+            earlier = (f' <span style="color:#555">(earlier: {_escape(seen)})</span>'
+                       if seen else "")
+            return (f'<div class="impala-health-ok" style="font-size:14px;color:{GREEN}">'
+                    f"✓ learning health: ok{earlier}</div>")
+        rows = []
+        for flag in flags:
+            code = str(flag.get("code"))
+            label = HEALTH_LABELS.get(code, code)
+            rows.append(
+                f'<div class="impala-health-flag impala-health-{code.replace("_", "-")}" '
+                f'style="font-size:14px;margin:2px 0"><span class="impala-health-badge" '
+                f'style="background:{ORANGE};color:white;font-weight:bold;border-radius:4px;'
+                f'padding:1px 8px;margin-right:8px">⚠ {_escape(label)}</span>'
+                f'{_escape(str(flag.get("message", "")))}</div>')
+        return f'<div class="impala-health-warning">{"".join(rows)}</div>'
 
     def _apply_gauges(self, s: Mapping[str, Any]) -> None:
         figures = queue_figures(s)

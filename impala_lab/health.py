@@ -1,0 +1,336 @@
+"""`HealthMonitor`: says when learning looks wrong, in words and figures.
+
+One idea: compare each figure the run already measures against a documented threshold, and
+name what crosses it. Six flags (their codes):
+
+- ``entropy_collapsed``: the policy's mean entropy over the last `ENTROPY_WINDOW` learner
+  steps is below `ENTROPY_COLLAPSE_FRACTION` of the largest possible, ``log(num_actions)``,
+  while the mean return is below `LOW_RETURN_FRACTION` of the best trailing mean seen so far.
+  A near-deterministic policy that does well is fine; one that does badly can no longer
+  explore its way out (with ``entropy_coeff`` 0 nothing pushes it back). Both figures are
+  relative, so CartPole's collapsed policy (return about 9, the random policy's is about 22)
+  is caught after a fall from 400 as well as from the start.
+- ``value_loss_spike`` / ``grad_norm_spike``: one learner step's ``vf_loss`` (``grad_gnorm``)
+  at least `SPIKE_RATIO` times the median of the previous `SPIKE_WINDOW` steps. The learner
+  thread feeds every step (`observe_learner_step`), so a spike between two reports is not
+  missed; the flag stays up for `SPIKE_HOLD_S` seconds after the latest spike.
+- ``updates_skipped``: updates rejected because the loss or gradient norm was not finite
+  (``VTracePolicy.num_updates_skipped``), counted since the start; the flag stays up.
+- ``learner_starved``: the learner queue held at most `STARVED_QUEUE_FRACTION` of its
+  capacity on average and the learner spent at least `STARVED_WAIT_FRACTION` of its time
+  waiting for data: the actors are the bottleneck.
+- ``learner_overfed``: the queue held at least `OVERFED_QUEUE_FRACTION` of its capacity and
+  the driver was blocked on the full queue at least `OVERFED_BLOCKED_FRACTION` of the time:
+  the learner is the bottleneck, and batches grow stale (policy lag) while they wait.
+
+`HealthMonitor.check` returns the JSON-ready dict that ``Impala.stats()["health"]`` holds::
+
+    {"status": "ok" | "warning",
+     "flags": [{"code": "entropy_collapsed", "since_s": 41.3,
+                "message": "entropy collapsed: ... (one sentence with the figures)"}],
+     "seen": {"entropy_collapsed": {"first_s": 41.3, "last_s": 60.2, "times": 1,
+                                    "message": "the first message"}},
+     "num_updates_skipped": 0}
+
+A flag clears when its condition goes away (``updates_skipped`` counts since the start and
+stays); ``since_s`` is when it came up. ``seen`` keeps every code the run ever raised, for an
+end-of-run summary (`describe_seen`): when first and last, how many times (each spike counts,
+and each time a condition came back) and its first message. Times are the run's seconds
+(``time_total_s``).
+
+Pure Python (no numpy, no TensorFlow): the learner thread calls `observe_learner_step` about
+200 times a second, so it appends to a few bounded deques and refreshes the medians only
+every `MEDIAN_REFRESH_STEPS` steps (a few microseconds per step).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from typing import Any
+
+# ---------------------------------------------------------------------- thresholds
+#: Entropy counts as collapsed below this fraction of log(num_actions) (CartPole: 0.069 nats,
+#: a policy that picks one action with probability above about 0.985).
+ENTROPY_COLLAPSE_FRACTION = 0.1
+#: Learner steps whose mean entropy is compared (one step's entropy is noisy).
+ENTROPY_WINDOW = 20
+#: The return is "low" below this fraction of the best trailing mean return seen so far.
+LOW_RETURN_FRACTION = 0.5
+#: Episodes a trailing mean needs before it counts (for the best, and for "low").
+RETURN_MIN_EPISODES = 20
+#: A step's vf_loss or grad_gnorm at least this many times the recent median is a spike. On
+#: this machine a healthy tuned CartPole run peaked at 12-14x (the value targets jump as the
+#: return first rises from 22 to 150); a run that collapsed to a return of 9.3 reached
+#: 49x (vf_loss 1.2M) and 55x (grad_gnorm 135k) as it fell.
+SPIKE_RATIO = 20.0
+#: Learner steps in the median a spike is measured against.
+SPIKE_WINDOW = 100
+#: Steps of history needed before spikes are looked for (the first steps move a lot).
+SPIKE_MIN_STEPS = 20
+#: The median is recomputed every this many steps (cheap enough for the learner thread).
+MEDIAN_REFRESH_STEPS = 10
+#: A spike flag stays up this many seconds after the latest spike.
+SPIKE_HOLD_S = 30.0
+#: Learner steps in the learner_queue window needed before starved/overfed are judged.
+PIPELINE_MIN_STEPS = 20
+#: Starved: mean queue length at most this fraction of learner_queue_size ...
+STARVED_QUEUE_FRACTION = 0.1
+#: ... and the learner waited for data at least this fraction of its time (a healthy tuned
+#: CartPole run's learner waits 60-65% of its time here, inline or with 2 process workers).
+STARVED_WAIT_FRACTION = 0.8
+#: Overfed: mean queue length at least this fraction of learner_queue_size ...
+OVERFED_QUEUE_FRACTION = 0.9
+#: ... and the driver was blocked on the full queue at least this fraction of the time.
+OVERFED_BLOCKED_FRACTION = 0.5
+
+#: The spike flags and the learner stat each watches.
+SPIKE_STATS = {"value_loss_spike": "vf_loss", "grad_norm_spike": "grad_gnorm"}
+SPIKE_CODES = tuple(SPIKE_STATS)
+
+#: Every flag code, with the short label the CLI and the dashboard show.
+LABELS = {
+    "entropy_collapsed": "entropy collapsed",
+    "value_loss_spike": "value-loss spike",
+    "grad_norm_spike": "gradient-norm spike",
+    "updates_skipped": "non-finite updates skipped",
+    "learner_starved": "learner starved",
+    "learner_overfed": "learner overfed",
+}
+
+
+def _num(x: float) -> str:
+    """A figure for a sentence: 3 significant digits, thousands separated, big ones as 1.2e+06."""
+    if not math.isfinite(x):
+        return str(x)
+    if x != 0 and (abs(x) >= 1e5 or abs(x) < 1e-3):
+        return f"{x:.2e}"
+    if abs(x) >= 100:
+        return f"{x:,.0f}"
+    return f"{x:.3g}"
+
+
+class _Series:
+    """The recent values of one learner stat, its cached median and the spikes seen in it."""
+
+    def __init__(self) -> None:
+        self.values: deque[float] = deque(maxlen=SPIKE_WINDOW)
+        self.median = math.nan
+        self.until_refresh = 0
+        self.spikes: deque[tuple[float, float, float]] = deque(maxlen=100)  # (t, value, median)
+
+    def push(self, value: float, now: float) -> bool:
+        """Add one step's value; True if it is a spike against the previous steps."""
+        spike = False
+        if not math.isfinite(value):
+            return False
+        if (len(self.values) >= SPIKE_MIN_STEPS and self.median > 0
+                and value >= SPIKE_RATIO * self.median):
+            self.spikes.append((now, value, self.median))
+            spike = True
+        self.values.append(value)
+        self.until_refresh -= 1
+        if self.until_refresh <= 0 or len(self.values) <= SPIKE_MIN_STEPS:
+            self.median = statistics.median(self.values)
+            self.until_refresh = MEDIAN_REFRESH_STEPS
+        return spike
+
+
+class HealthMonitor:
+    """Watches one run's learning and pipeline figures; `check` names what looks wrong.
+
+    Args:
+      num_actions: size of the discrete action space (the entropy's maximum is its log).
+      learner_queue_size: capacity of the learner queue.
+      clock: the run's elapsed seconds (``Impala.elapsed_s``); flag times are on it.
+    """
+
+    def __init__(self, num_actions: int, learner_queue_size: int,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.max_entropy = math.log(num_actions) if num_actions > 1 else 0.0
+        self.learner_queue_size = learner_queue_size
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._series = {code: _Series() for code in SPIKE_CODES}
+        self._entropy: deque[float] = deque(maxlen=ENTROPY_WINDOW)
+        self.num_learner_steps = 0
+        self.best_return_mean = -math.inf
+        self._active: dict[str, float] = {}  # code -> since_s
+        self.seen: dict[str, dict[str, Any]] = {}
+        self._num_skipped = 0
+        self._last_skip_s = math.nan
+
+    # ------------------------------------------------------------------ learner thread
+    def observe_learner_step(self, stats: Mapping[str, float]) -> None:
+        """Take one learner step's stats (``learn_on_batch``'s dict); cheap, any thread."""
+        with self._lock:
+            now = self._clock()
+            self.num_learner_steps += 1
+            entropy = stats.get("entropy")
+            if entropy is not None and math.isfinite(entropy):
+                self._entropy.append(float(entropy))
+            for code, series in self._series.items():
+                value = stats.get(SPIKE_STATS[code])
+                if value is not None and series.push(float(value), now):
+                    self._note(code, now, now, self._spike_message(code, now), True)
+
+    # ------------------------------------------------------------------ the check
+    def check(self, *, episode_return_mean: float = math.nan, episode_return_count: int = 0,
+              learner_queue: Mapping[str, float] | None = None,
+              learner_wait_ms: float = 0.0, learner_grad_ms: float = 0.0,
+              driver_blocked_fraction: float = 0.0, policy_lag: float = math.nan,
+              num_updates_skipped: int = 0) -> dict[str, Any]:
+        """Judge the run now; returns the ``health`` dict (see the module docs).
+
+        Args:
+          episode_return_mean: mean return of the last episodes (stats()'s figure).
+          episode_return_count: episodes in that mean.
+          learner_queue: ``stats()["learner_queue"]`` (mean and count of the queue length
+            after each learner step).
+          learner_wait_ms: mean ms the learner waited for data per step.
+          learner_grad_ms: mean ms of a learner train step.
+          driver_blocked_fraction: share of the recent wall time the driver waited to put a
+            batch on the full learner queue.
+          policy_lag: mean policy lag (for the overfed message).
+          num_updates_skipped: non-finite updates rejected since the start.
+        """
+        with self._lock:
+            now = self._clock()
+            flags: dict[str, str] = {}
+            self._check_entropy(flags, episode_return_mean, episode_return_count)
+            for code in SPIKE_CODES:
+                message = self._spike_message(code, now)
+                if message:
+                    flags[code] = message
+            if num_updates_skipped > self._num_skipped:
+                self._num_skipped = int(num_updates_skipped)
+                self._last_skip_s = now
+            if self._num_skipped:
+                flags["updates_skipped"] = (
+                    f"non-finite updates skipped: {self._num_skipped} update(s) since the "
+                    f"start had a NaN or infinite loss or gradient norm (the latest noticed at "
+                    f"{self._last_skip_s:.1f} s); check the env's rewards and observations, "
+                    f"or lower lr or grad_clip")
+            self._check_pipeline(flags, learner_queue or {}, learner_wait_ms, learner_grad_ms,
+                                 driver_blocked_fraction, policy_lag)
+            for code in list(self._active):
+                if code not in flags:
+                    del self._active[code]
+            out = []
+            for code, message in flags.items():
+                new = code not in self._active
+                if new:
+                    self._active[code] = self._since(code, now)
+                since = self._active[code]
+                if code not in SPIKE_CODES:  # spikes are noted by the learner thread
+                    self._note(code, since, now, message, new)
+                out.append({"code": code, "message": message, "since_s": round(since, 2)})
+            return {"status": "warning" if out else "ok", "flags": out,
+                    "seen": {code: dict(entry) for code, entry in self.seen.items()},
+                    "num_updates_skipped": self._num_skipped}
+
+    # ------------------------------------------------------------------ conditions
+    def _check_entropy(self, flags: dict[str, str], ret: float, count: int) -> None:
+        have_return = count >= RETURN_MIN_EPISODES and math.isfinite(ret)
+        if have_return:
+            self.best_return_mean = max(self.best_return_mean, ret)
+        if not (have_return and len(self._entropy) >= ENTROPY_WINDOW and self.max_entropy > 0):
+            return
+        entropy = sum(self._entropy) / len(self._entropy)
+        limit = ENTROPY_COLLAPSE_FRACTION * self.max_entropy
+        low = LOW_RETURN_FRACTION * self.best_return_mean
+        if entropy < limit and ret < low:
+            flags["entropy_collapsed"] = (
+                f"entropy collapsed: the policy's mean entropy over the last {ENTROPY_WINDOW} "
+                f"learner steps is {_num(entropy)} nats, below {_num(limit)} "
+                f"({ENTROPY_COLLAPSE_FRACTION:.0%} of the maximum {_num(self.max_entropy)}), "
+                f"while the mean return {_num(ret)} is below {LOW_RETURN_FRACTION:.0%} of the "
+                f"best so far ({_num(self.best_return_mean)}); a near-deterministic policy that "
+                f"does badly no longer explores (raise entropy_coeff or lower lr)")
+
+    def _spike_message(self, code: str, now: float) -> str:
+        recent = [s for s in self._series[code].spikes if now - s[0] <= SPIKE_HOLD_S]
+        if not recent:
+            return ""
+        t, value, median = max(recent, key=lambda s: s[1] / s[2])
+        name = "value losses" if code == "value_loss_spike" else "gradient norms"
+        key = SPIKE_STATS[code]
+        times = f"{len(recent)} spikes" if len(recent) > 1 else "a spike"
+        return (f"{LABELS[code]}: {times} in the last {SPIKE_HOLD_S:.0f} s, the largest "
+                f"{key}={_num(value)} at {t:.1f} s, {_num(value / median)}x the median "
+                f"{_num(median)} of the previous {SPIKE_WINDOW} learner steps (threshold "
+                f"{SPIKE_RATIO:g}x); large {name} can wreck the policy (lower lr or "
+                f"vf_loss_coeff, or grad_clip)")
+
+    def _since(self, code: str, now: float) -> float:
+        if code in SPIKE_CODES:
+            recent = [s[0] for s in self._series[code].spikes if now - s[0] <= SPIKE_HOLD_S]
+            return min(recent) if recent else now
+        if code == "updates_skipped":
+            return self._last_skip_s
+        return now
+
+    def _check_pipeline(self, flags: dict[str, str], q: Mapping[str, float], wait_ms: float,
+                        grad_ms: float, blocked: float, lag: float) -> None:
+        size = self.learner_queue_size
+        mean = q.get("mean", math.nan)
+        if q.get("count", 0) < PIPELINE_MIN_STEPS or size <= 0 or not math.isfinite(mean):
+            return
+        busy = wait_ms + grad_ms
+        wait_fraction = wait_ms / busy if busy > 0 else 0.0
+        if mean <= STARVED_QUEUE_FRACTION * size and wait_fraction >= STARVED_WAIT_FRACTION:
+            flags["learner_starved"] = (
+                f"learner starved: it waited for data {wait_fraction:.0%} of its time "
+                f"({_num(wait_ms)} ms per step against {_num(grad_ms)} ms of training) and the "
+                f"learner queue held {mean:.1f} of {size} batches on average; the actors are "
+                f"the bottleneck (add workers or envs per worker, or raise num_sgd_iter)")
+        elif mean >= OVERFED_QUEUE_FRACTION * size and blocked >= OVERFED_BLOCKED_FRACTION:
+            lag_text = f", policy lag {lag:.1f} updates" if math.isfinite(lag) else ""
+            flags["learner_overfed"] = (
+                f"learner overfed: the learner queue held {mean:.1f} of {size} batches on "
+                f"average and the driver waited on it {blocked:.0%} of the time{lag_text}; "
+                f"the learner is the bottleneck and batches grow stale while they wait "
+                f"(lower learner_queue_size or num_sgd_iter, or use fewer workers)")
+
+    # ------------------------------------------------------------------ memory
+    def _note(self, code: str, first: float, last: float, message: str, new: bool) -> None:
+        """Keep ``code`` in ``seen``: first and last time, times raised, the first message."""
+        entry = self.seen.get(code)
+        if entry is None:
+            self.seen[code] = {"first_s": round(first, 2), "last_s": round(last, 2),
+                               "times": 1, "message": message}
+            return
+        if new:
+            entry["times"] += 1
+        entry["last_s"] = max(entry["last_s"], round(last, 2))
+
+
+# ---------------------------------------------------------------------- for people
+def flag_labels(health: Mapping[str, Any] | None) -> str:
+    """The active flags as short labels, e.g. ``"entropy collapsed, value-loss spike"``;
+    ``""`` when all is well (or there is no health dict)."""
+    flags = (health or {}).get("flags") or []
+    return ", ".join(LABELS.get(f.get("code"), str(f.get("code"))) for f in flags)
+
+
+def flag_codes(health: Mapping[str, Any] | None) -> str:
+    """The active flags' codes joined with ``;`` (the ``health.flags`` column of metrics.csv)."""
+    return ";".join(str(f.get("code")) for f in (health or {}).get("flags") or [])
+
+
+def describe_seen(health: Mapping[str, Any] | None) -> str:
+    """What the monitor saw over the whole run, in first-seen order, e.g.
+    ``"value-loss spike at 40 s (3 times), entropy collapsed at 41 s"``; ``""`` if nothing."""
+    seen = (health or {}).get("seen") or {}
+    parts = []
+    for code, entry in sorted(seen.items(), key=lambda kv: kv[1].get("first_s", math.inf)):
+        first = entry.get("first_s")
+        when = f" at {first:.0f} s" if isinstance(first, int | float) and math.isfinite(first) \
+            else ""
+        times = entry.get("times", 1)
+        parts.append(f"{LABELS.get(code, code)}{when}" + (f" ({times} times)" if times > 1 else ""))
+    return ", ".join(parts)
