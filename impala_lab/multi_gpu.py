@@ -298,7 +298,8 @@ class MultiGPULearner(LearnerThread):
         self.num_traces += 1  # Python side effect: runs once per trace
         grads, stats = self.tower_gradients(parts)
         with tf.device(self.devices[0]):
-            stats.update(self.policy.apply_gradients(grads))
+            # A non-finite update is not applied: the policy's tf.cond skips the optimizer.
+            stats.update(self.policy.apply_gradients(grads, loss=stats["total_loss"]))
         return stats
 
     def compute_gradients(self, batch: SampleBatch) -> tuple[list[np.ndarray], dict[str, float]]:
@@ -311,7 +312,8 @@ class MultiGPULearner(LearnerThread):
         """One optimizer step on staged parts (the towers); the stats as floats.
 
         Raises:
-          NonFiniteLossError: as `VTracePolicy.learn_on_batch` (the update was not applied).
+          NonFiniteLossError: as `VTracePolicy.learn_on_batch` (the update was not applied:
+            weights and optimizer state stay bitwise as they were).
         """
         policy = self.policy
         with policy.lock:

@@ -39,6 +39,7 @@ from impala_lab.batch import SampleBatch
 from impala_lab.config import ImpalaConfig
 from impala_lab.errors import NonFiniteLossError
 from impala_lab.models import build_keras_model, check_spaces
+from impala_lab.optimizers import TF1RMSprop
 
 STAT_KEYS = ("total_loss", "policy_loss", "vf_loss", "entropy", "grad_gnorm", "var_gnorm",
              "mean_rho", "vf_explained_var")
@@ -99,6 +100,9 @@ class VTracePolicy:
         self.optimizer = self._make_optimizer(config)
         self.optimizer.build(self.model.trainable_variables)
         self.version = 0
+        # Updates rejected because the loss or gradient norm was not finite (the health
+        # monitor reports them; learn_on_batch raises NonFiniteLossError for each).
+        self.num_updates_skipped = 0
         # get_weights() from the driver must not read a half-applied update.
         self.lock = threading.Lock()
         self._train_step = tf.function(self._train_step_impl)
@@ -120,9 +124,10 @@ class VTracePolicy:
     def _make_optimizer(self, config: ImpalaConfig) -> keras.optimizers.Optimizer:
         if config.opt_type == "adam":
             return keras.optimizers.Adam(learning_rate=config.lr)
-        # RLlib's RMSProp: decay 0.99, momentum 0, epsilon 0.1.
-        return keras.optimizers.RMSprop(learning_rate=config.lr, rho=config.decay,
-                                        momentum=config.momentum, epsilon=config.epsilon)
+        # RLlib's RMSProp (decay 0.99, momentum 0, epsilon 0.1) is TensorFlow 1's, whose mean
+        # square starts at ones; Keras's RMSprop starts it at zeros (3.3x larger first steps).
+        return TF1RMSprop(learning_rate=config.lr, rho=config.decay,
+                          momentum=config.momentum, epsilon=config.epsilon)
 
     def set_lr(self, lr: float) -> None:
         """Change the learning rate between steps (no retrace)."""
@@ -192,16 +197,29 @@ class VTracePolicy:
         grads = tape.gradient(loss, self.model.trainable_variables)
         return grads, stats
 
-    def apply_gradients(self, grads: list) -> dict[str, tf.Tensor]:
-        """Clip to ``grad_clip`` by global norm, skip a non-finite update, apply."""
+    def apply_gradients(self, grads: list, loss: tf.Tensor | None = None) -> dict[str, tf.Tensor]:
+        """Clip to ``grad_clip`` by global norm and apply, unless the update is not finite.
+
+        A non-finite gradient norm (or ``loss``, when given) would poison the weights the
+        actors receive. Then the optimizer does not run at all (a ``tf.cond``): the weights
+        and every optimizer variable (Adam's moments, RMSProp's mean square, ``iterations``)
+        stay bitwise as they were, and the caller raises NonFiniteLossError on the stats.
+        Applying a zeroed gradient instead is not enough: Adam's momentum still moves the
+        weights, and its moments and step counter change.
+        """
         clipped, gnorm = tf.clip_by_global_norm(grads, self.config.grad_clip)
         finite = tf.math.is_finite(gnorm)
-        # A NaN update would poison the weights the actors receive: zero it, and the
-        # driver raises NonFiniteLossError on the stats.
-        clipped = [tf.where(finite, g, tf.zeros_like(g)) for g in clipped]
-        self.optimizer.apply_gradients(zip(clipped, self.model.trainable_variables))
-        return {"grad_gnorm": gnorm,
-                "var_gnorm": tf.linalg.global_norm(self.model.trainable_variables)}
+        if loss is not None:
+            finite = tf.logical_and(finite, tf.math.is_finite(loss))
+        variables = self.model.trainable_variables
+
+        def apply() -> tf.Tensor:
+            self.optimizer.apply(clipped, variables)
+            return tf.constant(True)
+
+        tf.cond(finite, apply, lambda: tf.constant(False))
+        # Reads after the cond: TF orders ops on the same variables as written here.
+        return {"grad_gnorm": gnorm, "var_gnorm": tf.linalg.global_norm(variables)}
 
     def _flat_weights(self) -> tf.Tensor:
         """All of ``model.weights`` as one float32 vector [num_params], in get_weights order."""
@@ -219,7 +237,7 @@ class VTracePolicy:
     def _train_step_impl(self, t: dict[str, tf.Tensor]) -> tuple[tf.Tensor, tf.Tensor]:
         self.num_traces += 1  # Python side effect: runs once per trace
         grads, stats = self.compute_gradients(t)
-        stats.update(self.apply_gradients(grads))
+        stats.update(self.apply_gradients(grads, loss=stats["total_loss"]))
         # One vector instead of a dict of scalars: one device-to-host copy per step.
         packed = tf.stack([tf.cast(stats[k], tf.float32) for k in STAT_KEYS])
         # Read after the update (TF orders ops on the same variables as written here).
@@ -253,6 +271,8 @@ class VTracePolicy:
             stats = dict(zip(STAT_KEYS, packed.numpy().tolist(), strict=True))
             if all(np.isfinite(stats[k]) for k in ("total_loss", "grad_gnorm")):
                 self.version += 1
+            else:
+                self.num_updates_skipped += 1
             if self._flat_weights_ok:
                 self._snapshot = (flat, self.version)
         stats["policy_version"] = self.version

@@ -41,6 +41,8 @@ out["devices4"] = configure_learner_devices(ImpalaConfig(num_gpus=4, fake_gpus=T
 
 import gymnasium as gym
 import tensorflow as tf
+from impala_lab.batch import SampleBatch
+from impala_lab.errors import NonFiniteLossError
 from impala_lab.policy import VTracePolicy, batch_to_tensors
 from impala_lab.rollout import RolloutWorker
 
@@ -70,6 +72,22 @@ for n in (2, 4):
     stepn = learner.learn_on_parts(learner.stage_batch(batch), batch)
     w_diff = max(float(np.abs(a - b).max())
                  for a, b in zip(single.get_weights()[0], multi.get_weights()[0]))
+    # A non-finite batch on the towers: rejected, and nothing of the learner moves.
+    state = ([w.tobytes() for w in multi.model.get_weights()]
+             + [a.tobytes() for a in multi.optimizer_state()])
+    bad_rewards = batch.rewards.copy()
+    bad_rewards[3, 1] = np.nan
+    bad = SampleBatch(**{**batch.to_dict(), "rewards": bad_rewards})
+    try:
+        learner.learn_on_parts(learner.stage_batch(bad), bad)
+        rejected = "no error"
+    except NonFiniteLossError:
+        rejected = "NonFiniteLossError"
+    out[str(n) + "_rejected"] = {
+        "raised": rejected, "version": multi.version, "skipped": multi.num_updates_skipped,
+        "unchanged": state == ([w.tobytes() for w in multi.model.get_weights()]
+                               + [a.tobytes() for a in multi.optimizer_state()]),
+        "traces": learner.num_traces}
     out[str(n)] = {
         "devices": learner.devices,
         "staged_on": [p["obs"].device for p in learner.stage_batch(batch)],
@@ -161,6 +179,15 @@ def test_combined_gradient_over_fake_devices_equals_the_single_device_gradient(d
                                                           rel=1e-5)
     assert r["step_multi"]["policy_version"] == 1
     assert r["weights_diff_after_step"] < 1e-6
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_a_rejected_update_on_the_towers_leaves_weights_and_optimizer_state_unchanged(
+        device_run, n):
+    r = device_run[f"{n}_rejected"]
+    assert r["raised"] == "NonFiniteLossError"
+    assert r["unchanged"]  # weights and every optimizer variable, bitwise
+    assert r["version"] == 1 and r["skipped"] == 1 and r["traces"] == 1
 
 
 def test_each_staged_buffer_is_used_num_sgd_iter_times_then_released_on_two_devices(
@@ -303,6 +330,32 @@ def test_stepping_by_hand_serves_the_ring_and_recycles_buffers(batches):
         learner.stop()
     assert not learner.loader_threads[0].is_alive()
     assert threading.active_count() == before
+
+
+@pytest.mark.parametrize("opt_type", ["adam", "rmsprop"])
+def test_a_rejected_update_leaves_the_learner_bitwise_unchanged_on_one_device(batches, opt_type):
+    from impala_lab.batch import SampleBatch
+    from impala_lab.errors import NonFiniteLossError
+
+    learner = make_learner(opt_type=opt_type, num_data_loader_buffers=2)
+    policy = learner.policy
+
+    def state() -> list[bytes]:
+        return ([w.tobytes() for w in policy.model.get_weights()]
+                + [a.tobytes() for a in policy.optimizer_state()])
+
+    learner.learn_on_parts(learner.stage_batch(batches[0]), batches[0])  # Adam's moments != 0
+    before = state()
+    rewards = batches[1].rewards.copy()
+    rewards[3, 1] = np.nan
+    bad = SampleBatch(**{**batches[1].to_dict(), "rewards": rewards})
+    with pytest.raises(NonFiniteLossError):
+        learner.learn_on_parts(learner.stage_batch(bad), bad)
+    assert state() == before
+    assert policy.version == 1 and policy.num_updates_skipped == 1
+    assert int(policy.optimizer.iterations.numpy()) == 1
+    learner.learn_on_parts(learner.stage_batch(batches[1]), batches[1])
+    assert policy.version == 2 and state() != before and learner.num_traces == 1
 
 
 def test_a_loader_error_is_raised_by_step_with_the_loader_named():

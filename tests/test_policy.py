@@ -87,7 +87,7 @@ def test_set_weights_rejects_wrong_shapes():
 def test_rmsprop_uses_rllibs_settings():
     policy = make_policy(opt_type="rmsprop")
     opt = policy.optimizer
-    assert type(opt).__name__ == "RMSprop"
+    assert type(opt).__name__ == "TF1RMSprop"  # TF1's semantics: see impala_lab.optimizers
     assert opt.rho == pytest.approx(0.99) and opt.momentum == 0.0
     assert opt.epsilon == pytest.approx(0.1)
 
@@ -166,3 +166,40 @@ def test_get_weights_is_the_models_weights_bitwise_through_every_path(cartpole_b
     assert version == 7
     for a, b in zip(weights, new, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def _with_nan_reward(batch: SampleBatch) -> SampleBatch:
+    rewards = batch.rewards.copy()
+    rewards[3, 1] = np.nan
+    return SampleBatch(**{**batch.to_dict(), "rewards": rewards})
+
+
+def _learner_state(policy: VTracePolicy) -> list[bytes]:
+    """The weights and every optimizer variable (slots, iterations, lr), as raw bytes."""
+    return ([np.asarray(w).tobytes() for w in policy.model.get_weights()]
+            + [np.asarray(v).tobytes() for v in policy.optimizer_state()])
+
+
+@pytest.mark.parametrize("opt_type", ["adam", "rmsprop"])
+def test_a_rejected_update_leaves_weights_and_optimizer_state_bitwise_unchanged(
+        cartpole_batch, opt_type):
+    # After a good step Adam's momentum is non-zero, so applying a zeroed gradient would
+    # still move the weights (issue 13); the rejected step must not run the optimizer at all.
+    policy = make_policy(opt_type=opt_type)
+    policy.learn_on_batch(cartpole_batch)
+    before = _learner_state(policy)
+    iterations = int(policy.optimizer.iterations.numpy())
+    with pytest.raises(NonFiniteLossError):
+        policy.learn_on_batch(_with_nan_reward(cartpole_batch))
+    assert _learner_state(policy) == before
+    assert int(policy.optimizer.iterations.numpy()) == iterations == 1
+    assert policy.version == 1 and policy.num_updates_skipped == 1
+    weights, version = policy.get_weights()  # what the actors would receive
+    assert version == 1
+    for a, b in zip(weights, policy.model.get_weights(), strict=True):
+        assert a.tobytes() == b.tobytes()
+    # training goes on from there, still with the one compiled step
+    stats = policy.learn_on_batch(cartpole_batch)
+    assert stats["policy_version"] == 2 and int(policy.optimizer.iterations.numpy()) == 2
+    assert _learner_state(policy) != before
+    assert policy.num_traces == 1
