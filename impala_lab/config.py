@@ -57,6 +57,10 @@ class ImpalaConfig:
         None, "Seed for envs, action sampling, model init and replay; None = random.")
     model: tuple[int, ...] = _f((64, 64), "Hidden layer sizes of the MLP (after the conv stack "
                                 "for image observations).")
+    vf_share_layers: bool = _f(
+        False, "One trunk under the policy and value heads (True), or a value network of its "
+        "own with the same layer sizes (False, RLlib's default: a value-loss spike cannot "
+        "wreck the policy's features).")
     max_sample_requests_in_flight_per_worker: int = _f(
         2, "Sample requests each worker has queued at once (the task pool's depth).")
     restart_failed_workers: bool = _f(

@@ -8,16 +8,26 @@ Two networks, chosen by the observation space (`check_spaces`):
     4x4 stride 2 ('valid' padding, NHWC), flatten, then ``hiddens`` dense layers, all relu.
 
 uint8 observations are scaled by 1/255 inside the network (both versions), so actors ship
-raw uint8 frames. Both networks end in two heads on the last hidden features: policy
-logits [N, A] (Discrete actions) and a value [N].
+raw uint8 frames. Both networks end in two heads: policy logits [N, A] (Discrete actions)
+and a value [N]. With ``vf_share_layers=True`` (RLlib's model option) both heads sit on one
+trunk; with ``False`` (RLlib's default, and impala_lab's) the value head has a trunk of its own
+with the same layer sizes, so a value-loss spike cannot wreck the policy's features.
 
 Weights are a ``list[np.ndarray]`` in ``keras_model.get_weights()`` order, which is also
-`NumpyModel.weight_shapes()` order::
+`NumpyModel.weight_shapes()` order. With a shared trunk::
 
     mlp: [hidden_0/kernel [D, H0], hidden_0/bias [H0], ..., logits_head/kernel [Hk, A],
           logits_head/bias [A], value_head/kernel [Hk, 1], value_head/bias [1]]
     cnn: [conv_0/kernel [8, 8, C, 16], conv_0/bias [16], conv_1/kernel [4, 4, 16, 32],
           conv_1/bias [32], hidden_0/kernel [F, H0], ..., then the two heads as above]
+
+With separate trunks every layer is followed by its value twin (Keras orders layers by
+depth): ``[conv_0, value_conv_0, ..., hidden_0, value_hidden_0, ..., logits_head,
+value_head]``, each as kernel then bias.
+
+The numpy forward fuses the two trunks into one network of twice the width (the first layer's
+kernels side by side, later kernels block-diagonal), so the actors still run one gemm per
+layer.
 
 Initialisation (`NumpyModel.initial_weights`, also what `build_keras_model` loads):
 orthogonal kernels with gain sqrt(2) for hidden/conv layers, 0.01 for the policy head (a
@@ -175,6 +185,49 @@ def _sliding_patches(x: np.ndarray, kernel: int, stride: int) -> np.ndarray:
     return view.reshape(n * ho * wo, kernel * kernel * c)  # copies: one gemm per layer
 
 
+def _fuse_pair(
+    policy: tuple[np.ndarray, np.ndarray], value: tuple[np.ndarray, np.ndarray], first: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """One layer of the fused two-trunk network from a layer and its value twin.
+
+    Args:
+      policy, value: (kernel, bias) with kernels [..., In, Out] (dense [In, Out], conv
+        [kh, kw, In, Out]) and biases [Out].
+      first: the layer reads the observation, which both trunks share: the kernels go side
+        by side ([..., In, 2 * Out]). Later layers read [policy In | value In] features: the
+        kernel is block-diagonal ([..., 2 * In, 2 * Out]).
+
+    Returns:
+      (kernel, bias) of the fused layer; bias [2 * Out].
+    """
+    (pk, pb), (vk, vb) = policy, value
+    bias = np.concatenate([pb, vb])
+    if first:
+        return np.ascontiguousarray(np.concatenate([pk, vk], axis=-1)), bias
+    n_in, n_out = pk.shape[-2], pk.shape[-1]
+    kernel = np.zeros((*pk.shape[:-2], 2 * n_in, 2 * n_out), np.float32)
+    kernel[..., :n_in, :n_out] = pk
+    kernel[..., n_in:, n_out:] = vk
+    return kernel, bias
+
+
+def _fuse_after_flatten(kernel: np.ndarray, channels: int) -> np.ndarray:
+    """The first fused dense kernel after the conv stack.
+
+    Args:
+      kernel: the fused (block-diagonal) kernel [2 * P * channels, 2 * H] as `_fuse_pair`
+        built it, rows in the order [policy (h, w, c) ... | value (h, w, c) ...].
+      channels: channels of one trunk's last conv layer.
+
+    Returns:
+      The same kernel with its rows in the fused feature map's flatten order, (h, w, [policy
+      c | value c]): [P * 2 * channels, 2 * H].
+    """
+    positions = kernel.shape[0] // (2 * channels)
+    halves = kernel.reshape(2, positions, channels, kernel.shape[1])  # [trunk, P, C, 2H]
+    return np.ascontiguousarray(halves.transpose(1, 0, 2, 3).reshape(kernel.shape))
+
+
 class NumpyModel:
     """The Keras network's forward pass in numpy, for actor processes.
 
@@ -190,10 +243,17 @@ class NumpyModel:
     """
 
     def __init__(
-        self, observation_space: Any, action_space: Any, hiddens: Sequence[int] = (64, 64)
+        self,
+        observation_space: Any,
+        action_space: Any,
+        hiddens: Sequence[int] = (64, 64),
+        vf_share_layers: bool = False,
     ) -> None:
         self.kind = check_spaces(observation_space, action_space)
         self.hiddens = _check_hiddens(hiddens)
+        # Without hidden layers (an MLP with hiddens=()) both heads read the input: one trunk.
+        self.separate_value_trunk = not vf_share_layers and (
+            self.kind == "cnn" or bool(self.hiddens))
         self.obs_shape: tuple[int, ...] = tuple(int(d) for d in observation_space.shape)
         self.obs_dtype = np.dtype(observation_space.dtype)
         self.num_actions = int(action_space.n)
@@ -205,19 +265,20 @@ class NumpyModel:
         """Weight shapes in get_weights() order, and each kernel's init gain."""
         shapes: list[tuple[int, ...]] = []
         gains: list[float] = []
+        copies = 2 if self.separate_value_trunk else 1  # each layer, then its value twin
         if self.kind == "cnn":
             height, width, channels = self.obs_shape
             for filters, kernel, stride in CONV_LAYERS:
-                shapes += [(kernel, kernel, channels, filters), (filters,)]
-                gains += [_HIDDEN_GAIN, 0.0]
+                shapes += [(kernel, kernel, channels, filters), (filters,)] * copies
+                gains += [_HIDDEN_GAIN, 0.0] * copies
                 height, width = _conv_out(height, kernel, stride), _conv_out(width, kernel, stride)
                 channels = filters
             features = height * width * channels
         else:
             features = self.obs_shape[0]
         for size in self.hiddens:
-            shapes += [(features, size), (size,)]
-            gains += [_HIDDEN_GAIN, 0.0]
+            shapes += [(features, size), (size,)] * copies
+            gains += [_HIDDEN_GAIN, 0.0] * copies
             features = size
         shapes += [(features, self.num_actions), (self.num_actions,), (features, 1), (1,)]
         gains += [_POLICY_GAIN, 0.0, _VALUE_GAIN, 0.0]
@@ -265,18 +326,36 @@ class NumpyModel:
                 )
             arrays.append(arr)
         self._weights = arrays
+        # (kernel, bias) of each layer as one trunk would hold them; a separate value trunk is
+        # fused in: the layer and its value twin become one layer of twice the width.
+        layers = [(arrays[i], arrays[i + 1]) for i in range(0, len(arrays) - 4, 2)]
+        if self.separate_value_trunk:
+            layers = [_fuse_pair(layers[i], layers[i + 1], first=i == 0)
+                      for i in range(0, len(layers), 2)]
         self._conv = []
         if self.kind == "cnn":
-            for i, (_, size, stride) in enumerate(CONV_LAYERS):
-                kernel, bias = arrays[2 * i], arrays[2 * i + 1]
+            for (kernel, bias), (_, size, stride) in zip(layers, CONV_LAYERS, strict=False):
                 # [kh, kw, C, F] -> [kh*kw*C, F], rows in the (kh, kw, C) order of the patches.
                 self._conv.append((kernel.reshape(-1, kernel.shape[-1]), bias, size, stride))
-        n_conv = 2 * len(self._conv)
-        n_dense = 2 * len(self.hiddens)
-        self._dense = [(arrays[i], arrays[i + 1]) for i in range(n_conv, n_conv + n_dense, 2)]
-        # Both heads in one gemm: [H, A + 1], logits in the first A columns.
+        self._dense = layers[len(self._conv):]
+        # Both heads in one gemm: [H, A + 1], logits in the first A columns (with two trunks,
+        # the logits read the policy half of the features and the value the other half).
         pw, pb, vw, vb = arrays[-4:]
-        self._head_w = np.ascontiguousarray(np.concatenate([pw, vw], axis=1))
+        if self.separate_value_trunk:
+            top = np.concatenate([pw, np.zeros_like(vw)], axis=1)
+            bottom = np.concatenate([np.zeros_like(pw), vw], axis=1)
+            head_w = np.concatenate([top, bottom], axis=0)
+        else:
+            head_w = np.concatenate([pw, vw], axis=1)
+        if self.separate_value_trunk and self._conv:
+            # The layer after the convs reads the flattened (h, w, [policy C | value C]) map.
+            channels = CONV_LAYERS[-1][0]
+            if self._dense:
+                kernel, bias = self._dense[0]
+                self._dense[0] = (_fuse_after_flatten(kernel, channels), bias)
+            else:
+                head_w = _fuse_after_flatten(head_w, channels)
+        self._head_w = np.ascontiguousarray(head_w)
         self._head_b = np.concatenate([pb, vb])
 
     def get_weights(self) -> list[np.ndarray]:
@@ -343,6 +422,7 @@ def build_keras_model(
     action_space: Any,
     hiddens: Sequence[int] = (64, 64),
     seed: int | None = None,
+    vf_share_layers: bool = False,
 ) -> keras.Model:
     """Builds the Keras network (the learner's) for these spaces.
 
@@ -355,6 +435,7 @@ def build_keras_model(
       action_space: a gymnasium Discrete.
       hiddens: sizes of the dense hidden layers (after the convs, for images).
       seed: seed of the initial weights; None draws fresh ones.
+      vf_share_layers: one trunk under both heads (True) or a value trunk of its own.
 
     Returns:
       A functional `keras.Model` with outputs [logits, value].
@@ -364,7 +445,7 @@ def build_keras_model(
     """
     import keras  # learner only: actors must not pay for TensorFlow
 
-    numpy_model = NumpyModel(observation_space, action_space, hiddens)
+    numpy_model = NumpyModel(observation_space, action_space, hiddens, vf_share_layers)
     kind, hiddens = numpy_model.kind, numpy_model.hiddens
     input_dtype = "uint8" if numpy_model.obs_dtype == np.uint8 else "float32"
     obs = keras.Input(shape=numpy_model.obs_shape, dtype=input_dtype, name="obs")
@@ -372,34 +453,41 @@ def build_keras_model(
     if input_dtype == "uint8":
         x = keras.layers.Rescaling(1.0 / 255.0, name="scale_uint8")(x)
     hidden_init = keras.initializers.Orthogonal(gain=_HIDDEN_GAIN, seed=seed)
-    if kind == "cnn":
-        for i, (filters, kernel, stride) in enumerate(CONV_LAYERS):
-            x = keras.layers.Conv2D(
-                filters,
-                kernel,
-                strides=stride,
-                padding="valid",
-                data_format="channels_last",
-                activation="relu",
-                kernel_initializer=hidden_init,
-                name=f"conv_{i}",
+
+    def trunk(x: Any, prefix: str) -> Any:
+        if kind == "cnn":
+            for i, (filters, kernel, stride) in enumerate(CONV_LAYERS):
+                x = keras.layers.Conv2D(
+                    filters,
+                    kernel,
+                    strides=stride,
+                    padding="valid",
+                    data_format="channels_last",
+                    activation="relu",
+                    kernel_initializer=hidden_init,
+                    name=f"{prefix}conv_{i}",
+                )(x)
+            x = keras.layers.Flatten(name=f"{prefix}flatten")(x)
+        activation = "relu" if kind == "cnn" else "tanh"
+        for i, size in enumerate(hiddens):
+            x = keras.layers.Dense(
+                size, activation=activation, kernel_initializer=hidden_init,
+                name=f"{prefix}hidden_{i}",
             )(x)
-        x = keras.layers.Flatten(name="flatten")(x)
-    activation = "relu" if kind == "cnn" else "tanh"
-    for i, size in enumerate(hiddens):
-        x = keras.layers.Dense(
-            size, activation=activation, kernel_initializer=hidden_init, name=f"hidden_{i}"
-        )(x)
+        return x
+
+    features = trunk(x, "")
+    value_features = trunk(x, "value_") if numpy_model.separate_value_trunk else features
     logits = keras.layers.Dense(
         numpy_model.num_actions,
         kernel_initializer=keras.initializers.Orthogonal(gain=_POLICY_GAIN, seed=seed),
         name="logits_head",
-    )(x)
+    )(features)
     value = keras.layers.Dense(
         1,
         kernel_initializer=keras.initializers.Orthogonal(gain=_VALUE_GAIN, seed=seed),
         name="value_head",
-    )(x)
+    )(value_features)
     # Both outputs one layer past their heads: equal depth keeps get_weights() in
     # [..., logits_head, value_head] order (Keras orders layers by depth).
     logits = keras.layers.Identity(name="logits")(logits)

@@ -93,7 +93,8 @@ class VTracePolicy:
         self.observation_space = observation_space
         self.action_space = action_space
         self.model = build_keras_model(observation_space, action_space,
-                                       hiddens=tuple(config.model), seed=config.seed)
+                                       hiddens=tuple(config.model), seed=config.seed,
+                                       vf_share_layers=config.vf_share_layers)
         self.lr = tf.Variable(config.lr, dtype=tf.float32, trainable=False, name="lr")
         self.entropy_coeff = tf.Variable(config.entropy_coeff, dtype=tf.float32,
                                          trainable=False, name="entropy_coeff")

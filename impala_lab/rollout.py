@@ -83,6 +83,7 @@ class RolloutWorker:
       num_envs: envs stepped side by side; the batch's B.
       sample_batch_size: unroll length T of each `sample`.
       hiddens: hidden layer sizes of the policy network (must match the learner's model).
+      vf_share_layers: whether the value head shares the policy's trunk (as the learner's).
       gamma: discount; kept for the learner and reports (the worker does not discount).
       seed: seeds envs, action sampling and the initial weights; None = random. Env ``i`` is
         seeded from ``SeedSequence(seed, spawn_key=(worker_index,))``'s child ``i + 1``,
@@ -100,6 +101,7 @@ class RolloutWorker:
         num_envs: int = 1,
         sample_batch_size: int = 50,
         hiddens: Sequence[int] = (64, 64),
+        vf_share_layers: bool = False,
         gamma: float = 0.99,
         seed: int | None = None,
         worker_index: int = 0,
@@ -162,7 +164,8 @@ class RolloutWorker:
             self._num_actions = int(self._action_space.n)
 
             self._model = models.NumpyModel(
-                self._observation_space, self._action_space, hiddens=tuple(hiddens)
+                self._observation_space, self._action_space, hiddens=tuple(hiddens),
+                vf_share_layers=vf_share_layers,
             )
             init_seed = seed if seed is not None else int(seq.entropy % (2**63))
             self._weights: list[np.ndarray] = list(self._model.initial_weights(init_seed))

@@ -92,36 +92,55 @@ def test_bad_hiddens(hiddens) -> None:
 
 
 def test_weight_shapes_mlp_and_cnn() -> None:
-    assert NumpyModel(CARTPOLE_OBS, TWO).weight_shapes() == [
+    assert NumpyModel(CARTPOLE_OBS, TWO, vf_share_layers=True).weight_shapes() == [
         (4, 64), (64,), (64, 64), (64,), (64, 2), (2,), (64, 1), (1,)
+    ]  # fmt: skip
+    # A value trunk of its own: every layer followed by its value twin, then the heads.
+    assert NumpyModel(CARTPOLE_OBS, TWO).weight_shapes() == [
+        (4, 64), (64,), (4, 64), (64,), (64, 64), (64,), (64, 64), (64,),
+        (64, 2), (2,), (64, 1), (1,)
     ]  # fmt: skip
     image = spaces.Box(0, 255, (84, 84, 4), np.uint8)
     # 84 -> (84 - 8) // 4 + 1 = 20 -> (20 - 4) // 2 + 1 = 9; 9 * 9 * 32 = 2592 features.
-    assert NumpyModel(image, spaces.Discrete(6), (256,)).weight_shapes() == [
+    assert NumpyModel(image, spaces.Discrete(6), (256,), True).weight_shapes() == [
         (8, 8, 4, 16), (16,), (4, 4, 16, 32), (32,), (2592, 256), (256,),
         (256, 6), (6,), (256, 1), (1,),
     ]  # fmt: skip
-    assert NumpyModel(CARTPOLE_OBS, spaces.Discrete(3), ()).weight_shapes() == [
-        (4, 3), (3,), (4, 1), (1,)
+    assert NumpyModel(image, spaces.Discrete(6), (256,), False).weight_shapes() == [
+        (8, 8, 4, 16), (16,), (8, 8, 4, 16), (16,), (4, 4, 16, 32), (32,), (4, 4, 16, 32),
+        (32,), (2592, 256), (256,), (2592, 256), (256,), (256, 6), (6,), (256, 1), (1,),
     ]  # fmt: skip
+    # No hidden layer: both heads read the observation, shared or not.
+    for share in (True, False):
+        assert NumpyModel(CARTPOLE_OBS, spaces.Discrete(3), (), share).weight_shapes() == [
+            (4, 3), (3,), (4, 1), (1,)
+        ]  # fmt: skip
 
 
 def test_keras_weight_order_matches_numpy_model() -> None:
     image = spaces.Box(0, 255, (24, 28, 3), np.uint8)
-    model = build_keras_model(image, spaces.Discrete(5), (32, 16), seed=0)
+    model = build_keras_model(image, spaces.Discrete(5), (32, 16), seed=0, vf_share_layers=True)
     assert [w.path for w in model.weights] == [
         "conv_0/kernel", "conv_0/bias", "conv_1/kernel", "conv_1/bias",
         "hidden_0/kernel", "hidden_0/bias", "hidden_1/kernel", "hidden_1/bias",
         "logits_head/kernel", "logits_head/bias", "value_head/kernel", "value_head/bias",
     ]  # fmt: skip
     assert [w.shape for w in model.get_weights()] == NumpyModel(
-        image, spaces.Discrete(5), (32, 16)
+        image, spaces.Discrete(5), (32, 16), vf_share_layers=True
     ).weight_shapes()
     assert model.output_names == ["logits", "value"]
+    separate = build_keras_model(image, spaces.Discrete(5), (32, 16), seed=0)
+    layers = [w.path.split("/")[0] for w in separate.weights[::2]]
+    assert layers == ["conv_0", "value_conv_0", "conv_1", "value_conv_1", "hidden_0",
+                      "value_hidden_0", "hidden_1", "value_hidden_1", "logits_head",
+                      "value_head"]
+    assert [w.shape for w in separate.get_weights()] == NumpyModel(
+        image, spaces.Discrete(5), (32, 16)
+    ).weight_shapes()
 
 
 def test_initial_weights_scheme() -> None:
-    model = NumpyModel(CARTPOLE_OBS, TWO, (64, 64))
+    model = NumpyModel(CARTPOLE_OBS, TWO, (64, 64), vf_share_layers=True)
     w = model.initial_weights(7)
     assert all(a.dtype == np.float32 for a in w)
     for bias in w[1::2]:
@@ -145,7 +164,7 @@ def test_keras_model_starts_from_numpy_initial_weights() -> None:
 
 
 def test_set_weights_validation() -> None:
-    model = NumpyModel(CARTPOLE_OBS, TWO, (64, 64))
+    model = NumpyModel(CARTPOLE_OBS, TWO, (64, 64), vf_share_layers=True)
     weights = model.initial_weights(0)
     with pytest.raises(
         ValueError,
@@ -205,12 +224,16 @@ def _observations(space: spaces.Box, n: int, seed: int) -> np.ndarray:
         (spaces.Box(-1, 1, (6,), np.float32), 4, ()),
         (spaces.Box(0, 255, (36, 28, 3), np.uint8), 6, (64,)),
         (spaces.Box(0, 1, (20, 24, 2), np.float32), 1, (16, 16)),
+        (spaces.Box(0, 255, (36, 28, 3), np.uint8), 2, ()),  # heads right on the conv map
     ],
 )
-def test_numpy_forward_equals_keras(obs_space, num_actions: int, hiddens) -> None:
+@pytest.mark.parametrize("vf_share_layers", [True, False])
+def test_numpy_forward_equals_keras(obs_space, num_actions: int, hiddens,
+                                    vf_share_layers: bool) -> None:
     action_space = spaces.Discrete(num_actions)
-    keras_model = build_keras_model(obs_space, action_space, hiddens, seed=1)
-    numpy_model = NumpyModel(obs_space, action_space, hiddens)
+    keras_model = build_keras_model(obs_space, action_space, hiddens, seed=1,
+                                    vf_share_layers=vf_share_layers)
+    numpy_model = NumpyModel(obs_space, action_space, hiddens, vf_share_layers)
     for weights in (numpy_model.initial_weights(3), _random_weights(numpy_model, 4)):
         keras_model.set_weights(weights)
         numpy_model.set_weights(weights)

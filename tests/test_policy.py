@@ -38,7 +38,9 @@ def test_learn_on_batch_returns_every_stat_and_bumps_the_version(cartpole_batch)
 
 
 def test_loss_falls_on_a_fixed_batch(cartpole_batch):
-    policy = make_policy(lr=0.005)
+    # lr 0.002: at 0.005 sixty Adam steps on one batch make the policy so deterministic that
+    # the V-trace targets (clipped importance weights) move faster than the value net follows.
+    policy = make_policy(lr=0.002)
     first = policy.learn_on_batch(cartpole_batch)
     for _ in range(60):
         last = policy.learn_on_batch(cartpole_batch)

@@ -55,6 +55,7 @@ class Backend(abc.ABC):
         c = self.config
         return dict(env=self.env, num_envs=c.num_envs_per_worker,
                     sample_batch_size=c.sample_batch_size, hiddens=tuple(c.model),
+                    vf_share_layers=c.vf_share_layers,
                     gamma=c.gamma, seed=c.seed, worker_index=index)
 
     def prepare(self) -> None:
