@@ -13,7 +13,7 @@ with ``ms`` starting at **ones** and ``mom`` at zeros.
 
 Keras's ``keras.optimizers.RMSprop`` starts its mean square (``velocity``) at **zeros**. With
 RLlib's settings and small gradients the first step is then about
-``sqrt((0.99 + 0.1) / 0.1)`` = 3.3x larger than TF1's (issue 13 measured 3.3x at first, 2.6x after
+``sqrt((0.99 + 0.1) / 0.1)`` = 3.3x larger than TF1's (3.3x measured at first, 2.6x after
 100 steps): the early updates are larger than the ones that RLlib's and the paper's learning
 rates were tuned for. With ``ms`` starting at one, the first steps are about ``lr * g``, and the
 average only comes to the gradients' scale over about ``1 / (1 - rho)`` = 100 steps.
