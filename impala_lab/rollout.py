@@ -38,6 +38,7 @@ from impala_lab.batch import SampleBatch
 __all__ = ["RolloutWorker", "env_description"]
 
 EnvSpec = str | Callable[[], gym.Env]
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def env_description(env: EnvSpec) -> str:
@@ -158,7 +159,11 @@ class RolloutWorker:
                 raise ValueError(f"RolloutWorker: env {self._env_id!r}: {err}") from err
 
             self._obs_shape = tuple(self._observation_space.shape)
-            is_image = np.dtype(self._observation_space.dtype) == np.uint8
+            # The fast path of the observation check: an ndarray of exactly the space's shape
+            # and dtype (the dtype object compared by identity; any other passes or fails in
+            # `_checked_obs`).
+            self._space_dtype = np.dtype(self._observation_space.dtype)
+            is_image = self._space_dtype == np.uint8
             self._obs_dtype = np.dtype(np.uint8 if is_image else np.float32)
             self._check_obs = self._obs_dtype.kind == "f"
             self._num_actions = int(self._action_space.n)
@@ -203,10 +208,11 @@ class RolloutWorker:
 
     def _reset_env(self, index: int, env: gym.Env, seed: int | None = None) -> np.ndarray:
         obs, _ = env.reset(seed=seed)
+        after = f"after env step {self._steps_per_env}" if self._steps_per_env else (
+            "before any step"
+        )
+        obs = self._checked_obs(index, obs, f"from reset() {after}")
         if self._check_obs and not np.isfinite(obs).all():
-            after = f"after env step {self._steps_per_env}" if self._steps_per_env else (
-                "before any step"
-            )
             self._raise_nonfinite(index, "observation", obs, f"from reset() {after}")
         return obs
 
@@ -281,7 +287,8 @@ class RolloutWorker:
         obs_buf[0] = self._obs
         actions = np.empty((T, n), np.int64)
         logits_buf = np.empty((T, n, self._num_actions), np.float32)
-        rewards = np.empty((T, n), np.float32)
+        # float64 first: a reward too large for float32 (1e39) is checked, not cast to inf.
+        rewards64 = np.empty((T, n), np.float64)
         terminateds = np.zeros((T, n), np.bool_)
         truncateds = np.zeros((T, n), np.bool_)
         truncation_values = np.zeros((T, n), np.float32)
@@ -298,6 +305,11 @@ class RolloutWorker:
         ep_len = self._ep_lengths
         check_obs = self._check_obs
         isfinite = np.isfinite
+        ndarray = np.ndarray
+        shape = self._obs_shape
+        space_dtype = self._space_dtype
+        checked_obs = self._checked_obs
+        first_step = self._steps_per_env + 1  # the env step of row 0
         r_row = [0.0] * n
         i = -1
         t = 0
@@ -313,6 +325,11 @@ class RolloutWorker:
                 # those with the range test alone.
                 for i, a in enumerate(acts):
                     o, r, term, trunc, _ = steps[i](a)
+                    # Numpy would broadcast a wrong-shaped observation into the batch (a
+                    # scalar, or (1, 4) into (4,)) and cast a wrong dtype: checked here, with
+                    # the common case (the space's exact shape and dtype) as one cheap test.
+                    if type(o) is not ndarray or o.shape != shape or o.dtype is not space_dtype:
+                        o = checked_obs(i, o, f"from step() at env step {first_step + t}")
                     r_row[i] = r
                     ep_ret[i] += float(r)  # float64 sum, whatever r's type
                     ep_len[i] += 1
@@ -330,12 +347,14 @@ class RolloutWorker:
                         ep_ret[i] = 0.0
                         ep_len[i] = 0
                         o, _ = envs[i].reset()
+                        if (type(o) is not ndarray or o.shape != shape
+                                or o.dtype is not space_dtype):
+                            o = checked_obs(i, o, "from reset() after env step "
+                                            f"{first_step + t}")
                     nxt[i] = o
                 i = -1
                 self._steps_per_env += 1
-                rewards[t] = r_row
-                if not math.isfinite(sum(r_row)):
-                    self._check_rewards(r_row)
+                rewards64[t] = r_row
                 if check_obs and not isfinite(nxt).all():
                     self._check_row(nxt, t, terminateds, truncateds)
                 if truncated_final is not None:
@@ -352,6 +371,11 @@ class RolloutWorker:
                     f"{self._steps_per_env + 1})"
                 )
             raise
+        # Rewards are checked once per fragment, after the cast to float32 that the batch
+        # holds (NaN, inf and |r| > 3.4e38 all fail the comparison).
+        if not (np.abs(rewards64) <= _FLOAT32_MAX).all():
+            self._check_rewards(rewards64, first_step)
+        rewards = rewards64.astype(np.float32)
 
         self._obs = obs_buf[T].copy()
         self.num_env_steps += T * n
@@ -387,10 +411,63 @@ class RolloutWorker:
         _, values = self._model(final_obs)
         out_row[idx] = values
 
-    def _check_rewards(self, r_row: list[float]) -> None:
-        for i, r in enumerate(r_row):
-            if not math.isfinite(float(r)):
-                self._raise_nonfinite(i, "reward", r, f"at env step {self._steps_per_env}")
+    def _check_rewards(self, rewards: np.ndarray, first_step: int) -> None:
+        """Raise for the first reward (in step order) that float32 cannot hold finitely."""
+        t, i = (int(k) for k in np.argwhere(~(np.abs(rewards) <= _FLOAT32_MAX))[0])
+        r = float(rewards[t, i])
+        when = f"at env step {first_step + t}"
+        if not math.isfinite(r):
+            self._raise_nonfinite(i, "reward", r, when)
+        err = ValueError(  # finite as a Python float, infinite in the batch's float32
+            f"env {self._env_id!r} (env index {i} of worker {self.worker_index}) returned "
+            f"a reward of {r:g} {when}: the batch holds rewards as float32, whose largest "
+            f"finite value is {_FLOAT32_MAX:.4g}, so it would become inf. Fix the env (or wrap "
+            "it to scale or clip its rewards); an infinite reward would otherwise surface as "
+            "a NaN loss much later."
+        )
+        err._impala_lab_located = True  # type: ignore[attr-defined]
+        raise err
+
+    def _checked_obs(self, index: int, obs: Any, when: str) -> np.ndarray:
+        """The slow path of the observation check: ``obs`` as an array if the batch can hold
+        it exactly, else a ValueError naming the env, the step and what the space expects.
+
+        Accepted: the space's shape exactly, and for a float batch any bool, integer or float
+        dtype (cast to float32; a value float32 cannot hold shows up as non-finite); for a
+        uint8 (image) batch uint8, or bool/integer values within 0-255. Not accepted: any other
+        shape (numpy would broadcast a scalar or a (1, 4) array into (4,)), floats for an image
+        (they would be truncated), complex, strings, objects.
+        """
+        try:
+            arr = np.asarray(obs)
+        except Exception as exc:  # ragged lists and the like
+            self._raise_bad_obs(index, when, f"that numpy cannot read as an array "
+                                f"({type(obs).__name__}; {type(exc).__name__}: {exc})")
+        got = f"{type(obs).__name__}, dtype {arr.dtype}"
+        if arr.shape != self._obs_shape:
+            self._raise_bad_obs(index, when, f"of shape {arr.shape} ({got})")
+        kind = arr.dtype.kind
+        if self._obs_dtype == np.uint8:
+            ok = arr.dtype == np.uint8 or (kind in "biu" and (
+                arr.size == 0 or (int(arr.min()) >= 0 and int(arr.max()) <= 255)))
+        else:
+            ok = kind in "biuf"
+        if not ok:
+            self._raise_bad_obs(index, when, f"of dtype {arr.dtype} ({type(obs).__name__}, "
+                                f"shape {arr.shape})")
+        return arr
+
+    def _raise_bad_obs(self, index: int, when: str, what: str) -> None:
+        err = ValueError(
+            f"env {self._env_id!r} (env index {index} of worker {self.worker_index}) returned "
+            f"an observation {what} {when}, but its observation space "
+            f"{self._observation_space} expects shape {self._obs_shape} and dtype "
+            f"{self._space_dtype}. Fix the env (or wrap it to reshape or cast its "
+            "observation); numpy would otherwise broadcast or cast it into the batch and the "
+            "policy would train on corrupted data."
+        )
+        err._impala_lab_located = True  # type: ignore[attr-defined]
+        raise err
 
     def _check_row(
         self, row: np.ndarray, t: int, terminateds: np.ndarray, truncateds: np.ndarray

@@ -118,15 +118,17 @@ class RaisingEnv(FixedLengthEnv):
 class NaNEnv(FixedLengthEnv):
     """A `FixedLengthEnv` that returns a NaN observation (or reward, ``field="reward"``) from
     the ``at_step``-th ``step()`` call since construction (from 1); ``at_step=0`` makes the
-    first ``reset()`` return a NaN observation."""
+    first ``reset()`` return a NaN observation. ``value`` replaces NaN (e.g. ``1e39``, a
+    reward finite as a Python float and infinite as float32)."""
 
     def __init__(self, at_step: int = 3, field: str = "obs", length: int = 5,
-                 **kwargs: Any) -> None:
+                 value: float = float("nan"), **kwargs: Any) -> None:
         if field not in ("obs", "reward"):
             raise ValueError(f"NaNEnv: field={field!r} must be 'obs' or 'reward'.")
         super().__init__(length=length, **kwargs)
         self.at_step = at_step
         self.field = field
+        self.value = value
 
     def reset(self, **kwargs: Any) -> tuple[np.ndarray, dict[str, Any]]:
         obs, info = super().reset(**kwargs)
@@ -138,9 +140,46 @@ class NaNEnv(FixedLengthEnv):
         obs, reward, terminated, truncated, info = super().step(action)
         if self.total_steps == self.at_step:
             if self.field == "obs":
-                obs[0] = np.nan
+                obs[0] = self.value
             else:
-                reward = float("nan")
+                reward = self.value
+        return obs, reward, terminated, truncated, info
+
+
+class WrongObsEnv(FixedLengthEnv):
+    """A `FixedLengthEnv` (observation space ``(obs_dim,)``, default 4) whose ``step()``
+    returns a wrongly made observation from its ``at_step``-th call since construction (from
+    1) on; ``at_step=0`` makes every ``reset()`` return it instead.
+
+    ``kind``: ``"scalar"`` (the first entry as a Python float), ``"batched"`` (shape
+    ``(1, obs_dim)``), ``"short"`` (the first ``obs_dim - 1`` entries), or ones the worker
+    accepts as they are: ``"list"`` (a Python list), ``"float64"``, ``"int64"``.
+    """
+
+    KINDS = ("scalar", "batched", "short", "list", "float64", "int64")
+
+    def __init__(self, kind: str = "batched", at_step: int = 3, obs_dim: int = 4,
+                 length: int = 5, **kwargs: Any) -> None:
+        if kind not in self.KINDS:
+            raise ValueError(f"WrongObsEnv: kind={kind!r} must be one of {self.KINDS}.")
+        super().__init__(length=length, obs_dim=obs_dim, **kwargs)
+        self.kind = kind
+        self.at_step = at_step
+
+    def _wrong(self, obs: np.ndarray) -> Any:
+        return {"scalar": lambda: float(obs[0]), "batched": lambda: obs[None],
+                "short": lambda: obs[:-1], "list": lambda: [float(x) for x in obs],
+                "float64": lambda: obs.astype(np.float64),
+                "int64": lambda: obs.astype(np.int64)}[self.kind]()
+
+    def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
+        obs, info = super().reset(**kwargs)
+        return (self._wrong(obs) if self.at_step == 0 else obs), info
+
+    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        obs, reward, terminated, truncated, info = super().step(action)
+        if 0 < self.at_step <= self.total_steps:
+            obs = self._wrong(obs)
         return obs, reward, terminated, truncated, info
 
 

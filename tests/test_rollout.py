@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import itertools
 import os
+import re
 import subprocess
 import sys
 
@@ -15,7 +16,7 @@ import pytest
 from impala_lab import models
 from impala_lab.batch import FIELDS, concat_samples
 from impala_lab.rollout import RolloutWorker, env_description
-from tests.envs import FixedLengthEnv, ImageEnv, NaNEnv, RaisingEnv, SlowEnv
+from tests.envs import FixedLengthEnv, ImageEnv, NaNEnv, RaisingEnv, SlowEnv, WrongObsEnv
 
 
 def factory_cycle(*makers):
@@ -298,6 +299,91 @@ def test_nan_guard_at_reset_and_in_final_obs():
     with pytest.raises(ValueError, match=r"non-finite observation at env step 3 \(the final "
                        r"observation of a truncated episode, needed for its bootstrap value\)"):
         w.sample()
+
+
+@pytest.mark.parametrize("kind, got", [("scalar", r"shape \(\) \(float, dtype float64\)"),
+                                       ("batched", r"shape \(1, 4\) \(ndarray, dtype float32\)"),
+                                       ("short", r"shape \(3,\) \(ndarray, dtype float32\)")])
+def test_wrong_shaped_observations_are_rejected_naming_the_env_step_and_space(kind, got):
+    # Before this check numpy broadcast a scalar or a (1, 4) observation into the (4,) row.
+    w = RolloutWorker(functools.partial(WrongObsEnv, kind=kind, at_step=4, length=100),
+                      num_envs=2, sample_batch_size=3, hiddens=(8,), seed=0, worker_index=2)
+    w.sample()  # steps 1-3 are fine
+    with pytest.raises(ValueError) as info:
+        w.sample()
+    msg = str(info.value)
+    assert re.match(r"env 'WrongObsEnv' \(env index 0 of worker 2\) returned an observation of "
+                    + got + r" from step\(\) at env step 4, but its observation space "
+                    r"Box\(-1e\+06, 1e\+06, \(4,\), float32\) expects shape \(4,\) "
+                    r"and dtype float32\.", msg), msg
+    assert "corrupted data" in msg
+    assert not getattr(info.value, "__notes__", None)  # located already: no second note
+
+
+def test_wrong_shaped_observations_from_reset_are_rejected():
+    with pytest.raises(ValueError, match=r"returned an observation of shape \(1, 4\) .*from "
+                       r"reset\(\) before any step, but its observation space"):
+        RolloutWorker(functools.partial(WrongObsEnv, kind="batched", at_step=0), hiddens=(8,))
+    # from the reset that follows an episode's end, inside sample(): the first episode's
+    # reset was made right, the later ones wrong
+    envs = [WrongObsEnv(kind="scalar", at_step=10**9, length=3)]
+    w = RolloutWorker(lambda: envs[0], hiddens=(8,), sample_batch_size=5)
+    envs[0].at_step = 0  # from now on every reset() returns a scalar
+    with pytest.raises(ValueError, match=r"returned an observation of shape \(\) \(float, "
+                       r"dtype float64\) from reset\(\) after env step 3, but"):
+        w.sample()
+
+
+@pytest.mark.parametrize("kind", ["list", "float64", "int64"])
+def test_observations_that_convert_exactly_are_accepted(kind):
+    reference = RolloutWorker(functools.partial(FixedLengthEnv, obs_dim=4, length=3),
+                              num_envs=2, sample_batch_size=7, hiddens=(8,), seed=0)
+    other = RolloutWorker(functools.partial(WrongObsEnv, kind=kind, at_step=1, length=3),
+                          num_envs=2, sample_batch_size=7, hiddens=(8,), seed=0)
+    a, b = reference.sample(), other.sample()
+    assert b.obs.dtype == np.float32
+    np.testing.assert_array_equal(a.obs, b.obs)
+    np.testing.assert_array_equal(a.rewards, b.rewards)
+
+
+def test_a_float_image_observation_is_rejected_and_small_ints_accepted():
+    class FloatImage(ImageEnv):
+        def step(self, action):
+            obs, *rest = super().step(action)
+            return obs.astype(np.float32) / 255.0, *rest  # would truncate to 0 as uint8
+
+    class IntImage(ImageEnv):
+        def step(self, action):
+            obs, *rest = super().step(action)
+            return obs.astype(np.int64), *rest
+
+    w = RolloutWorker(FloatImage, num_envs=2, sample_batch_size=3, hiddens=(8,))
+    with pytest.raises(ValueError, match=r"env '.*FloatImage' \(env index 0 of worker 0\) "
+                       r"returned an observation of dtype float32 \(ndarray, shape \(20, 20, 3\)\) "
+                       r"from step\(\) at env step 1, but its observation space Box\(0, 255, "
+                       r"\(20, 20, 3\), uint8\) expects shape \(20, 20, 3\) and dtype uint8"):
+        w.sample()
+    ints = RolloutWorker(IntImage, num_envs=2, sample_batch_size=3, hiddens=(8,), seed=0)
+    ref = RolloutWorker(ImageEnv, num_envs=2, sample_batch_size=3, hiddens=(8,), seed=0)
+    np.testing.assert_array_equal(ints.sample().obs, ref.sample().obs)
+
+
+def test_a_reward_too_large_for_float32_is_rejected():
+    # 1e39 is finite as a Python float (the old check summed Python floats) and inf as float32
+    w = RolloutWorker(functools.partial(NaNEnv, at_step=3, field="reward", value=1e39),
+                      num_envs=2, sample_batch_size=5, hiddens=(8,), seed=0, worker_index=1)
+    with pytest.raises(ValueError, match=r"^env 'NaNEnv' \(env index 0 of worker 1\) returned "
+                       r"a reward of 1e\+39 at env step 3: the batch holds rewards as float32, "
+                       r"whose largest finite value is 3\.403e\+38, so it would become inf"):
+        w.sample()
+    # -inf and a float32-sized reward
+    w = RolloutWorker(functools.partial(NaNEnv, at_step=2, field="reward", value=-np.inf),
+                      num_envs=1, sample_batch_size=5, hiddens=(8,))
+    with pytest.raises(ValueError, match=r"non-finite reward at env step 2: -inf"):
+        w.sample()
+    w = RolloutWorker(functools.partial(NaNEnv, at_step=2, field="reward", value=3e38),
+                      num_envs=1, sample_batch_size=5, hiddens=(8,))
+    assert w.sample().rewards[1, 0] == np.float32(3e38)
 
 
 def test_env_exception_propagates_with_location():
