@@ -133,6 +133,9 @@ class Impala:
             check_spaces(self.observation_space, self.action_space)
         except ValueError as exc:
             raise ConfigError(f"env={config.env_id!r} is invalid: its {exc}") from None
+        # Validation counted one float per observation; now the env's real observation size
+        # and action count are known (still before TensorFlow loads or any process starts).
+        config.check_memory(self.observation_space, self.action_space)
 
         # Backend checks that can fail (an env factory that cannot travel) run before
         # TensorFlow loads and before any process starts.

@@ -1,0 +1,208 @@
+"""The memory estimate at validation time: a config that would not fit is refused up front.
+
+`ImpalaConfig.memory_estimate` adds up the learner queue, the batch buffer, the minibatch
+ring, replay, the samples in flight and the learner's working set; validation refuses a config
+whose estimate exceeds ``max_memory_gb`` (None: half of the available memory) with a
+`ConfigError` naming the fields, before any process starts.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from unittest import mock
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from impala_lab import Impala, ImpalaConfig
+from impala_lab.batch import SampleBatch, concat_samples
+from impala_lab.config import _CONV_LAYERS, available_memory_bytes
+from impala_lab.errors import ConfigError
+from tests.leaks import no_leaks
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def error_of(**kwargs) -> str:
+    with pytest.raises(ConfigError) as info:
+        ImpalaConfig(**kwargs)
+    return str(info.value)
+
+
+@pytest.mark.parametrize("train_batch_size", [10**7, 10**9])
+def test_the_cli_refuses_a_train_batch_that_cannot_fit_before_anything_starts(
+        train_batch_size, tmp_path):
+    needed = ImpalaConfig.tuned(train_batch_size=train_batch_size,
+                                max_memory_gb=1e12).memory_estimate()["total"]
+    available = available_memory_bytes()
+    if available is not None and needed <= available // 2:
+        pytest.skip(f"this machine has {available / 1e9:.0f} GB available: "
+                    f"train_batch_size={train_batch_size} fits in half of it")
+    out = tmp_path / "run"
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "impala_lab.cli", "train",
+                           "--train-batch-size", str(train_batch_size), "--out", str(out)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    message = lines[0]
+    assert message.startswith(f"impala-lab: error: train_batch_size={train_batch_size} is "
+                              "invalid: this config would need at least ")
+    for words in ("GB of memory", "learner working set", "learner queue",
+                  "learner_queue_size", "half of the", "available (max_memory_gb=None)",
+                  "lower train_batch_size", "or raise max_memory_gb"):
+        assert words in message, (words, message)
+    assert not out.exists()  # refused while the arguments were read: nothing written
+    assert time.monotonic() - start < 60
+
+
+def test_max_memory_gb_moves_the_limit_and_is_named():
+    assert ImpalaConfig(train_batch_size=10**7, max_memory_gb=1000).train_batch_size == 10**7
+    message = error_of(train_batch_size=10**7, max_memory_gb=10)
+    assert "more than the limit of max_memory_gb=10" in message
+    assert message.startswith("train_batch_size=10000000 is invalid")
+    for value in (0, -1.0):
+        assert error_of(max_memory_gb=value).startswith(f"max_memory_gb={value!r} is invalid")
+
+
+def test_the_default_limit_is_half_the_available_memory():
+    fits = ImpalaConfig(max_memory_gb=1000, train_batch_size=200_000).memory_estimate()["total"]
+    with mock.patch("impala_lab.config.available_memory_bytes", return_value=2 * fits):
+        ImpalaConfig(train_batch_size=200_000)  # exactly half: fits
+    with mock.patch("impala_lab.config.available_memory_bytes", return_value=2 * fits - 2):
+        message = error_of(train_batch_size=200_000)
+    assert "(max_memory_gb=None)" in message and "half of the" in message
+    with mock.patch("impala_lab.config.available_memory_bytes", return_value=None):
+        ImpalaConfig(train_batch_size=10**9)  # unknown available memory: no limit
+
+
+def test_the_field_that_grew_is_named_first():
+    assert error_of(learner_queue_size=10**9).startswith("learner_queue_size=1000000000 is "
+                                                         "invalid")
+    # a worker sample larger than train_batch_size sets the train batch's size
+    assert error_of(sample_batch_size=10**7).startswith("sample_batch_size=10000000 is invalid")
+    message = error_of(replay_proportion=1.0, replay_buffer_num_slots=10**9)
+    assert message.startswith("replay_buffer_num_slots=1000000000 is invalid")
+    assert "replay " in message
+    message = error_of(num_workers=10**5, max_sample_requests_in_flight_per_worker=10**3)
+    assert message.startswith("num_workers=100000 is invalid")  # 50000x its default, not 500x
+    assert "samples in flight" in message
+
+
+def batch(T: int, B: int, obs_shape: tuple[int, ...], num_actions: int,
+          obs_dtype=np.float32) -> SampleBatch:
+    return SampleBatch(
+        obs=np.zeros((T, B, *obs_shape), obs_dtype), actions=np.zeros((T, B), np.int64),
+        rewards=np.zeros((T, B), np.float32), terminateds=np.zeros((T, B), bool),
+        truncateds=np.zeros((T, B), bool), truncation_values=np.zeros((T, B), np.float32),
+        behaviour_logits=np.zeros((T, B, num_actions), np.float32),
+        bootstrap_obs=np.zeros((B, *obs_shape), obs_dtype),
+        policy_versions=np.zeros(B, np.int64), episode_returns=np.zeros(0),
+        episode_lengths=np.zeros(0, np.int64))
+
+
+@pytest.mark.parametrize("space, actions", [
+    (gym.spaces.Box(-1, 1, (4,), np.float32), gym.spaces.Discrete(2)),
+    (gym.spaces.Box(-1, 1, (17,), np.float64), gym.spaces.Discrete(5)),
+    (gym.spaces.Box(0, 255, (84, 84, 4), np.uint8), gym.spaces.Discrete(6)),
+])
+def test_the_queue_and_replay_parts_are_the_bytes_of_real_batches(space, actions):
+    c = ImpalaConfig(num_envs_per_worker=3, sample_batch_size=20, train_batch_size=130,
+                     learner_queue_size=5, replay_buffer_num_slots=7,
+                     max_memory_gb=1000)
+    parts = c.memory_estimate(space, actions)
+    obs_dtype = np.uint8 if space.dtype == np.uint8 else np.float32
+    sample = batch(20, 3, space.shape, actions.n, obs_dtype)
+    train = concat_samples([sample] * (c.train_batch_columns // 3))
+    assert parts["learner queue"] == 5 * train.nbytes
+    assert parts["replay"] == 7 * sample.nbytes
+    assert parts["batch buffer"] == 2 * train.nbytes
+    assert parts["samples in flight"] == 2 * 2 * 2 * sample.nbytes
+    assert parts["total"] == sum(v for k, v in parts.items() if k != "total")
+
+
+def test_validation_counts_one_float_per_observation_a_lower_bound():
+    c = ImpalaConfig(max_memory_gb=1000)
+    cartpole = gym.make("CartPole-v1")
+    assert c.memory_estimate()["total"] < c.memory_estimate(
+        cartpole.observation_space, cartpole.action_space)["total"]
+
+
+def test_the_conv_layers_are_the_models():
+    from impala_lab.models import CONV_LAYERS
+
+    assert _CONV_LAYERS == CONV_LAYERS
+
+
+class WideObsEnv(gym.Env):
+    """2000 float observations: a config that fits at one float per observation does not."""
+
+    observation_space = gym.spaces.Box(-1, 1, (2000,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        return np.zeros(2000, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(2000, np.float32), 0.0, False, False, {}
+
+
+def test_impala_checks_again_with_the_envs_spaces_before_any_process_starts():
+    config = ImpalaConfig(env=WideObsEnv, backend="process", train_batch_size=50_000,
+                          max_memory_gb=0.5)  # fits at one float per observation
+    with no_leaks(), pytest.raises(ConfigError) as info:
+        Impala(config)
+    message = str(info.value)
+    assert message.startswith("train_batch_size=50000 is invalid: this config would need "
+                              "about ")
+    assert "learner queue" in message and "max_memory_gb=0.5" in message
+
+
+MEASURE = textwrap.dedent("""
+    import json, resource, sys
+    import gymnasium as gym
+    import numpy as np
+    from impala_lab.config import ImpalaConfig
+    from impala_lab.policy import VTracePolicy
+    from tests.test_memory_limit import batch
+
+    env = gym.make("CartPole-v1")
+    out = {}
+    for steps in (10_000, 60_000):
+        c = ImpalaConfig(model=(64, 64), sample_batch_size=50, train_batch_size=steps)
+        policy = VTracePolicy(env.observation_space, env.action_space, c)
+        b = batch(50, steps // 50, (4,), 2)
+        with open("/proc/self/statm") as fh:
+            before = int(fh.read().split()[1]) * resource.getpagesize()
+        policy.learn_on_batch(b)  # the peak of this call, the trace's included
+        out[steps] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
+        est = c.memory_estimate(env.observation_space, env.action_space)
+        out[f"estimate{steps}"] = est["learner working set"]
+    print(json.dumps(out))
+""")
+
+
+@pytest.mark.slow
+def test_the_learner_working_set_estimate_is_not_below_what_tensorflow_takes():
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-c", MEASURE], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    import json
+
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    # The peak's growth from a small to a large batch, per env step: the per-step cost, free
+    # of the trace's fixed cost.
+    measured = (out["60000"] - out["10000"]) / 50_000
+    estimated = (out["estimate60000"] - out["estimate10000"]) / 50_000
+    print(f"learner working set per env step: measured {measured:.0f} B, "
+          f"estimated {estimated:.0f} B")
+    assert measured <= estimated <= 3 * measured, (measured, estimated, out)
