@@ -22,12 +22,17 @@ Everything the dashboard, the CLI and the tests read comes from ``stats()``.
 from __future__ import annotations
 
 import atexit
+import contextlib
+import errno
 import hashlib
 import json
 import logging
 import math
 import os
 import queue
+import re
+import secrets
+import shutil
 import threading
 import time
 import weakref
@@ -40,7 +45,7 @@ import numpy as np
 
 from impala_lab.backends.base import WorkerHandle, make_backend
 from impala_lab.batch import SampleBatch, concat_samples
-from impala_lab.config import LIVE_KNOBS, ImpalaConfig
+from impala_lab.config import LIVE_KNOBS, ImpalaConfig, field_names
 from impala_lab.errors import ConfigError, ImpalaError, WorkerError
 from impala_lab.health import HealthMonitor, flag_codes
 from impala_lab.replay import ReplayMixer
@@ -675,50 +680,63 @@ class Impala:
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, path: str | os.PathLike) -> Path:
-        """Write a checkpoint directory: arrays (.npz, no pickle) and JSON only."""
-        out = Path(path)
-        out.mkdir(parents=True, exist_ok=True)
-        weights, version = self.policy.get_weights()
-        files = {"weights.npz": weights, "optimizer.npz": self.policy.optimizer_state()}
-        digests = {}
-        for name, arrays in files.items():
-            tmp = out / (name + ".tmp")
-            with open(tmp, "wb") as fh:
-                np.savez(fh, *arrays)
-            os.replace(tmp, out / name)
-            digests[name] = _sha256(out / name)
+        """Write a checkpoint directory atomically: arrays (.npz, no pickle) and JSON only.
+
+        The files go into a new directory beside ``path``, are fsynced, and the directory is
+        swapped in with renames at the end (`write_checkpoint`): a kill or a full disk at any
+        moment leaves the previous checkpoint readable. During background training
+        (``start()``) the weights, the optimizer state (its ``iterations`` too) and the
+        policy version come from one and the same learner step (read under the policy's
+        lock); the counters are the driver's at that moment (``num_steps_trained`` counts
+        the learner steps the driver has been told about, so it may trail the weights by a
+        step or two, never lead them).
+        """
+        with self.policy.lock:  # no learner step can land between these reads
+            weights, opt_state, version = self.policy.checkpoint_state_locked()
+            counters = {"num_steps_sampled": self.num_steps_sampled,
+                        "num_steps_trained": self.num_steps_trained,
+                        "num_weight_syncs": self.num_weight_syncs,
+                        "episodes_total": self.episodes_total,
+                        "elapsed_s": self.elapsed_s}
         state = {
             "format": CHECKPOINT_FORMAT,
             "config": self.config.to_dict(),
             "policy_version": version,
-            "counters": {"num_steps_sampled": self.num_steps_sampled,
-                         "num_steps_trained": self.num_steps_trained,
-                         "num_weight_syncs": self.num_weight_syncs,
-                         "episodes_total": self.episodes_total,
-                         "elapsed_s": self.elapsed_s},
-            "sha256": digests,
+            "counters": counters,
         }
-        tmp = out / "state.json.tmp"
-        tmp.write_text(json.dumps(state, indent=2))
-        os.replace(tmp, out / "state.json")
-        return out
+        return write_checkpoint(path, state, weights, opt_state)
 
     @classmethod
     def restore(cls, path: str | os.PathLike, *, env_creator: Callable[[], Any] | None = None,
-                **overrides: Any) -> Impala:
-        """A new run from a checkpoint: weights, optimizer slots, counters and config."""
-        state, weights, opt_state = read_checkpoint(path)
+                fallback_to_prev: bool = False, **overrides: Any) -> Impala:
+        """A new run from a checkpoint: weights, optimizer slots, counters and config.
+
+        Config fields in ``overrides`` replace the checkpoint's (``restore(path, lr=0.1)``
+        trains at 0.1: the optimizer's learning rate, the policy's ``lr`` and
+        ``entropy_coeff`` variables follow the restored config). ``path`` missing while
+        ``<path>.prev`` holds a checkpoint means a save was killed between its two renames:
+        the previous checkpoint is read, with a warning. ``fallback_to_prev=True`` also
+        reads ``<path>.prev`` when ``path`` itself cannot be read (see `read_checkpoint`).
+        """
+        root, state, weights, opt_state = _read_checkpoint(path, fallback_to_prev)
         data = dict(state["config"])
         if env_creator is not None:
             data["env"] = env_creator
+        known = field_names()
+        fields = {k: overrides.pop(k) for k in list(overrides) if k in known}
         try:
-            config = ImpalaConfig.from_dict(data)
+            config = ImpalaConfig.from_dict({**data, **fields})
         except ConfigError as exc:
-            raise ConfigError(f"{Path(path) / 'state.json'}: the checkpoint's config is "
-                              f"invalid: {exc}") from None
+            what = "the checkpoint's config with the overrides" if fields else (
+                "the checkpoint's config")
+            raise ConfigError(f"{root / 'state.json'}: {what} is invalid: {exc}") from None
         run = cls(config, **overrides)
         run.policy.set_weights(weights, state["policy_version"])
         run.policy.set_optimizer_state(opt_state)
+        # The optimizer state holds the learning rate it was saved with; the restored config
+        # (the checkpoint's, or an override) is what trains from here on.
+        run.policy.set_lr(config.lr)
+        run.policy.set_entropy_coeff(config.entropy_coeff)
         counters = state["counters"]
         run.num_steps_sampled = counters["num_steps_sampled"]
         run.num_steps_trained = counters["num_steps_trained"]
@@ -729,6 +747,141 @@ class Impala:
         return run
 
 
+# ---------------------------------------------------------------------- checkpoint files
+#
+# A checkpoint is a directory holding state.json, weights.npz and optimizer.npz. Writing one
+# (`write_checkpoint`) never touches the previous checkpoint's files:
+#
+#   1. ``<path>.tmp-<pid>-<random>/`` is created beside ``path`` and the three files are
+#      written into it, each fsynced, then the directory itself;
+#   2. ``path`` (the previous checkpoint, complete) is renamed to ``<path>.prev``;
+#   3. the new directory is renamed to ``path`` and the parent directory fsynced;
+#   4. ``<path>.prev`` is removed: after a successful save only ``path`` is left.
+#
+# A kill before 2 leaves ``path`` as it was (and a stray ``.tmp-*`` directory, which the next
+# save removes once its process is gone); a kill between 2 and 3 leaves only ``<path>.prev``,
+# which `read_checkpoint` then reads (with a warning), and the next save puts its new
+# checkpoint in place before removing it; a kill after 3 leaves the new checkpoint complete
+# and ``<path>.prev`` beside it until the next save. A full disk fails step 1 (OSError), the
+# partial directory is removed and ``path`` stays as it was.
+
+_CHECKPOINT_FILES = ("state.json", "weights.npz", "optimizer.npz")
+# Files the earlier in-place writer could leave inside a checkpoint directory.
+_LEGACY_PARTIALS = ("state.json.tmp", "weights.npz.tmp", "optimizer.npz.tmp")
+# Counters are exact in a float64 and in JSON below 2**53 (9e15 env steps: far beyond any run).
+_COUNTER_LIMIT = 2**53
+_ELAPSED_LIMIT_S = 1e10  # about 300 years
+_save_lock = threading.Lock()  # one save at a time in this process (they share .prev names)
+
+
+def prev_checkpoint_path(path: str | os.PathLike) -> Path:
+    """Where the previous checkpoint waits while ``path`` is replaced: ``<path>.prev``."""
+    path = Path(os.path.abspath(path))
+    return path.with_name(path.name + ".prev")
+
+
+def write_checkpoint(path: str | os.PathLike, state: Mapping[str, Any],
+                     weights: list[np.ndarray], optimizer: list[np.ndarray]) -> Path:
+    """Write a checkpoint to ``path`` atomically (see the comment above); returns ``path``.
+
+    ``state`` is state.json without ``sha256`` (added here). Raises OSError (a full disk)
+    with the previous checkpoint intact, and ValueError if ``path`` is a directory that
+    holds anything but checkpoint files (it is never removed).
+    """
+    target = Path(os.path.abspath(path))
+    prev = prev_checkpoint_path(target)
+    parent = target.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    with _save_lock:
+        for existing in (target, prev):
+            _check_replaceable(existing)
+        _remove_stale_partials(target)
+        tmp = parent / f"{target.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+        tmp.mkdir()
+        try:
+            digests = {}
+            for name, arrays in (("weights.npz", weights), ("optimizer.npz", optimizer)):
+                with open(tmp / name, "wb") as fh:
+                    np.savez(fh, *arrays)
+                    _flush_and_sync(fh)
+                digests[name] = _sha256(tmp / name)
+            with open(tmp / "state.json", "w") as fh:
+                fh.write(json.dumps({**state, "sha256": digests}, indent=2))
+                _flush_and_sync(fh)
+            _fsync_dir(tmp)
+            if target.exists():
+                # ``target`` got there by a rename of a complete directory: ``prev`` (from a
+                # save killed after its swap) is not needed any more.
+                if prev.exists():
+                    shutil.rmtree(prev)
+                os.rename(target, prev)
+            os.rename(tmp, target)
+            _fsync_dir(parent)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if not target.exists() and prev.exists():
+                with contextlib.suppress(OSError):
+                    os.rename(prev, target)  # put the previous checkpoint back
+            raise
+        if prev.exists():
+            shutil.rmtree(prev, ignore_errors=True)
+            _fsync_dir(parent)
+    return target
+
+
+def _check_replaceable(path: Path) -> None:
+    """A save replaces ``path`` (and removes ``<path>.prev``) only if it is a checkpoint."""
+    if not path.exists():
+        return
+    if not path.is_dir():
+        raise ValueError(f"{path}: exists and is not a checkpoint directory; save elsewhere")
+    others = sorted(p.name for p in path.iterdir()
+                    if p.name not in _CHECKPOINT_FILES + _LEGACY_PARTIALS)
+    if others:
+        raise ValueError(f"{path}: holds files that are not part of a checkpoint "
+                         f"({', '.join(others[:5])}); a save replaces the whole directory, so "
+                         f"save to a path of its own (e.g. {path / 'checkpoint'})")
+
+
+def _remove_stale_partials(target: Path) -> None:
+    """Remove ``<target>.tmp-<pid>-*`` directories whose saving process is gone."""
+    pattern = re.compile(re.escape(target.name) + r"\.tmp-(\d+)-[0-9a-f]+")
+    for entry in target.parent.iterdir():
+        match = pattern.fullmatch(entry.name)
+        if match and not _pid_alive(int(match.group(1))) and entry.is_dir():
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process
+    except OverflowError:
+        return False
+    return True
+
+
+def _flush_and_sync(fh: Any) -> None:
+    fh.flush()
+    os.fsync(fh.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError as exc:  # file systems that cannot sync a directory
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+            raise
+    finally:
+        os.close(fd)
+
+
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as fh:
@@ -737,9 +890,38 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def read_checkpoint(path: str | os.PathLike) -> tuple[dict, list[np.ndarray], list[np.ndarray]]:
-    """Read and verify a checkpoint; a missing, truncated or tampered file is named."""
+def read_checkpoint(path: str | os.PathLike, *, fallback_to_prev: bool = False
+                    ) -> tuple[dict, list[np.ndarray], list[np.ndarray]]:
+    """Read and verify a checkpoint; a missing, truncated or tampered file is named.
+
+    ``path`` missing while ``<path>.prev`` holds a checkpoint (a save killed between its two
+    renames) reads ``<path>.prev``, with a warning. With ``fallback_to_prev=True`` a ``path``
+    that cannot be read (a checksum mismatch, a missing file) falls back to ``<path>.prev``
+    too, if there is one; by default its error is raised.
+    """
+    _, state, weights, opt_state = _read_checkpoint(path, fallback_to_prev)
+    return state, weights, opt_state
+
+
+def _read_checkpoint(path: str | os.PathLike, fallback_to_prev: bool
+                     ) -> tuple[Path, dict, list[np.ndarray], list[np.ndarray]]:
     root = Path(path)
+    prev = prev_checkpoint_path(root)
+    if not root.exists() and (prev / "state.json").is_file():
+        logger.warning("%s is missing and %s is there: a save was interrupted while it swapped "
+                       "the new checkpoint in; reading the previous checkpoint", root, prev)
+        return (prev, *_read_checkpoint_dir(prev))
+    try:
+        return (root, *_read_checkpoint_dir(root))
+    except (OSError, ValueError) as exc:
+        if not (fallback_to_prev and (prev / "state.json").is_file()):
+            raise
+        logger.warning("%s; reading the previous checkpoint %s (fallback_to_prev=True)",
+                       exc, prev)
+        return (prev, *_read_checkpoint_dir(prev))
+
+
+def _read_checkpoint_dir(root: Path) -> tuple[dict, list[np.ndarray], list[np.ndarray]]:
     state_file = root / "state.json"
     if not state_file.is_file():
         raise FileNotFoundError(f"{state_file}: no checkpoint here (state.json is missing)")
@@ -751,13 +933,15 @@ def read_checkpoint(path: str | os.PathLike) -> tuple[dict, list[np.ndarray], li
         raise ValueError(f"{state_file}: unknown checkpoint format "
                          f"{state.get('format') if isinstance(state, dict) else state!r}")
     counters = state.get("counters")
-    missing = [k for k, kind in (("config", dict), ("policy_version", int), ("counters", dict),
-                                 ("sha256", dict)) if not isinstance(state.get(k), kind)]
+    missing = [k for k, kind in (("config", dict), ("counters", dict), ("sha256", dict))
+               if not isinstance(state.get(k), kind)]
     missing += [f"counters.{k}" for k in CHECKPOINT_COUNTERS
-                if isinstance(counters, dict) and not isinstance(counters.get(k), int | float)]
+                if isinstance(counters, dict) and k not in counters]
+    missing += [] if "policy_version" in state else ["policy_version"]
     if missing:
         raise ValueError(f"{state_file}: not a valid checkpoint state (missing or mistyped: "
                          f"{', '.join(missing)})")
+    _check_counters(state_file, state)
     arrays = {}
     for name in ("weights.npz", "optimizer.npz"):
         file = root / name
@@ -773,3 +957,22 @@ def read_checkpoint(path: str | os.PathLike) -> tuple[dict, list[np.ndarray], li
         except Exception as exc:
             raise ValueError(f"{file}: cannot read the arrays ({exc})") from None
     return state, arrays["weights.npz"], arrays["optimizer.npz"]
+
+
+def _check_counters(state_file: Path, state: dict) -> None:
+    """Counters are integers in [0, 2**53) (elapsed_s: a finite number of seconds >= 0)."""
+    values = {f"counters.{k}": v for k, v in state["counters"].items()
+              if k in CHECKPOINT_COUNTERS}
+    values["policy_version"] = state["policy_version"]
+    for name, value in values.items():
+        if name == "counters.elapsed_s":
+            ok = (isinstance(value, int | float) and not isinstance(value, bool)
+                  and 0 <= value < _ELAPSED_LIMIT_S)  # False for NaN and inf
+            rule = f"a finite number of seconds in [0, {_ELAPSED_LIMIT_S:g})"
+        else:
+            ok = (isinstance(value, int) and not isinstance(value, bool)
+                  and 0 <= value < _COUNTER_LIMIT)
+            rule = "an integer in [0, 2**53)"
+        if not ok:
+            raise ValueError(f"{state_file}: {name}={value!r} is invalid: it must be {rule} "
+                             "(the file was damaged or edited)")

@@ -317,6 +317,21 @@ class VTracePolicy:
     def optimizer_state(self) -> list[np.ndarray]:
         return [np.array(v.numpy()) for v in self.optimizer.variables]
 
+    def checkpoint_state_locked(self) -> tuple[list[np.ndarray], list[np.ndarray], int]:
+        """(weights, optimizer state, version) of one and the same learner step.
+
+        The caller holds ``self.lock`` (`Impala.save` does, so that it can read the driver's
+        counters at the same moment): every learner applies its update and bumps
+        ``version`` under that lock, so the weights, the optimizer's slots and ``iterations``
+        and the version read here belong together. ``get_weights()`` followed by
+        ``optimizer_state()`` would not: a background learner may step in between.
+        """
+        if self._flat_weights_ok:
+            weights = [np.array(w) for w in self._split_flat(self._read_flat().numpy())]
+        else:
+            weights = self.model.get_weights()
+        return weights, self.optimizer_state(), self.version
+
     def set_optimizer_state(self, arrays: list[np.ndarray]) -> None:
         variables = self.optimizer.variables
         if len(arrays) != len(variables):
