@@ -53,7 +53,9 @@ and overwritten by later broadcasts (a new 4 MB block costs 8-15 ms of page faul
 overwriting one 0.3-0.6 ms); the rest are unlinked, and `ProcessBackend.shutdown` unlinks
 all. Blocks are named ``il<driver pid>_<random>_<n>`` (in ``/dev/shm`` on Linux); if the
 driver is killed, the ``multiprocess`` resource tracker unlinks what is left once the
-workers have exited.
+workers have exited. A kill of the whole process group takes the tracker too, and the blocks
+would stay until reboot: so each new `ProcessBackend` first unlinks this user's
+``il<pid>_*`` blocks whose driver is gone (`remove_stale_blocks`).
 
 Lifetimes. A worker ignores SIGINT (interrupting a notebook cell interrupts the driver,
 which stops its workers in order; only a Ctrl-C in a terminal during the fraction of a
@@ -132,6 +134,7 @@ __all__ = [
     "write_shared_weights",
     "read_shared_weights",
     "SharedWeightsReader",
+    "remove_stale_blocks",
 ]
 
 _STOP_JOIN_S = 2.0  # a worker gets this long to exit after "stop" before it is terminated
@@ -572,6 +575,7 @@ class ProcessBackend(Backend):
         self._blocks: dict[str, _Block] = {}  # blocks in use: the latest, or still named
         self._free: list[shared_memory.SharedMemory] = []  # unused blocks, kept for reuse
         self._latest: str | None = None
+        remove_stale_blocks()  # left by drivers killed with their resource tracker
         self._block_prefix = f"il{os.getpid()}_{secrets.token_hex(3)}_"
         self._num_blocks = 0
         self._serial = 0
@@ -871,6 +875,69 @@ class ProcessBackend(Backend):
                 for memory in [b.memory for b in blocks.values()] + free:
                     _unlink(memory)
             _live_backends.discard(self)
+
+
+# ``ProcessBackend._block_prefix`` + a block number.
+_BLOCK_NAME = re.compile(r"il(\d+)_[0-9a-f]{6}_\d+")
+_SHM_DIR = "/dev/shm"
+# A driver pid counts as reused (its blocks stale) only if the process holding it now
+# started this long after the block was last written (clock readings from /proc differ by
+# about a second).
+_PID_REUSE_MARGIN_S = 60.0
+
+
+def remove_stale_blocks(shm_dir: str = _SHM_DIR) -> list[str]:
+    """Unlink the weights blocks of drivers that are gone; returns the names removed.
+
+    A block ``il<pid>_<random>_<n>`` of this user is stale when process ``pid`` does not
+    exist (or is a zombie), or started more than a minute after the block was last written
+    (the pid was reused). Blocks of live drivers, of other users and other names are left
+    alone. Where there is no ``/dev/shm`` (not Linux) there is nothing to do.
+    """
+    try:
+        names = os.listdir(shm_dir)
+    except OSError:
+        return []
+    removed = []
+    for name in names:
+        match = _BLOCK_NAME.fullmatch(name)
+        if match is None:
+            continue
+        path = os.path.join(shm_dir, name)
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        if st.st_uid != os.getuid() or _block_owner_alive(int(match.group(1)), st.st_mtime):
+            continue
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+            removed.append(name)
+    return removed
+
+
+def _block_owner_alive(pid: int, block_mtime: float) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # exists, another user's
+    except (OverflowError, ValueError):
+        return False  # no such pid can exist
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        if fields[0] in ("Z", "X"):  # ended, not yet reaped
+            return False
+        with open("/proc/stat") as fh:
+            boot = next(float(line.split()[1]) for line in fh if line.startswith("btime "))
+        started = boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return True  # cannot tell: keep the block
+    return started <= block_mtime + _PID_REUSE_MARGIN_S
 
 
 def _unlink(memory: shared_memory.SharedMemory) -> None:
