@@ -39,7 +39,7 @@ from impala_lab.batch import SampleBatch
 from impala_lab.config import ImpalaConfig
 from impala_lab.errors import NonFiniteLossError
 from impala_lab.models import build_keras_model, check_spaces
-from impala_lab.optimizers import TF1RMSprop
+from impala_lab.optimizers import Adam, TF1RMSprop
 
 STAT_KEYS = ("total_loss", "policy_loss", "vf_loss", "entropy", "grad_gnorm", "var_gnorm",
              "mean_rho", "vf_explained_var")
@@ -124,7 +124,7 @@ class VTracePolicy:
     # ------------------------------------------------------------------ optimizer
     def _make_optimizer(self, config: ImpalaConfig) -> keras.optimizers.Optimizer:
         if config.opt_type == "adam":
-            return keras.optimizers.Adam(learning_rate=config.lr)
+            return Adam(learning_rate=config.lr)  # Keras's, without a graph leak (optimizers.py)
         # RLlib's RMSProp (decay 0.99, momentum 0, epsilon 0.1) is TensorFlow 1's, whose mean
         # square starts at ones; Keras's RMSprop starts it at zeros (3.3x larger first steps).
         return TF1RMSprop(learning_rate=config.lr, rho=config.decay,
