@@ -13,7 +13,9 @@ monitor's findings, final stats), ``report.png`` and ``checkpoint/``, and the la
 whether the target was reached, where the results are and, if not, what the health monitor
 saw. Ctrl-C or SIGTERM ends the run within seconds and still writes all of them (exit code
 130); so does an error of a worker, the learner or the loss (exit code 1, the error in
-``result.json`` and on stderr).
+``result.json`` and on stderr), and a run in which no worker returned a single sample (e.g.
+every env hangs) until ``--max-seconds``: that is a failed run, not a finished one (exit
+code 1, ``error`` names it, ``stop_reason`` stays ``max_seconds``).
 
 ``--train-after-target SECONDS`` keeps training that long after ``--stop-return`` is reached
 (does the run stay solved?); ``--max-seconds`` stays the cap of the whole run, so give it room
@@ -209,6 +211,7 @@ def train_command(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, previous)
         raise
     try:
+        sampled_before = impala.num_steps_sampled
         try:
             final = impala.train(stop if args.stop_return is not None else None,
                                  max_seconds=args.max_seconds, max_env_steps=args.max_env_steps,
@@ -221,6 +224,13 @@ def train_command(args: argparse.Namespace) -> int:
             error = exc
             final = impala.record()
             final["stop_reason"] = "error"
+        if error is None and not interrupted and final["num_steps_sampled"] == sampled_before:
+            error = ImpalaError(
+                f"no samples: no worker returned a sample in the whole run "
+                f"({final['time_total_s']:.1f} s, stop: {final['stop_reason']}); the env may "
+                f"hang in reset() or step() (sample_timeout_s={config.sample_timeout_s} ends "
+                f"a worker that owes a sample that long), or the workers cannot start")
+            impala.last_error = final["last_error"] = f"ImpalaError: {error}"
         ended = time.monotonic()
         view.close()
         impala.stop()

@@ -70,6 +70,10 @@ class ImpalaConfig:
         2, "Sample requests each worker has queued at once (the task pool's depth).")
     restart_failed_workers: bool = _f(
         True, "Replace a worker that died and go on; False raises its error in the driver.")
+    sample_timeout_s: float | None = _f(
+        60.0, "A worker that owes a sample this many seconds (its env hangs) is counted as "
+        "failed, ended and replaced (process and ray backends; inline samples in the driver, "
+        "where a hung env cannot be interrupted); None waits forever.")
     ray_address: str | None = _f(
         None, "Ray backend: address of an existing cluster; None starts a local Ray.")
     # --- batching, replay and queues --------------------------------------------------
@@ -154,6 +158,9 @@ class ImpalaConfig:
             value = getattr(self, name)
             if value is not None and not (value > 0 and math.isfinite(value)):
                 _bad(name, value, "use a positive number, or None to disable the clip")
+        if self.sample_timeout_s is not None and not self.sample_timeout_s > 0:
+            _bad("sample_timeout_s", self.sample_timeout_s,
+                 "use a positive number of seconds, or None to wait forever")
         if not self.model or any(h < 1 for h in self.model):
             _bad("model", self.model, "give one or more positive hidden sizes, e.g. [64, 64]")
         _check_choice("backend", self.backend, BACKENDS)
@@ -481,7 +488,7 @@ def _kind(f: dataclasses.Field) -> str:
         return "str?"
     if f.name == "max_memory_gb":
         return "float?"
-    if f.name.startswith("vtrace_clip"):
+    if f.name.startswith("vtrace_clip") or f.name == "sample_timeout_s":
         return "float?"
     if isinstance(default, bool):
         return "bool"

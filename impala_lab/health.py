@@ -1,7 +1,7 @@
 """`HealthMonitor`: says when learning looks wrong, in words and figures.
 
 One idea: compare each figure the run already measures against a documented threshold, and
-name what crosses it. Six flags (their codes):
+name what crosses it. Eight flags (their codes):
 
 - ``entropy_collapsed``: the policy's mean entropy over the last `ENTROPY_WINDOW` learner
   steps is below `ENTROPY_COLLAPSE_FRACTION` of the largest possible, ``log(num_actions)``,
@@ -22,6 +22,11 @@ name what crosses it. Six flags (their codes):
 - ``learner_overfed``: the queue held at least `OVERFED_QUEUE_FRACTION` of its capacity and
   the driver was blocked on the full queue at least `OVERFED_BLOCKED_FRACTION` of the time:
   the learner is the bottleneck, and batches grow stale (policy lag) while they wait.
+- ``no_samples``: while ``train()`` runs, no worker's sample reached the driver for
+  `NO_SAMPLES_S` seconds: every env hangs, or every worker fails while starting.
+- ``worker_stalled``: while ``train()`` runs, a worker's last sample is `stalled_after_s`
+  seconds ago (a quarter of ``sample_timeout_s``, at which the driver ends and replaces it):
+  its env may hang. ``stats()["workers"]`` marks the worker, the dashboard's diagram too.
 
 `HealthMonitor.check` returns the JSON-ready dict that ``Impala.stats()["health"]`` holds::
 
@@ -50,7 +55,7 @@ import statistics
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 # ---------------------------------------------------------------------- thresholds
@@ -87,6 +92,15 @@ STARVED_WAIT_FRACTION = 0.8
 OVERFED_QUEUE_FRACTION = 0.9
 #: ... and the driver was blocked on the full queue at least this fraction of the time.
 OVERFED_BLOCKED_FRACTION = 0.5
+#: No sample reached the driver for this many seconds of training: ``no_samples``. A healthy
+#: run gets many a second (a tuned CartPole sample of 50 x 8 steps takes about 10 ms here, a
+#: worker process starts in about 0.5 s, a Ray actor in a few seconds).
+NO_SAMPLES_S = 10.0
+#: A worker is marked stalled once its last sample is this fraction of ``sample_timeout_s``
+#: ago (15 s at the default 60 s): a warning before the driver ends it at the timeout ...
+WORKER_STALLED_FRACTION = 0.25
+#: ... or this many seconds with ``sample_timeout_s=None`` (stalled workers are never ended).
+WORKER_STALLED_S = 15.0
 
 #: The spike flags and the learner stat each watches.
 SPIKE_STATS = {"value_loss_spike": "vf_loss", "grad_norm_spike": "grad_gnorm"}
@@ -100,7 +114,16 @@ LABELS = {
     "updates_skipped": "non-finite updates skipped",
     "learner_starved": "learner starved",
     "learner_overfed": "learner overfed",
+    "no_samples": "no samples",
+    "worker_stalled": "worker stalled",
 }
+
+
+def stalled_after_s(sample_timeout_s: float | None) -> float:
+    """Seconds without a sample after which a worker is marked stalled (see the module docs)."""
+    if sample_timeout_s is None:
+        return WORKER_STALLED_S
+    return WORKER_STALLED_FRACTION * sample_timeout_s
 
 
 def _num(x: float) -> str:
@@ -183,7 +206,9 @@ class HealthMonitor:
               learner_queue: Mapping[str, float] | None = None,
               learner_wait_ms: float = 0.0, learner_grad_ms: float = 0.0,
               driver_blocked_fraction: float = 0.0, policy_lag: float = math.nan,
-              num_updates_skipped: int = 0) -> dict[str, Any]:
+              num_updates_skipped: int = 0, seconds_since_sample: float = math.nan,
+              stalled_workers: Sequence[Mapping[str, Any]] = (),
+              sample_timeout_s: float | None = 60.0) -> dict[str, Any]:
         """Judge the run now; returns the ``health`` dict (see the module docs).
 
         Args:
@@ -197,6 +222,11 @@ class HealthMonitor:
             batch on the full learner queue.
           policy_lag: mean policy lag (for the overfed message).
           num_updates_skipped: non-finite updates rejected since the start.
+          seconds_since_sample: seconds since a sample last reached the driver while
+            training (NaN: not training, nothing judged).
+          stalled_workers: ``stats()["workers"]`` entries marked stalled (``index``,
+            ``seconds_since_sample``).
+          sample_timeout_s: the run's, for the messages.
         """
         with self._lock:
             now = self._clock()
@@ -217,6 +247,7 @@ class HealthMonitor:
                     f"or lower lr or grad_clip")
             self._check_pipeline(flags, learner_queue or {}, learner_wait_ms, learner_grad_ms,
                                  driver_blocked_fraction, policy_lag)
+            self._check_sampling(flags, seconds_since_sample, stalled_workers, sample_timeout_s)
             for code in list(self._active):
                 if code not in flags:
                     del self._active[code]
@@ -295,6 +326,24 @@ class HealthMonitor:
                 f"average and the driver waited on it {blocked:.0%} of the time{lag_text}; "
                 f"the learner is the bottleneck and batches grow stale while they wait "
                 f"(lower learner_queue_size or num_sgd_iter, or use fewer workers)")
+
+    @staticmethod
+    def _check_sampling(flags: dict[str, str], seconds: float,
+                        stalled: Sequence[Mapping[str, Any]], timeout: float | None) -> None:
+        ends = (f"sample_timeout_s={timeout:g} ends and replaces such a worker"
+                if timeout is not None else "sample_timeout_s=None: it is never ended")
+        if math.isfinite(seconds) and seconds >= NO_SAMPLES_S:
+            flags["no_samples"] = (
+                f"no samples: no worker's sample reached the driver for {seconds:.1f} s of "
+                f"training (threshold {NO_SAMPLES_S:g} s); the envs may hang ({ends}) or "
+                f"every worker fails while starting")
+        if stalled:
+            names = ", ".join(f"{w.get('index')} ({w.get('seconds_since_sample', 0.0):.1f} s)"
+                              for w in stalled)
+            s = "s" if len(stalled) > 1 else ""
+            flags["worker_stalled"] = (
+                f"worker stalled: worker{s} {names} sent no sample for at least "
+                f"{stalled_after_s(timeout):g} s; its env may hang in step() or reset() ({ends})")
 
     # ------------------------------------------------------------------ memory
     def _note(self, code: str, first: float, last: float, message: str, new: bool) -> None:

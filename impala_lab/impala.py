@@ -47,7 +47,7 @@ from impala_lab.backends.base import WorkerHandle, make_backend
 from impala_lab.batch import SampleBatch, concat_samples
 from impala_lab.config import LIVE_KNOBS, ImpalaConfig, field_names
 from impala_lab.errors import ConfigError, ImpalaError, WorkerError
-from impala_lab.health import HealthMonitor, flag_codes
+from impala_lab.health import HealthMonitor, flag_codes, stalled_after_s
 from impala_lab.replay import ReplayMixer
 from impala_lab.stats import StatsHistory, ThroughputMeter, TimerStat, WindowStat, flatten
 from impala_lab.task_pool import SampleTaskPool
@@ -59,6 +59,20 @@ StopCondition = Mapping[str, float] | Callable[[dict], bool] | None
 
 _live_runs: weakref.WeakSet[Impala] = weakref.WeakSet()
 logger = logging.getLogger("impala_lab")
+
+#: Restarts are bounded by the same failure coming back: the same error (its first line, up to
+#: the numbers in it: pids, steps, seconds) from the same env this many times, or 2 x
+#: num_workers if more, within `REPEATED_FAILURE_WINDOW_S` seconds ends the run with that error,
+#: however many samples came between. (The failures-in-a-row limit resets on every returned
+#: sample: an env that failed after each worker's first sample restarted 2,130 times in 6 s
+#: inline, 58 worker processes in 20 s.) RLlib bounds restarts by their number alone
+#: (``max_num_worker_restarts``, 1000).
+MAX_REPEATED_WORKER_FAILURES = 20
+REPEATED_FAILURE_WINDOW_S = 600.0
+#: How often the driver asks which workers owe a sample longer than ``sample_timeout_s``
+#: (at most; a quarter of ``sample_timeout_s`` if that is shorter).
+LIVENESS_CHECK_PERIOD_S = 0.5
+_NUMBERS = re.compile(r"0x[0-9a-fA-F]+|\d+(?:\.\d+)?(?:[eE][+-]?\d+)?")
 
 
 def shutdown_all() -> None:
@@ -176,6 +190,16 @@ class Impala:
         self.num_broadcasts = 0
         self.num_worker_failures = 0
         self._failures_in_a_row = 0
+        # (env, failure message with its numbers blanked) -> times it happened in the window
+        self._repeated_failures: dict[tuple[str, str], deque[float]] = {}
+        # Liveness: worker index -> [started, last sample reached the driver (None: none yet),
+        # samples returned]; the last sample of any worker; train() restarts the clock.
+        self._worker_clocks: dict[int, list] = {}
+        self._last_sample_at: float | None = None
+        self._sampling_since = time.monotonic()
+        self._training = False
+        self._queue_blocked = False  # the driver waits on the full learner queue
+        self._next_liveness_check = 0.0
         self.num_train_batches = 0
         self._next_worker_index = config.num_workers
         self._optimizer_step_timer = TimerStat()
@@ -235,11 +259,20 @@ class Impala:
     def _start_workers(self) -> None:
         self.sample_tasks = SampleTaskPool(wait_fn=self.backend.wait)
         self.workers = [self.backend.make_worker(i) for i in range(self.config.num_workers)]
+        for worker in self.workers:
+            self._worker_clocks[worker.index] = [time.monotonic(), None, 0]
         self._broadcast(force=True)
         for worker in self.workers:
             self._send_weights_and_request(worker, initial=True)
 
     def _send_weights_and_request(self, worker: WorkerHandle, initial: bool = False) -> None:
+        if not initial:  # called once per sample the worker returned: its liveness clock
+            now = time.monotonic()
+            self._last_sample_at = now
+            clock = self._worker_clocks.get(worker.index)
+            if clock is not None:
+                clock[1] = now
+                clock[2] += 1
         worker.set_weights(self._weights_ref)
         self.num_weight_syncs += 1
         n = self.config.max_sample_requests_in_flight_per_worker if initial else 1
@@ -278,6 +311,7 @@ class Impala:
         self._train_meter.add(trained)
         self.num_steps_sampled += sampled
         self.num_steps_trained += trained
+        self._check_sample_timeouts()
         if background is not None:
             self._last_pipeline_view = self._pipeline_view()
         return sampled, trained
@@ -331,6 +365,7 @@ class Impala:
         for worker in failed:
             self.workers.remove(worker)
             self.backend.stop_worker(worker)
+            self._worker_clocks.pop(worker.index, None)
         self.sample_tasks.reset_workers(self.workers)
         if not self.config.restart_failed_workers:
             raise err
@@ -341,6 +376,16 @@ class Impala:
                 f"workers failed {self._failures_in_a_row} times in a row without returning a "
                 f"sample; the env keeps failing, so restarting is stopped. Last error:\n{err}"
             ) from err
+        repeats = self._count_repeats(err)
+        limit = max(MAX_REPEATED_WORKER_FAILURES, 2 * self.config.num_workers)
+        if repeats >= limit:
+            # Replacements that fail the same way after some samples would restart forever.
+            raise ImpalaError(
+                f"the same worker failure came back {repeats} times within "
+                f"{REPEATED_FAILURE_WINDOW_S:g} s (env {err.env_id}), samples or not in "
+                f"between: restarting does not fix it, so restarting is stopped. Last "
+                f"error:\n{err}"
+            ) from err
         # Said once per failure, so a recovered run shows what it recovered from.
         logger.warning("%s; replaced by worker %d (%d worker failures so far)",
                        str(err).split("\n", 1)[0], self._next_worker_index,
@@ -348,7 +393,45 @@ class Impala:
         replacement = self.backend.make_worker(self._next_worker_index)
         self._next_worker_index += 1
         self.workers.append(replacement)
+        self._worker_clocks[replacement.index] = [time.monotonic(), None, 0]
         self._send_weights_and_request(replacement, initial=True)
+
+    def _count_repeats(self, err: WorkerError) -> int:
+        """How often this failure (env, first line of the message with its numbers blanked)
+        happened within the last `REPEATED_FAILURE_WINDOW_S` seconds, this one included."""
+        message = str(err).split(" failed: ", 1)[-1].split("\n", 1)[0]
+        times = self._repeated_failures.setdefault((err.env_id, _NUMBERS.sub("#", message)),
+                                                   deque())
+        now = time.monotonic()
+        times.append(now)
+        while now - times[0] > REPEATED_FAILURE_WINDOW_S:
+            times.popleft()
+        return len(times)
+
+    def _check_sample_timeouts(self) -> None:
+        """Ends every worker that owes a sample longer than ``sample_timeout_s`` (its env
+        hangs): counted, logged and replaced as a worker that died, or raised with
+        ``restart_failed_workers=False``. Inline workers sample inside ``sample()``, in the
+        driver's thread, so they never owe one (a hung inline env hangs the driver)."""
+        timeout = self.config.sample_timeout_s
+        now = time.monotonic()
+        if timeout is None or self.sample_tasks is None or now < self._next_liveness_check:
+            return
+        self._next_liveness_check = now + min(LIVENESS_CHECK_PERIOD_S, timeout / 4)
+        owed = self.sample_tasks.owed_since()
+        now = time.monotonic()
+        for worker in list(self.workers):
+            since = owed.get(worker)
+            if since is None or now - since <= timeout:
+                continue
+            env_id = getattr(worker, "env_id", None) or self.config.env_id
+            pid = getattr(worker, "pid", None)
+            self._on_worker_failure(WorkerError(
+                worker.index, env_id,
+                f"it owed a sample for {now - since:.1f} s, longer than "
+                f"sample_timeout_s={timeout:g}: its env may hang in step() or reset() (if it is "
+                f"only that slow, raise sample_timeout_s); the worker"
+                f"{f' (process {pid})' if pid is not None else ''} was ended"))
 
     def _put_on_learner_queue(self, train_batch: SampleBatch) -> None:
         """Put with back-pressure, but never hang: a dead or unstarted learner raises."""
@@ -358,8 +441,10 @@ class Impala:
                 self.learner.inqueue.put(train_batch, timeout=0.5)
                 self.num_train_batches += 1
                 self._queue_wait_meter.add(time.perf_counter() - start)
+                self._queue_blocked = False
                 return
             except queue.Full:
+                self._queue_blocked = True  # no sample is handed out meanwhile: no stall
                 self.learner.raise_if_failed()
                 if not self.learner.is_alive():
                     raise ImpalaError(
@@ -435,6 +520,7 @@ class Impala:
         lag = self._policy_lag.stats()
         lag_mean = lag["mean"] if lag["count"] else math.nan
         queue_stats = self.learner.learner_queue_size.stats()
+        seconds_since_sample, workers = self._liveness()
         return {
             "sample_throughput": round(self._sample_meter.rate(), 3),
             "train_throughput": round(self._train_meter.rate(), 3),
@@ -462,6 +548,8 @@ class Impala:
             "policy_lag": {"mean": lag_mean,
                            "max": getattr(self, "_max_lag", 0)},
             "weights_version": self.policy.version,
+            "seconds_since_sample": seconds_since_sample,
+            "workers": workers,
             "pipeline": self._pipeline_view(),
             "knobs": {k: getattr(self.config, k) for k in LIVE_KNOBS},
             "health": self.health.check(
@@ -472,8 +560,41 @@ class Impala:
                 learner_grad_ms=1000.0 * self.learner.grad_timer.mean,
                 driver_blocked_fraction=self._queue_wait_meter.rate(),
                 policy_lag=lag_mean,
-                num_updates_skipped=getattr(self.policy, "num_updates_skipped", 0)),
+                num_updates_skipped=getattr(self.policy, "num_updates_skipped", 0),
+                # judged while train() runs (hand steps pause as long as the reader likes)
+                # and the driver is not waiting on the full learner queue
+                seconds_since_sample=(seconds_since_sample if self._judging_liveness
+                                      else math.nan),
+                stalled_workers=[w for w in workers if w["stalled"]],
+                sample_timeout_s=self.config.sample_timeout_s),
         }
+
+    def _liveness(self) -> tuple[float, list[dict[str, Any]]]:
+        """Seconds since the last sample reached the driver, and per worker (by index): seconds
+        since its last sample (or its start), samples returned, requests in flight, and
+        ``stalled``: at least `impala_lab.health.stalled_after_s` (a quarter of
+        ``sample_timeout_s``), judged while train() runs and the driver is not waiting on the
+        full learner queue (then no sample is handed out, and no worker is to blame). Both
+        count from train()'s start if that is later."""
+        now = time.monotonic()
+        since = self._sampling_since
+        last = self._last_sample_at
+        overall = now - (since if last is None else max(last, since))
+        pool = self.sample_tasks
+        in_flight = ({getattr(w, "index", w): n for w, n in pool.in_flight_counts().items()}
+                     if pool is not None else {})
+        limit = stalled_after_s(self.config.sample_timeout_s)
+        workers = []
+        for index, (started, last_sample, samples) in sorted(self._worker_clocks.items()):
+            seconds = now - max(started if last_sample is None else last_sample, since)
+            workers.append({"index": index, "seconds_since_sample": round(seconds, 2),
+                            "samples": samples, "in_flight": in_flight.get(index, 0),
+                            "stalled": self._judging_liveness and seconds >= limit})
+        return round(overall, 2), workers
+
+    @property
+    def _judging_liveness(self) -> bool:
+        return self._training and not self._queue_blocked
 
     def _pipeline_view(self) -> dict[str, Any]:
         """Figures of every stage for the diagram. While a background thread drives the run,
@@ -508,10 +629,11 @@ class Impala:
         """Take a stats snapshot into ``history`` (a row of metrics.csv) and return it.
 
         ``health`` becomes two columns: ``health.status`` and ``health.flags`` (the active
-        flags' codes joined with ``;``).
+        flags' codes joined with ``;``); ``pipeline`` and ``workers`` stay out of it.
         """
         snapshot = self.stats()
-        row = flatten({k: v for k, v in snapshot.items() if k not in ("pipeline", "health")})
+        row = flatten({k: v for k, v in snapshot.items()
+                       if k not in ("pipeline", "health", "workers")})
         row.pop("learner_queue.count", None)
         health = snapshot.get("health") or {}
         row["health.status"] = health.get("status")
@@ -568,6 +690,9 @@ class Impala:
         start = time.monotonic()
         next_report = start + report_interval
         reason = None
+        # Liveness figures count from here: a run built long ago has not been idle.
+        self._sampling_since = start
+        self._training = True
         try:
             while reason is None:
                 if self._pause_requested.is_set():
@@ -596,6 +721,8 @@ class Impala:
             self.last_error = f"{type(exc).__name__}: {exc}"
             self.record()
             raise
+        finally:
+            self._training = False
         final = self.record()
         final["stop_reason"] = reason
         return final

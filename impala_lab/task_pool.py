@@ -102,6 +102,9 @@ class SampleTaskPool:
     exactly the other requests; the caller decides whether to restart the worker
     (`reset_workers`) or give up.
 
+    Liveness: `owed_since` says, per worker, since when it owes an answer (the driver ends a
+    worker that owes one longer than ``sample_timeout_s``).
+
     Not a thread-safe queue for several consumers: one driver thread consumes. The counts
     may be read from another thread (a lock guards the bookkeeping).
     """
@@ -126,11 +129,22 @@ class SampleTaskPool:
         # id(future) -> (worker, future); the dict keeps the futures alive, so ids stay unique.
         self._in_flight: dict[int, tuple[Hashable, Any]] = {}
         self._prefetched: deque[tuple[Hashable, Any]] = deque()
+        self._sent_at: dict[int, float] = {}  # id(future) -> time.monotonic() of add()
+        self._last_answer: dict[Hashable, float] = {}  # worker -> when a request was seen done
 
     def add(self, worker: Hashable, future: Any) -> None:
         """Records a sample request sent to `worker`, represented by `future`."""
         with self._lock:
             self._in_flight[id(future)] = (worker, future)
+            self._sent_at[id(future)] = time.monotonic()
+
+    def _take(self, key: int) -> tuple[Hashable, Any] | None:
+        """Removes a done request from in flight (caller holds the lock); notes the answer."""
+        entry = self._in_flight.pop(key, None)
+        self._sent_at.pop(key, None)
+        if entry is not None:
+            self._last_answer[entry[0]] = time.monotonic()
+        return entry
 
     def _ready(self, block: bool, timeout: float | None) -> list[Any]:
         """Asks `wait_fn` which in-flight futures are done; sorted by completion_time."""
@@ -162,7 +176,7 @@ class SampleTaskPool:
         """
         for fut in self._ready(blocking_wait, timeout):
             with self._lock:
-                entry = self._in_flight.pop(id(fut), None)
+                entry = self._take(id(fut))
             if entry is None:  # dropped by reset_workers while this generator was suspended
                 continue
             worker, fut = entry
@@ -188,7 +202,7 @@ class SampleTaskPool:
         ready = self._ready(blocking_wait and not self._prefetched, timeout)
         with self._lock:
             for fut in ready:
-                entry = self._in_flight.pop(id(fut), None)
+                entry = self._take(id(fut))
                 if entry is not None:
                     self._prefetched.append(entry)
         for _ in range(max_yield):
@@ -212,12 +226,39 @@ class SampleTaskPool:
         with self._lock:
             dropped = [e for e in self._in_flight.values() if e[0] not in keep]
             self._in_flight = {k: e for k, e in self._in_flight.items() if e[0] in keep}
+            self._sent_at = {k: t for k, t in self._sent_at.items() if k in self._in_flight}
+            self._last_answer = {w: t for w, t in self._last_answer.items() if w in keep}
             dropped += [e for e in self._prefetched if e[0] not in keep]
             # Filter in place: a suspended completed_prefetch reads this same deque.
             kept = [e for e in self._prefetched if e[0] in keep]
             self._prefetched.clear()
             self._prefetched.extend(kept)
         return dropped
+
+    def owed_since(self) -> dict[Hashable, float]:
+        """``{worker: time.monotonic() since which it owes an answer}`` for every worker with
+        a request in flight that is not done.
+
+        That is the later of when its oldest unanswered request was sent and when one of its
+        requests was last seen done: a worker answers its requests in order, so one working
+        through a queue of requests owes only the next answer. Asks `wait_fn` once without
+        blocking first, so answers that have arrived count (the process backend reads its
+        pipes there). A worker whose every request is done, or that has none, owes nothing.
+        """
+        with self._lock:
+            entries = [(w, f, self._sent_at.get(k)) for k, (w, f) in self._in_flight.items()]
+        if not entries:
+            return {}
+        self._wait([f for _, f, _ in entries], 0.0)
+        now = time.monotonic()
+        owed: dict[Hashable, float] = {}
+        with self._lock:
+            for worker, fut, sent in entries:
+                if fut.done():
+                    self._last_answer[worker] = now
+                else:
+                    owed[worker] = min(owed.get(worker, now), now if sent is None else sent)
+            return {w: max(t, self._last_answer.get(w, t)) for w, t in owed.items()}
 
     def count(self, worker: Hashable) -> int:
         """Requests of `worker` in flight (prefetched ones not included)."""

@@ -11,6 +11,7 @@ worker with an autoreset bug fails loudly instead of recording a bogus transitio
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -193,6 +194,30 @@ class SlowEnv(FixedLengthEnv):
 
     def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         time.sleep(self.delay_s)
+        return super().step(action)
+
+
+class HangOnceEnv(FixedLengthEnv):
+    """A `FixedLengthEnv` whose ``step()`` blocks (sleeps ``hang_s``, an hour by default) at
+    its ``at_step``-th call since construction, in exactly one env of a run: the first to
+    create the file ``marker`` (any process; ``O_EXCL``). Every other env steps on as usual,
+    so one worker of a run hangs and its replacement does not."""
+
+    def __init__(self, marker: str, at_step: int = 25, hang_s: float = 3600.0, length: int = 5,
+                 **kwargs: Any) -> None:
+        super().__init__(length=length, **kwargs)
+        self.marker = marker
+        self.at_step = at_step
+        self.hang_s = hang_s
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        if self.total_steps + 1 == self.at_step:
+            try:
+                os.close(os.open(self.marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            except FileExistsError:
+                pass  # another env hangs already
+            else:
+                time.sleep(self.hang_s)
         return super().step(action)
 
 

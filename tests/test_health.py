@@ -299,7 +299,8 @@ def test_the_health_dict_is_json_ready_and_summarised_for_people():
                                 "non-finite updates skipped at 41 s")
     assert flag_codes(None) == flag_labels({}) == describe_seen(None) == ""
     assert set(H.LABELS) == {"entropy_collapsed", "value_loss_spike", "grad_norm_spike",
-                             "updates_skipped", "learner_starved", "learner_overfed"}
+                             "updates_skipped", "learner_starved", "learner_overfed",
+                             "no_samples", "worker_stalled"}
 
 
 def test_observing_a_learner_step_is_cheap():

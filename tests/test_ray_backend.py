@@ -200,3 +200,27 @@ def test_wait_times_out_empty_and_shutdown_is_idempotent(ray_backend):
     backend.shutdown()
     with pytest.raises(RuntimeError, match="shut down"):
         backend.make_worker(1)
+
+
+def test_a_hung_actor_is_ended_and_replaced_by_the_driver(ray_backend, tmp_path):
+    # One env of the run blocks in step() (its 13th: in its actor's third sample): the driver
+    # sees the actor owe a sample longer than sample_timeout_s, kills it and starts another.
+    from impala_lab import Impala
+    from tests.envs import HangOnceEnv
+
+    env = functools.partial(HangOnceEnv, marker=str(tmp_path / "hung"), at_step=13, length=7)
+    # 10 s: a new actor's first sample counts from its creation, and starting one took more
+    # than 3 s here on a busy machine
+    with Impala(config(env=env, train_batch_size=20, sample_timeout_s=10.0)) as run:
+        first = list(run.workers)
+
+        def replaced(s: dict) -> bool:
+            return any(w["index"] == 2 and w["samples"] >= 3 for w in s["workers"])
+
+        result = run.train(replaced, max_seconds=90, report_interval=0.1)
+        assert result["stop_reason"] == "stop condition"
+        assert result["num_worker_failures"] == 1
+        (hung,) = [w for w in first if w not in run.workers]
+        assert not hung.is_alive()
+        with pytest.raises(ray.exceptions.RayActorError):  # the actor was killed
+            ray.get(hung.actor.pid.remote(), timeout=30)

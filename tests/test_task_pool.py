@@ -306,3 +306,28 @@ def test_same_worker_many_requests_and_hashable_workers():
     futs[1].finish(0.5)
     assert list(pool.completed()) == [(w, 1)]
     assert pool.count(w) == 2
+
+
+def test_owed_since_counts_from_the_later_of_the_request_and_the_last_answer(monkeypatch):
+    import impala_lab.task_pool as task_pool
+
+    clock = [100.0]
+    monkeypatch.setattr(task_pool.time, "monotonic", lambda: clock[0])
+    pool = SampleTaskPool()
+    a1, a2, b1 = FakeFuture("a1"), FakeFuture("a2"), FakeFuture("b1")
+    pool.add("a", a1)
+    pool.add("a", a2)
+    clock[0] = 101.0
+    pool.add("b", b1)
+    clock[0] = 110.0
+    assert pool.owed_since() == {"a": 100.0, "b": 101.0}  # since the oldest request
+    a1.finish(109.0)  # a answered its first request: from now on it owes the second
+    assert pool.owed_since() == {"a": 110.0, "b": 101.0}
+    clock[0] = 120.0
+    assert list(pool.completed()) == [("a", "a1")]
+    assert pool.owed_since() == {"a": 120.0, "b": 101.0}  # seen answering at the hand-out
+    b1.finish(121.0)
+    assert pool.owed_since() == {"a": 120.0}  # a done request is owed no more
+    pool.reset_workers(["b"])  # a is dropped, and what the pool knew of it
+    assert pool.owed_since() == {} and pool._last_answer == {"b": 120.0}
+    assert len(pool._sent_at) == len(pool) == 1  # b1: done, not handed out yet

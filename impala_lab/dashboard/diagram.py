@@ -15,7 +15,9 @@ march one step per drawing) and grey while nothing moved, so a paused run visibl
 Stable classes on the live counters (for tests and custom CSS): ``impala-count-sampled``,
 ``impala-sample-rate``, ``impala-train-rate``, ``impala-weights-version``,
 ``impala-learner-queue``, ``impala-broadcast``, ``impala-policy-lag``; every arrow has
-``impala-edge`` and ``impala-edge-flowing`` while data moves.
+``impala-edge`` and ``impala-edge-flowing`` while data moves. A worker that
+``stats()["workers"]`` marks stalled (no sample for a quarter of ``sample_timeout_s``) is
+drawn red with the seconds since its last sample (``impala-worker-stalled``).
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ EDGES = (
     ("ring", "learner", "train"),
 )
 FLOWS = ("sample", "mix", "batch", "train", "broadcast")
+STALLED_COLOR = "#c0392b"
 DASH_PERIOD = 16  # stroke-dasharray "10 6"
 
 
@@ -142,13 +145,23 @@ def _actors(x: float, w: float, s: Mapping[str, Any], color: str) -> list[str]:
     p = s.get("pipeline") or {}
     in_flight = p.get("in_flight") or {}
     most = int(p.get("max_in_flight", 0))
+    stalled = {str(w.get("index")): w for w in s.get("workers") or () if w.get("stalled")}
     out = []
     workers = list(in_flight.items())
+    # Stalled workers first, so the four rows of a large run still show them.
+    workers.sort(key=lambda item: str(item[0]) not in stalled)
     shown = workers if len(workers) <= 5 else workers[:4]
     for row, (idx, n) in enumerate(shown):
         y = BOX_Y + 54 + 21 * row
-        out.append(_text(x + 12, y + 5, f"w{idx}", size=13, anchor="start"))
-        if most <= 6:
+        stall = stalled.get(str(idx))
+        out.append(_text(x + 12, y + 5, f"w{idx}", size=13, anchor="start",
+                         weight="bold" if stall else "normal",
+                         color=STALLED_COLOR if stall else "#222"))
+        if stall is not None:
+            seconds = fmt_count(stall.get("seconds_since_sample"))
+            out.append(_text(x + 50, y + 5, f"stalled {seconds} s", size=13, weight="bold",
+                             anchor="start", color=STALLED_COLOR, cls="impala-worker-stalled"))
+        elif most <= 6:
             for j in range(most):
                 filled = color if j < n else "#ffffff"
                 out.append(f'<circle cx="{x + 52 + 17 * j}" cy="{y}" r="6.5" fill="{filled}" '

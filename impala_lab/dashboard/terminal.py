@@ -7,6 +7,10 @@ place in a TTY (the CLI's live view) and prints one line per report elsewhere. T
 
 Both show the learning-health monitor's active flags (``stats()["health"]``) when there are
 any: the line ends with ``health: entropy collapsed, ...``, the panel has a ``health`` line.
+A report window in which no sample reached the driver (``num_steps_sampled`` did not move
+since the previous report; none yet at the first) says so: ``NO SAMPLES since the last report
+(12.0 s since the last sample)``, or ``NO SAMPLES yet (3.0 s)`` (`TerminalView` compares the
+snapshots).
 
 Pure Python on purpose: no numpy, no matplotlib, no ipywidgets, so the CLI stays quick to
 start and this module is safe to import anywhere.
@@ -131,9 +135,20 @@ def queue_figures(stats: Mapping[str, Any]) -> dict[str, tuple[float, float]]:
 
 
 # ---------------------------------------------------------------------- the views
-def progress_line(s: Mapping[str, Any]) -> str:
-    """One line: time, env steps, return, throughputs, learner queue, policy lag, and the
-    health flags when there are any."""
+def no_samples_note(s: Mapping[str, Any]) -> str:
+    """What a report window without a sample says, with the seconds since the last one:
+    ``NO SAMPLES yet (3.0 s)`` before the first, else ``NO SAMPLES since the last report
+    (12.0 s since the last sample)``."""
+    since = s.get("seconds_since_sample")
+    if not s.get("num_steps_sampled"):
+        return "NO SAMPLES yet" + (f" ({since:.1f} s)" if is_number(since) else "")
+    return "NO SAMPLES since the last report" + (
+        f" ({since:.1f} s since the last sample)" if is_number(since) else "")
+
+
+def progress_line(s: Mapping[str, Any], no_samples: bool = False) -> str:
+    """One line: time, env steps, return, throughputs, learner queue, policy lag, the health
+    flags when there are any, and `no_samples_note` when ``no_samples``."""
     q = queue_figures(s)["learner_queue"]
     lag = (s.get("policy_lag") or {}).get("mean", math.nan)
     ret = s.get("episode_return_mean", math.nan)
@@ -143,12 +158,14 @@ def progress_line(s: Mapping[str, Any]) -> str:
             f"  sample {fmt_count(s.get('sample_throughput')):>8}/s"
             f"  train {fmt_count(s.get('train_throughput')):>8}/s"
             f"  queue {q[0]:>2.0f}/{q[1]:.0f}  lag {lag if is_number(lag) else math.nan:.1f}"
+            + (f"  {no_samples_note(s)}" if no_samples else "")
             + (f"  health: {flags}" if flags else ""))
 
 
-def render(s: Mapping[str, Any], title: str = "") -> str:
+def render(s: Mapping[str, Any], title: str = "", no_samples: bool = False) -> str:
     """The text dashboard (7 lines, <= 100 columns) of one ``Impala.stats()`` snapshot; 8 with
-    a ``health`` line when the snapshot has a health key (every live run's has)."""
+    a ``health`` line when the snapshot has a health key (every live run's has); 9 with
+    `no_samples_note` under the first when ``no_samples``."""
     p = s.get("pipeline") or {}
     q = queue_figures(s)
     lag = s.get("policy_lag") or {}
@@ -157,6 +174,7 @@ def render(s: Mapping[str, Any], title: str = "") -> str:
         f"{head}   {s.get('time_total_s', 0.0):.1f} s   env steps "
         f"{fmt_count(s.get('num_steps_sampled'))}   "
         f"trained {fmt_count(s.get('num_steps_trained'))}",
+        *([f"            {no_samples_note(s)}"] if no_samples else []),
         f"throughput  sample {fmt_count(s.get('sample_throughput'))}/s   "
         f"train {fmt_count(s.get('train_throughput'))}/s   "
         f"replayed {fmt_count(s.get('num_steps_replayed'))} steps",
@@ -208,14 +226,18 @@ class TerminalView:
         self.title = title
         self.live = self.stream.isatty() if live is None else live
         self._drawn_lines = 0
+        self._last_sampled: Any = None
 
     def update(self, stats: Mapping[str, Any]) -> None:
-        """Show one snapshot."""
+        """Show one snapshot; say so if no sample arrived since the previous one."""
+        sampled = stats.get("num_steps_sampled")
+        idle = sampled == (0 if self._last_sampled is None else self._last_sampled)
+        self._last_sampled = sampled
         if not self.live:
-            self.stream.write(progress_line(stats) + "\n")
+            self.stream.write(progress_line(stats, idle) + "\n")
             self.stream.flush()
             return
-        text = render(stats, self.title)
+        text = render(stats, self.title, idle)
         # Move up over the previous panel and clear each line, so nothing scrolls.
         up = f"\x1b[{self._drawn_lines}F" if self._drawn_lines else ""
         self.stream.write(up + "".join(f"\x1b[2K{line}\n" for line in text.split("\n")))
