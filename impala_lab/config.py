@@ -462,7 +462,6 @@ def _gb(n: float) -> str:
     return f"{x:,.0f} GB" if 100 <= x < 1e6 else f"{x:.3g} GB"
 
 
-
 def _check_range(name: str, value: float, lo: float, hi: float) -> None:
     if not (lo <= value <= hi) or math.isnan(value):
         span = f"in [{lo}, {hi}]" if math.isfinite(hi) else f">= {lo}"
