@@ -329,14 +329,15 @@ class NumpyModel:
         # (kernel, bias) of each layer as one trunk would hold them; a separate value trunk is
         # fused in: the layer and its value twin become one layer of twice the width.
         layers = [(arrays[i], arrays[i + 1]) for i in range(0, len(arrays) - 4, 2)]
+        # The policy's own path, for `logits` (the actors' per-step forward needs no value).
+        pi_layers = layers[0::2] if self.separate_value_trunk else layers
+        self._pi_conv = self._conv_layers(pi_layers)
+        self._pi_dense = pi_layers[len(self._pi_conv):]
+        self._pi_head = (arrays[-4], arrays[-3])
         if self.separate_value_trunk:
             layers = [_fuse_pair(layers[i], layers[i + 1], first=i == 0)
                       for i in range(0, len(layers), 2)]
-        self._conv = []
-        if self.kind == "cnn":
-            for (kernel, bias), (_, size, stride) in zip(layers, CONV_LAYERS, strict=False):
-                # [kh, kw, C, F] -> [kh*kw*C, F], rows in the (kh, kw, C) order of the patches.
-                self._conv.append((kernel.reshape(-1, kernel.shape[-1]), bias, size, stride))
+        self._conv = self._conv_layers(layers)
         self._dense = layers[len(self._conv):]
         # Both heads in one gemm: [H, A + 1], logits in the first A columns (with two trunks,
         # the logits read the policy half of the features and the value the other half).
@@ -358,6 +359,14 @@ class NumpyModel:
         self._head_w = np.ascontiguousarray(head_w)
         self._head_b = np.concatenate([pb, vb])
 
+    def _conv_layers(self, layers: list[tuple[np.ndarray, np.ndarray]]) -> list[tuple]:
+        """(kernel [kh*kw*C, F], bias, size, stride) of the conv layers among ``layers``."""
+        if self.kind != "cnn":
+            return []
+        # [kh, kw, C, F] -> [kh*kw*C, F], rows in the (kh, kw, C) order of the patches.
+        return [(kernel.reshape(-1, kernel.shape[-1]), bias, size, stride)
+                for (kernel, bias), (_, size, stride) in zip(layers, CONV_LAYERS, strict=False)]
+
     def get_weights(self) -> list[np.ndarray]:
         """Copies of the loaded weights, in `weight_shapes()` order."""
         if self._weights is None:
@@ -377,6 +386,25 @@ class NumpyModel:
           (logits, values): float32 arrays of shape [N, A] and [N]; both are views into
           one fresh [N, A + 1] array (the heads share a gemm), never into obs or weights.
         """
+        x = self._features(self._input(obs), self._conv, self._dense)
+        out = x @ self._head_w
+        out += self._head_b
+        return out[:, : self.num_actions], out[:, self.num_actions]
+
+    def logits(self, obs: np.ndarray) -> np.ndarray:
+        """The policy's logits alone: float32 [N, A], equal to ``self(obs)[0]``.
+
+        With a value trunk of its own this runs only the policy's half of the network (an
+        actor needs values only for the rare truncated step), as fast as a shared trunk.
+        """
+        x = self._features(self._input(obs), self._pi_conv, self._pi_dense)
+        kernel, bias = self._pi_head
+        out = x @ kernel
+        out += bias
+        return out
+
+    def _input(self, obs: np.ndarray) -> np.ndarray:
+        """obs [N, *obs_shape] as float32 (uint8 scaled by 1/255), after the checks."""
         if self._weights is None:
             raise RuntimeError(
                 "NumpyModel has no weights yet: call set_weights(...) first, e.g. "
@@ -391,11 +419,22 @@ class NumpyModel:
         if self._scale_uint8:
             x = obs.astype(np.float32)
             x *= _UINT8_SCALE
-        else:
-            x = obs if obs.dtype == np.float32 else obs.astype(np.float32)
-        if self._conv:
+            return x
+        return obs if obs.dtype == np.float32 else obs.astype(np.float32)
+
+    def _features(self, x: np.ndarray, conv: list[tuple], dense: list[tuple]) -> np.ndarray:
+        """The trunk: conv layers (relu) and dense layers (relu after convs, else tanh).
+
+        Args:
+          x: float32 [N, *obs_shape]; never written to.
+          conv, dense: the layers to run (the fused network's, or the policy's alone).
+
+        Returns:
+          A fresh float32 array [N, F] of the last layer's features.
+        """
+        if conv:
             n = x.shape[0]
-            for kernel2d, bias, size, stride in self._conv:
+            for kernel2d, bias, size, stride in conv:
                 ho = _conv_out(x.shape[1], size, stride)
                 wo = _conv_out(x.shape[2], size, stride)
                 y = _sliding_patches(x, size, stride) @ kernel2d
@@ -403,18 +442,16 @@ class NumpyModel:
                 np.maximum(y, 0.0, out=y)
                 x = y.reshape(n, ho, wo, -1)
             x = x.reshape(n, -1)
-            for w, b in self._dense:
+            for w, b in dense:
                 x = x @ w
                 x += b
                 np.maximum(x, 0.0, out=x)
-        else:
-            for w, b in self._dense:
-                x = x @ w  # a fresh array: obs is never written to
-                x += b
-                np.tanh(x, out=x)
-        out = x @ self._head_w
-        out += self._head_b
-        return out[:, : self.num_actions], out[:, self.num_actions]
+            return x
+        for w, b in dense:
+            x = x @ w  # a fresh array: obs is never written to
+            x += b
+            np.tanh(x, out=x)
+        return x
 
 
 def build_keras_model(

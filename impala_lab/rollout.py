@@ -315,7 +315,7 @@ class RolloutWorker:
         t = 0
         try:
             for t in range(T):
-                logits, _ = model(obs_buf[t])
+                logits = model.logits(obs_buf[t])  # values only at truncations
                 acts = sample_actions(logits, rng)
                 logits_buf[t] = logits
                 actions[t] = acts

@@ -245,6 +245,8 @@ def test_numpy_forward_equals_keras(obs_space, num_actions: int, hiddens,
             assert values.shape == (n,) and values.dtype == np.float32
             want_logits, want_values = models.keras_forward(keras_model, obs)
             np.testing.assert_allclose(logits, want_logits, rtol=1e-5, atol=1e-5)
+            # The actors' per-step forward: the policy's path alone, the same logits.
+            np.testing.assert_allclose(numpy_model.logits(obs), logits, rtol=1e-5, atol=1e-5)
             np.testing.assert_allclose(values, want_values, rtol=1e-5, atol=1e-5)
             np.testing.assert_array_equal(obs, before)  # the forward never writes to obs
     # Guard against a vacuous comparison: the random weights give spread-out outputs.
