@@ -10,7 +10,6 @@ of 10 steps, after its first sample returned.
 
 from __future__ import annotations
 
-import collections
 import functools
 import json
 import logging
@@ -28,25 +27,12 @@ from impala_lab.dashboard import diagram, terminal
 from impala_lab.errors import ImpalaError, WorkerError
 from tests.envs import HangOnceEnv, SlowEnv, WrongObsEnv
 from tests.leaks import no_leaks
+from tests.test_reliability import spy_on_returns
 
 # Small runs: 2 workers x 2 envs x 10 steps per sample, a train batch of 2 samples.
 SMALL = dict(num_workers=2, num_envs_per_worker=2, sample_batch_size=10, train_batch_size=40,
              model=(16,), seed=0)
 WRONG_AFTER_FIRST_SAMPLE = functools.partial(WrongObsEnv, kind="batched", at_step=15, length=5)
-
-
-def spy_on_returns(run: Impala) -> collections.Counter:
-    """Count the samples each worker (by index) returns to the driver from now on."""
-    returned: collections.Counter = collections.Counter()
-    send = run._send_weights_and_request
-
-    def spy(worker, initial: bool = False) -> None:
-        if not initial:  # called once per returned sample, with the worker that sent it
-            returned[worker.index] += 1
-        send(worker, initial)
-
-    run._send_weights_and_request = spy
-    return returned
 
 
 # ---------------------------------------------------------------------- hung workers
