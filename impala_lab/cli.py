@@ -181,10 +181,14 @@ def train_command(args: argparse.Namespace) -> int:
         return (args.stop_return is not None and s["episode_return_count"] >= 100
                 and s["episode_return_mean"] >= args.stop_return)
 
-    def on_report(s: dict) -> None:
+    def note_best(s: dict) -> None:
         ret = s["episode_return_mean"]
         if s["episode_return_count"] >= RETURN_MIN_EPISODES and math.isfinite(ret):
             best["return_mean"] = max(ret, best["return_mean"] or -math.inf)
+
+    def on_report(s: dict) -> None:
+        ret = s["episode_return_mean"]
+        note_best(s)
         if solved(s) and target["seconds"] is None:
             target["at"] = time.monotonic()
             target["seconds"] = round(target["at"] - _PROCESS_START, 2)
@@ -231,6 +235,7 @@ def train_command(args: argparse.Namespace) -> int:
                 f"hang in reset() or step() (sample_timeout_s={config.sample_timeout_s} ends "
                 f"a worker that owes a sample that long), or the workers cannot start")
             impala.last_error = final["last_error"] = f"ImpalaError: {error}"
+        note_best(final)  # a run shorter than one report interval has only its final stats
         ended = time.monotonic()
         view.close()
         impala.stop()

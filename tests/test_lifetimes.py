@@ -63,9 +63,18 @@ def test_shutdown_all_ends_every_run():
     assert wait_gone(pids) == []
 
 
+def _default_sigint() -> None:
+    """In a child before exec: Ctrl-C's default, which a shell that started this test run in
+    the background (SIGINT ignored, inherited by every child) would otherwise leave out."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_keyboard_interrupt_in_train_ends_the_run_and_its_workers():
     run = Impala(ImpalaConfig(backend="process", seed=5))
     pids = run.backend.worker_pids()
+    # interrupt_main does nothing while SIGINT is ignored (a background `make test`): set up
+    # Python's own handler for this test, as in an interactive session.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     timer = threading.Timer(2.0, _thread.interrupt_main)
     timer.start()
     try:
@@ -73,6 +82,7 @@ def test_keyboard_interrupt_in_train_ends_the_run_and_its_workers():
             run.train(max_seconds=60)
     finally:
         timer.cancel()
+        signal.signal(signal.SIGINT, previous)
     assert run.stopped
     assert wait_gone(pids) == []
     # running the cell again works: a fresh run starts
@@ -87,7 +97,8 @@ def test_cli_interrupt_ends_within_10_s_with_results_and_checkpoint(tmp_path, si
     proc = subprocess.Popen(
         [sys.executable, "-m", "impala_lab.cli", "train", "--max-seconds", "300",
          "--report-interval", "0.5", "--out", str(out)],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=_default_sigint)
     try:
         for line in proc.stdout:  # wait until training reports sampled env steps
             match = re.search(r"steps\s+([\d,]+)", line)
