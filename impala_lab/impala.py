@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from impala_lab.backends.base import WorkerHandle, make_backend
+from impala_lab.backends.base import WorkerHandle, make_backend, pid_exists
 from impala_lab.batch import SampleBatch, concat_samples
 from impala_lab.config import LIVE_KNOBS, ImpalaConfig, field_names
 from impala_lab.errors import ConfigError, ImpalaError, WorkerError
@@ -975,22 +975,8 @@ def _remove_stale_partials(target: Path) -> None:
     pattern = re.compile(re.escape(target.name) + r"\.tmp-(\d+)-[0-9a-f]+")
     for entry in target.parent.iterdir():
         match = pattern.fullmatch(entry.name)
-        if match and not _pid_alive(int(match.group(1))) and entry.is_dir():
+        if match and not pid_exists(int(match.group(1))) and entry.is_dir():
             shutil.rmtree(entry, ignore_errors=True)
-
-
-def _pid_alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's process
-    except OverflowError:
-        return False
-    return True
 
 
 def _flush_and_sync(fh: Any) -> None:

@@ -14,6 +14,7 @@ themselves inline), so weights move once per broadcast, not once per request.
 from __future__ import annotations
 
 import abc
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -85,6 +86,23 @@ class Backend(abc.ABC):
     def worker_pids(self) -> list[int]:
         """OS process ids of the workers (empty where they share the driver's process)."""
         return []
+
+
+def pid_exists(pid: int) -> bool:
+    """Whether a process with this pid exists (this process's own pid counts; another user's
+    too). Checkpoint temp directories and shared-memory blocks carry their writer's pid: a
+    pid that is gone marks them as left behind by a killed run."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, another user's
+    except (OverflowError, ValueError):
+        return False  # no such pid can exist
+    return True
 
 
 def make_backend(config: ImpalaConfig, env_creator: Callable[[], Any] | None = None) -> Backend:

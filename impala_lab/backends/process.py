@@ -121,7 +121,7 @@ import multiprocess.util  # registers multiprocess's exit hook before ours (see 
 import numpy as np
 from multiprocess import shared_memory
 
-from impala_lab.backends.base import Backend, WorkerHandle
+from impala_lab.backends.base import Backend, WorkerHandle, pid_exists
 from impala_lab.config import ImpalaConfig
 from impala_lab.errors import WorkerError
 
@@ -919,14 +919,8 @@ def remove_stale_blocks(shm_dir: str = _SHM_DIR) -> list[str]:
 def _block_owner_alive(pid: int, block_mtime: float) -> bool:
     if pid == os.getpid():
         return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    if not pid_exists(pid):
         return False
-    except PermissionError:
-        pass  # exists, another user's
-    except (OverflowError, ValueError):
-        return False  # no such pid can exist
     try:
         with open(f"/proc/{pid}/stat") as fh:
             fields = fh.read().rsplit(")", 1)[1].split()
