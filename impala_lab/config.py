@@ -20,11 +20,10 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from impala_lab.errors import ConfigError
+from impala_lab.knobs import LIVE_KNOBS
 
 BACKENDS = ("process", "inline", "ray")
 OPTIMIZERS = ("adam", "rmsprop")
-# Knobs the driver may change between two steps of a live run (the dashboard's controls).
-LIVE_KNOBS = ("broadcast_interval", "replay_proportion", "num_sgd_iter", "lr", "entropy_coeff")
 
 
 # Values tuned on a 2-core laptop (see the README's Performance section), applied by the CLI

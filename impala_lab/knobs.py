@@ -1,0 +1,79 @@
+"""Live knobs: the config fields a run may change between two driver steps, in one table.
+
+Everything that knows about live knobs reads `KNOBS`: ``Impala.set_knobs`` (which names are
+allowed), the driver (how a new value is applied), the dashboard (its sliders and tooltips), the
+plots (the ``knobs.*`` columns whose changes are marked) and the README. To add a knob, add one
+`Knob` here and, if the run must do more than store the new config value, an ``apply`` hook.
+
+Validation is the config's: a knob's value is checked by ``ImpalaConfig`` like any other field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One live knob.
+
+    Attributes:
+      name: the config field.
+      kind: "int" or "float"; a dashboard value is cast to it before ``set_knobs``.
+      low, high: the dashboard slider's range (the config's validation may allow more).
+      step: the slider's step; for a ``log`` slider, the step of the exponent.
+      log: a log-scale slider (base 10; ``low``/``high`` are then the values, not exponents).
+      help: one line for tooltips and tables.
+      apply: how a running pipeline takes the new value, ``apply(run, value)``; None when
+        storing it in ``run.config`` is all it takes (the driver reads the config each step).
+    """
+
+    name: str
+    kind: str
+    low: float
+    high: float
+    step: float
+    help: str
+    log: bool = False
+    apply: Callable[[Any, Any], None] | None = None
+
+
+def _set_lr(run: Any, value: float) -> None:
+    run.policy.set_lr(value)
+
+
+def _set_entropy_coeff(run: Any, value: float) -> None:
+    run.policy.set_entropy_coeff(value)
+
+
+def _set_num_sgd_iter(run: Any, value: int) -> None:
+    run.learner.set_num_sgd_iter(value)
+
+
+def _set_replay_proportion(run: Any, value: float) -> None:
+    run.replay.replay_proportion = value
+
+
+KNOBS: dict[str, Knob] = {k.name: k for k in (
+    Knob("broadcast_interval", "int", 1, 32, 1,
+         "samples a worker returns between weight broadcasts"),
+    Knob("replay_proportion", "float", 0.0, 4.0, 0.25,
+         "replayed batches per new batch (needs replay slots)", apply=_set_replay_proportion),
+    Knob("num_sgd_iter", "int", 1, 10, 1, "passes over each train batch",
+         apply=_set_num_sgd_iter),
+    Knob("lr", "float", 1e-5, 1e-1, 0.05, "learning rate", log=True, apply=_set_lr),
+    Knob("entropy_coeff", "float", 0.0, 0.05, 0.001, "weight of the entropy bonus",
+         apply=_set_entropy_coeff),
+)}
+
+#: The live knobs' names, in the dashboard's order.
+LIVE_KNOBS: tuple[str, ...] = tuple(KNOBS)
+
+
+def cast(name: str, value: Any) -> int | float:
+    """A control's value as the knob's type (a float slider's noise rounded to 6 digits)."""
+    if KNOBS[name].kind == "int":
+        return int(value)
+    return float(f"{float(value):.6g}")
