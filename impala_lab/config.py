@@ -362,12 +362,8 @@ class ImpalaConfig:
         if not isinstance(data, Mapping):
             raise ConfigError(
                 f"config must be a mapping of field names to values, got {type(data).__name__}")
-        known = field_names()
         for key in data:
-            if key not in known:
-                close = difflib.get_close_matches(str(key), known, n=1)
-                hint = f"did you mean {close[0]!r}?" if close else "see the README's config table"
-                raise ConfigError(f"unknown config key {key!r}: {hint}")
+            _check_known(key)
         return cls(**dict(data))
 
     @classmethod
@@ -380,11 +376,14 @@ class ImpalaConfig:
         merged = self.to_dict()
         if callable(self.env):
             merged["env"] = self.env
-        for key in changes:
-            if key not in field_names():
-                self.from_dict({key: None})  # raises the did-you-mean error
         merged.update(changes)
         return type(self).from_dict(merged)
+
+    def validate_field(self, name: str, value: Any) -> None:
+        """Raise the `ConfigError` that a copy with ``name=value`` would raise when built
+        (an unknown name gets the did-you-mean error); change nothing."""
+        _check_known(name)
+        dataclasses.replace(self, **{name: value})  # __post_init__ validates the copy
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, ImpalaConfig):
@@ -399,6 +398,15 @@ def field_names() -> list[str]:
 
 def field_help(name: str) -> str:
     return {f.name: f.metadata["help"] for f in fields(ImpalaConfig)}[name]
+
+
+def _check_known(key: Any) -> None:
+    """Raise `ConfigError` with a did-you-mean if ``key`` is not a field name."""
+    known = field_names()
+    if key not in known:
+        close = difflib.get_close_matches(str(key), known, n=1)
+        hint = f"did you mean {close[0]!r}?" if close else "see the README's config table"
+        raise ConfigError(f"unknown config key {key!r}: {hint}")
 
 
 def _bad(name: str, value: Any, fix: str) -> None:

@@ -345,6 +345,22 @@ def test_replace_validates_and_keeps_a_factory() -> None:
         c.replace(lr=-1.0)
 
 
+def test_validate_field_raises_what_the_constructor_would() -> None:
+    c = ImpalaConfig(seed=3)
+    c.validate_field("lr", 0.01)  # a good value: no error, nothing changed
+    assert c.lr == 0.0005
+    for name, value in (("lr", -1.0), ("lr", "fast"), ("replay_proportion", 0.5),
+                        ("num_sgd_iter", 0)):
+        with pytest.raises(ConfigError) as built:
+            ImpalaConfig(seed=3, **{name: value})
+        with pytest.raises(ConfigError) as checked:
+            c.validate_field(name, value)
+        assert str(checked.value) == str(built.value)
+    with pytest.raises(ConfigError, match="unknown config key 'broadcast_intervall': did you "
+                                          "mean 'broadcast_interval'"):
+        c.validate_field("broadcast_intervall", 2)
+
+
 # ---------------------------------------------------------------------- field docs
 def test_field_kinds() -> None:
     kinds = {name: field_kind(name) for name in field_names()}
