@@ -17,6 +17,7 @@ import re
 import struct
 import time
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -420,6 +421,32 @@ def test_diagram_draws_many_workers_and_large_queues_compactly():
     assert "+8 more workers" in texts and "10 / 10" in texts
     assert svg_texts(svg, "impala-learner-queue") == ["32 / 64"]
     assert 'class="impala-learner-queue-bar"' in svg
+
+
+# Snapshots that reach every branch of the drawing: stalled and idle workers, moving and
+# still arrows, replay on and off, queue cells and a queue bar, ring cells and a count.
+SVG_CASES = {
+    "pipeline_small.svg": (
+        {**STATS, "workers": [{"index": 1, "stalled": True, "seconds_since_sample": 21.4}]},
+        {"sample": True, "mix": True, "batch": False, "train": True, "broadcast": True},
+        {"sample": 3, "mix": 1, "batch": 0, "train": 7, "broadcast": 2}),
+    "pipeline_large.svg": (
+        {**STATS, "pipeline": {**STATS["pipeline"], "num_workers": 12, "max_in_flight": 8,
+                               "in_flight": {str(i): i % 3 for i in range(12)},
+                               "replay_capacity": 0, "replay_stored": 0,
+                               "learner_queue_size": 64, "learner_queue_len": 32,
+                               "minibatch_slots": [[i % 2 == 0, 1] for i in range(10)]}},
+        None, None),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SVG_CASES))
+def test_the_pipeline_svg_is_the_recorded_drawing(name):
+    # The recorded files are the drawing as it was built; if you change the drawing on
+    # purpose, write pipeline_svg(*SVG_CASES[name]) to tests/data/<name> and look at it.
+    stats, flowing, phase = SVG_CASES[name]
+    recorded = (Path(__file__).parent / "data" / name).read_text()
+    assert pipeline_svg(stats, flowing=flowing, phase=phase) == recorded
 
 
 def test_timing_svg_scales_to_the_largest_timer():
