@@ -7,6 +7,8 @@ step or the learner line that failed, not a bare "worker died".
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class ImpalaError(RuntimeError):
     """Base class of the errors the pipeline raises at run time."""
@@ -19,22 +21,27 @@ class ConfigError(ValueError):
 class StageError(ImpalaError):
     """An exception raised inside a pipeline stage (a worker, the learner, a loader thread).
 
+    ``str(err)`` is ``"<stage> failed: <details>"``, then the original traceback if any.
+
     Attributes:
       stage: which stage raised, e.g. ``"learner thread"`` or ``"worker 1 (env CartPole-v1)"``.
+      message: the first line of the stage's own message, e.g. ``"RuntimeError: boom"``.
+      details: the stage's whole message (``message`` and any lines after it).
       remote_traceback: the original traceback, formatted where the exception happened.
     """
 
     def __init__(self, stage: str, message: str, remote_traceback: str = "") -> None:
         self.stage = stage
+        self.details = message
+        self.message = (message.splitlines() or [""])[0]
         self.remote_traceback = remote_traceback
         text = f"{stage} failed: {message}"
         if remote_traceback:
             text += f"\n\n--- original traceback ({stage}) ---\n{remote_traceback.rstrip()}"
         super().__init__(text)
 
-    def __reduce__(self):  # keep the fields when the error crosses a process boundary
-        message = str(self).split(" failed: ", 1)[-1].split("\n\n--- original", 1)[0]
-        return (type(self), (self.stage, message, self.remote_traceback))
+    def __reduce__(self) -> tuple[Any, ...]:  # keep the fields across a process boundary
+        return (type(self), (self.stage, self.details, self.remote_traceback))
 
 
 class WorkerError(StageError):
@@ -52,9 +59,9 @@ class WorkerError(StageError):
         self.env_id = env_id
         super().__init__(f"worker {worker_index} (env {env_id})", message, remote_traceback)
 
-    def __reduce__(self):
-        message = str(self).split(" failed: ", 1)[-1].split("\n\n--- original", 1)[0]
-        return (type(self), (self.worker_index, self.env_id, message, self.remote_traceback))
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.worker_index, self.env_id, self.details,
+                             self.remote_traceback))
 
 
 class LearnerError(StageError):
