@@ -13,14 +13,16 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import math
 import numbers
-from collections.abc import Callable, Mapping
+import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from impala_lab.errors import ConfigError
-from impala_lab.knobs import LIVE_KNOBS
+from impala_lab.knobs import LIVE_KNOBS as LIVE_KNOBS  # re-exported: the live config fields
 
 BACKENDS = ("process", "inline", "ray")
 OPTIMIZERS = ("adam", "rmsprop")
@@ -43,6 +45,7 @@ TUNED_PRESETS: dict[str, dict[str, Any]] = {
 
 
 def _f(default: Any, help: str, **kw: Any) -> Any:
+    """A field with its help line; ``kind="..."`` names a kind its annotation cannot say."""
     return field(default=default, metadata={"help": help, **kw})
 
 
@@ -51,7 +54,8 @@ class ImpalaConfig:
     """All settings of one IMPALA run. Defaults are RLlib's IMPALA defaults."""
 
     # --- environment and actors -------------------------------------------------------
-    env: Any = _f("CartPole-v1", "Gymnasium env id (or, in Python, a zero-argument env factory).")
+    env: Any = _f("CartPole-v1", "Gymnasium env id (or, in Python, a zero-argument env factory).",
+                  kind="env")
     num_workers: int = _f(2, "Rollout workers (actors) sampling in parallel.")
     num_envs_per_worker: int = _f(1, "Envs each worker steps as one batch; a sample is [T, this].")
     sample_batch_size: int = _f(50, "Unroll length T of one worker sample (time steps per env).")
@@ -60,7 +64,7 @@ class ImpalaConfig:
     seed: int | None = _f(
         None, "Seed for envs, action sampling, model init and replay; None = random.")
     model: tuple[int, ...] = _f((64, 64), "Hidden layer sizes of the MLP (after the conv stack "
-                                "for image observations).")
+                                "for image observations).", kind="model")
     vf_share_layers: bool = _f(
         False, "One trunk under the policy and value heads (True), or a value network of its "
         "own with the same layer sizes (False, RLlib's default: a value-loss spike cannot "
@@ -482,36 +486,35 @@ def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
         _bad(name, value, f"choose one of {', '.join(map(repr, choices))}{hint}")
 
 
-def _kind(f: dataclasses.Field) -> str:
-    default = f.default
-    if f.name == "env":
-        return "env"
-    if f.name == "model":
-        return "model"
-    if f.name in ("seed",):
-        return "int?"
-    if f.name == "ray_address":
-        return "str?"
-    if f.name == "max_memory_gb":
-        return "float?"
-    if f.name.startswith("vtrace_clip") or f.name == "sample_timeout_s":
-        return "float?"
-    if isinstance(default, bool):
-        return "bool"
-    if isinstance(default, int):
-        return "int"
-    if isinstance(default, float):
-        return "float"
-    return "str"
+_SCALAR_KINDS = {bool: "bool", int: "int", float: "float", str: "str"}
+
+
+@functools.cache
+def _kinds() -> dict[str, str]:
+    """Each field's kind, from its ``kind`` metadata or else its annotation: ``int``,
+    ``float``, ``bool``, ``str``, and ``X | None`` as the kind of X plus ``?``."""
+    hints = typing.get_type_hints(ImpalaConfig)
+    kinds = {}
+    for f in fields(ImpalaConfig):
+        if "kind" in f.metadata:
+            kinds[f.name] = f.metadata["kind"]
+            continue
+        hint, optional = hints[f.name], ""
+        args = typing.get_args(hint)
+        if type(None) in args:
+            (hint,) = (a for a in args if a is not type(None))
+            optional = "?"
+        kinds[f.name] = _SCALAR_KINDS[hint] + optional
+    return kinds
 
 
 def field_kind(name: str) -> str:
     """'int', 'float', 'bool', 'str', 'int?', 'float?', 'str?', 'model' or 'env' (CLI parsing)."""
-    return _kind({f.name: f for f in fields(ImpalaConfig)}[name])
+    return _kinds()[name]
 
 
 def _check_type(f: dataclasses.Field, value: Any) -> None:
-    kind = _kind(f)
+    kind = _kinds()[f.name]
     optional = kind.endswith("?")
     base = kind.rstrip("?")
     if optional and value is None:
@@ -554,12 +557,6 @@ def markdown_table() -> str:
         rows.append(f"| `{f.name}` | `{default!r}` | {f.metadata['help']} |")
     return "\n".join(rows)
 
-
-def live_knob_names() -> tuple[str, ...]:
-    return LIVE_KNOBS
-
-
-EnvFactory = Callable[[], Any]
 
 if __name__ == "__main__":
     print(markdown_table())
