@@ -1,8 +1,20 @@
 """impala_lab: IMPALA as Ray RLlib's AsyncSamplesOptimizer built it, for learning and experiments.
 
+RLlib's AsyncSamplesOptimizer (``rllib/optimizers/async_samples_optimizer.py`` in Ray's
+0.x releases, with its ``aso_*`` helpers) is what this package re-creates; where a docstring
+says "RLlib's", it means that file and the IMPALA agent around it.
+
     from impala_lab import Impala, ImpalaConfig
     with Impala(ImpalaConfig(env="CartPole-v1")) as run:
         run.train(stop={"episode_return_mean": 195})
+
+Reading order, following one batch through the pipeline:
+
+1. `Impala._step`: one turn of the driver loop (collect samples, feed the learner, broadcast).
+2. `RolloutWorker.sample`: an actor steps its envs with a numpy copy of the policy.
+3. `LearnerThread.step`: the learner takes a train batch from its queue and trains on it.
+4. `VTracePolicy.loss_and_stats`: the V-trace actor-critic loss of one batch.
+5. `vtrace.from_importance_weights`: the V-trace targets and policy-gradient advantages.
 
 Importing the package is cheap: TensorFlow is imported only by the learner-side modules
 (`policy`, `vtrace`, `impala`), never by what actor processes import.

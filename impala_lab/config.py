@@ -218,7 +218,7 @@ class ImpalaConfig:
     # ------------------------------------------------------------------ derived values
     @property
     def uses_multi_gpu_learner(self) -> bool:
-        """The seed's rule: the MultiGPULearner runs when num_gpus > 1 or loader buffers > 1."""
+        """RLlib's rule: the MultiGPULearner runs when num_gpus > 1 or loader buffers > 1."""
         return self.num_gpus > 1 or self.num_data_loader_buffers > 1
 
     @property

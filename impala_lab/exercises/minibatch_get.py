@@ -1,7 +1,7 @@
 """Exercise 1: ``MinibatchBuffer.get``, the learner's ring with a ttl ramp.
 
 The student subclasses `impala_lab.minibatch_buffer.MinibatchBuffer` and writes ``get()``
-(no arguments; it may block on ``self.inqueue.get()`` like the seed's). The checker builds
+(no arguments; it may block on ``self.inqueue.get()`` like RLlib's). The checker builds
 the student's class and the library's ``MinibatchBuffer`` on the same items, calls ``get()``
 on both and compares, after every call, the returned ``(item, released)`` and the ring's
 state: ``ttl``, ``idx``, ``cur_max_ttl``, ``buffers`` and how many items were taken from

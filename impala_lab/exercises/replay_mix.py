@@ -4,7 +4,7 @@ The student writes a generator ``mix(pairs, store, replay_proportion, replay_thr
 rng)``: for each new ``(worker, batch)`` it yields the pair, appends the batch to ``store``
 (a ``collections.deque`` with ``maxlen=replay_buffer_num_slots``: the oldest batch drops
 out by itself), and once ``len(store) > replay_threshold`` yields replays ``(None, batch)``
-with the seed's rule, using exactly these draws of ``rng`` (a ``random.Random``):
+with RLlib's rule, using exactly these draws of ``rng`` (a ``random.Random``):
 
     f = replay_proportion
     while rng.random() < f:
@@ -33,7 +33,7 @@ from impala_lab.exercises._common import (
 
 EXERCISE = "replay_mix"
 
-DRAWS = ("make exactly the seed's draws, in this order: rng.random() for each test of the "
+DRAWS = ("make exactly RLlib's draws, in this order: rng.random() for each test of the "
          "while loop, then rng.choice(store) for each replay.")
 
 # replay_proportion, slots, train_batch_size, sample_batch_size, new batches, seed, hint
