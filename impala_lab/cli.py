@@ -3,6 +3,7 @@
     impala-lab train --env CartPole-v1 --stop-return 475 --out runs/cartpole
     impala-lab train --num-workers 4 --num-envs-per-worker 8 --lr 0.001
     impala-lab config                      # the config table
+    impala-lab notebooks my-course         # copy the course's notebooks (--solutions too)
 
 Every `ImpalaConfig` field is an option (``--field-name value``). Bad input exits with code 2
 and a message naming the option, the value and the fix, before any process starts.
@@ -112,6 +113,11 @@ def build_parser() -> argparse.ArgumentParser:
                          metavar=field_kind(name).upper().rstrip("?"),
                          help=f"{field_help(name)} (default: {default!r})", **extra)
     sub.add_parser("config", help="print the config table (markdown)")
+    course = sub.add_parser("notebooks", help="copy the lecture notebooks and exercises into "
+                            "DIR, to run them outside this repository")
+    course.add_argument("dir", type=Path, metavar="DIR", help="destination folder")
+    course.add_argument("--solutions", action="store_true", help="copy the solutions too")
+    course.add_argument("--force", action="store_true", help="overwrite files already there")
     return parser
 
 
@@ -331,6 +337,27 @@ def final_line(result: dict[str, Any], args: argparse.Namespace, out: Path,
     return f"{prefix}{text}; results in {out}/"
 
 
+def notebooks_command(args: argparse.Namespace) -> int:
+    """``impala-lab notebooks DIR``: copies the course; exit code 2 if DIR has its files."""
+    from impala_lab.course import CourseExistsError, copy_course
+
+    try:
+        copied = copy_course(args.dir, solutions=args.solutions, force=args.force)
+    except CourseExistsError as exc:
+        print(f"impala-lab: error: {exc}; nothing was copied (--force overwrites them)",
+              file=sys.stderr)
+        return 2
+    rel = [p.relative_to(args.dir) for p in copied]
+    lectures = sum(len(r.parts) == 1 for r in rel)
+    folders = sorted({r.parts[0] for r in rel if len(r.parts) > 1})
+    inside = "".join(f", {sum(r.parts[0] == f for r in rel)} in {f}/" for f in folders)
+    print(f"impala-lab: copied {lectures} lecture notebooks{inside} to {args.dir}/\n"
+          f"  open them:         jupyter lab {args.dir}\n"
+          f"  grade an exercise: cd {args.dir} && python -m impala_lab.exercises "
+          f"exercises/{rel[lectures].name}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -340,6 +367,8 @@ def main(argv: list[str] | None = None) -> int:
 
             print(markdown_table())
             return 0
+        if args.command == "notebooks":
+            return notebooks_command(args)
         return train_command(args)
     except ConfigError as exc:
         print(f"impala-lab: error: {exc}", file=sys.stderr)

@@ -1,0 +1,34 @@
+"""The wheel carries the course: notebooks/ becomes the package data ``impala_lab/course/``.
+
+Everything else about the package is declared in pyproject.toml. The notebooks stay at the
+repository's top level (``make lab``, the tests and the README use ``notebooks/``), so
+build_py copies them into the built package, where `impala_lab.course` finds them. An
+editable install builds nothing: `impala_lab.course` then reads ``notebooks/`` in place.
+"""
+
+from pathlib import Path
+
+from setuptools import setup
+from setuptools.command.build_py import build_py
+
+NOTEBOOKS = Path(__file__).resolve().parent / "notebooks"
+# lecture notebooks, exercise stubs, solutions (MANIFEST.in puts the same files in an sdist)
+COURSE_GLOBS = ("*.ipynb", "exercises/*.ipynb", "solutions/*.ipynb")
+
+
+class BuildPyWithCourse(build_py):
+    """build_py, plus the notebooks copied to ``<build_lib>/impala_lab/course/``."""
+
+    def run(self) -> None:
+        super().run()
+        if self.editable_mode:  # the editable finder maps impala_lab to the source tree
+            return
+        dest = Path(self.build_lib) / "impala_lab" / "course"
+        for pattern in COURSE_GLOBS:
+            for notebook in sorted(NOTEBOOKS.glob(pattern)):
+                target = dest / notebook.relative_to(NOTEBOOKS)
+                self.mkpath(str(target.parent))
+                self.copy_file(str(notebook), str(target))
+
+
+setup(cmdclass={"build_py": BuildPyWithCourse})

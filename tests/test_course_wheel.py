@@ -1,0 +1,189 @@
+"""The course installs with pip: a built wheel carries the notebooks, exercises and solutions;
+installed into a fresh virtualenv outside the repository, ``impala-lab notebooks DIR`` copies
+them, ``00_quickstart`` runs there in fast mode and ``python -m impala_lab.exercises`` grades
+a solution there.
+
+The fresh virtualenv gets the wheel with ``--no-deps`` and reaches the dev environment's
+site-packages for the dependencies through a ``.pth`` file (TensorFlow is not downloaded
+again). A directory named by a ``.pth`` file is not a site directory, so the dev environment's
+own ``.pth`` files (its editable finder for this checkout) stay inactive there: the
+``impala_lab`` the fresh environment imports is the wheel's, and a test checks that.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+import nbclient
+import nbformat
+import pytest
+
+from impala_lab.cli import main
+from impala_lab.course import course_root
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = ROOT / "notebooks"
+# what a build needs from the working tree (copied, so no build/ or egg-info lands in it)
+BUILD_INPUTS = ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "impala_lab",
+                "notebooks")
+KERNEL = "impala-lab-wheel"
+SOLUTION = "solutions/ex1_minibatch_buffer_get.ipynb"
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def _course_paths(root: Path) -> list[str]:
+    return sorted(p.relative_to(root).as_posix()
+                  for pattern in ("*.ipynb", "exercises/*.ipynb", "solutions/*.ipynb")
+                  for p in root.glob(pattern))
+
+
+def _run(cmd: list[str | Path], cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(TF_CPP_MIN_LOG_LEVEL="3", IMPALA_LAB_FAST="1")
+    return subprocess.run([str(c) for c in cmd], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    """The wheel, built from a copy of the working tree, without build isolation (offline)."""
+    tmp = tmp_path_factory.mktemp("wheel")
+    src = tmp / "src"
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".ipynb_checkpoints", "*.egg-info")
+    for name in BUILD_INPUTS:
+        path = ROOT / name
+        if path.is_dir():
+            shutil.copytree(path, src / name, ignore=ignore)
+        else:
+            src.mkdir(exist_ok=True)
+            shutil.copy2(path, src / name)
+    proc = _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                 "-w", tmp / "dist", src], cwd=tmp, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (built,) = (tmp / "dist").glob("impala_lab-*.whl")
+    return built
+
+
+@pytest.fixture(scope="module")
+def venv(wheel, tmp_path_factory) -> Path:
+    """A fresh virtualenv outside the repository with the wheel installed; returns its bin/."""
+    root = tmp_path_factory.mktemp("venv") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", root], check=True)
+    python = root / "bin" / "python"
+    proc = _run([sys.executable, "-m", "pip", "--python", python, "install", "--no-deps",
+                 wheel], cwd=root.parent, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # the dependencies come from the dev environment (added after the install, so that pip
+    # never sees this checkout's editable impala_lab there)
+    site = _run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                cwd=root.parent).stdout.strip()
+    dev_dirs = dict.fromkeys(sysconfig.get_paths()[k] for k in ("purelib", "platlib"))
+    (Path(site) / "impala_lab_dev_deps.pth").write_text("\n".join(dev_dirs) + "\n")
+    return root / "bin"
+
+
+@pytest.fixture(scope="module")
+def course(venv, tmp_path_factory) -> Path:
+    """``impala-lab notebooks my-course --solutions``, run with the fresh environment."""
+    where = tmp_path_factory.mktemp("student")
+    proc = _run([venv / "impala-lab", "notebooks", "my-course", "--solutions"], cwd=where)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "copied 10 lecture notebooks, 5 in exercises/, 5 in solutions/ to my-course/" \
+        in proc.stdout
+    return where / "my-course"
+
+
+def test_the_wheel_carries_the_course_without_outputs(wheel):
+    with zipfile.ZipFile(wheel) as whl:
+        names = whl.namelist()
+        prefix = "impala_lab/course/"
+        shipped = sorted(n[len(prefix):] for n in names if n.startswith(prefix))
+        assert shipped == _course_paths(NOTEBOOKS)
+        assert len(shipped) == 20 and "00_quickstart.ipynb" in shipped
+        assert "impala_lab/exercises/__main__.py" in names  # the grader and its checkers
+        assert "impala_lab/data/collapse_cartpole_metrics.csv" in names  # notebook 06 reads it
+        for name in shipped:
+            nb = json.loads(whl.read(prefix + name))
+            for cell in nb["cells"]:
+                assert not cell.get("outputs") and cell.get("execution_count") is None, name
+
+
+def test_the_fresh_environment_imports_the_wheel_not_the_checkout(venv):
+    proc = _run([venv / "python", "-c", "import impala_lab, impala_lab.course as c; "
+                 "print(impala_lab.__file__); print(c.course_root())"], cwd=venv.parent)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    module, root = proc.stdout.splitlines()
+    site = venv.parent / "lib"
+    assert Path(module).is_relative_to(site) and not Path(module).is_relative_to(ROOT)
+    assert Path(root) == Path(module).parent / "course"
+
+
+def test_notebooks_copies_lectures_and_exercises_and_refuses_to_overwrite(venv, tmp_path):
+    proc = _run([venv / "impala-lab", "notebooks", "course"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    copied = _course_paths(tmp_path / "course")
+    assert copied == [p for p in _course_paths(NOTEBOOKS) if not p.startswith("solutions/")]
+    assert "jupyter lab course" in proc.stdout
+
+    stub = tmp_path / "course" / "exercises" / "ex1_minibatch_buffer_get.ipynb"
+    stub.write_text("my answer")
+    again = _run([venv / "impala-lab", "notebooks", "course", "--solutions"], cwd=tmp_path)
+    assert again.returncode == 2
+    assert again.stderr.startswith("impala-lab: error: course already holds 00_quickstart.ipynb,")
+    assert "nothing was copied (--force overwrites them)" in again.stderr
+    assert stub.read_text() == "my answer" and not (tmp_path / "course" / "solutions").exists()
+
+    forced = _run([venv / "impala-lab", "notebooks", "course", "--solutions", "--force"],
+                  cwd=tmp_path)
+    assert forced.returncode == 0, forced.stderr[-3000:]
+    assert _course_paths(tmp_path / "course") == _course_paths(NOTEBOOKS)
+    assert stub.read_bytes() == (NOTEBOOKS / "exercises" / stub.name).read_bytes()
+
+
+def test_the_grader_grades_the_copied_exercises_there(venv, course):
+    proc = _run([venv / "python", "-m", "impala_lab.exercises", SOLUTION,
+                 "exercises/ex1_minibatch_buffer_get.ipynb"], cwd=course)
+    assert proc.returncode == 1, proc.stderr[-3000:]  # the stub fails, the solution passes
+    assert "✓ minibatch_get: all 7 cases pass" in proc.stdout
+    assert "still raises NotImplementedError" in proc.stdout
+    assert "1 of 2 notebooks pass" in proc.stdout
+    solved = _run([venv / "python", "-m", "impala_lab.exercises", SOLUTION], cwd=course)
+    assert solved.returncode == 0, solved.stdout[-3000:] + solved.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_quickstart_runs_in_fast_mode_there(venv, course, tmp_path, monkeypatch):
+    spec = tmp_path / "kernels" / KERNEL
+    spec.mkdir(parents=True)
+    (spec / "kernel.json").write_text(json.dumps({
+        "argv": [str(venv / "python"), "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "impala_lab from the wheel", "language": "python"}))
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path))
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    monkeypatch.setenv("IMPALA_LAB_FAST", "1")
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "2")
+    nb = nbformat.read(course / "00_quickstart.ipynb", as_version=4)
+    nb.cells.append(nbformat.v4.new_code_cell("import impala_lab; print(impala_lab.__file__)"))
+    client = nbclient.NotebookClient(nb, timeout=300, kernel_name=KERNEL,
+                                     resources={"metadata": {"path": str(course)}})
+    client.execute()  # raises CellExecutionError (with the traceback) if a cell fails
+    printed = "".join(out.get("text", "") for out in nb.cells[-1].outputs).strip()
+    assert Path(printed).is_relative_to(venv.parent), printed
+
+
+def test_a_checkout_copies_its_own_notebooks(tmp_path, capsys):
+    # an editable install builds nothing: the course comes from notebooks/ in place
+    assert course_root() == NOTEBOOKS
+    assert main(["notebooks", str(tmp_path / "c"), "--solutions"]) == 0
+    assert _course_paths(tmp_path / "c") == _course_paths(NOTEBOOKS)
+    assert main(["notebooks", str(tmp_path / "c")]) == 2
+    assert "already holds" in capsys.readouterr().err
