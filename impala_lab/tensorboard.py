@@ -1,0 +1,163 @@
+"""TensorBoard summaries of a run: every stats scalar, the knob changes, the policy lag.
+
+    writer = TensorBoardWriter.for_run(run, "runs/cartpole/tensorboard")
+    run.train(max_seconds=60, on_report=writer.write)   # or writer.hook(another_hook)
+    writer.close()
+
+``Impala.train(tensorboard_dir=...)`` and ``impala-lab train --tensorboard`` do exactly this.
+Each report writes, at step ``num_steps_sampled`` (the same step axis as ``metrics.csv``):
+
+- one scalar per number of ``stats()``, nested keys joined with ``/`` (``learner/entropy``,
+  ``timing_breakdown/learner_grad_time_ms``, ``pipeline/in_flight/0``), and per worker
+  ``workers/<index>/<field>``; strings, other lists and non-finite values (a mean over no
+  episodes yet is NaN) are left out;
+- ``knob_changes``: a text line per live-knob change, at the env step it was applied;
+- ``policy_lag/batches``: a histogram of the policy lag of every sample batch that reached the
+  driver since the previous report (one value per batch, as ``policy_lag/mean`` averages).
+
+TensorFlow (``tf.summary``, which needs the ``tensorboard`` package) is imported when a writer
+is built, so the module itself is cheap to import; actor processes never build one.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+STEP_KEY = "num_steps_sampled"
+KNOB_TAG = "knob_changes"
+LAG_TAG = "policy_lag/batches"
+LAG_DESCRIPTION = ("Updates between the policy that sampled a batch and the learner's, when the "
+                   "batch reached the driver: one value per batch since the previous report.")
+
+Hook = Callable[[dict], None]
+
+
+def scalar_tags(snapshot: Mapping[str, Any]) -> dict[str, float]:
+    """The TensorBoard scalars of a stats snapshot: ``{tag: value}``.
+
+    Nested mappings become ``/``-joined tags; a list of mappings with an ``index`` key (the
+    workers) becomes ``<key>/<index>/<field>``. Booleans count as 0/1. Strings, ``None``, other
+    lists and NaN/inf are left out (TensorBoard would draw NaN as a broken line).
+    """
+    out: dict[str, float] = {}
+
+    def walk(value: Any, name: str) -> None:
+        if isinstance(value, Mapping):
+            for key, item in value.items():
+                walk(item, f"{name}/{key}" if name else str(key))
+        elif isinstance(value, list | tuple):
+            if all(isinstance(item, Mapping) and "index" in item for item in value):
+                for item in value:
+                    walk({k: v for k, v in item.items() if k != "index"},
+                         f"{name}/{item['index']}")
+        elif isinstance(value, numbers.Real) and math.isfinite(value):
+            out[name] = float(value)
+
+    walk(snapshot, "")
+    return out
+
+
+def knob_change_text(change: Mapping[str, Any]) -> str:
+    """One line of markdown for an entry of ``Impala.knob_changes``.
+
+    E.g. ``` `lr` set to 0.001 at 12.3 s (env step 48,000) ```.
+    """
+    return (f"`{change['knob']}` set to {change['value']!r} at {change['time_s']:.1f} s "
+            f"(env step {change['num_steps_sampled']:,})")
+
+
+class TensorBoardWriter:
+    """Writes stats snapshots as TensorBoard summaries under `logdir` (see the module docstring).
+
+    Use `write` as ``Impala.train``'s ``on_report`` hook (or `hook` to chain another one), write
+    the final snapshot ``train`` returns, and `close` it (or use it as a context manager).
+    Events are flushed after every write, so TensorBoard shows a run while it trains.
+    """
+
+    def __init__(self, logdir: str | os.PathLike, *,
+                 knob_changes: Sequence[Mapping[str, Any]] | None = None,
+                 policy_lags: Callable[[], Sequence[float]] | None = None) -> None:
+        """Creates the event file writer (and `logdir`).
+
+        Args:
+          logdir: the folder for the event files, e.g. ``runs/NAME/tensorboard``.
+          knob_changes: the run's growing list of knob changes (``Impala.knob_changes``:
+            dicts with ``knob, value, time_s, num_steps_sampled``); each write adds the new ones.
+          policy_lags: returns the policy lags of the sample batches since its previous call
+            (``Impala.take_policy_lags``); each write draws them as a histogram.
+        """
+        try:
+            from tensorboard.compat.proto.summary_pb2 import Summary
+            from tensorboard.plugins.histogram.summary_v2 import histogram_pb
+            from tensorboard.plugins.scalar.summary_v2 import scalar_pb
+            from tensorboard.plugins.text.summary_v2 import text_pb
+        except ImportError:
+            raise ImportError("TensorBoard summaries need the tensorboard package: "
+                              "pip install tensorboard") from None
+        import tensorflow as tf
+
+        self._tf = tf
+        self._summary, self._scalar_pb, self._histogram_pb, self._text_pb = (
+            Summary, scalar_pb, histogram_pb, text_pb)
+        self.logdir = os.fspath(logdir)
+        self._writer = tf.summary.create_file_writer(self.logdir)
+        self._knob_changes = knob_changes
+        self._knobs_written = 0
+        self._policy_lags = policy_lags
+        self._closed = False
+
+    @classmethod
+    def for_run(cls, run: Any, logdir: str | os.PathLike) -> TensorBoardWriter:
+        """A writer fed by an `Impala` run's knob changes and policy lags."""
+        return cls(logdir, knob_changes=run.knob_changes, policy_lags=run.take_policy_lags)
+
+    def write(self, snapshot: Mapping[str, Any]) -> None:
+        """Writes one report: its scalars, new knob changes and the lag histogram."""
+        if self._closed:
+            raise ValueError(f"this TensorBoardWriter ({self.logdir}) is closed")
+        step = int(snapshot[STEP_KEY])
+        # The whole report goes out as one Summary proto, one op: a tf.summary.scalar op per
+        # tag (an eager op each) cost the driver tens of times more per report.
+        summary = self._summary()
+        for tag, value in scalar_tags(snapshot).items():
+            summary.value.extend(self._scalar_pb(tag, value).value)
+        if self._policy_lags is not None:
+            lags = np.asarray(self._policy_lags(), dtype=np.float64)
+            summary.value.extend(
+                self._histogram_pb(LAG_TAG, lags, description=LAG_DESCRIPTION).value)
+        write_raw = self._tf.summary.experimental.write_raw_pb
+        with self._writer.as_default():
+            write_raw(summary.SerializeToString(), step=step)
+            if self._knob_changes is not None:
+                new = list(self._knob_changes[self._knobs_written:])
+                self._knobs_written += len(new)
+                for change in new:  # at the env step it was applied, not at the report's
+                    text = self._text_pb(KNOB_TAG, knob_change_text(change))
+                    write_raw(text.SerializeToString(), step=int(change["num_steps_sampled"]))
+        self._writer.flush()
+
+    def hook(self, then: Hook | None = None) -> Hook:
+        """An ``on_report`` hook that writes the snapshot, then calls `then` (if any) with it."""
+        def on_report(snapshot: dict) -> None:
+            self.write(snapshot)
+            if then is not None:
+                then(snapshot)
+        return on_report
+
+    def close(self) -> None:
+        """Flushes and closes the event file; later closes do nothing."""
+        if not self._closed:
+            self._closed = True
+            self._writer.close()
+
+    def __enter__(self) -> TensorBoardWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
