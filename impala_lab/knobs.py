@@ -26,6 +26,7 @@ class Knob:
       step: the slider's step; for a ``log`` slider, the step of the exponent.
       log: a log-scale slider (base 10; ``low``/``high`` are then the values, not exponents).
       help: one line for tooltips and tables.
+      readout: the slider's number format, e.g. ".2f"; "" keeps the widget's own.
       apply: how a running pipeline takes the new value, ``apply(run, value)``; None when
         storing it in ``run.config`` is all it takes (the driver reads the config each step).
     """
@@ -37,6 +38,7 @@ class Knob:
     step: float
     help: str
     log: bool = False
+    readout: str = ""
     apply: Callable[[Any, Any], None] | None = None
 
 
@@ -60,12 +62,14 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("broadcast_interval", "int", 1, 32, 1,
          "samples a worker returns between weight broadcasts"),
     Knob("replay_proportion", "float", 0.0, 4.0, 0.25,
-         "replayed batches per new batch (needs replay slots)", apply=_set_replay_proportion),
+         "replayed batches per new batch (needs replay slots)", readout=".2f",
+         apply=_set_replay_proportion),
     Knob("num_sgd_iter", "int", 1, 10, 1, "passes over each train batch",
          apply=_set_num_sgd_iter),
-    Knob("lr", "float", 1e-5, 1e-1, 0.05, "learning rate", log=True, apply=_set_lr),
+    Knob("lr", "float", 1e-5, 1e-1, 0.05, "learning rate", log=True, readout=".1e",
+         apply=_set_lr),
     Knob("entropy_coeff", "float", 0.0, 0.05, 0.001, "weight of the entropy bonus",
-         apply=_set_entropy_coeff),
+         readout=".3f", apply=_set_entropy_coeff),
 )}
 
 #: The live knobs' names, in the dashboard's order.
