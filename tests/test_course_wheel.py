@@ -12,6 +12,8 @@ own ``.pth`` files (its editable finder for this checkout) stay inactive there: 
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 import json
 import os
 import shutil
@@ -24,6 +26,7 @@ from pathlib import Path
 import nbclient
 import nbformat
 import pytest
+from packaging.version import Version
 
 from impala_lab.cli import main
 from impala_lab.course import course_root
@@ -52,9 +55,19 @@ def _run(cmd: list[str | Path], cwd: Path, timeout: float = 120) -> subprocess.C
                           text=True, timeout=timeout)
 
 
+def _can_build_offline() -> bool:
+    """This environment can build the wheel itself: setuptools, and wheel below setuptools 70.1
+    (TensorFlow's dependencies bring both). Else pip fetches the build-system's requirements."""
+    try:
+        setuptools = Version(importlib.metadata.version("setuptools"))
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return setuptools >= Version("70.1") or importlib.util.find_spec("wheel") is not None
+
+
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
-    """The wheel, built from a copy of the working tree, without build isolation (offline)."""
+    """The wheel, built by pip from a copy of the working tree."""
     tmp = tmp_path_factory.mktemp("wheel")
     src = tmp / "src"
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".ipynb_checkpoints", "*.egg-info")
@@ -65,7 +78,8 @@ def wheel(tmp_path_factory) -> Path:
         else:
             src.mkdir(exist_ok=True)
             shutil.copy2(path, src / name)
-    proc = _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+    isolation = ["--no-build-isolation"] if _can_build_offline() else []
+    proc = _run([sys.executable, "-m", "pip", "wheel", "--no-deps", *isolation,
                  "-w", tmp / "dist", src], cwd=tmp, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (built,) = (tmp / "dist").glob("impala_lab-*.whl")
