@@ -25,32 +25,50 @@ for both phases (e.g. ``--max-seconds 120 --train-after-target 60``).
 
 from __future__ import annotations
 
+import argparse
+import csv
+import json
+import math
+import os
+import signal
+import sys
 import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-_PROCESS_START = time.monotonic()  # before TensorFlow is imported: time-to-solve counts it
-
-import argparse  # noqa: E402
-import csv  # noqa: E402
-import json  # noqa: E402
-import math  # noqa: E402
-import signal  # noqa: E402
-import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
-
-from impala_lab.config import (  # noqa: E402
+from impala_lab.config import (
     TUNED_PRESETS,
     ImpalaConfig,
     field_help,
     field_kind,
     field_names,
 )
-from impala_lab.errors import ConfigError, ImpalaError  # noqa: E402
-from impala_lab.health import RETURN_MIN_EPISODES, describe_seen  # noqa: E402
-from impala_lab.stats import jsonable  # noqa: E402
+from impala_lab.errors import ConfigError, ImpalaError
+from impala_lab.health import RETURN_MIN_EPISODES, describe_seen
+from impala_lab.progress import ProgressView, StopGoal
+from impala_lab.stats import jsonable
 
-RUN_OPTIONS = {"stop_return", "max_seconds", "max_env_steps", "train_after_target", "out",
-               "report_interval", "quiet"}
+if TYPE_CHECKING:  # pragma: no cover
+    from impala_lab.impala import Impala
+
+# Where the OS cannot say when the process started: this module is imported before TensorFlow.
+_IMPORTED_AT = time.monotonic()
+
+
+def process_start() -> float:
+    """When this process started, on the `time.monotonic` clock, so that time-to-solve counts
+    the interpreter's and TensorFlow's start-up. Linux says it in /proc/self/stat (clock ticks
+    since boot); elsewhere it is when this module was imported."""
+    try:
+        with open("/proc/self/stat") as fh:
+            # after "pid (comm)": the command name may hold spaces
+            fields = fh.read().rsplit(")", 1)[1].split()
+        started = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22, starttime
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - started
+    except (OSError, IndexError, ValueError, AttributeError):  # no /proc, no CLOCK_BOOTTIME
+        return _IMPORTED_AT
+    return min(time.monotonic() - age, _IMPORTED_AT)
 
 
 def _parse_value(name: str, text: str) -> Any:
@@ -160,6 +178,47 @@ def write_metrics_csv(path: Path, rows: list[dict]) -> None:
         writer.writerows(rows)
 
 
+class TargetWatch:
+    """Watches the reports for ``--stop-return``: when it was first reached (seconds from
+    process start, env steps, and on the monotonic clock), the mean returns reported from then
+    on, and the best trailing mean of the whole run."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.stop_return: float | None = args.stop_return
+        self.train_after_target: float = args.train_after_target
+        self.seconds: float | None = None
+        self.env_steps: int | None = None
+        self.at: float | None = None
+        self.returns_after: list[float] = []
+        self.best_return_mean: float | None = None
+
+    @property
+    def reached(self) -> bool:
+        return self.at is not None
+
+    def solved(self, s: dict) -> bool:
+        return (self.stop_return is not None and s["episode_return_count"] >= 100
+                and s["episode_return_mean"] >= self.stop_return)
+
+    def note_best(self, s: dict) -> None:
+        ret = s["episode_return_mean"]
+        if s["episode_return_count"] >= RETURN_MIN_EPISODES and math.isfinite(ret):
+            self.best_return_mean = max(ret, self.best_return_mean or -math.inf)
+
+    def on_report(self, s: dict) -> None:
+        self.note_best(s)
+        if self.solved(s) and self.at is None:
+            self.at = time.monotonic()
+            self.seconds = round(self.at - process_start(), 2)
+            self.env_steps = s["num_steps_sampled"]
+        if self.at is not None:
+            self.returns_after.append(s["episode_return_mean"])
+
+    def stop(self, s: dict) -> bool:
+        """Reached, and trained ``--train-after-target`` seconds since."""
+        return self.at is not None and time.monotonic() - self.at >= self.train_after_target
+
+
 def train_command(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     _check_run_args(args)
@@ -172,44 +231,8 @@ def train_command(args: argparse.Namespace) -> int:
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGTERM, on_sigterm)
-    from impala_lab.dashboard.terminal import TerminalView
     from impala_lab.impala import Impala
 
-    # The target: when it was reached (from process start, and on the monotonic clock), the
-    # mean returns reported from then on, and the best trailing mean of the whole run.
-    target: dict[str, Any] = {"seconds": None, "env_steps": None, "at": None}
-    returns_after: list[float] = []
-    best = {"return_mean": None}
-    # A TTY gets the live panel redrawn in place; a log gets one progress line per report.
-    view = TerminalView(title=f"{config.env_id} ({config.backend}, {config.num_workers} workers)")
-
-    def solved(s: dict) -> bool:
-        return (args.stop_return is not None and s["episode_return_count"] >= 100
-                and s["episode_return_mean"] >= args.stop_return)
-
-    def note_best(s: dict) -> None:
-        ret = s["episode_return_mean"]
-        if s["episode_return_count"] >= RETURN_MIN_EPISODES and math.isfinite(ret):
-            best["return_mean"] = max(ret, best["return_mean"] or -math.inf)
-
-    def on_report(s: dict) -> None:
-        ret = s["episode_return_mean"]
-        note_best(s)
-        if solved(s) and target["seconds"] is None:
-            target["at"] = time.monotonic()
-            target["seconds"] = round(target["at"] - _PROCESS_START, 2)
-            target["env_steps"] = s["num_steps_sampled"]
-        if target["at"] is not None:
-            returns_after.append(ret)
-        if not args.quiet:
-            view.update(s)
-
-    def stop(s: dict) -> bool:  # reached, and trained --train-after-target seconds since
-        return (target["at"] is not None
-                and time.monotonic() - target["at"] >= args.train_after_target)
-
-    interrupted = False
-    error: ImpalaError | None = None
     try:
         impala = Impala(config)
     except KeyboardInterrupt:  # Ctrl-C while TensorFlow loads or workers start
@@ -221,59 +244,7 @@ def train_command(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, previous)
         raise
     try:
-        sampled_before = impala.num_steps_sampled
-        try:
-            final = impala.train(stop if args.stop_return is not None else None,
-                                 max_seconds=args.max_seconds, max_env_steps=args.max_env_steps,
-                                 report_interval=args.report_interval, on_report=on_report)
-        except KeyboardInterrupt:
-            interrupted = True
-            final = impala.record()
-            final["stop_reason"] = "interrupted"
-        except ImpalaError as exc:  # a worker, learner or loss error: results still written
-            error = exc
-            final = impala.record()
-            final["stop_reason"] = "error"
-        if error is None and not interrupted and final["num_steps_sampled"] == sampled_before:
-            error = ImpalaError(
-                f"no samples: no worker returned a sample in the whole run "
-                f"({final['time_total_s']:.1f} s, stop: {final['stop_reason']}); the env may "
-                f"hang in reset() or step() (sample_timeout_s={config.sample_timeout_s} ends "
-                f"a worker that owes a sample that long), or the workers cannot start")
-            impala.last_error = final["last_error"] = f"ImpalaError: {error}"
-        note_best(final)  # a run shorter than one report interval has only its final stats
-        ended = time.monotonic()
-        view.close()
-        impala.stop()
-        try:
-            impala.save(out / "checkpoint")
-        except Exception as exc:  # e.g. a disk error: the metrics and result still count
-            print(f"impala-lab: could not save the checkpoint: {exc}", file=sys.stderr)
-        write_metrics_csv(out / "metrics.csv", impala.history.rows())
-        reached = target["at"] is not None
-        if reached:
-            returns_after.append(final["episode_return_mean"])
-        finite_after = [r for r in returns_after if math.isfinite(r)]
-        result = {"solved": reached,
-                  "stop_return": args.stop_return,
-                  "seconds_to_target": target["seconds"],
-                  "env_steps_to_target": target["env_steps"],
-                  "train_after_target": args.train_after_target,
-                  "seconds_after_target": round(ended - target["at"], 2) if reached else None,
-                  "return_min_after_target": min(finite_after) if finite_after else None,
-                  "best_return_mean": best["return_mean"],
-                  "stop_reason": final.get("stop_reason"),
-                  "error": None if error is None else f"{type(error).__name__}: {error}",
-                  "health": final.get("health"),
-                  "final": final}
-        (out / "result.json").write_text(json.dumps(jsonable(result), indent=2))
-        try:
-            from impala_lab.dashboard.plots import save_report
-
-            save_report(impala.history.rows(), out / "report.png",
-                        title=f"{config.env_id} ({config.backend}, {config.num_workers} workers)")
-        except Exception as exc:  # a plot must never cost the run's results
-            print(f"impala-lab: could not draw report.png: {exc}", file=sys.stderr)
+        result, error = _train_and_save(impala, config, args, out)
     finally:
         impala.stop()
         signal.signal(signal.SIGTERM, previous)
@@ -286,8 +257,103 @@ def train_command(args: argparse.Namespace) -> int:
         print(f"impala-lab: the run stopped{saw}; metrics, result and checkpoint are in {out}/",
               file=sys.stderr)
         return 1
+    interrupted = result["stop_reason"] == "interrupted"
     print(final_line(result, args, out, interrupted))
     return 130 if interrupted else 0
+
+
+def _train_and_save(impala: Impala, config: ImpalaConfig, args: argparse.Namespace, out: Path
+                    ) -> tuple[dict[str, Any], ImpalaError | None]:
+    """Train until a limit, an interrupt or an error, then write every output; returns
+    ``result.json``'s dict and the error that ended the run (None if none did)."""
+    watch = TargetWatch(args)
+    # A terminal gets a progress bar over the live panel, redrawn in place; a log gets one
+    # progress line per report.
+    view = ProgressView(StopGoal(args.stop_return, args.max_env_steps, args.max_seconds),
+                        title=f"{config.env_id} ({config.backend}, {config.num_workers} workers)")
+
+    def on_report(s: dict) -> None:
+        watch.on_report(s)
+        if not args.quiet:
+            view.update(s)
+
+    final, error = _train(impala, args, watch, view, on_report)
+    watch.note_best(final)  # a run shorter than one report interval has only its final stats
+    ended = time.monotonic()
+    view.close()
+    impala.stop()
+    result = _result(watch, args, final, error, ended)
+    _save_outputs(impala, config, out, result)
+    return result, error
+
+
+def _train(impala: Impala, args: argparse.Namespace, watch: TargetWatch, view: ProgressView,
+           on_report: Callable[[dict], None]) -> tuple[dict[str, Any], ImpalaError | None]:
+    """``impala.train`` with the CLI's limits; an interrupt or a run-time error ends it with
+    the last stats (``stop_reason`` "interrupted" or "error"), as does a run without samples."""
+    sampled_before = impala.num_steps_sampled
+    error: ImpalaError | None = None
+    view.begin()
+    try:
+        final = impala.train(watch.stop if args.stop_return is not None else None,
+                             max_seconds=args.max_seconds, max_env_steps=args.max_env_steps,
+                             report_interval=args.report_interval, on_report=on_report)
+    except KeyboardInterrupt:
+        final = impala.record()
+        final["stop_reason"] = "interrupted"
+    except ImpalaError as exc:  # a worker, learner or loss error: results still written
+        error = exc
+        final = impala.record()
+        final["stop_reason"] = "error"
+    if final["stop_reason"] not in ("error", "interrupted") and (
+            final["num_steps_sampled"] == sampled_before):
+        error = ImpalaError(
+            f"no samples: no worker returned a sample in the whole run "
+            f"({final['time_total_s']:.1f} s, stop: {final['stop_reason']}); the env may "
+            f"hang in reset() or step() (sample_timeout_s={impala.config.sample_timeout_s} "
+            f"ends a worker that owes a sample that long), or the workers cannot start")
+        impala.last_error = final["last_error"] = f"ImpalaError: {error}"
+    return final, error
+
+
+def _result(watch: TargetWatch, args: argparse.Namespace, final: dict[str, Any],
+            error: ImpalaError | None, ended: float) -> dict[str, Any]:
+    """``result.json``: was the target reached, when, how the run did after it, and why it
+    stopped; ``ended`` is when training ended, on the monotonic clock."""
+    returns_after = list(watch.returns_after)
+    if watch.reached:
+        returns_after.append(final["episode_return_mean"])
+    finite_after = [r for r in returns_after if math.isfinite(r)]
+    return {"solved": watch.reached,
+            "stop_return": args.stop_return,
+            "seconds_to_target": watch.seconds,
+            "env_steps_to_target": watch.env_steps,
+            "train_after_target": args.train_after_target,
+            "seconds_after_target": round(ended - watch.at, 2) if watch.reached else None,
+            "return_min_after_target": min(finite_after) if finite_after else None,
+            "best_return_mean": watch.best_return_mean,
+            "stop_reason": final.get("stop_reason"),
+            "error": None if error is None else f"{type(error).__name__}: {error}",
+            "health": final.get("health"),
+            "final": final}
+
+
+def _save_outputs(impala: Impala, config: ImpalaConfig, out: Path, result: dict[str, Any]) -> None:
+    """The checkpoint, ``metrics.csv``, ``result.json`` and ``report.png``; a checkpoint or a
+    plot that cannot be written is reported on stderr and costs nothing else."""
+    try:
+        impala.save(out / "checkpoint")
+    except Exception as exc:  # e.g. a disk error: the metrics and result still count
+        print(f"impala-lab: could not save the checkpoint: {exc}", file=sys.stderr)
+    write_metrics_csv(out / "metrics.csv", impala.history.rows())
+    (out / "result.json").write_text(json.dumps(jsonable(result), indent=2))
+    try:
+        from impala_lab.dashboard.plots import save_report
+
+        save_report(impala.history.rows(), out / "report.png",
+                    title=f"{config.env_id} ({config.backend}, {config.num_workers} workers)")
+    except Exception as exc:  # a plot must never cost the run's results
+        print(f"impala-lab: could not draw report.png: {exc}", file=sys.stderr)
 
 
 def final_line(result: dict[str, Any], args: argparse.Namespace, out: Path,

@@ -1,0 +1,166 @@
+"""The ``impala-lab train`` progress view: a bar towards the stop condition over the live panel.
+
+In a terminal, each report redraws, in place, one bar line and the text dashboard under it::
+
+    progress [##############················]  47%  env steps 28,200 / 60,000   12.4 s
+    CartPole-v1 (process, 2 workers)   12.4 s   env steps 28,200   trained 27,600
+    ...
+
+The bar follows the run's nearest limit: the mean return towards ``--stop-return``, the env
+steps towards ``--max-env-steps`` or the seconds towards ``--max-seconds``, whichever is
+furthest along (the run ends when the first one is reached). The return's bar starts at the
+lowest mean return seen, so it works for negative returns too. Elsewhere (a log, a pipe, CI)
+the output is the dashboard's one progress line per report, exactly as without this module.
+
+Pure Python, like the dashboard's text view: the CLI imports it before TensorFlow.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+from impala_lab.dashboard.terminal import TerminalView, render
+
+BAR_WIDTH = 30
+
+
+@dataclass(frozen=True)
+class StopGoal:
+    """The limits of one ``train`` call (None: not set), as the CLI's options give them."""
+
+    stop_return: float | None = None
+    max_env_steps: int | None = None
+    max_seconds: float | None = None
+
+
+@dataclass(frozen=True)
+class Progress:
+    """How far a run is towards its nearest limit.
+
+    Attributes:
+      fraction: in [0, 1].
+      label: what is counted, e.g. ``"env steps 28,200 / 60,000"``.
+    """
+
+    fraction: float
+    label: str
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _clip(x: float) -> float:
+    return min(max(x, 0.0), 1.0)
+
+
+def return_progress(mean: Any, target: float, low: float | None) -> Progress:
+    """The mean return's way from ``low`` (the lowest mean seen; None: none yet) to ``target``."""
+    if not _finite(mean):
+        return Progress(0.0, f"mean return – / {target:g}")
+    start = mean if low is None else min(low, mean)
+    frac = 1.0 if mean >= target else (
+        _clip((mean - start) / (target - start)) if target > start else 0.0)
+    return Progress(frac, f"mean return {mean:.1f} / {target:g}")
+
+
+def goal_progress(stats: Mapping[str, Any], goal: StopGoal, seconds: float,
+                  low_return: float | None = None) -> Progress | None:
+    """The progress towards the limit of ``goal`` that is furthest along; None when ``goal``
+    sets no limit.
+
+    Args:
+      stats: an ``Impala.stats()`` snapshot (``num_steps_sampled``, ``episode_return_mean``).
+      goal: the run's limits.
+      seconds: time since ``train`` started (what ``max_seconds`` counts).
+      low_return: the lowest mean return seen so far, where the return's bar starts.
+    """
+    candidates = []
+    if goal.stop_return is not None:
+        candidates.append(return_progress(stats.get("episode_return_mean"), goal.stop_return,
+                                          low_return))
+    if goal.max_env_steps is not None:
+        steps = stats.get("num_steps_sampled") or 0
+        candidates.append(Progress(_clip(steps / goal.max_env_steps),
+                                   f"env steps {steps:,} / {goal.max_env_steps:,}"))
+    if goal.max_seconds is not None:
+        candidates.append(Progress(_clip(seconds / goal.max_seconds),
+                                   f"time {seconds:.0f} / {goal.max_seconds:g} s"))
+    # max() keeps the first of equal fractions: the return, then steps, then time.
+    return max(candidates, key=lambda p: p.fraction, default=None)
+
+
+def bar_line(progress: Progress | None, seconds: float, width: int = BAR_WIDTH) -> str:
+    """``progress [#####·····]  47%  env steps 28,200 / 60,000   12.4 s``; without a limit,
+    says that only Ctrl-C ends the run."""
+    if progress is None:
+        return f"progress: no stop condition, Ctrl-C ends the run   {seconds:.1f} s"
+    filled = round(progress.fraction * width)
+    gauge = "#" * filled + "·" * (width - filled)
+    return (f"progress [{gauge}] {progress.fraction:4.0%}  {progress.label}"
+            f"   {seconds:.1f} s")
+
+
+class ProgressView:
+    """The CLI's live view: the bar and the text dashboard, redrawn in place in a terminal;
+    the dashboard's one progress line per report elsewhere.
+
+    Args:
+      goal: the run's limits.
+      stream: where to write (stdout by default).
+      title: the dashboard's first label, e.g. ``"CartPole-v1 (process, 2 workers)"``.
+      live: draw the bar and redraw in place; None decides by ``stream.isatty()``.
+      clock: seconds on a monotonic clock (tests pass a fake one).
+    """
+
+    def __init__(self, goal: StopGoal, stream: TextIO | None = None, title: str = "",
+                 live: bool | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.goal = goal
+        self.stream = stream if stream is not None else sys.stdout
+        self.title = title
+        self.live = self.stream.isatty() if live is None else live
+        self._clock = clock
+        self._started = clock()
+        self._low_return: float | None = None
+        self._last_sampled: Any = None
+        self._drawn_lines = 0
+        # Not live: the dashboard's own line view, so logs read exactly as they always did.
+        self._lines = None if self.live else TerminalView(self.stream, title, live=False)
+
+    def begin(self) -> None:
+        """Start the clock that ``max_seconds`` is measured on (call as ``train`` starts)."""
+        self._started = self._clock()
+
+    def progress(self, stats: Mapping[str, Any]) -> Progress | None:
+        """The progress of a snapshot (and remember its return as a low, if it is one)."""
+        mean = stats.get("episode_return_mean")
+        if _finite(mean):
+            self._low_return = mean if self._low_return is None else min(self._low_return, mean)
+        return goal_progress(stats, self.goal, self._clock() - self._started, self._low_return)
+
+    def update(self, stats: Mapping[str, Any]) -> None:
+        """Show one snapshot."""
+        if self._lines is not None:
+            self._lines.update(stats)
+            return
+        sampled = stats.get("num_steps_sampled")
+        idle = sampled == (0 if self._last_sampled is None else self._last_sampled)
+        self._last_sampled = sampled
+        text = bar_line(self.progress(stats), self._clock() - self._started) + "\n" + render(
+            stats, self.title, idle)
+        # Move up over the previous drawing and clear each line, so nothing scrolls.
+        up = f"\x1b[{self._drawn_lines}F" if self._drawn_lines else ""
+        self.stream.write(up + "".join(f"\x1b[2K{line}\n" for line in text.split("\n")))
+        self.stream.flush()
+        self._drawn_lines = text.count("\n") + 1
+
+    def close(self) -> None:
+        """Leave the last drawing on screen; later output starts below it."""
+        self._drawn_lines = 0
+        if self._lines is not None:
+            self._lines.close()
