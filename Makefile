@@ -23,6 +23,7 @@ help:
 	@echo "make demo          set up .venv and train CartPole-v1 to a mean return of 475 (5 min at most)"
 	@echo "make test          set up .venv (with the dev and ray extras), then ruff and pytest"
 	@echo "make lab           JupyterLab on 127.0.0.1 in notebooks/"
+	@echo "make tensorboard   TensorBoard on 127.0.0.1:6006 over runs/ (LOGDIR=..., TENSORBOARD_PORT=...)"
 	@echo "make bench         python -m bench"
 	@echo "make bench-peers   impala_lab against SB3 PPO on random seeds (own venv, bench/.peers-venv)"
 	@echo "make nbstrip       strip outputs from notebooks/ (they are committed without them)"
@@ -67,6 +68,13 @@ test: browser-deps $(DEV_STAMP)
 lab: $(DEV_STAMP)
 	$(BIN)/jupyter lab --ip=127.0.0.1 --ServerApp.root_dir=notebooks \
 	  $$([ "$$(id -u)" = 0 ] && echo --allow-root)
+
+# The summaries of every run trained with `impala-lab train --tensorboard` (runs/NAME/tensorboard).
+LOGDIR ?= runs
+TENSORBOARD_PORT ?= 6006
+.PHONY: tensorboard
+tensorboard: $(BASE_STAMP)
+	$(BIN)/tensorboard --logdir $(LOGDIR) --host 127.0.0.1 --port $(TENSORBOARD_PORT)
 
 bench: $(BASE_STAMP)
 	$(BIN)/python -m bench
