@@ -417,10 +417,10 @@ def notebooks_command(args: argparse.Namespace) -> int:
     lectures = sum(len(r.parts) == 1 for r in rel)
     folders = sorted({r.parts[0] for r in rel if len(r.parts) > 1})
     inside = "".join(f", {sum(r.parts[0] == f for r in rel)} in {f}/" for f in folders)
+    example = next((r.as_posix() for r in rel if r.parts[0] == "exercises"), "NOTEBOOK.ipynb")
     print(f"impala-lab: copied {lectures} lecture notebooks{inside} to {args.dir}/\n"
           f"  open them:         jupyter lab {args.dir}\n"
-          f"  grade an exercise: cd {args.dir} && python -m impala_lab.exercises "
-          f"exercises/{rel[lectures].name}")
+          f"  grade an exercise: cd {args.dir} && python -m impala_lab.exercises {example}")
     return 0
 
 
