@@ -68,10 +68,9 @@ ENTROPY_WINDOW = 20
 LOW_RETURN_FRACTION = 0.5
 #: Episodes a trailing mean needs before it counts (for the best, and for "low").
 RETURN_MIN_EPISODES = 20
-#: A step's vf_loss or grad_gnorm at least this many times the recent median is a spike. On
-#: this machine a healthy tuned CartPole run peaked at 12-14x (the value targets jump as the
-#: return first rises from 22 to 150); a run that collapsed to a return of 9.3 reached
-#: 49x (vf_loss 1.2M) and 55x (grad_gnorm 135k) as it fell.
+#: A step's vf_loss or grad_gnorm at least this many times the recent median is a spike: a
+#: healthy tuned CartPole run peaks at 12-14x (the value targets jump as the return first
+#: rises from 22 to 150), one that collapsed to a return of 9.3 reached about 50x as it fell.
 SPIKE_RATIO = 20.0
 #: Learner steps in the median a spike is measured against.
 SPIKE_WINDOW = 100
@@ -86,14 +85,14 @@ PIPELINE_MIN_STEPS = 20
 #: Starved: mean queue length at most this fraction of learner_queue_size ...
 STARVED_QUEUE_FRACTION = 0.1
 #: ... and the learner waited for data at least this fraction of its time (a healthy tuned
-#: CartPole run's learner waits 60-65% of its time here, inline or with 2 process workers).
+#: CartPole run's learner waits 60-65% of its time, inline or with 2 process workers).
 STARVED_WAIT_FRACTION = 0.8
 #: Overfed: mean queue length at least this fraction of learner_queue_size ...
 OVERFED_QUEUE_FRACTION = 0.9
 #: ... and the driver was blocked on the full queue at least this fraction of the time.
 OVERFED_BLOCKED_FRACTION = 0.5
 #: No sample reached the driver for this many seconds of training: ``no_samples``. A healthy
-#: run gets many a second (a tuned CartPole sample of 50 x 8 steps takes about 10 ms here, a
+#: run gets many a second (a tuned CartPole sample of 50 x 8 steps takes about 10 ms, a
 #: worker process starts in about 0.5 s, a Ray actor in a few seconds).
 NO_SAMPLES_S = 10.0
 #: A worker is marked stalled once its last sample is this fraction of ``sample_timeout_s``
@@ -236,35 +235,44 @@ class HealthMonitor:
                 message = self._spike_message(code, now)
                 if message:
                     flags[code] = message
-            if num_updates_skipped > self._num_skipped:
-                self._num_skipped = int(num_updates_skipped)
-                self._last_skip_s = now
-            if self._num_skipped:
-                flags["updates_skipped"] = (
-                    f"non-finite updates skipped: {self._num_skipped} update(s) since the "
-                    f"start had a NaN or infinite loss or gradient norm (the latest noticed at "
-                    f"{self._last_skip_s:.1f} s); check the env's rewards and observations, "
-                    f"or lower lr or grad_clip")
+            self._check_skipped(flags, num_updates_skipped, now)
             self._check_pipeline(flags, learner_queue or {}, learner_wait_ms, learner_grad_ms,
                                  driver_blocked_fraction, policy_lag)
             self._check_sampling(flags, seconds_since_sample, stalled_workers, sample_timeout_s)
-            for code in list(self._active):
-                if code not in flags:
-                    del self._active[code]
-            out = []
-            for code, message in flags.items():
-                new = code not in self._active
-                if new:
-                    self._active[code] = self._since(code, now)
-                since = self._active[code]
-                if code not in SPIKE_CODES:  # spikes are noted by the learner thread
-                    self._note(code, since, now, message, new)
-                out.append({"code": code, "message": message, "since_s": round(since, 2)})
+            out = self._raise_flags(flags, now)
             return {"status": "warning" if out else "ok", "flags": out,
                     "seen": {code: dict(entry) for code, entry in self.seen.items()},
                     "num_updates_skipped": self._num_skipped}
 
+    def _raise_flags(self, flags: dict[str, str], now: float) -> list[dict[str, Any]]:
+        """Clear the flags whose condition went away, note the new ones in ``seen``; the
+        ``flags`` list of the health dict."""
+        for code in list(self._active):
+            if code not in flags:
+                del self._active[code]
+        out = []
+        for code, message in flags.items():
+            new = code not in self._active
+            if new:
+                self._active[code] = self._since(code, now)
+            since = self._active[code]
+            if code not in SPIKE_CODES:  # spikes are noted by the learner thread
+                self._note(code, since, now, message, new)
+            out.append({"code": code, "message": message, "since_s": round(since, 2)})
+        return out
+
     # ------------------------------------------------------------------ conditions
+    def _check_skipped(self, flags: dict[str, str], num_updates_skipped: int, now: float) -> None:
+        if num_updates_skipped > self._num_skipped:
+            self._num_skipped = int(num_updates_skipped)
+            self._last_skip_s = now
+        if self._num_skipped:
+            flags["updates_skipped"] = (
+                f"non-finite updates skipped: {self._num_skipped} update(s) since the "
+                f"start had a NaN or infinite loss or gradient norm (the latest noticed at "
+                f"{self._last_skip_s:.1f} s); check the env's rewards and observations, "
+                f"or lower lr or grad_clip")
+
     def _check_entropy(self, flags: dict[str, str], ret: float, count: int) -> None:
         have_return = count >= RETURN_MIN_EPISODES and math.isfinite(ret)
         if have_return:
