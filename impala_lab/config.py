@@ -133,6 +133,17 @@ class ImpalaConfig:
         for f in fields(self):
             _check_type(f, getattr(self, f.name))
         self._check_env()
+        self._check_values()
+        self._check_combinations()
+        if self.max_memory_gb is not None and not self.max_memory_gb > 0:
+            _bad("max_memory_gb", self.max_memory_gb,
+                 "use a positive number of GB, or None for half of the available memory")
+        # Cheap and TF-free: no env is made here, so observations count as one float each
+        # (a lower bound); Impala checks again with the env's spaces before anything starts.
+        self.check_memory()
+
+    def _check_values(self) -> None:
+        """Each field on its own: ranges and choices."""
         if self.num_workers < 1:
             _bad("num_workers", self.num_workers,
                  "training would hang with no worker to sample; set num_workers >= 1")
@@ -168,6 +179,9 @@ class ImpalaConfig:
             _bad("model", self.model, "give one or more positive hidden sizes, e.g. [64, 64]")
         _check_choice("backend", self.backend, BACKENDS)
         _check_choice("opt_type", self.opt_type, OPTIMIZERS)
+
+    def _check_combinations(self) -> None:
+        """Values that are fine alone but cannot work together."""
         if self.replay_proportion > 0:
             # Replay starts once the store holds more than ceil(train / sample) batches.
             needed = math.ceil(self.train_batch_size / self.sample_batch_size) + 1
@@ -195,12 +209,6 @@ class ImpalaConfig:
                      f"multiple of num_gpus")
         if self.fake_gpus and self.num_gpus < 1:
             _bad("fake_gpus", self.fake_gpus, "set num_gpus >= 1 to say how many fake devices")
-        if self.max_memory_gb is not None and not self.max_memory_gb > 0:
-            _bad("max_memory_gb", self.max_memory_gb,
-                 "use a positive number of GB, or None for half of the available memory")
-        # Cheap and TF-free: no env is made here, so observations count as one float each
-        # (a lower bound); Impala checks again with the env's spaces before anything starts.
-        self.check_memory()
 
     def _check_env(self) -> None:
         if callable(self.env):

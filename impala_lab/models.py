@@ -490,31 +490,9 @@ def build_keras_model(
     if input_dtype == "uint8":
         x = keras.layers.Rescaling(1.0 / 255.0, name="scale_uint8")(x)
     hidden_init = keras.initializers.Orthogonal(gain=_HIDDEN_GAIN, seed=seed)
-
-    def trunk(x: Any, prefix: str) -> Any:
-        if kind == "cnn":
-            for i, (filters, kernel, stride) in enumerate(CONV_LAYERS):
-                x = keras.layers.Conv2D(
-                    filters,
-                    kernel,
-                    strides=stride,
-                    padding="valid",
-                    data_format="channels_last",
-                    activation="relu",
-                    kernel_initializer=hidden_init,
-                    name=f"{prefix}conv_{i}",
-                )(x)
-            x = keras.layers.Flatten(name=f"{prefix}flatten")(x)
-        activation = "relu" if kind == "cnn" else "tanh"
-        for i, size in enumerate(hiddens):
-            x = keras.layers.Dense(
-                size, activation=activation, kernel_initializer=hidden_init,
-                name=f"{prefix}hidden_{i}",
-            )(x)
-        return x
-
-    features = trunk(x, "")
-    value_features = trunk(x, "value_") if numpy_model.separate_value_trunk else features
+    features = _keras_trunk(x, kind, hiddens, hidden_init, "")
+    value_features = (_keras_trunk(x, kind, hiddens, hidden_init, "value_")
+                      if numpy_model.separate_value_trunk else features)
     logits = keras.layers.Dense(
         numpy_model.num_actions,
         kernel_initializer=keras.initializers.Orthogonal(gain=_POLICY_GAIN, seed=seed),
@@ -532,6 +510,33 @@ def build_keras_model(
     model = keras.Model(obs, [logits, value], name=f"impala_{kind}")
     model.set_weights(numpy_model.initial_weights(seed))
     return model
+
+
+def _keras_trunk(x: Any, kind: str, hiddens: Sequence[int], init: Any, prefix: str) -> Any:
+    """The hidden layers of one trunk on the Keras tensor ``x``: for ``"cnn"`` the convs and a
+    flatten, then the dense layers; layer names start with ``prefix`` (``"value_"`` for the
+    value trunk)."""
+    import keras
+
+    if kind == "cnn":
+        for i, (filters, kernel, stride) in enumerate(CONV_LAYERS):
+            x = keras.layers.Conv2D(
+                filters,
+                kernel,
+                strides=stride,
+                padding="valid",
+                data_format="channels_last",
+                activation="relu",
+                kernel_initializer=init,
+                name=f"{prefix}conv_{i}",
+            )(x)
+        x = keras.layers.Flatten(name=f"{prefix}flatten")(x)
+    activation = "relu" if kind == "cnn" else "tanh"
+    for i, size in enumerate(hiddens):
+        x = keras.layers.Dense(
+            size, activation=activation, kernel_initializer=init, name=f"{prefix}hidden_{i}",
+        )(x)
+    return x
 
 
 def keras_forward(model: keras.Model, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
