@@ -228,7 +228,7 @@ def test_optimizer_choice_with_did_you_mean() -> None:
 
 # ---------------------------------------------------------------------- replay
 def test_replay_buffer_must_hold_more_than_a_train_batch() -> None:
-    # the seed's rule: replay_buffer_num_slots * sample_batch_size > train_batch_size
+    # RLlib's rule: replay_buffer_num_slots * sample_batch_size > train_batch_size
     message = _error(replay_proportion=0.5, replay_buffer_num_slots=10)
     _assert_names(message, "replay_buffer_num_slots", 10, "with replay_proportion=0.5")
     assert "(replay_buffer_num_slots * sample_batch_size = 500)" in message

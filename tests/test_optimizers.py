@@ -61,7 +61,7 @@ def test_first_step_is_tf1s_formula_by_hand():
     ms1 = 0.99 * 1.0 + 0.01 * g.astype(np.float64) ** 2
     expected = VAR0 - 0.01 * g / np.sqrt(ms1 + 0.1)
     np.testing.assert_allclose(after, expected, rtol=0, atol=1e-6)
-    # Keras's RMSprop (ms from zeros) steps much further on small gradients: issue 13's 3.3x
+    # Keras's RMSprop (ms from zeros) steps much further on small gradients: about 3.3x
     (keras_after,) = run(keras.optimizers.RMSprop(learning_rate=LR, rho=RHO, epsilon=EPS), [g])
     ratio = (keras_after - VAR0)[0, 0] / (after - VAR0)[0, 0]
     assert ratio == pytest.approx(np.sqrt(1.09 / 0.1), rel=1e-2)

@@ -186,7 +186,7 @@ def _learner_state(policy: VTracePolicy) -> list[bytes]:
 def test_a_rejected_update_leaves_weights_and_optimizer_state_bitwise_unchanged(
         cartpole_batch, opt_type):
     # After a good step Adam's momentum is non-zero, so applying a zeroed gradient would
-    # still move the weights (issue 13); the rejected step must not run the optimizer at all.
+    # still move the weights; the rejected step must not run the optimizer at all.
     policy = make_policy(opt_type=opt_type)
     policy.learn_on_batch(cartpole_batch)
     before = _learner_state(policy)
