@@ -23,8 +23,9 @@ import numpy as np
 import pytest
 
 from impala_lab.config import LIVE_KNOBS
-from impala_lab.dashboard import plots, terminal
+from impala_lab.dashboard import live_plots, plots, terminal
 from impala_lab.dashboard.diagram import PipelineDiagram, pipeline_svg, timing_svg
+from impala_lab.dashboard.format import fmt_float
 from impala_lab.dashboard.widgets import Dashboard, frontend_available
 from impala_lab.errors import ConfigError
 from impala_lab.stats import StatsHistory, flatten
@@ -324,7 +325,7 @@ def test_the_poller_draws_plots_in_a_child_process_and_ends_it():
         while board.plot_renders < 3:
             assert time.monotonic() < deadline, f"no plots drawn: {board.last_poll_error!r}"
             time.sleep(0.1)
-        child = board._plotter.process
+        child = board._scheduler.child.process
         assert board.plot_process and child.is_alive() and child.pid != os.getpid()
         assert board.plots["throughput"].value != blank
         assert png_size(board.plots["throughput"].value) == (470, 230)
@@ -333,7 +334,7 @@ def test_the_poller_draws_plots_in_a_child_process_and_ends_it():
         while board.polling:
             assert time.monotonic() < deadline, "the poller did not end with the run"
             time.sleep(0.05)
-        assert board._plotter is None
+        assert board._scheduler.child is None
         child.join(5)
         assert not child.is_alive(), (child.exitcode, board.last_poll_error)
     finally:
@@ -350,7 +351,7 @@ def test_without_the_plot_process_the_poller_draws_in_its_thread():
         while board.plot_renders < 1:
             assert time.monotonic() < deadline, f"no plots drawn: {board.last_poll_error!r}"
             time.sleep(0.05)
-        assert board._plotter is None
+        assert board._scheduler.child is None
     finally:
         board.close()
 
@@ -361,7 +362,7 @@ def test_the_dashboard_holds_the_run_weakly():
     del run
     gc.collect()
     assert board.impala is None
-    assert board._tick() is False  # the poller would end
+    assert board.tick() is False  # the poller would end
     assert "garbage-collected" in board.header.value
     with pytest.raises(RuntimeError, match="keep a reference to it"):
         board.refresh()
@@ -483,7 +484,7 @@ def test_terminal_views():
                                          (2.5e7, "2.50e+07"), (0, "0"), (float("nan"), "–"),
                                          (None, "–")])
 def test_fmt_float(value, text):
-    assert terminal.fmt_float(value) == text
+    assert fmt_float(value) == text
 
 
 # ---------------------------------------------------------------------- plots
@@ -518,7 +519,7 @@ def test_columns_decimate_long_runs_and_keep_the_last_row():
 
 
 def test_live_figure_blits_until_the_limits_must_change():
-    live = plots.LiveFigure("throughput")
+    live = live_plots.LiveFigure("throughput")
     rows = history_rows(5)
     first = live.render(rows)
     assert (live.renders, live.full_draws) == (1, 1)

@@ -11,10 +11,18 @@
 
     impala.train(stop={"episode_return_mean": 475}, dashboard=True)   # blocking variant
 
-Modules: `widgets` (`Dashboard`, core ipywidgets only), `diagram` (the pipeline SVG),
-`plots` (matplotlib figures from a live run or a ``metrics.csv``, also the CLI's
-``report.png``) and `terminal` (the text view: the CLI's live panel and the fallback of
-``show()`` when there is no notebook frontend).
+Modules:
+
+- `widgets`: `Dashboard`, the layout of core ipywidgets, kept in step with the run;
+- `markup`: the HTML of each widget, pure functions of a stats snapshot;
+- `controls`: the knob sliders (from `impala_lab.knobs`) and the buttons;
+- `poller`: the thread that updates the widgets a few times a second;
+- `plot_schedule`: which plot to draw next, where, within what CPU;
+- `diagram`: the pipeline SVG and the timing bars;
+- `plots`: matplotlib figures from a live run or a ``metrics.csv`` (the CLI's ``report.png``);
+- `live_plots`: the same figures redrawn cheaply for the dashboard, in a child process;
+- `terminal`: the text view (the CLI's live panel; ``show()`` without a notebook frontend);
+- `labels` and `format`: what each figure is called and how its number is written.
 
 Frontends (all use ipywidgets 8's core widgets; nothing to install beyond the package):
 
@@ -41,7 +49,9 @@ spawned.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from impala_lab._lazy import lazy_getattr
 
 __all__ = ["Dashboard", "frontend_available", "PipelineDiagram", "pipeline_svg",
            "TerminalView"]
@@ -59,10 +69,4 @@ if TYPE_CHECKING:  # pragma: no cover
     from impala_lab.dashboard.terminal import TerminalView
     from impala_lab.dashboard.widgets import Dashboard, frontend_available
 
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'impala_lab.dashboard' has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _LAZY)

@@ -27,15 +27,8 @@ from collections.abc import Mapping
 from html import escape
 from typing import Any
 
-from impala_lab.dashboard.terminal import (
-    TIMER_LABELS,
-    fmt_count,
-    fmt_float,
-    fmt_knob,
-    fraction,
-    nice_ceil,
-    queue_figures,
-)
+from impala_lab.dashboard.format import fmt_count, fmt_float, fmt_knob, fraction, nice_ceil
+from impala_lab.dashboard.labels import TIMERS, queue_figures
 
 WIDTH, HEIGHT = 1180, 290
 BOX_Y, BOX_H = 30, 182
@@ -258,54 +251,30 @@ def _learner(x: float, w: float, s: Mapping[str, Any]) -> list[str]:
     ]
 
 
-def pipeline_svg(stats: Mapping[str, Any], *, flowing: Mapping[str, bool] | None = None,
-                 phase: Mapping[str, int] | None = None) -> str:
-    """The pipeline diagram of one ``Impala.stats()`` snapshot as an ``<svg>`` string.
+def _replay(x: float, w: float, stats: Mapping[str, Any], color: str) -> list[str]:
+    level, cap = queue_figures(stats)["replay"]
+    if cap <= 0:
+        return _figure_box(x, w, "off", ["no replay slots", "(new batches", "pass through)"],
+                           None, "impala-replay", color)
+    knobs = stats.get("knobs") or {}
+    return _figure_box(x, w, f"{level:.0f} / {cap:.0f}",
+                       ["batches stored", f"p = {fmt_knob(knobs.get('replay_proportion', '–'))}",
+                        f"{fmt_count(stats.get('num_steps_replayed'))} replayed"],
+                       fraction(level, cap), "impala-replay", color)
 
-    Args:
-      stats: a snapshot; missing parts (no pipeline view yet, no learner step) draw as
-        empty stages, never raise.
-      flowing: flow name (``sample, mix, batch, train, broadcast``) -> whether that arrow
-        is drawn moving; None draws every arrow still.
-      phase: flow name -> dash offset step of a moving arrow.
 
-    Returns:
-      ``<svg viewBox="0 0 1180 290" width="100%" ...>``: it scales to the cell's width.
-    """
-    flowing = flowing or {}
-    phase = phase or {}
+def _stages(stats: Mapping[str, Any]) -> list[str]:
+    """Every stage's box with its figures, left to right."""
     p = stats.get("pipeline") or {}
     q = queue_figures(stats)
     where = {key: (x, w, color) for key, _, x, w, color in STAGES}
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" class="impala-pipeline" width="100%" '
-        f'viewBox="0 0 {WIDTH} {HEIGHT}" font-family="{FONT}" '
-        f'style="max-width:{WIDTH}px; background:#fbfbfb">',
-        "<defs>",
-        *(f'<marker id="impala-arrow-{state}" markerWidth="8" markerHeight="8" refX="6" '
-          f'refY="4" orient="auto"><path d="M0,0 L8,4 L0,8 Z" fill="{c}"/></marker>'
-          for state, c in (("on", "#333333"), ("off", "#b5b5b5"))),
-        "</defs>",
-    ]
-    for key, title, x, w, color in STAGES:
-        parts.append(_box(key, title, x, w, color))
+    parts = [_box(key, title, x, w, color) for key, title, x, w, color in STAGES]
     parts += _actors(*where["actors"][:2], stats, where["actors"][2])
     level, cap = q["in_flight"]
     parts += _figure_box(*where["pool"][:2], f"{level:.0f} / {cap:.0f}",
                          ["requests", "in flight"], fraction(level, cap), "impala-in-flight",
                          where["pool"][2])
-    level, cap = q["replay"]
-    if cap > 0:
-        knobs = stats.get("knobs") or {}
-        parts += _figure_box(*where["replay"][:2], f"{level:.0f} / {cap:.0f}",
-                             ["batches stored",
-                              f"p = {fmt_knob(knobs.get('replay_proportion', '–'))}",
-                              f"{fmt_count(stats.get('num_steps_replayed'))} replayed"],
-                             fraction(level, cap), "impala-replay", where["replay"][2])
-    else:
-        parts += _figure_box(*where["replay"][:2], "off", ["no replay slots", "(new batches",
-                                                           "pass through)"], None,
-                             "impala-replay", where["replay"][2])
+    parts += _replay(*where["replay"][:2], stats, where["replay"][2])
     level, cap = q["batch_buffer"]
     parts += _figure_box(*where["buffer"][:2], f"{level:.0f} / {cap:.0f}",
                          ["env steps", f"{fmt_count(p.get('num_train_batches'))} batches out"],
@@ -313,26 +282,34 @@ def pipeline_svg(stats: Mapping[str, Any], *, flowing: Mapping[str, bool] | None
     parts += _queue(*where["queue"][:2], stats)
     parts += _ring(*where["ring"][:2], stats, where["ring"][2])
     parts += _learner(*where["learner"][:2], stats)
+    return parts
 
+
+def _edges(flowing: Mapping[str, bool], phase: Mapping[str, int]) -> list[str]:
+    """The arrows between neighbouring stages, at mid height."""
+    where = {key: (x, w) for key, _, x, w, _ in STAGES}
     mid = BOX_Y + BOX_H / 2
-    for src, dst, flow in EDGES:
-        x1 = where[src][0] + where[src][1] + 3
-        x2 = where[dst][0] - 5
-        parts.append(_edge(x1, x2, mid, flowing.get(flow, False), phase.get(flow, 0), flow))
+    return [_edge(where[src][0] + where[src][1] + 3, where[dst][0] - 5, mid,
+                  flowing.get(flow, False), phase.get(flow, 0), flow)
+            for src, dst, flow in EDGES]
 
-    # The broadcast: from the learner back to the actors, under the stages.
-    on = flowing.get("broadcast", False)
+
+def _broadcast(stats: Mapping[str, Any], on: bool, phase: int) -> list[str]:
+    """The weight broadcast: an arrow from the learner back to the actors, under the stages,
+    with its counters and the policy lag."""
+    where = {key: (x, w) for key, _, x, w, _ in STAGES}
     color = "#218a3b" if on else "#9fc9a9"
     lx = where["learner"][0] + where["learner"][1] / 2
     ax = where["actors"][0] + where["actors"][1] / 2
     by = BOX_Y + BOX_H + 34
-    offset = -(phase.get("broadcast", 0) * 4) % DASH_PERIOD
-    parts.append(f'<path class="impala-edge impala-edge-broadcast'
-                 f'{" impala-edge-flowing" if on else ""}" d="M{lx},{BOX_Y + BOX_H + 2} '
-                 f'V{by} H{ax} V{BOX_Y + BOX_H + 8}" fill="none" stroke="{color}" '
-                 f'stroke-width="3" stroke-dasharray="10 6" stroke-dashoffset="{offset}"/>')
-    parts.append(f'<path d="M{ax - 7},{BOX_Y + BOX_H + 12} L{ax},{BOX_Y + BOX_H + 2} '
-                 f'L{ax + 7},{BOX_Y + BOX_H + 12} Z" fill="{color}"/>')
+    offset = -(phase * 4) % DASH_PERIOD
+    parts = [f'<path class="impala-edge impala-edge-broadcast'
+             f'{" impala-edge-flowing" if on else ""}" d="M{lx},{BOX_Y + BOX_H + 2} '
+             f'V{by} H{ax} V{BOX_Y + BOX_H + 8}" fill="none" stroke="{color}" '
+             f'stroke-width="3" stroke-dasharray="10 6" stroke-dashoffset="{offset}"/>',
+             f'<path d="M{ax - 7},{BOX_Y + BOX_H + 12} L{ax},{BOX_Y + BOX_H + 2} '
+             f'L{ax + 7},{BOX_Y + BOX_H + 12} Z" fill="{color}"/>']
+    p = stats.get("pipeline") or {}
     lag = stats.get("policy_lag") or {}
     knobs = stats.get("knobs") or {}
     interval = knobs.get("broadcast_interval", p.get("broadcast_interval", "–"))
@@ -350,7 +327,39 @@ def pipeline_svg(stats: Mapping[str, Any], *, flowing: Mapping[str, bool] | None
                        f"policy lag {fmt_float(lag.get('mean'), 2)} updates "
                        f"(max {lag.get('max', '–')}): how stale the actors' weights were",
                        size=14, color="#333", cls="impala-policy-lag"))
-    parts.append("</svg>")
+    return parts
+
+
+def pipeline_svg(stats: Mapping[str, Any], *, flowing: Mapping[str, bool] | None = None,
+                 phase: Mapping[str, int] | None = None) -> str:
+    """The pipeline diagram of one ``Impala.stats()`` snapshot as an ``<svg>`` string.
+
+    Args:
+      stats: a snapshot; missing parts (no pipeline view yet, no learner step) draw as
+        empty stages, never raise.
+      flowing: flow name (``sample, mix, batch, train, broadcast``) -> whether that arrow
+        is drawn moving; None draws every arrow still.
+      phase: flow name -> dash offset step of a moving arrow.
+
+    Returns:
+      ``<svg viewBox="0 0 1180 290" width="100%" ...>``: it scales to the cell's width.
+    """
+    flowing = flowing or {}
+    phase = phase or {}
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="impala-pipeline" width="100%" '
+        f'viewBox="0 0 {WIDTH} {HEIGHT}" font-family="{FONT}" '
+        f'style="max-width:{WIDTH}px; background:#fbfbfb">',
+        "<defs>",
+        *(f'<marker id="impala-arrow-{state}" markerWidth="8" markerHeight="8" refX="6" '
+          f'refY="4" orient="auto"><path d="M0,0 L8,4 L0,8 Z" fill="{c}"/></marker>'
+          for state, c in (("on", "#333333"), ("off", "#b5b5b5"))),
+        "</defs>",
+        *_stages(stats),
+        *_edges(flowing, phase),
+        *_broadcast(stats, flowing.get("broadcast", False), phase.get("broadcast", 0)),
+        "</svg>",
+    ]
     return "".join(parts)
 
 
@@ -362,8 +371,8 @@ def timing_svg(stats: Mapping[str, Any], width: int = 560) -> str:
     ``impala-timer-<key>``.
     """
     timing = stats.get("timing_breakdown") or {}
-    rows = [(key, label, float(timing.get(key) or 0.0)) for key, label in TIMER_LABELS.items()
-            if key in timing] or [(key, label, 0.0) for key, label in TIMER_LABELS.items()]
+    rows = [(key, label.name, float(timing.get(key) or 0.0)) for key, label in TIMERS.items()
+            if key in timing] or [(key, label.name, 0.0) for key, label in TIMERS.items()]
     scale = nice_ceil(max(1.0, max(v for _, _, v in rows) * 1.15))
     left, right, row_h, top = 110, 64, 26, 34
     bar_w = width - left - right

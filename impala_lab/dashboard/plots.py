@@ -20,19 +20,14 @@ figure shows as the cell's value::
     rows = plots.read_metrics_csv("runs/cartpole/metrics.csv")   # or impala.history.rows()
     plots.report_figure(rows)
 
-`LiveFigure` serves the dashboard: it keeps its axes and only redraws the axes, ticks and
-labels when the limits must change (they grow in steps, with headroom); otherwise it blits
-the lines onto the saved background. A render then costs about 10 ms instead of 50-120 ms
-on this 2-core machine (``python -m bench.dashboard_overhead`` measures the whole dashboard).
+`live_plots.LiveFigure` draws the same views for the dashboard, again and again, cheaply.
 """
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import io
 import math
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,10 +38,10 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from impala_lab.dashboard.terminal import TIMER_LABELS, fmt_knob, nice_ceil
+from impala_lab.dashboard.format import fmt_knob, nice_ceil
+from impala_lab.dashboard.labels import LABELS, TIMERS
+from impala_lab.knobs import LIVE_KNOBS, cast
 
-TIMERS = ("optimizer_step_time_ms", "learner_grad_time_ms", "learner_load_time_ms",
-          "learner_load_wait_time_ms", "learner_dequeue_time_ms")
 X_KEY = "time_total_s"
 MAX_POINTS = 600  # points drawn per line: longer runs are decimated evenly
 TITLE_SIZE, LABEL_SIZE, TICK_SIZE, LEGEND_SIZE = 13, 11, 10, 10  # readable on a projector
@@ -91,11 +86,13 @@ def column(rows: Sequence[Mapping], key: str) -> np.ndarray:
     return out
 
 
-class _HasColumns(Protocol):
+class HasColumns(Protocol):
+    """A source of whole columns by flat key, like `impala_lab.stats.StatsHistory`."""
+
     def column(self, key: str) -> np.ndarray: ...
 
 
-def columns(source: Sequence[Mapping] | _HasColumns, keys: Sequence[str],
+def columns(source: Sequence[Mapping] | HasColumns, keys: Sequence[str],
             max_points: int = MAX_POINTS) -> dict[str, np.ndarray]:
     """The columns `keys` (plus ``time_total_s``) of rows or of a `StatsHistory`.
 
@@ -131,8 +128,8 @@ def _as_float(values: np.ndarray) -> np.ndarray:
     return out
 
 
-KNOB_KEYS = ("knobs.broadcast_interval", "knobs.replay_proportion", "knobs.num_sgd_iter",
-             "knobs.lr", "knobs.entropy_coeff")
+#: The live knobs' columns in ``metrics.csv`` (and the history's flat rows).
+KNOB_KEYS = tuple(f"knobs.{name}" for name in LIVE_KNOBS)
 
 
 def knob_marks(cols: Mapping[str, np.ndarray]) -> list[tuple[float, str]]:
@@ -145,9 +142,8 @@ def knob_marks(cols: Mapping[str, np.ndarray]) -> list[tuple[float, str]]:
             continue
         prev, cur = col[:-1], col[1:]
         for i in np.flatnonzero(np.isfinite(prev) & np.isfinite(cur) & (prev != cur)) + 1:
-            value = float(col[i])
-            shown = int(value) if value.is_integer() and key != "knobs.lr" else value
-            changes.setdefault(int(i), []).append(f"{key.split('.', 1)[1]}={fmt_knob(shown)}")
+            name = key.split(".", 1)[1]
+            changes.setdefault(int(i), []).append(f"{name}={fmt_knob(cast(name, col[i]))}")
     return [(float(t[i]), ", ".join(labels)) for i, labels in sorted(changes.items())
             if np.isfinite(t[i])]
 
@@ -232,9 +228,14 @@ def _style(ax: Axes, title: str, xlabel: str, ylabel: str) -> None:
 # ---------------------------------------------------------------------- panels
 @dataclass(frozen=True)
 class Series:
+    """One line over time: a flat stats key and its colour (its legend text is `LABELS`')."""
+
     key: str
-    label: str
     color: str
+
+    @property
+    def label(self) -> str:
+        return LABELS[self.key].legend_name
 
 
 class LinePanel:
@@ -321,7 +322,7 @@ class TimingPanel:
 
     def __init__(self, title: str = "timing breakdown (mean ms)") -> None:
         self.title = title
-        self.timers = list(TIMER_LABELS)
+        self.timers = list(TIMERS)
         self.ax: Axes | None = None
         self.bars: list[Any] = []
         self.texts: list[Any] = []
@@ -344,7 +345,7 @@ class TimingPanel:
         colors = ["#555555", "#d35400", "#218a3b", "#c0392b", "#8e44ad", "#7f8c8d", "#1f77b4"]
         self.bars = list(ax.barh(y, np.zeros(len(y)), color=colors[:len(y)], height=0.6,
                                  animated=animated))
-        ax.set_yticks(y, [TIMER_LABELS[k] for k in self.timers], fontsize=LABEL_SIZE)
+        ax.set_yticks(y, [TIMERS[k].name for k in self.timers], fontsize=LABEL_SIZE)
         ax.invert_yaxis()
         self.texts = [ax.text(0, yi, "", va="center", fontsize=TICK_SIZE, animated=animated)
                       for yi in y]
@@ -372,36 +373,37 @@ class TimingPanel:
 LEARNER_PARTS = ("losses", "entropy", "grad_norm", "rho")
 
 
-def _panels(view: str) -> list[LinePanel | TimingPanel]:
+def view_panels(view: str) -> list[LinePanel | TimingPanel]:
+    """The panels (one per axes) of a view, not yet placed on axes."""
     if view.startswith("learner."):  # one of the learner row's axes, as its own figure
         part = view.split(".", 1)[1]
         if part in LEARNER_PARTS:
-            return [_panels("learner")[LEARNER_PARTS.index(part)]]
+            return [view_panels("learner")[LEARNER_PARTS.index(part)]]
     if view == "throughput":
-        return [LinePanel("throughput", [Series("sample_throughput", "sampled", "#1f77b4"),
-                                         Series("train_throughput", "trained", "#218a3b")],
+        return [LinePanel("throughput", [Series("sample_throughput", "#1f77b4"),
+                                         Series("train_throughput", "#218a3b")],
                           "env steps / s", y_floor=0.0)]
     if view == "return":
         return [LinePanel("episode return (mean of last 100)",
-                          [Series("episode_return_mean", "return", "#d35400")], "return")]
+                          [Series("episode_return_mean", "#d35400")], "return")]
     if view == "queues":
         return [LinePanel("",  # the legend says it all; a title would collide with it
-                          [Series("learner_queue.mean", "learner queue (batches)", "#c0392b"),
-                           Series("policy_lag.mean", "policy lag (updates)", "#7b5a3a")],
+                          [Series("learner_queue.mean", "#c0392b"),
+                           Series("policy_lag.mean", "#7b5a3a")],
                           "batches / updates", y_floor=0.0)]
     if view == "timing":
         return [TimingPanel()]
     if view == "learner":
         return [
-            LinePanel("", [Series("learner.total_loss", "total loss", "#222222"),
-                           Series("learner.policy_loss", "policy", "#1f77b4"),
-                           Series("learner.vf_loss", "value", "#d35400")]),
-            LinePanel("entropy", [Series("learner.entropy", "entropy", "#8e44ad")]),
-            LinePanel("grad norm", [Series("learner.grad_gnorm", "grad norm", "#c0392b")],
-                      y_floor=0.0),
+            LinePanel("", [Series("learner.total_loss", "#222222"),
+                           Series("learner.policy_loss", "#1f77b4"),
+                           Series("learner.vf_loss", "#d35400")]),
+            LinePanel(LABELS["learner.entropy"].name, [Series("learner.entropy", "#8e44ad")]),
+            LinePanel(LABELS["learner.grad_gnorm"].name,
+                      [Series("learner.grad_gnorm", "#c0392b")], y_floor=0.0),
             LinePanel("",  # the legend names both; a title would collide with it
-                      [Series("learner.mean_rho", "mean rho", "#218a3b"),
-                       Series("learner.vf_explained_var", "vf explained var", "#7f8c8d")]),
+                      [Series("learner.mean_rho", "#218a3b"),
+                       Series("learner.vf_explained_var", "#7f8c8d")]),
         ]
     raise ValueError(f"view={view!r} is unknown; use one of {', '.join(VIEWS + LIVE_VIEWS[4:])}")
 
@@ -426,8 +428,10 @@ MARGINS_PX = {"timing": (96, 16, 30, 44, 0), "learner": (50, 12, 30, 44, 50),
 DEFAULT_MARGINS_PX = (62, 14, 30, 44, 0)
 
 
-def _figure(view: str, panels: list, animated: bool, figsize: tuple[float, float] | None,
-            dpi: int) -> RunFigure:
+def new_figure(view: str, panels: list, animated: bool, figsize: tuple[float, float] | None,
+               dpi: int) -> RunFigure:
+    """A figure of a view with its panels set up, one axes each; `animated` for a live one
+    (fixed pixel margins, animated artists)."""
     size = figsize or SIZES[view]
     fig = RunFigure(figsize=size, dpi=dpi, facecolor="white",
                     layout=None if animated else "constrained")
@@ -444,39 +448,19 @@ def _figure(view: str, panels: list, animated: bool, figsize: tuple[float, float
     return fig
 
 
-def view_figure(view: str, source: Sequence[Mapping] | _HasColumns, *,
+def view_figure(view: str, source: Sequence[Mapping] | HasColumns, *,
                 figsize: tuple[float, float] | None = None, dpi: int = DPI) -> RunFigure:
     """One view of rows or a history: ``throughput, return, queues, timing, learner``, or
     one of the learner's axes (``learner.losses``, ``.entropy``, ``.grad_norm``, ``.rho``)."""
-    panels = _panels(view)
-    fig = _figure(view, panels, False, figsize, dpi)
+    panels = view_panels(view)
+    fig = new_figure(view, panels, False, figsize, dpi)
     cols = columns(source, [k for p in panels for k in p.keys])
     for panel in panels:
         panel.update(cols)
     return fig
 
 
-def throughput_figure(source: Sequence[Mapping] | _HasColumns) -> RunFigure:
-    """Sample and train throughput over time."""
-    return view_figure("throughput", source)
-
-
-def return_figure(source: Sequence[Mapping] | _HasColumns) -> RunFigure:
-    """Mean episode return over time."""
-    return view_figure("return", source)
-
-
-def timing_figure(source: Sequence[Mapping] | _HasColumns) -> RunFigure:
-    """The latest timing breakdown as bars."""
-    return view_figure("timing", source)
-
-
-def learner_figure(source: Sequence[Mapping] | _HasColumns) -> RunFigure:
-    """Losses, entropy, grad norm, mean rho and vf_explained_var over time."""
-    return view_figure("learner", source)
-
-
-def report_figure(rows: Sequence[Mapping] | _HasColumns, title: str = "") -> RunFigure:
+def report_figure(rows: Sequence[Mapping] | HasColumns, title: str = "") -> RunFigure:
     """Every view in one figure (the CLI's ``report.png``): return, throughput, queues and
     policy lag, timing breakdown, then the learner stats in a row of four."""
     fig = RunFigure(figsize=(14.5, 10.5), dpi=DPI, facecolor="white", layout="constrained")
@@ -488,7 +472,7 @@ def report_figure(rows: Sequence[Mapping] | _HasColumns, title: str = "") -> Run
               ("learner", list(learner_axes))]
     panels = []
     for view, axes in placed:
-        for panel, ax in zip(_panels(view), axes):
+        for panel, ax in zip(view_panels(view), axes):
             panel.setup(ax, False)
             panels.append(panel)
     cols = columns(rows, [k for p in panels for k in p.keys])
@@ -499,7 +483,7 @@ def report_figure(rows: Sequence[Mapping] | _HasColumns, title: str = "") -> Run
     return fig
 
 
-def save_report(rows: Sequence[Mapping] | _HasColumns, path: str | Path,
+def save_report(rows: Sequence[Mapping] | HasColumns, path: str | Path,
                 title: str = "") -> Path:
     """Write `report_figure` as a PNG and return its path."""
     fig = report_figure(rows, title)
@@ -514,142 +498,3 @@ def figures_from_run_dir(run_dir: str | Path) -> RunFigure:
         raise FileNotFoundError(f"{path}: no metrics.csv here; pass the --out directory of "
                                 "an impala-lab train run")
     return report_figure(read_metrics_csv(path), title=Path(run_dir).name)
-
-
-# ---------------------------------------------------------------------- live rendering
-def encode_png(canvas: FigureCanvasAgg) -> bytes:
-    """The canvas as PNG bytes: RGB, fast zlib level (about 6 ms for 580x240 here)."""
-    from PIL import Image
-
-    rgba = np.asarray(canvas.buffer_rgba())
-    buf = io.BytesIO()
-    Image.fromarray(rgba[..., :3]).save(buf, format="png", compress_level=1)
-    return buf.getvalue()
-
-
-class LiveFigure:
-    """A view drawn again and again from growing data, cheaply (for the dashboard).
-
-        live = LiveFigure("throughput")
-        png = live.render(impala.history)      # bytes for an ipywidgets Image
-
-    Lines, bars and bar labels are animated artists: a render sets their data and, unless the
-    axes limits or knob marks changed, restores the saved background and draws only them.
-    ``full_draws`` and ``renders`` count both kinds (tests read them).
-    """
-
-    def __init__(self, view: str, *, figsize: tuple[float, float] | None = None,
-                 dpi: int = DPI) -> None:
-        self.view = view
-        self.panels = _panels(view)
-        self.fig = _figure(view, self.panels, True, figsize, dpi)
-        self.canvas: FigureCanvasAgg = self.fig.canvas
-        self.keys = [k for p in self.panels for k in p.keys]
-        self._background: Any = None
-        self.full_draws = 0
-        self.renders = 0
-
-    def render(self, source: Sequence[Mapping] | _HasColumns) -> bytes:
-        """PNG bytes of the view of `source` (rows or a `StatsHistory`)."""
-        return self.render_columns(columns(source, self.keys))
-
-    def render_columns(self, cols: Mapping[str, np.ndarray]) -> bytes:
-        """PNG bytes of the view of `columns` (as `columns` returns them)."""
-        changed = self._background is None
-        for panel in self.panels:
-            changed |= panel.update(cols)
-        if changed:
-            self.canvas.draw()  # animated artists are left out of the background
-            self._background = self.canvas.copy_from_bbox(self.fig.bbox)
-            self.full_draws += 1
-        else:
-            self.canvas.restore_region(self._background)
-        for panel in self.panels:
-            for artist in panel.artists:
-                panel.ax.draw_artist(artist)
-        self.renders += 1
-        return encode_png(self.canvas)
-
-
-# ---------------------------------------------------------------------- the plot process
-def _serve(conn: Any, views: tuple[str, ...]) -> None:
-    """The plot process: renders ``(view, columns)`` requests into ``(view, png, cpu_s)``.
-
-    Ends when the dashboard sends None or its end of the pipe closes (the kernel ended).
-    """
-    import signal
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # an interrupted cell is the kernel's affair
-    figures = {view: LiveFigure(view) for view in views}
-    while True:
-        try:
-            request = conn.recv()
-        except (EOFError, OSError):
-            return
-        if request is None:
-            return
-        view, cols = request
-        start = time.process_time()
-        png = figures[view].render_columns(cols)
-        conn.send((view, png, time.process_time() - start))
-
-
-class PlotProcess:
-    """Live figures drawn in a child process, one request at a time.
-
-    Matplotlib holds the GIL while it draws (tens of ms for a full redraw): in the notebook's
-    kernel that time is taken from the run's driver and learner threads. Here the kernel only
-    computes the columns and moves about 40 kB each way through a pipe.
-
-        plotter = PlotProcess(LIVE_VIEWS)
-        plotter.submit("throughput", columns(history, keys))
-        ...
-        done = plotter.poll()         # None, or (view, png bytes, child CPU seconds)
-
-    The child is spawned (never forked: TensorFlow may be loaded here), ignores SIGINT and
-    exits when the pipe closes, so it cannot outlive the kernel; ``close()`` ends it at once.
-    """
-
-    def __init__(self, views: Sequence[str]) -> None:
-        import multiprocessing
-
-        ctx = multiprocessing.get_context("spawn")
-        self._conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=_serve, args=(child, tuple(views)), daemon=True,
-                                   name="impala-dashboard-plots")
-        self.process.start()
-        child.close()
-        self.pending: str | None = None
-
-    @property
-    def alive(self) -> bool:
-        return self.process.is_alive()
-
-    def submit(self, view: str, cols: Mapping[str, np.ndarray]) -> None:
-        """Ask for one view; one request may be pending at a time."""
-        if self.pending is not None:
-            raise RuntimeError(f"plot {self.pending!r} is still being drawn")
-        self._conn.send((view, dict(cols)))
-        self.pending = view
-
-    def poll(self, timeout: float = 0.0) -> tuple[str, bytes, float] | None:
-        """The finished request, or None; raises EOFError if the child died."""
-        if self.pending is None:
-            return None
-        if not self._conn.poll(timeout):
-            if not self.process.is_alive():
-                raise EOFError("the plot process ended")
-            return None
-        result = self._conn.recv()
-        self.pending = None
-        return result
-
-    def close(self, timeout: float = 2.0) -> None:
-        """End the child: ask, wait, then terminate."""
-        with contextlib.suppress(OSError, ValueError):  # already gone
-            self._conn.send(None)
-        self.process.join(timeout)
-        if self.process.is_alive():
-            self.process.terminate()
-            self.process.join(timeout)
-        self._conn.close()

@@ -23,115 +23,9 @@ import sys
 from collections.abc import Mapping
 from typing import Any, TextIO
 
+from impala_lab.dashboard.format import bar, fmt_count, fmt_float, fmt_knob, fraction, is_number
+from impala_lab.dashboard.labels import LEARNER, QUEUES, TIMERS, queue_figures
 from impala_lab.health import flag_labels
-
-# Short labels of stats()["timing_breakdown"] keys (milliseconds), in pipeline order.
-TIMER_LABELS = {
-    "optimizer_step_time_ms": "driver step",
-    "batch_concat_time_ms": "concat",
-    "broadcast_time_ms": "broadcast",
-    "learner_dequeue_time_ms": "dequeue",
-    "learner_load_time_ms": "load",
-    "learner_load_wait_time_ms": "load wait",
-    "learner_grad_time_ms": "grad",
-}
-LEARNER_LABELS = {
-    "total_loss": "total loss",
-    "policy_loss": "policy loss",
-    "vf_loss": "value loss",
-    "entropy": "entropy",
-    "grad_gnorm": "grad norm",
-    "mean_rho": "mean rho",
-    "vf_explained_var": "vf explained var",
-}
-_TIMER_SHORT = {"optimizer_step_time_ms": "step", "batch_concat_time_ms": "concat",
-                "broadcast_time_ms": "bcast", "learner_dequeue_time_ms": "dequeue",
-                "learner_load_time_ms": "load", "learner_load_wait_time_ms": "wait",
-                "learner_grad_time_ms": "grad"}
-_LEARNER_SHORT = {"total_loss": "loss", "policy_loss": "pi", "vf_loss": "vf",
-                  "entropy": "ent", "grad_gnorm": "gnorm", "mean_rho": "rho",
-                  "vf_explained_var": "expl.var"}
-
-
-# ---------------------------------------------------------------------- number formats
-def is_number(value: Any) -> bool:
-    """True for a finite int or float (bool excluded)."""
-    return (isinstance(value, int | float) and not isinstance(value, bool)
-            and math.isfinite(value))
-
-
-def fmt_count(value: Any) -> str:
-    """``22400`` -> ``"22,400"``; anything that is not a finite number -> ``"–"``."""
-    return f"{round(value):,}" if is_number(value) else "–"
-
-
-def fmt_float(value: Any, digits: int = 3) -> str:
-    """About `digits` significant digits: ``33.93`` -> ``"33.9"``, ``6266.5`` -> ``"6,266"``,
-    ``0.00012`` -> ``"1.20e-04"``; anything that is not a finite number -> ``"–"``."""
-    if not is_number(value):
-        return "–"
-    v = float(value)
-    if v == 0:
-        return "0"
-    if abs(v) >= 1e6 or abs(v) < 1e-3:
-        return f"{v:.{digits - 1}e}"
-    decimals = max(0, digits - 1 - math.floor(math.log10(abs(v))))
-    return f"{v:,.{decimals}f}"
-
-
-def fmt_knob(value: Any) -> str:
-    """Knob values as a person types them: ``0.0005`` -> ``"0.0005"``, ``2`` -> ``"2"``."""
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    return str(value)
-
-
-def fraction(part: Any, whole: Any) -> float:
-    """``part / whole`` clipped to [0, 1]; 0.0 when either is missing or ``whole <= 0``."""
-    if not (is_number(part) and is_number(whole)) or whole <= 0:
-        return 0.0
-    return min(max(part / whole, 0.0), 1.0)
-
-
-def nice_ceil(v: float) -> float:
-    """The smallest 1, 1.5, 2, 2.5, 3, 4, 5, 6 or 8 times a power of ten that is >= v."""
-    if v <= 0 or not math.isfinite(v):
-        return 1.0
-    exp = math.floor(math.log10(v))
-    for m in (1, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10):
-        if m * 10**exp >= v * (1 - 1e-12):
-            return m * 10**exp
-    return 10 ** (exp + 1)
-
-
-def bar(frac: float, width: int = 10) -> str:
-    """A text gauge: ``bar(0.4, 10)`` -> ``"[####······]"``."""
-    filled = round(min(max(frac, 0.0), 1.0) * width)
-    return "[" + "#" * filled + "·" * (width - filled) + "]"
-
-
-# ---------------------------------------------------------------------- derived figures
-def queue_figures(stats: Mapping[str, Any]) -> dict[str, tuple[float, float]]:
-    """``(level, capacity)`` of every buffer the gauges show, from ``stats()["pipeline"]``.
-
-    Keys: ``in_flight`` (sample requests in flight over all workers), ``replay`` (batches
-    stored for replay), ``batch_buffer`` (env steps waiting to be concatenated),
-    ``learner_queue`` (train batches waiting for the learner), ``minibatch`` (occupied slots
-    of the learner's minibatch ring). A stage the run does not report gives ``(0, 0)``.
-    """
-    p = stats.get("pipeline") or {}
-    in_flight = p.get("in_flight") or {}
-    slots = p.get("minibatch_slots") or []
-    return {
-        "in_flight": (float(sum(in_flight.values())),
-                      float(p.get("num_workers", 0) * p.get("max_in_flight", 0))),
-        "replay": (float(p.get("replay_stored", 0)), float(p.get("replay_capacity", 0))),
-        "batch_buffer": (float(p.get("batch_buffer_steps", 0)),
-                         float(p.get("train_batch_size", 0))),
-        "learner_queue": (float(p.get("learner_queue_len", 0)),
-                          float(p.get("learner_queue_size", 0))),
-        "minibatch": (float(sum(1 for occupied, _ in slots if occupied)), float(len(slots))),
-    }
 
 
 # ---------------------------------------------------------------------- the views
@@ -162,12 +56,34 @@ def progress_line(s: Mapping[str, Any], no_samples: bool = False) -> str:
             + (f"  health: {flags}" if flags else ""))
 
 
+def _pipeline_line(s: Mapping[str, Any]) -> str:
+    """The queues in the data's order: ``in flight [2 1 0] > replay 14/20 > ... > ring [2 ·]``."""
+    p = s.get("pipeline") or {}
+    q = queue_figures(s)
+    in_flight = p.get("in_flight") or {}
+    actors = " ".join(str(n) for n in list(in_flight.values())[:6])
+    if len(in_flight) > 6:
+        actors += " …"
+    slots = p.get("minibatch_slots") or []
+    ring = " ".join(f"{ttl}" if occ else "·" for occ, ttl in slots[:6])
+
+    def fill(name: str) -> str:
+        return f"{q[name][0]:.0f}/{q[name][1]:.0f}"
+
+    stages = [f"{QUEUES['in_flight'].short} [{actors or '–'}]",
+              f"{QUEUES['replay'].short} {fill('replay')}",
+              f"{QUEUES['batch_buffer'].short} {fill('batch_buffer')}",
+              f"{QUEUES['learner_queue'].short} {bar(fraction(*q['learner_queue']), 8)} "
+              f"{fill('learner_queue')}",
+              f"{QUEUES['minibatch'].short} [{ring}]"]
+    return "pipeline    " + " > ".join(stages)
+
+
 def render(s: Mapping[str, Any], title: str = "", no_samples: bool = False) -> str:
     """The text dashboard (7 lines, <= 100 columns) of one ``Impala.stats()`` snapshot; 8 with
     a ``health`` line when the snapshot has a health key (every live run's has); 9 with
     `no_samples_note` under the first when ``no_samples``."""
     p = s.get("pipeline") or {}
-    q = queue_figures(s)
     lag = s.get("policy_lag") or {}
     head = title or f"IMPALA ({p.get('backend', '?')}, {p.get('num_workers', '?')} workers)"
     lines = [
@@ -183,24 +99,14 @@ def render(s: Mapping[str, Any], title: str = "", no_samples: bool = False) -> s
         f"   weights v{s.get('weights_version', 0)}   policy lag "
         f"{fmt_float(lag.get('mean'), 2)} (max {lag.get('max', '–')})",
     ]
-    in_flight = p.get("in_flight") or {}
-    actors = " ".join(str(n) for n in list(in_flight.values())[:6])
-    if len(in_flight) > 6:
-        actors += " …"
-    slots = p.get("minibatch_slots") or []
-    ring = " ".join(f"{ttl}" if occ else "·" for occ, ttl in slots[:6])
-    lines.append(
-        f"pipeline    in flight [{actors or '–'}] > replay {q['replay'][0]:.0f}/"
-        f"{q['replay'][1]:.0f} > buffer {q['batch_buffer'][0]:.0f}/{q['batch_buffer'][1]:.0f}"
-        f" > queue {bar(fraction(*q['learner_queue']), 8)} {q['learner_queue'][0]:.0f}/"
-        f"{q['learner_queue'][1]:.0f} > ring [{ring}]")
+    lines.append(_pipeline_line(s))
     timing = s.get("timing_breakdown") or {}
     lines.append("timing ms   " + "  ".join(
-        f"{label} {fmt_float(timing.get(key), 2)}" for key, label in _TIMER_SHORT.items()
+        f"{label.short} {fmt_float(timing.get(key), 2)}" for key, label in TIMERS.items()
         if key in timing))
     learner = s.get("learner") or {}
     lines.append("learner     " + ("  ".join(
-        f"{label} {fmt_float(learner.get(key), 3)}" for key, label in _LEARNER_SHORT.items()
+        f"{label.short} {fmt_float(learner.get(key), 3)}" for key, label in LEARNER.items()
         if key in learner) if learner else "no learner step yet"))
     knobs = s.get("knobs") or {}
     lines.append("knobs       " + " ".join(f"{k}={fmt_knob(v)}" for k, v in knobs.items()))

@@ -1,0 +1,143 @@
+"""What each figure of ``Impala.stats()`` is called, in one table.
+
+The widgets' cards, the plots' legends and timing bars, the diagram's timing SVG and the
+terminal panel all name a figure through `LABELS`, so a timer or a learner stat is renamed
+(or added) here once. The ``help`` lines say what the README's "Logged metrics explained"
+says about the same keys.
+
+`QUEUES` names the buffers that the gauges show, and `queue_figures` reads their level and
+capacity from a snapshot's ``pipeline`` view.
+
+Pure Python: no numpy, no matplotlib, no ipywidgets (the CLI imports it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Label:
+    """How one figure is named.
+
+    Attributes:
+      key: the flat stats key (a ``metrics.csv`` column), e.g. ``"learner.entropy"``; for a
+        queue, its `queue_figures` name.
+      name: the dashboard's name for it (cards, gauges, timing bars, plot titles).
+      short: the terminal panel's name, a few characters.
+      unit: what it counts; "" for a plain number.
+      help: one line: what it measures.
+      legend: its name in a plot legend, where the plot says the rest; "" means `name`.
+    """
+
+    key: str
+    name: str
+    short: str
+    unit: str
+    help: str
+    legend: str = ""
+
+    @property
+    def legend_name(self) -> str:
+        """The plot legend's text."""
+        return self.legend or self.name
+
+
+LABELS: dict[str, Label] = {label.key: label for label in (
+    # the headline figures
+    Label("sample_throughput", "sampled", "sample", "env steps/s",
+          "env steps sampled per second over the last 10 s"),
+    Label("train_throughput", "trained", "train", "env steps/s",
+          "samples trained on per second over the last 10 s (each of num_sgd_iter passes "
+          "counts)"),
+    Label("episode_return_mean", "return (last 100)", "return", "",
+          "mean return of the last 100 finished episodes", legend="return"),
+    Label("num_steps_sampled", "env steps", "steps", "env steps",
+          "env steps the workers returned, in total"),
+    Label("weights_version", "weights", "weights", "versions",
+          "the learner's weights version (train steps applied)"),
+    Label("policy_lag.mean", "policy lag", "lag", "updates",
+          "learner version minus the version that sampled a batch, mean over the last 100 "
+          "samples", legend="policy lag (updates)"),
+    Label("learner_queue.mean", "learner queue", "queue", "batches",
+          "batches left in the learner queue after each train step, mean over the last 50 "
+          "steps", legend="learner queue (batches)"),
+    Label("time_total_s", "time", "time", "s",
+          "seconds since the run was built (a restored run goes on counting)"),
+    # the timing breakdown, in pipeline order: mean ms over the last 10 operations
+    Label("timing_breakdown.optimizer_step_time_ms", "driver step", "step", "ms",
+          "the driver's step: one turn of its loop"),
+    Label("timing_breakdown.batch_concat_time_ms", "concat", "concat", "ms",
+          "concatenating sample batches into a train batch"),
+    Label("timing_breakdown.broadcast_time_ms", "broadcast", "bcast", "ms",
+          "publishing fresh weights to the workers"),
+    Label("timing_breakdown.learner_dequeue_time_ms", "dequeue", "dequeue", "ms",
+          "the learner taking a train batch from its queue"),
+    Label("timing_breakdown.learner_load_time_ms", "load", "load", "ms",
+          "loading a train batch onto the learner's devices"),
+    Label("timing_breakdown.learner_load_wait_time_ms", "load wait", "wait", "ms",
+          "the learner waiting for a loaded buffer"),
+    Label("timing_breakdown.learner_grad_time_ms", "grad", "grad", "ms",
+          "the learner's gradient step"),
+    # the last train step's learner stats
+    Label("learner.total_loss", "total loss", "loss", "",
+          "what the learner minimizes: the policy loss, plus the weighted value loss, minus the "
+          "weighted entropy"),
+    Label("learner.policy_loss", "policy loss", "pi", "", "the policy-gradient loss",
+          legend="policy"),
+    Label("learner.vf_loss", "value loss", "vf", "", "the value function's loss",
+          legend="value"),
+    Label("learner.entropy", "entropy", "ent", "nats", "the policy's entropy, per sample"),
+    Label("learner.grad_gnorm", "grad norm", "gnorm", "", "the gradient's norm before clipping"),
+    Label("learner.mean_rho", "mean rho", "rho", "",
+          "mean importance weight; 1 is on-policy"),
+    Label("learner.vf_explained_var", "vf explained var", "expl.var", "",
+          "the share of the returns' variance that the value function explains"),
+)}
+
+
+def group(prefix: str) -> dict[str, Label]:
+    """The labels under ``prefix.``, keyed by the rest: ``group("learner")["entropy"]``."""
+    start = prefix + "."
+    return {key[len(start):]: label for key, label in LABELS.items() if key.startswith(start)}
+
+
+#: ``stats()["timing_breakdown"]`` keys -> labels, in pipeline order.
+TIMERS: dict[str, Label] = group("timing_breakdown")
+#: ``stats()["learner"]`` keys -> labels, in the order the views list them.
+LEARNER: dict[str, Label] = group("learner")
+
+#: The buffers along the pipeline, by `queue_figures` name, in the data's order.
+QUEUES: dict[str, Label] = {label.key: label for label in (
+    Label("in_flight", "requests in flight", "in flight", "requests",
+          "sample requests in flight over all workers"),
+    Label("replay", "replay store", "replay", "batches", "batches stored for replay"),
+    Label("batch_buffer", "batch buffer", "buffer", "env steps",
+          "env steps waiting to be concatenated into a train batch"),
+    Label("learner_queue", "learner queue", "queue", "batches",
+          "train batches waiting for the learner"),
+    Label("minibatch", "minibatch ring", "ring", "slots",
+          "occupied slots of the learner's minibatch ring"),
+)}
+
+
+def queue_figures(stats: Mapping[str, Any]) -> dict[str, tuple[float, float]]:
+    """``(level, capacity)`` of every buffer in `QUEUES`, from ``stats()["pipeline"]``.
+
+    A stage the run does not report gives ``(0, 0)``.
+    """
+    p = stats.get("pipeline") or {}
+    in_flight = p.get("in_flight") or {}
+    slots = p.get("minibatch_slots") or []
+    return {
+        "in_flight": (float(sum(in_flight.values())),
+                      float(p.get("num_workers", 0) * p.get("max_in_flight", 0))),
+        "replay": (float(p.get("replay_stored", 0)), float(p.get("replay_capacity", 0))),
+        "batch_buffer": (float(p.get("batch_buffer_steps", 0)),
+                         float(p.get("train_batch_size", 0))),
+        "learner_queue": (float(p.get("learner_queue_len", 0)),
+                          float(p.get("learner_queue_size", 0))),
+        "minibatch": (float(sum(1 for occupied, _ in slots if occupied)), float(len(slots))),
+    }
