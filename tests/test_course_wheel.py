@@ -16,6 +16,7 @@ import importlib.metadata
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -166,7 +167,7 @@ def test_the_grader_grades_the_copied_exercises_there(venv, course):
     proc = _run([venv / "python", "-m", "impala_lab.exercises", SOLUTION,
                  "exercises/ex1_minibatch_buffer_get.ipynb"], cwd=course)
     assert proc.returncode == 1, proc.stderr[-3000:]  # the stub fails, the solution passes
-    assert "✓ minibatch_get: all 7 cases pass" in proc.stdout
+    assert re.search(r"^✓ minibatch_get: all \d+ cases pass$", proc.stdout, re.M), proc.stdout
     assert "still raises NotImplementedError" in proc.stdout
     assert "1 of 2 notebooks pass" in proc.stdout
     solved = _run([venv / "python", "-m", "impala_lab.exercises", SOLUTION], cwd=course)
