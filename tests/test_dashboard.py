@@ -23,11 +23,12 @@ import numpy as np
 import pytest
 
 from impala_lab.config import LIVE_KNOBS
-from impala_lab.dashboard import live_plots, plots, terminal
+from impala_lab.dashboard import controls, labels, live_plots, markup, plots, terminal
 from impala_lab.dashboard.diagram import PipelineDiagram, pipeline_svg, timing_svg
 from impala_lab.dashboard.format import fmt_float
 from impala_lab.dashboard.widgets import Dashboard, frontend_available
 from impala_lab.errors import ConfigError
+from impala_lab.knobs import KNOBS
 from impala_lab.stats import StatsHistory, flatten
 
 STATS = {
@@ -108,6 +109,107 @@ def svg_texts(svg: str, cls: str) -> list[str]:
 
 def visible(html: str) -> str:
     return re.sub(r"<[^>]+>", " ", html).split()
+
+
+# ---------------------------------------------------------------------- markup, labels, controls
+def test_markup_writes_the_figures_of_a_snapshot():
+    assert visible(markup.card_html("sample_throughput", STATS)) == ["sampled", "7,324/s"]
+    assert visible(markup.card_html("policy_lag", STATS)) == ["policy", "lag", "4.4"]
+    assert visible(markup.card_html("time_total_s", STATS)) == ["time", "30", "s"]
+    header = markup.header_html("IMPALA · CartPole-v1", STATS, "training")
+    assert " ".join(visible(header)) == \
+        "IMPALA · CartPole-v1 · inline backend · 3 workers ● training"
+    assert 'class="impala-status impala-status-training"' in header
+    assert markup.gauges(STATS) == {
+        "in_flight": (0.5, "#1f77b4", '<span style="font-size:15px">3 / 6</span>'),
+        "replay": (0.7, "#1f77b4", '<span style="font-size:15px">14 / 20</span>'),
+        "batch_buffer": (0.8, "#1f77b4", '<span style="font-size:15px">400 / 500</span>'),
+        "learner_queue": (5 / 16, "#2e9e44", '<span style="font-size:15px">5 / 16</span>'),
+        "minibatch": (0.5, "#1f77b4", '<span style="font-size:15px">1 / 2</span>')}
+    assert markup.gauge_text("replay", 0, 0) == '<span style="font-size:15px">off</span>'
+    assert [markup.gauge_color("learner_queue", f) for f in (0.5, 0.8, 1.0)] == \
+        ["#2e9e44", "#e67e22", "#c0392b"]
+    assert "balanced" in markup.bottleneck_html(STATS)
+    assert "no learner step yet" in markup.bottleneck_html({})
+    log = markup.knob_log_html([{"time_s": 1.0 * i, "num_steps_sampled": 1000 * i,
+                                 "knob": "lr", "value": 0.001 * i} for i in range(1, 8)])
+    assert " ".join(visible(log)) == (
+        "knob changes (newest first) 7.0 s, step 7,000: lr = 0.007 6.0 s, step 6,000: "
+        "lr = 0.006 5.0 s, step 5,000: lr = 0.005 4.0 s, step 4,000: lr = 0.004 "
+        "3.0 s, step 3,000: lr = 0.003")
+    assert markup.knob_log_html([]) == ""
+
+
+def test_markup_messages_escape_text_and_say_the_first_that_applies():
+    error = markup.message_html(error=RuntimeError("a <b> c"), blocking_train=True)
+    assert "background training failed: RuntimeError: a &lt;b&gt; c" in error
+    assert "train() holds this cell" in markup.message_html(blocking_train=True,
+                                                            replay_off=True)
+    assert "replay_buffer_num_slots=0" in markup.message_html(replay_off=True)
+    note = markup.message_html(replay_off=True, note="lr = 0.001: applied now")
+    assert "lr = 0.001: applied now" in note and "#333" in note
+    assert markup.RED in markup.message_html(note="lr: bad", note_error=True)
+
+
+def test_markup_health_badges():
+    assert markup.health_html(None) == ""
+    warning = markup.health_html({"flags": [{"code": "entropy_collapsed",
+                                             "message": "entropy <0.07"}]})
+    assert 'class="impala-health-flag impala-health-entropy-collapsed"' in warning
+    assert "⚠ entropy collapsed" in warning and "entropy &lt;0.07" in warning
+    assert "✓ learning health: ok" in markup.health_html({"flags": [], "seen": {}})
+
+
+def test_one_label_table_names_the_timers_everywhere():
+    text = terminal.render(STATS)
+    svg = timing_svg(STATS)
+    bars = [t.get_text() for t in
+            plots.view_figure("timing", history_rows(2)).axes[0].get_yticklabels()]
+    assert set(labels.TIMERS) == set(STATS["timing_breakdown"])
+    for label in labels.TIMERS.values():
+        assert f"{label.short} " in text.splitlines()[4]
+        assert f">{label.name}</text>" in svg
+        assert label.name in bars and label.unit == "ms" and label.help
+    for key, label in labels.LEARNER.items():
+        assert f"{label.short} " in text.splitlines()[5], key
+    assert set(labels.LEARNER) <= set(STATS["learner"])
+    # every label's top-level key is explained in the README's metrics table
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    table = readme[readme.index("### Logged metrics explained"):]
+    table = table[:table.index("\n### ", 10)]
+    for key in labels.LABELS:
+        assert f"`{key.split('.')[0]}`" in table, key
+
+
+def test_knob_sliders_follow_the_knob_table():
+    sliders = controls.KnobSliders(lambda name, value: None).sliders
+    assert list(sliders) == list(LIVE_KNOBS)
+    for name, w in sliders.items():
+        knob = KNOBS[name]
+        kind = ("IntSlider" if knob.kind == "int" else
+                "FloatLogSlider" if knob.log else "FloatSlider")
+        assert type(w).__name__ == kind, name
+        assert w.tooltip == knob.help and f"impala-knob-{name.replace('_', '-')}" in \
+            w._dom_classes
+        if knob.log:
+            assert (w.base, w.min, w.max) == (10, np.log10(knob.low), np.log10(knob.high))
+        else:
+            assert (w.min, w.max, w.step) == (knob.low, knob.high, knob.step)
+        if knob.readout:
+            assert w.readout_format == knob.readout
+    assert (sliders["lr"].min, sliders["lr"].max, sliders["lr"].value) == (-5, -1, 0.0005)
+
+
+def test_knob_sliders_report_moves_cast_and_never_echo_the_run():
+    moves = []
+    knob_sliders = controls.KnobSliders(lambda name, value: moves.append((name, value)))
+    knob_sliders.follow({"lr": 0.2, "broadcast_interval": 40})  # beyond the slider ranges
+    assert knob_sliders.sliders["lr"].max == 0 and knob_sliders.sliders["lr"].value == 0.2
+    assert knob_sliders.sliders["broadcast_interval"].max == 40
+    assert moves == []
+    knob_sliders.sliders["entropy_coeff"].value = 0.0200000001
+    knob_sliders.sliders["lr"].value = 0.2  # the run's value already
+    assert moves == [("entropy_coeff", 0.02)]
 
 
 # ---------------------------------------------------------------------- widgets, fake run
