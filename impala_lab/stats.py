@@ -26,6 +26,11 @@ import numpy as np
 Clock = Callable[[], float]
 
 
+def _mean(values: deque[float]) -> float:
+    """An exact mean (``fsum``); 0.0 of nothing."""
+    return math.fsum(values) / len(values) if values else 0.0
+
+
 class TimerStat:
     """Durations of a repeated operation, in seconds, like RLlib's ``TimerStat``.
 
@@ -101,8 +106,7 @@ class TimerStat:
     def mean(self) -> float:
         """Mean duration over the window, in seconds; 0.0 before the first push."""
         with self._lock:
-            n = len(self._samples)
-            return math.fsum(self._samples) / n if n else 0.0
+            return _mean(self._samples)
 
     @property
     def median(self) -> float:
@@ -126,8 +130,7 @@ class TimerStat:
     def mean_units_processed(self) -> float:
         """Mean of the last `window_size` `push_units_processed` values; 0.0 if none."""
         with self._lock:
-            n = len(self._units)
-            return math.fsum(self._units) / n if n else 0.0
+            return _mean(self._units)
 
     @property
     def mean_throughput(self) -> float:
@@ -203,7 +206,7 @@ class ThroughputMeter:
     - `rate()`: units per second over the last `window_s` seconds (the live gauge);
     - `mean_rate`: the cumulative `total` over the time since creation (or `reset`);
     - `pop_interval_rate()`: units per second since the previous call of it, which it then
-      resets: the seed's ``get_mean_stats_and_reset`` (``sample_throughput`` in stats()).
+      resets: RLlib's ``get_mean_stats_and_reset`` (``sample_throughput`` in stats()).
 
     Memory: one ``(time, n)`` entry per `add` inside the window; add per batch, not per step.
     """
