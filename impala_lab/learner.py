@@ -1,6 +1,6 @@
 """`LearnerThread`: trains the policy on batches from a bounded queue, in a background thread.
 
-The seed's structure: the driver puts train batches on ``inqueue`` (bounded by
+RLlib's structure: the driver puts train batches on ``inqueue`` (bounded by
 learner_queue_size, so a slow learner slows the driver instead of eating memory); a
 `MinibatchBuffer` serves each batch up to num_sgd_iter times; each learner step puts the
 number of trained env steps on ``outqueue`` and sets ``weights_updated`` so the driver knows
@@ -36,6 +36,10 @@ class LearnerThread(threading.Thread):
       num_sgd_iter: passes over each batch (the ring's max ttl).
       learner_queue_size: bound of ``inqueue``.
       learner_queue_timeout: seconds an empty queue is tolerated before an error.
+
+    Attributes:
+      learner_queue_stat: a `WindowStat` of ``inqueue``'s length after each step (the last
+        50; ``stats()["learner_queue"]``).
     """
 
     stage = "learner thread"
@@ -44,7 +48,7 @@ class LearnerThread(threading.Thread):
                  learner_queue_size: int = 16, learner_queue_timeout: float = 300.0) -> None:
         super().__init__(name="impala-learner", daemon=True)
         self.policy = policy
-        self.learner_queue_size = WindowStat("size", 50)
+        self.learner_queue_stat = WindowStat("size", 50)
         self.inqueue: queue.Queue = queue.Queue(maxsize=learner_queue_size)
         self.outqueue: queue.Queue = queue.Queue()
         self.minibatch_buffer = MinibatchBuffer(self.inqueue, minibatch_buffer_size,
@@ -97,7 +101,7 @@ class LearnerThread(threading.Thread):
             self.weights_updated = True
         self.num_steps += 1
         self.outqueue.put(batch.count)
-        self.learner_queue_size.push(self.inqueue.qsize())
+        self.learner_queue_stat.push(self.inqueue.qsize())
         if self.on_train_step is not None:
             self.on_train_step(self.stats)
         return True
@@ -112,7 +116,7 @@ class LearnerThread(threading.Thread):
         """Change the passes per batch between steps (the dashboard's knob)."""
         if int(n) < 1:
             raise ValueError(f"num_sgd_iter={n!r} is invalid: it must be >= 1")
-        self.minibatch_buffer.max_ttl = int(n)
+        self.minibatch_buffer.num_sgd_iter = int(n)
         self.minibatch_buffer.cur_max_ttl = min(self.minibatch_buffer.cur_max_ttl, int(n))
 
     def data_wait_timer(self) -> TimerStat:

@@ -1,13 +1,13 @@
 """`MinibatchBuffer`: the learner's ring of recent train batches, each used several times.
 
 With ``num_sgd_iter > 1`` the learner makes several SGD passes over each train batch. Doing
-them back to back overfits one batch; the seed instead keeps a ring of
+them back to back overfits one batch; RLlib instead keeps a ring of
 ``minibatch_buffer_size`` slots and cycles through it, so passes over different batches
 interleave. Each slot holds one item and its ttl (passes left). The ttl an item gets ramps
-up: the first item gets 1 pass, the next 2, ... up to ``num_passes``, so the ring starts
+up: the first item gets 1 pass, the next 2, ... up to ``num_sgd_iter``, so the ring starts
 training at once instead of waiting for ``size`` batches to arrive.
 
-Example, size 2, num_passes 3, items 0, 1, 2, ... from the queue; each `get` returns
+Example, size 2, num_sgd_iter 3, items 0, 1, 2, ... from the queue; each `get` returns
 ``(item, released)``::
 
     (0, True) (1, False) (2, False) (1, True) (2, False) (3, False) (2, True) ...
@@ -35,7 +35,7 @@ def _check_int(name: str, value: Any, fix: str) -> None:
 
 
 class MinibatchBuffer:
-    """Ring buffer of recent items (train batches) for minibatch SGD, as in the seed.
+    """Ring buffer of recent items (train batches) for minibatch SGD, as in RLlib.
 
     Two timeouts, for two purposes:
 
@@ -49,35 +49,35 @@ class MinibatchBuffer:
       `get` (the learner training, a student pausing between step-through cells) does not
       count. The sum restarts at 0 after an item arrives and after the error is raised.
 
-    With neither timeout, `get` blocks until an item arrives, exactly as the seed's.
+    With neither timeout, `get` blocks until an item arrives, exactly as RLlib's.
 
     Attributes:
       inqueue: the queue items come from (``queue.Queue``-like: ``get(block, timeout)``).
       size: number of slots.
-      max_ttl: ``num_passes``, the most times an item is served.
-      cur_max_ttl: the ttl the next fetched item gets (ramps from 1 up to `max_ttl`).
+      num_sgd_iter: the most times an item is served (RLlib's ``max_ttl``).
+      cur_max_ttl: the ttl the next fetched item gets (ramps from 1 up to `num_sgd_iter`).
       timeout: `learner_queue_timeout` in seconds, or None for no limit.
     """
 
-    def __init__(self, inqueue: Any, size: int, num_passes: int,
+    def __init__(self, inqueue: Any, size: int, num_sgd_iter: int,
                  timeout: float | None = None) -> None:
         """Creates an empty ring.
 
         Args:
           inqueue: queue to fill the ring from.
           size: slots in the ring (``minibatch_buffer_size``), >= 1.
-          num_passes: times each item is served at most (``num_sgd_iter``), >= 1.
+          num_sgd_iter: times each item is served at most, >= 1.
           timeout: ``learner_queue_timeout``, seconds > 0, or None to wait forever.
         """
         _check_int("size", size, "the ring needs at least 1 slot; set minibatch_buffer_size >= 1")
-        _check_int("num_passes", num_passes,
+        _check_int("num_sgd_iter", num_sgd_iter,
                    "each item must be served at least once; set num_sgd_iter >= 1")
         if timeout is not None and not (timeout > 0 and math.isfinite(timeout)):
             raise ValueError(f"timeout={timeout!r} is invalid: learner_queue_timeout must be a "
                              f"positive number of seconds, or None to wait forever")
         self.inqueue = inqueue
         self.size = int(size)
-        self.max_ttl = int(num_passes)
+        self.num_sgd_iter = int(num_sgd_iter)
         self.cur_max_ttl = 1  # ramp up slowly to better mix the input data
         self.timeout = timeout
         self.buffers: list[Any] = [None] * self.size
@@ -110,7 +110,7 @@ class MinibatchBuffer:
             if self.ttl[idx] <= 0:
                 self.buffers[idx] = fetched
                 self.ttl[idx] = self.cur_max_ttl
-                if self.cur_max_ttl < self.max_ttl:
+                if self.cur_max_ttl < self.num_sgd_iter:
                     self.cur_max_ttl += 1
             item = self.buffers[idx]
             self.ttl[idx] -= 1
@@ -156,8 +156,3 @@ class MinibatchBuffer:
     def next_index(self) -> int:
         """The slot the next `get` serves."""
         return self.idx
-
-    @property
-    def num_passes(self) -> int:
-        """``num_sgd_iter``: the most times an item is served (the seed's ``max_ttl``)."""
-        return self.max_ttl

@@ -1,4 +1,4 @@
-"""`MultiGPULearner`: the learner on several devices, fed by loader threads (the seed's
+"""`MultiGPULearner`: the learner on several devices, fed by loader threads (RLlib's
 ``TFMultiGPULearner``).
 
 The data's way through it::
@@ -35,18 +35,13 @@ and calls ``VTracePolicy.apply_gradients`` once. Reasons:
   built inside its scope (or the first step fails with a placeholder error);
 - every step of the idea is visible in ten lines a student can read and change, where the
   strategy hides the split, the all-reduce and the staging behind ``strategy.run``;
-- it was cheaper here. CPU time per learner step on this 2-core machine (CartPole, 64x64
-  MLP, train batches of 800 env steps, ``python -m bench.multi_gpu --mirrored``, medians of
-  5 rounds, two runs): explicit towers 1.6-2.0 / 2.7-3.3 / 4.0-4.8 ms on 1 / 2 / 4 fake
-  devices, MirroredStrategy 2.5-3.1 / 5.0-5.2 / 7.0-8.5 ms, 1.5-1.9x more (wall-clock rates
-  agree but scatter more, as other programs share the cores). More fake devices cost more
-  in both because they share the same two cores and each tower adds its own op launches; on
-  real GPUs each tower has its own device.
+- it was cheaper: MirroredStrategy took 1.5-1.9x the CPU time per learner step on fake
+  devices (``python -m bench.multi_gpu --mirrored`` measures both).
 
 Gradients: summed, which is the average with the loss scaled by n. The policy's loss is a
 *sum* over the batch's T x B steps (RLlib's), and V-trace runs along T within each column,
 so the columns are independent: the loss of the whole batch is the sum of the parts' losses
-and its gradient the sum of the towers' gradients. The seed's towers took the *mean*, which
+and its gradient the sum of the towers' gradients. RLlib's towers took the *mean*, which
 with a summed loss shrinks every update by 1/num_gpus (a hidden learning-rate change when
 you add GPUs). Here the towers' gradients are added (equivalently: averaged, with each
 tower's loss multiplied by n), so the combined gradient equals the single-device gradient on
@@ -60,20 +55,20 @@ Stats combine the same way: ``total_loss``, ``policy_loss`` and ``vf_loss`` are 
 not exactly, the whole batch's (a variance ratio does not decompose over parts);
 ``grad_gnorm`` and ``var_gnorm`` come from the one optimizer step.
 
-Release before the step (as the seed): when a buffer's last pass is served, it goes back to
+Release before the step (as RLlib): when a buffer's last pass is served, it goes back to
 the idle queue *before* its gradients are computed, so a loader can stage the next batch
 while the towers run (the overlap of loading with training). That is safe here because a
 staged part is immutable tensors: the step keeps its own references, and the loader puts
-new tensors in the slot (TF1's seed overwrote variables in place, a race).
+new tensors in the slot (RLlib's TF1 version overwrote variables in place, a race).
 
-Loader threads: 1 by default. The seed ran 16 because a TF1 ``feed_dict`` load was slow and
+Loader threads: 1 by default. RLlib ran 16 because a TF1 ``feed_dict`` load was slow and
 blocked; here staging a train batch is a few copies onto the devices (0.5 ms for 800 CartPole
 steps on one device, 3 ms on four fake ones, mostly eager-op overhead), and it overlaps the
 learner step: with a full inqueue ``learner_load_wait_time_ms`` stays under 0.1 ms. One loader
 also keeps the batches in arrival order (the oldest data is trained on first, which keeps
 policy lag low). ``num_loader_threads`` raises it, e.g. for large image batches on real GPUs.
 
-Timers (the seed's): ``learner_dequeue_time_ms`` loader 0 waiting on the inqueue,
+Timers (RLlib's): ``learner_dequeue_time_ms`` loader 0 waiting on the inqueue,
 ``learner_load_time_ms`` loader 0 staging a batch, ``learner_load_wait_time_ms`` the learner
 waiting for a ready buffer (large: the loaders, or the actors behind them, are too slow),
 ``learner_grad_time_ms`` the tower step. An exception in a loader thread is kept with its
@@ -100,9 +95,8 @@ from impala_lab.minibatch_buffer import MinibatchBuffer
 from impala_lab.policy import batch_to_tensors, describe_nonfinite
 from impala_lab.stats import TimerStat
 
-# How each loss statistic of the parts combines into the whole batch's (see the docstring).
+# The loss statistics that are sums over the parts (the others are means; see the docstring).
 SUM_STATS = ("total_loss", "policy_loss", "vf_loss")
-MEAN_STATS = ("entropy", "mean_rho", "vf_explained_var")
 
 BUFFER_STATES = ("idle", "loading", "ready", "in use")
 
@@ -211,7 +205,7 @@ class MultiGPULearner(LearnerThread):
 
     Keeps `LearnerThread`'s contract (``inqueue``, ``outqueue``, ``weights_updated``,
     ``stats``, ``step(block_timeout)``, ``raise_if_failed()``, ``stop()``, the timers), and
-    replaces its minibatch ring by one over the ready buffers, as the seed does.
+    replaces its minibatch ring by one over the ready buffers, as RLlib does.
 
     Args:
       policy: the run's `VTracePolicy` (its model, optimizer and lock are used as they are).
@@ -370,7 +364,7 @@ class MultiGPULearner(LearnerThread):
             self.weights_updated = True
         self.num_steps += 1
         self.outqueue.put(batch.count)
-        self.learner_queue_size.push(self.inqueue.qsize())
+        self.learner_queue_stat.push(self.inqueue.qsize())
         if self.on_train_step is not None:
             self.on_train_step(self.stats)
         return True
@@ -440,7 +434,7 @@ class _LoaderThread(threading.Thread):
         self.learner = learner
         self.index = index
         self.stage = f"loader thread {index}"
-        # Loader 0 reports into the learner's timers (the seed's share_stats).
+        # Loader 0 reports into the learner's timers (RLlib's share_stats).
         self.queue_timer = learner.queue_timer if share_stats else TimerStat()
         self.load_timer = learner.load_timer if share_stats else TimerStat()
 

@@ -1,9 +1,9 @@
 """`ReplayMixer`: mixes replayed sample batches into the stream of new ones.
 
-IMPALA can train on a mix of fresh and replayed experience (the paper's "replay" runs; the
-seed's ``replay_proportion``). After each new batch the mixer yields on average
+IMPALA can train on a mix of fresh and replayed experience (the paper's "replay" runs;
+RLlib's ``replay_proportion``). After each new batch the mixer yields on average
 `replay_proportion` batches drawn uniformly from a FIFO store of recent new batches, with
-the seed's rule::
+RLlib's rule::
 
     f = replay_proportion
     while random() < f:          # with f = 1.5: one replay surely, a second with p = 0.5
@@ -35,11 +35,11 @@ def _ceil_div(a: int, b: int) -> int:
 
 
 class ReplayMixer:
-    """A FIFO store of recent new batches and the seed's replay rule.
+    """A FIFO store of recent new batches and RLlib's replay rule.
 
     Attributes:
-      num_replayed: env steps replayed so far (sum of the replayed batches' ``count``), the
-        seed's ``num_steps_replayed``.
+      num_replayed: env steps replayed so far (sum of the replayed batches' ``count``),
+        RLlib's ``num_steps_replayed``.
       num_replayed_batches: batches replayed so far.
       replay_threshold: ``ceil(train_batch_size / sample_batch_size)``; replays start once
         `num_stored` exceeds it.
@@ -54,7 +54,7 @@ class ReplayMixer:
           replay_proportion: replayed batches per new batch, on average, >= 0.
           replay_buffer_num_slots: batches the store keeps (FIFO), >= 0; 0 disables replay.
           train_batch_size: env steps per learner batch, >= 1.
-          sample_batch_size: env steps per stored batch, >= 1 (the seed passes the config's
+          sample_batch_size: env steps per stored batch, >= 1 (RLlib passes the config's
             ``sample_batch_size`` here).
           seed: seeds the mixer's own ``random.Random``; the same seed and inputs give the
             same replays.
@@ -85,8 +85,8 @@ class ReplayMixer:
         Setting it checks that it is a finite number >= 0 and, when it is > 0, that the
         store can ever replay: it must be able to hold more than `replay_threshold` batches,
         i.e. ``replay_buffer_num_slots > ceil(train_batch_size / sample_batch_size)``. This
-        includes the seed's check (``replay_buffer_num_slots * sample_batch_size <=
-        train_batch_size`` is an error) and also refuses the sizes the seed let through
+        includes RLlib's check (``replay_buffer_num_slots * sample_batch_size <=
+        train_batch_size`` is an error) and also refuses the sizes RLlib let through
         that never replay (e.g. 11 slots of 50 steps for train_batch_size=510).
         """
         return self._replay_proportion
@@ -121,21 +121,21 @@ class ReplayMixer:
         return len(self._store)
 
     def can_replay(self) -> bool:
-        """True once the store holds more than `replay_threshold` batches (the seed's rule)."""
+        """True once the store holds more than `replay_threshold` batches (RLlib's rule)."""
         return len(self._store) > self.replay_threshold
 
     def mix(self, pairs: Iterable[tuple[Hashable, Any]]) -> Iterator[tuple[Hashable | None, Any]]:
         """Yields each new ``(worker, batch)`` pair, then its replays as ``(None, batch)``.
 
-        For each new pair, in this order (the seed's ``_augment_with_replay`` together with
+        For each new pair, in this order (RLlib's ``_augment_with_replay`` together with
         its driver loop):
 
         1. yield the new pair;
         2. store its batch (only when ``replay_buffer_num_slots > 0``; the oldest batch
            drops out of a full store);
-        3. if `can_replay()` (which thus already counts the new batch, as in the seed, whose
+        3. if `can_replay()` (which thus already counts the new batch, as in RLlib, whose
            driver stored it while the generator was suspended at step 1), draw the replays
-           with the seed's rule and yield each as ``(None, batch)``.
+           with RLlib's rule and yield each as ``(None, batch)``.
 
         A replayed batch is never stored again. ``worker is None`` tells the driver that the
         batch is a replay: it trains on it but does not count it as sampled nor send that

@@ -146,7 +146,7 @@ def test_minibatch_without_the_ramp(solutions):
         def get(self):
             if self.ttl[self.idx] <= 0:
                 self.buffers[self.idx] = self.inqueue.get()
-                self.ttl[self.idx] = self.max_ttl
+                self.ttl[self.idx] = self.num_sgd_iter
             item = self.buffers[self.idx]
             self.ttl[self.idx] -= 1
             released = self.ttl[self.idx] <= 0
@@ -286,32 +286,32 @@ def test_driver_step_that_always_broadcasts(solutions):
 
 def test_driver_step_that_forgets_to_record(solutions):
     def driver_step(driver, timeout):
-        driver._record_sample = lambda batch: None
+        driver.record_sample = lambda batch: None
         return solutions["driver_step"](driver, timeout)
 
     fails(ex.check_driver_step(driver_step, show=False), 1, "step 1, call 1",
           "expected: → record(b2), send(worker1, v0), put([b2, b0])",
-          "Call driver._record_sample(batch) for each new batch")
+          "Call driver.record_sample(batch) for each new batch")
 
 
 def test_driver_step_that_counts_replays_as_sampled():
     def driver_step(driver, timeout):
         sampled = trained = 0
-        for worker, batch in driver.replay.mix(driver._completed_samples(timeout)):
+        for worker, batch in driver.replay.mix(driver.completed_samples(timeout)):
             driver.batch_buffer.append(batch)
-            driver._batch_buffer_steps += batch.count
-            if driver._batch_buffer_steps >= driver.config.train_batch_size:
-                driver._put_on_learner_queue(concat_samples(driver.batch_buffer))
-                driver.batch_buffer, driver._batch_buffer_steps = [], 0
+            driver.batch_buffer_steps += batch.count
+            if driver.batch_buffer_steps >= driver.config.train_batch_size:
+                driver.put_on_learner_queue(concat_samples(driver.batch_buffer))
+                driver.batch_buffer, driver.batch_buffer_steps = [], 0
             sampled += batch.count
             if worker is None:
                 continue
-            driver._record_sample(batch)
+            driver.record_sample(batch)
             if driver.learner.weights_updated and (
-                    driver._num_sent >= driver.config.broadcast_interval):
-                driver._broadcast()
-            driver._num_sent += 1
-            driver._send_weights_and_request(worker)
+                    driver.num_sent >= driver.config.broadcast_interval):
+                driver.broadcast()
+            driver.num_sent += 1
+            driver.send_weights_and_request(worker)
         while not driver.learner.outqueue.empty():
             trained += driver.learner.outqueue.get_nowait()
         return sampled, trained
@@ -325,14 +325,14 @@ def test_driver_step_that_counts_replays_as_sampled():
 def test_driver_step_without_the_buffer_count(solutions):
     def driver_step(driver, timeout):
         out = solutions["driver_step"](driver, timeout)
-        driver._batch_buffer_steps = 0
+        driver.batch_buffer_steps = 0
         return out
 
     fails(ex.check_driver_step(driver_step, show=False), 1,
           "where:    step 4: the driver's state after the step",
-          "expected: {'batch_buffer': ['b9'], '_batch_buffer_steps': 2, '_num_sent': 1}",
-          "actual:   {'batch_buffer': ['b9'], '_batch_buffer_steps': 0, '_num_sent': 1}",
-          "driver._batch_buffer_steps (their env steps")
+          "expected: {'batch_buffer': ['b9'], 'batch_buffer_steps': 2, 'num_sent': 1}",
+          "actual:   {'batch_buffer': ['b9'], 'batch_buffer_steps': 0, 'num_sent': 1}",
+          "driver.batch_buffer_steps (their env steps")
 
 
 def test_driver_step_that_does_nothing():
@@ -340,18 +340,18 @@ def test_driver_step_that_does_nothing():
           "where:    step 1: the calls the driver makes",
           "expected: → record(b2), send(worker1, v0), put([b2, b0])",
           "actual:   no calls at all",
-          "Loop over driver.replay.mix(driver._completed_samples(timeout))")
+          "Loop over driver.replay.mix(driver.completed_samples(timeout))")
 
 
 def test_step_driver_log_matches_the_library():
-    from impala_lab.impala import Impala
+    from impala_lab.driver_loop import DriverLoop
 
     driver = make_step_driver(widths=(1, 2), train_batch_size=6, seed=0)
-    assert Impala._step(driver, 0.0) == (12, 0)
+    assert DriverLoop.step(driver, 0.0) == (12, 0)
     assert driver.events == ["record(b2)", "send(worker1, v0)", "put([b2, b0])", "record(b0)",
                              "send(worker0, v0)", "record(b3)", "send(worker1, v0)",
                              "put([b3, b1])", "record(b1)", "send(worker0, v0)"]
-    assert driver.learner.inqueue.qsize() == 2 and driver.num_weight_syncs == 2 + 4
+    assert driver.learner.inqueue.qsize() == 2 and driver.stats.num_weight_syncs == 2 + 4
 
 
 def test_vtrace_loss_without_truncation_bootstrap(solutions):

@@ -265,13 +265,13 @@ def test_a_runs_queue_and_timers_reach_the_monitor():
     with Impala(ImpalaConfig(**SMALL), start_learner=False) as run:
         learner = run.learner
         for _ in range(50):
-            learner.learner_queue_size.push(0)
+            learner.learner_queue_stat.push(0)
             learner.queue_timer.push(0.045)
             learner.grad_timer.push(0.005)
         assert codes(run.stats()["health"]) == ["learner_starved"]
         for _ in range(50):
-            learner.learner_queue_size.push(16)
-        run._queue_wait_meter.add(100.0)  # the driver blocked on the full queue
+            learner.learner_queue_stat.push(16)
+        run.run_stats.queue_wait_meter.add(100.0)  # the driver blocked on the full queue
         h = run.stats()["health"]
         assert codes(h) == ["learner_overfed"]
         assert "held 16.0 of 16 batches" in h["flags"][0]["message"]

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from impala_lab import Impala, ImpalaConfig
+from impala_lab.checkpoint import read_checkpoint
 from impala_lab.errors import ConfigError, ImpalaError, LearnerError, WorkerError
-from impala_lab.impala import read_checkpoint
 from tests.envs import FixedLengthEnv, RaisingEnv
 
 SMALL = dict(backend="inline", num_workers=2, num_envs_per_worker=1, sample_batch_size=10,
@@ -187,7 +187,7 @@ def test_live_knobs_are_validated_applied_and_recorded():
             run.set_knobs(lr=-1.0)
         run.set_knobs(lr=0.01, num_sgd_iter=3, entropy_coeff=0.0, replay_proportion=0.0)
         assert float(run.policy.optimizer.learning_rate.numpy()) == pytest.approx(0.01)
-        assert run.learner.minibatch_buffer.max_ttl == 3
+        assert run.learner.minibatch_buffer.num_sgd_iter == 3
         assert run.stats()["knobs"]["lr"] == 0.01
         assert [c["knob"] for c in run.knob_changes] == [
             "lr", "num_sgd_iter", "entropy_coeff", "replay_proportion"]

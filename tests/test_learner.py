@@ -39,7 +39,7 @@ def test_step_by_hand_uses_each_batch_num_sgd_iter_times():
     assert counts == [10] * 5
     assert learner.weights_updated and learner.stats == {"total_loss": 5.0}
     assert learner.grad_timer.count == 5
-    assert learner.learner_queue_size.stats()["count"] == 5
+    assert learner.learner_queue_stat.stats()["count"] == 5
 
 
 def test_background_thread_trains_and_stops():

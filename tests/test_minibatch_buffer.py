@@ -14,11 +14,11 @@ from impala_lab.minibatch_buffer import LearnerQueueTimeout, MinibatchBuffer
 T, F = True, False
 
 
-def reference_sequence(size: int, num_passes: int, n_gets: int) -> list[tuple[int, bool]]:
+def reference_sequence(size: int, num_sgd_iter: int, n_gets: int) -> list[tuple[int, bool]]:
     """The seed's algorithm, restated independently: items 0, 1, 2, ... arrive in order.
 
     Each slot keeps [item, passes_left]. A visit to an exhausted slot takes the next item
-    and gives it min(number of items taken so far, num_passes) passes (the ramp).
+    and gives it min(number of items taken so far, num_sgd_iter) passes (the ramp).
     """
     slots = [[None, 0] for _ in range(size)]
     taken = 0
@@ -27,24 +27,24 @@ def reference_sequence(size: int, num_passes: int, n_gets: int) -> list[tuple[in
         slot = slots[k % size]
         if slot[1] == 0:
             taken += 1
-            slot[:] = [taken - 1, min(taken, num_passes)]
+            slot[:] = [taken - 1, min(taken, num_sgd_iter)]
         slot[1] -= 1
         out.append((slot[0], slot[1] == 0))
     return out
 
 
-def module_sequence(size: int, num_passes: int, n_gets: int) -> list[tuple[int, bool]]:
+def module_sequence(size: int, num_sgd_iter: int, n_gets: int) -> list[tuple[int, bool]]:
     q: queue.Queue = queue.Queue()
     for i in range(n_gets):
         q.put(i)
-    buf = MinibatchBuffer(q, size, num_passes)
+    buf = MinibatchBuffer(q, size, num_sgd_iter)
     return [buf.get() for _ in range(n_gets)]
 
 
-@pytest.mark.parametrize("size, num_passes", list(itertools.product([1, 2, 3], [1, 2, 3, 4])))
-def test_matches_reference(size, num_passes):
+@pytest.mark.parametrize("size, num_sgd_iter", list(itertools.product([1, 2, 3], [1, 2, 3, 4])))
+def test_matches_reference(size, num_sgd_iter):
     n = 40
-    assert module_sequence(size, num_passes, n) == reference_sequence(size, num_passes, n)
+    assert module_sequence(size, num_sgd_iter, n) == reference_sequence(size, num_sgd_iter, n)
 
 
 LITERAL = {
@@ -60,22 +60,22 @@ LITERAL = {
 
 @pytest.mark.parametrize("key", sorted(LITERAL))
 def test_literal_sequences(key):
-    size, num_passes = key
+    size, num_sgd_iter = key
     expected = LITERAL[key]
-    assert module_sequence(size, num_passes, len(expected)) == expected
-    assert reference_sequence(size, num_passes, len(expected)) == expected
+    assert module_sequence(size, num_sgd_iter, len(expected)) == expected
+    assert reference_sequence(size, num_sgd_iter, len(expected)) == expected
 
 
 def test_each_item_served_with_ramping_passes():
-    size, num_passes = 3, 4
-    seq = module_sequence(size, num_passes, 200)
+    size, num_sgd_iter = 3, 4
+    seq = module_sequence(size, num_sgd_iter, 200)
     served: dict[int, int] = {}
     for item, _ in seq:
         served[item] = served.get(item, 0) + 1
     released = [item for item, r in seq if r]
-    # Items released so far got their full ttl: 1, 2, 3, then num_passes each.
+    # Items released so far got their full ttl: 1, 2, 3, then num_sgd_iter each.
     for item in released:
-        assert served[item] == min(item + 1, num_passes)
+        assert served[item] == min(item + 1, num_sgd_iter)
     assert len(released) == len(set(released))
 
 
@@ -94,7 +94,7 @@ def test_slots_view_and_ttl_ramp():
     assert buf.buffers == [2, 1]
     assert buf.get() == (1, T)
     assert buf.slots() == [(T, 2), (F, 0)] and buf.buffers == [2, None]
-    assert buf.num_passes == 3 and buf.size == 2
+    assert buf.num_sgd_iter == 3 and buf.size == 2
 
 
 def test_block_timeout_raises_empty_and_leaves_state_unchanged():
@@ -185,11 +185,11 @@ def test_time_outside_get_does_not_count():
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        ({"size": 0, "num_passes": 1}, "size=0 is invalid.*minibatch_buffer_size >= 1"),
-        ({"size": 1, "num_passes": 0}, "num_passes=0 is invalid.*num_sgd_iter >= 1"),
-        ({"size": 1.5, "num_passes": 1}, "size=1.5 is invalid"),
-        ({"size": 1, "num_passes": 1, "timeout": 0}, "timeout=0 is invalid"),
-        ({"size": 1, "num_passes": 1, "timeout": -3.0}, "timeout=-3.0 is invalid"),
+        ({"size": 0, "num_sgd_iter": 1}, "size=0 is invalid.*minibatch_buffer_size >= 1"),
+        ({"size": 1, "num_sgd_iter": 0}, "num_sgd_iter=0 is invalid.*num_sgd_iter >= 1"),
+        ({"size": 1.5, "num_sgd_iter": 1}, "size=1.5 is invalid"),
+        ({"size": 1, "num_sgd_iter": 1, "timeout": 0}, "timeout=0 is invalid"),
+        ({"size": 1, "num_sgd_iter": 1, "timeout": -3.0}, "timeout=-3.0 is invalid"),
     ],
 )
 def test_validation(kwargs, match):

@@ -44,14 +44,14 @@ SMALL = dict(backend="process", num_workers=2, num_envs_per_worker=2, sample_bat
 def spy_on_returns(run: Impala) -> collections.Counter:
     """Count the samples each worker (by index) returns to the driver from now on."""
     returned: collections.Counter = collections.Counter()
-    send = run._send_weights_and_request
+    send = run.loop.send_weights_and_request
 
     def spy(worker, initial: bool = False) -> None:
         if not initial:  # called once per returned sample, with the worker that sent it
             returned[worker.index] += 1
         send(worker, initial)
 
-    run._send_weights_and_request = spy
+    run.loop.send_weights_and_request = spy
     return returned
 
 

@@ -21,6 +21,7 @@ import pytest
 
 import impala_lab.health as health
 import impala_lab.impala
+import impala_lab.supervisor
 from impala_lab import Impala, ImpalaConfig
 from impala_lab.cli import main
 from impala_lab.dashboard import diagram, terminal
@@ -127,7 +128,7 @@ def test_the_same_failure_after_samples_ends_an_inline_run_with_that_error():
         returned = spy_on_returns(run)
         run.train(max_seconds=20)
     text = str(info.value)
-    limit = impala_lab.impala.MAX_REPEATED_WORKER_FAILURES
+    limit = impala_lab.supervisor.MAX_REPEATED_WORKER_FAILURES
     assert text.startswith(f"the same worker failure came back {limit} times within 600 s "
                            "(env WrongObsEnv)")
     assert "returned an observation of shape (1, 4)" in text and "env step 15" in text
@@ -137,7 +138,7 @@ def test_the_same_failure_after_samples_ends_an_inline_run_with_that_error():
 
 
 def test_the_same_failure_after_samples_ends_a_process_run_with_that_error(monkeypatch):
-    monkeypatch.setattr(impala_lab.impala, "MAX_REPEATED_WORKER_FAILURES", 6)  # a short test
+    monkeypatch.setattr(impala_lab.supervisor, "MAX_REPEATED_WORKER_FAILURES", 6)  # a short test
     cfg = ImpalaConfig(env=WRONG_AFTER_FIRST_SAMPLE, backend="process", **SMALL)
     with no_leaks(), Impala(cfg) as run, pytest.raises(ImpalaError) as info:
         returned = spy_on_returns(run)
@@ -153,16 +154,16 @@ def test_different_failures_and_old_ones_do_not_add_up(monkeypatch):
     cfg = ImpalaConfig(backend="inline", **SMALL)
     with Impala(cfg, start_learner=False) as run:
         def fail(message: str, env: str = "E") -> int:
-            return run._count_repeats(WorkerError(0, env, message))
+            return run.supervisor.count_repeats(WorkerError(0, env, message))
 
         # the numbers in a message (pids, steps, seconds) do not make a failure new
         assert [fail("RuntimeError: boom at step 25 (pid 123)") for _ in range(2)] == [1, 2]
         assert fail("RuntimeError: boom at step 50 (pid 4567)") == 3
         assert fail("KeyError: 'x'") == 1 and fail("RuntimeError: boom at step 1", "F") == 1
-        clock = [impala_lab.impala.time.monotonic()]
-        monkeypatch.setattr(impala_lab.impala.time, "monotonic", lambda: clock[0])
+        clock = [impala_lab.supervisor.time.monotonic()]
+        monkeypatch.setattr(impala_lab.supervisor.time, "monotonic", lambda: clock[0])
         assert fail("KeyError: 'x'") == 2
-        clock[0] += impala_lab.impala.REPEATED_FAILURE_WINDOW_S + 1  # the window slides on
+        clock[0] += impala_lab.supervisor.REPEATED_FAILURE_WINDOW_S + 1  # the window slides on
         assert fail("KeyError: 'x'") == 1
 
 

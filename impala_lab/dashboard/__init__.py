@@ -62,6 +62,7 @@ _LAZY = {  # importing the package stays cheap: the CLI only needs the terminal 
     "PipelineDiagram": "impala_lab.dashboard.diagram",
     "pipeline_svg": "impala_lab.dashboard.diagram",
     "TerminalView": "impala_lab.dashboard.terminal",
+    "train_with_dashboard": "impala_lab.dashboard.blocking",
 }
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -24,7 +24,7 @@ Exercise, the answer the student writes, its checker and the reference it is com
 - ``vtrace_numpy``: ``vtrace(log_rhos, discounts, rewards, values, bootstrap_value,
   clip_rho_threshold, clip_pg_rho_threshold)``; `check_vtrace_numpy`;
   ``vtrace.from_importance_weights_numpy``.
-- ``driver_step``: ``driver_step(driver, timeout)``; `check_driver_step`; ``Impala._step``.
+- ``driver_step``: ``driver_step(driver, timeout)``; `check_driver_step`; ``DriverLoop.step``.
 - ``vtrace_loss``: ``vtrace_loss(target_logits, values, bootstrap_value, batch, config)``;
   `check_vtrace_loss`; ``VTracePolicy.loss_and_stats``.
 
@@ -73,7 +73,7 @@ EXERCISES: dict[str, Exercise] = {e.name: e for e in (
              "check_replay_mix"),
     Exercise("vtrace_numpy", "V-trace in numpy", "ex3_vtrace_numpy.ipynb", "vtrace",
              "check_vtrace_numpy"),
-    Exercise("driver_step", "the driver's _step", "ex4_driver_step.ipynb", "driver_step",
+    Exercise("driver_step", "the driver loop's step", "ex4_driver_step.ipynb", "driver_step",
              "check_driver_step"),
     Exercise("vtrace_loss", "the V-trace loss", "ex5_vtrace_loss.ipynb", "vtrace_loss",
              "check_vtrace_loss"),

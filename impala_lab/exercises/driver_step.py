@@ -1,15 +1,15 @@
-"""Exercise 4: the driver's ``_step``, one turn of the seed's loop.
+"""Exercise 4: the driver's loop, one turn of RLlib's ``AsyncSamplesOptimizer._step``.
 
-The student writes ``driver_step(driver, timeout) -> (sample_timesteps, train_timesteps)``,
-a drop-in for `impala_lab.impala.Impala._step`: it uses the driver's own parts, by the
-names `Impala` gives them (the task pool's finished samples, the replay mixer, the batch
-buffer, the learner's queues, the broadcast rule).
+The student writes ``driver_step(driver, timeout) -> (sample_timesteps, train_timesteps)``, a
+drop-in for `impala_lab.driver_loop.DriverLoop.step`: it uses the loop's public interface (the
+task pool's finished samples, the replay mixer, the batch buffer, the learner's queues, the
+broadcast rule), which `Impala` runs as ``run.loop``.
 
-The checker runs the answer and the library's ``Impala._step`` on twin `StepDriver`s: light,
-TensorFlow-free stand-ins for an `Impala` with the same attribute names, whose workers,
-completions and learner are scripted by a seed. Every call the driver makes (record a sample,
-broadcast, send weights and a request, put a train batch on the learner queue) is logged;
-after each step the checker compares the logs, the returned counts and the driver's state.
+The checker runs the answer and the library's ``DriverLoop.step`` on twin `StepDriver`s: light,
+TensorFlow-free `DriverLoop` subclasses whose workers, completions and learner are scripted by a
+seed. Every call the loop makes (record a sample, broadcast, send weights and a request, put a
+train batch on the learner queue) is logged; after each step the checker compares the logs, the
+returned counts and the loop's state.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from impala_lab.driver_loop import DriverLoop
 from impala_lab.exercises._common import (
     Case,
     CheckResult,
@@ -61,37 +62,30 @@ def batch_names(batch: Any) -> list[str]:
     return [f"b{int(obs[0, b, 0])}" for b in range(obs.shape[1]) if obs[0, b, 1] == 0]
 
 
-class StepDriver:
-    """What ``Impala._step`` touches, under `Impala`'s names, with no TensorFlow.
+class StepDriver(DriverLoop):
+    """A `DriverLoop` with scripted workers and learner, and no TensorFlow.
 
-    Attributes the step may use: ``config`` (``train_batch_size``, ``broadcast_interval``),
-    ``replay`` (a real `ReplayMixer`), ``batch_buffer``, ``_batch_buffer_steps``,
-    ``_num_sent``, ``learner`` (``inqueue``, ``outqueue``, ``weights_updated``),
-    ``_concat_timer``, and the methods ``_completed_samples(timeout)``,
-    ``_put_on_learner_queue(batch)``, ``_record_sample(batch)``, ``_broadcast()`` and
-    ``_send_weights_and_request(worker)``. Each method call is logged in ``events``.
+    ``step(timeout)`` is the library's; the five calls a step makes are scripted and logged
+    in ``events``: ``completed_samples(timeout)`` (some of the requests in flight finish),
+    ``put_on_learner_queue(batch)``, ``record_sample(batch)``, ``broadcast()`` and
+    ``send_weights_and_request(worker)``. The state a step keeps (``batch_buffer``,
+    ``batch_buffer_steps``, ``num_sent``) and the parts it reads (``config``, ``replay``, a
+    real `ReplayMixer`, and ``learner``: ``inqueue``, ``outqueue``, ``weights_updated``) are
+    the library's names.
     """
 
     def __init__(self, params: dict[str, Any]) -> None:
         from impala_lab.replay import ReplayMixer
-        from impala_lab.stats import TimerStat
+        from impala_lab.run_stats import RunStats
 
-        self.config = SimpleNamespace(
+        config = SimpleNamespace(
             train_batch_size=params["train"], broadcast_interval=params["interval"],
             sample_batch_size=params["T"], replay_proportion=params["rp"],
             replay_buffer_num_slots=params["slots"],
             max_sample_requests_in_flight_per_worker=params["in_flight"])
-        self.replay = ReplayMixer(params["rp"], params["slots"], params["train"], params["T"],
-                                  seed=params["seed"])
-        self.learner = FakeLearner()
-        self.batch_buffer: list[Any] = []
-        self._batch_buffer_steps = 0
-        self._num_sent = 0
-        self._concat_timer = TimerStat()
-        self._weights_ref: int | None = None
-        self.num_broadcasts = 0
-        self.num_weight_syncs = 0
-        self.num_train_batches = 0
+        replay = ReplayMixer(params["rp"], params["slots"], params["train"], params["T"],
+                             seed=params["seed"])
+        super().__init__(config, replay, FakeLearner(), RunStats())
         self.events: list[str] = []
         self._T = params["T"]
         self._rng = random.Random(params["seed"])  # which requests finish in each step
@@ -99,12 +93,12 @@ class StepDriver:
         self._serial = 0
         self._pending: list[tuple[FakeWorker, Any]] = []
         self.workers = [FakeWorker(i, b) for i, b in enumerate(params["widths"])]
-        self._broadcast(force=True)
+        self.broadcast()
         for worker in self.workers:
-            self._send_weights_and_request(worker, initial=True)
+            self.send_weights_and_request(worker, initial=True)
         self.events.clear()
 
-    # ---------------------------------------------------------------- what _step calls
+    # ---------------------------------------------------------------- the calls a step makes
     def make_batch(self, width: int, version: int = 0) -> Any:
         """A `SampleBatch` [T, width] named ``b<serial>`` (serials count up from 0)."""
         from impala_lab.batch import SampleBatch
@@ -123,7 +117,7 @@ class StepDriver:
             policy_versions=np.full(B, version, np.int64),
             episode_returns=np.zeros(0, np.float64), episode_lengths=np.zeros(0, np.int64))
 
-    def _completed_samples(self, timeout: float) -> Any:
+    def completed_samples(self, timeout: float) -> Any:
         # Decided at the first next(), like the task pool: requests added meanwhile wait.
         done = []
         if self._pending:
@@ -135,25 +129,25 @@ class StepDriver:
                 done.append(self._pending.pop(j))
         yield from done
 
-    def _put_on_learner_queue(self, train_batch: Any) -> None:
+    def put_on_learner_queue(self, train_batch: Any) -> None:
         self.events.append(f"put([{', '.join(batch_names(train_batch))}])")
         self.learner.inqueue.put(train_batch)
-        self.num_train_batches += 1
+        self.stats.num_train_batches += 1
 
-    def _record_sample(self, batch: Any) -> None:
+    def record_sample(self, batch: Any) -> None:
         self.events.append(f"record({batch_names(batch)[0]})")
 
-    def _broadcast(self, force: bool = False) -> None:
+    def broadcast(self) -> None:
         self.events.append(f"broadcast(v{self.learner.version})")
-        self._weights_ref = self.learner.version
+        self.weights_ref = self.learner.version
         self.learner.weights_updated = False
-        self._num_sent = 0
-        self.num_broadcasts += 1
+        self.num_sent = 0
+        self.stats.num_broadcasts += 1
 
-    def _send_weights_and_request(self, worker: FakeWorker, initial: bool = False) -> None:
-        self.events.append(f"send({worker}, v{self._weights_ref})")
-        worker.weights_version = self._weights_ref
-        self.num_weight_syncs += 1
+    def send_weights_and_request(self, worker: FakeWorker, initial: bool = False) -> None:
+        self.events.append(f"send({worker}, v{self.weights_ref})")
+        worker.weights_version = self.weights_ref
+        self.stats.num_weight_syncs += 1
         n = self.config.max_sample_requests_in_flight_per_worker if initial else 1
         for _ in range(n):
             self._pending.append(
@@ -176,8 +170,8 @@ class StepDriver:
                 names.append(batch_names(b)[0])
             except Exception:
                 names.append(repr(b))
-        return {"batch_buffer": names, "_batch_buffer_steps": self._batch_buffer_steps,
-                "_num_sent": self._num_sent}
+        return {"batch_buffer": names, "batch_buffer_steps": self.batch_buffer_steps,
+                "num_sent": self.num_sent}
 
 
 def make_step_driver(widths: tuple[int, ...] = (1, 1), T: int = 2, train_batch_size: int = 4,
@@ -194,15 +188,15 @@ def make_step_driver(widths: tuple[int, ...] = (1, 1), T: int = 2, train_batch_s
 # name, widths, T, train_batch_size, broadcast_interval, replay, slots, steps, seed, hint
 _CASES = [
     ("two workers, a train batch of two samples", (1, 1), 2, 4, 1, 0.0, 0, 6, 0,
-     "Follow the seed's loop: for each (worker, batch) of "
-     "driver.replay.mix(driver._completed_samples(timeout)): buffer it, maybe put a train "
+     "Follow RLlib's loop: for each (worker, batch) of "
+     "driver.replay.mix(driver.completed_samples(timeout)): buffer it, maybe put a train "
      "batch, then (new batches only) record, maybe broadcast, send weights and a request."),
     ("workers of widths B = 1, 2, 3; train batch not a multiple", (1, 2, 3), 2, 9, 1, 0.0, 0,
      8, 1, "Count env steps (batch.count = T * B), not batches: the buffer goes to the "
      "learner once it holds >= train_batch_size env steps, however far past it."),
     ("broadcast_interval = 3", (1, 1), 2, 4, 3, 0.0, 0, 10, 2,
-     "Broadcast only when driver.learner.weights_updated and driver._num_sent >= "
-     "broadcast_interval; _num_sent counts the batches answered since the last broadcast."),
+     "Broadcast only when driver.learner.weights_updated and driver.num_sent >= "
+     "broadcast_interval; num_sent counts the batches answered since the last broadcast."),
     ("replay_proportion = 1.0", (1, 2), 2, 6, 1, 1.0, 6, 8, 3,
      "Replayed batches (worker is None) go into the batch buffer but are not counted as "
      "sampled, not recorded, and get no weights and no new request."),
@@ -227,49 +221,47 @@ def _event_hint(expected: str | None, actual: str | None) -> str:
                 "of every batch in arrival order, replays included, then empty the buffer.")
     if exp_kind == "put":
         return ("A train batch is due here: append every batch (new or replayed) to "
-                "driver.batch_buffer and add batch.count to driver._batch_buffer_steps; once "
+                "driver.batch_buffer and add batch.count to driver.batch_buffer_steps; once "
                 "that is >= config.train_batch_size, put concat_samples(driver.batch_buffer) "
-                "with driver._put_on_learner_queue(...) and reset the buffer and its count.")
+                "with driver.put_on_learner_queue(...) and reset the buffer and its count.")
     if act_kind == "put":
         return ("Put a train batch only once the buffered env steps reach "
                 "config.train_batch_size, and check right after appending each batch.")
     if exp_kind == "record":
-        return ("Call driver._record_sample(batch) for each new batch (worker is not None), "
+        return ("Call driver.record_sample(batch) for each new batch (worker is not None), "
                 "before the broadcast check: it counts episodes and the policy lag.")
     if act_kind == "record":
         return ("Replayed batches (worker is None) are not recorded; `continue` right after "
                 "buffering them.")
     if exp_kind == "broadcast":
-        return ("Broadcast here: when driver.learner.weights_updated and driver._num_sent >= "
-                "config.broadcast_interval, call driver._broadcast() before sending weights "
+        return ("Broadcast here: when driver.learner.weights_updated and driver.num_sent >= "
+                "config.broadcast_interval, call driver.broadcast() before sending weights "
                 "to this worker.")
     if act_kind == "broadcast":
         return ("No broadcast here: broadcast only when driver.learner.weights_updated and "
-                "driver._num_sent >= config.broadcast_interval (_broadcast() resets both).")
+                "driver.num_sent >= config.broadcast_interval (broadcast() resets both).")
     if exp_kind == "send" and act_kind == "send":
         return ("The right worker must get the weights and the request: the one that "
                 "returned this batch.")
     if exp_kind == "send":
-        return ("Answer each new batch: driver._num_sent += 1, then "
-                "driver._send_weights_and_request(worker), which sends the current weights "
+        return ("Answer each new batch: driver.num_sent += 1, then "
+                "driver.send_weights_and_request(worker), which sends the current weights "
                 "and a new sample request to the worker that returned it.")
-    return "Make the same calls as the seed's loop, in the same order."
+    return "Make the same calls as RLlib's loop, in the same order."
 
 
 def _run_case(answer: Any, case: Case) -> None:
-    from impala_lab.impala import Impala
-
     p = case.params
     ref, ans = StepDriver(p), StepDriver(p)
     for step in range(1, p["steps"] + 1):
-        exp_out = Impala._step(ref, 0.0)
+        exp_out = DriverLoop.step(ref, 0.0)
         out = call_answer(answer, ans, 0.0)
         ref_events, ans_events = ref.events, ans.events
         if ref_events and not ans_events:
             raise Mismatch(f"step {step}: the calls the driver makes",
                            verbatim(_window(ref_events, 0)),
                            verbatim("no calls at all"),
-                           "Loop over driver.replay.mix(driver._completed_samples(timeout)) "
+                           "Loop over driver.replay.mix(driver.completed_samples(timeout)) "
                            "and handle each (worker, batch) it yields.")
         for i in range(max(len(ref_events), len(ans_events))):
             e = ref_events[i] if i < len(ref_events) else None
@@ -291,8 +283,8 @@ def _run_case(answer: Any, case: Case) -> None:
             raise Mismatch(f"step {step}: the driver's state after the step", exp_state,
                            act_state,
                            "Keep driver.batch_buffer (the batches waiting for a train batch) "
-                           "and driver._batch_buffer_steps (their env steps; the dashboard "
-                           "reads it) in step, and add 1 to driver._num_sent per answered "
+                           "and driver.batch_buffer_steps (their env steps; the dashboard "
+                           "reads it) in step, and add 1 to driver.num_sent per answered "
                            "batch.")
         ref_events.clear()
         ans_events.clear()
@@ -314,10 +306,10 @@ def cases() -> list[Case]:
 
 
 def check_driver_step(answer: Any, *, show: bool = True) -> CheckResult:
-    """Checks ``driver_step(driver, timeout)`` against `impala_lab.impala.Impala._step`.
+    """Checks ``driver_step(driver, timeout)`` against `impala_lab.driver_loop.DriverLoop.step`.
 
     Args:
-      answer: the student's function; it gets a `StepDriver` (or a real `Impala`).
+      answer: the student's function; it gets a `StepDriver` (or a real run's ``loop``).
       show: print the message.
     """
     label = getattr(answer, "__name__", "the answer")

@@ -29,9 +29,9 @@ _CASES = [
     (1, 3, 10, "one slot, three passes: an item stays for its ttl, the ttl ramps 1, 2, 3."),
     (2, 1, 6, "two slots, one pass: the slots alternate, each item is used once."),
     (2, 3, 14, "two slots, three passes: the README example (0,T) (1,F) (2,F) (1,T) ..."),
-    (3, 2, 15, "three slots, two passes: the ramp reaches max_ttl after one item."),
+    (3, 2, 15, "three slots, two passes: the ramp reaches num_sgd_iter after one item."),
     (4, 4, 30, "four slots, four passes: a long ramp, slots released at different calls."),
-    (2, 6, 40, "two slots, six passes: cur_max_ttl must stop at max_ttl."),
+    (2, 6, 40, "two slots, six passes: cur_max_ttl must stop at num_sgd_iter."),
 ]
 
 
@@ -88,7 +88,7 @@ def _diagnose(exp_out: tuple, out: Any, exp: dict[str, Any], act: dict[str, Any]
     if act["cur_max_ttl"] != exp["cur_max_ttl"] or (
             act["ttl"] != exp["ttl"] and out[1] == exp_out[1]):
         return ("A new item's ttl is self.cur_max_ttl; after that, cur_max_ttl grows by 1 "
-                "until it reaches self.max_ttl (the ramp). Each call then uses one pass: "
+                "until it reaches self.num_sgd_iter (the ramp). Each call then uses one pass: "
                 "self.ttl[self.idx] -= 1.")
     if out[1] != exp_out[1] or act["ttl"] != exp["ttl"]:
         return ("released is True when this call used the item's last pass (its ttl is now "

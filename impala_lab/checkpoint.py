@@ -1,0 +1,282 @@
+"""Checkpoint files: a directory of state.json, weights.npz and optimizer.npz.
+
+`Impala.save` and `Impala.restore` gather and apply a run's state; the files are written and
+read here. Writing a checkpoint
+(`write_checkpoint`) never touches the previous checkpoint's files:
+
+  1. ``<path>.tmp-<pid>-<random>/`` is created beside ``path`` and the three files are
+     written into it, each fsynced, then the directory itself;
+  2. ``path`` (the previous checkpoint, complete) is renamed to ``<path>.prev``;
+  3. the new directory is renamed to ``path`` and the parent directory fsynced;
+  4. ``<path>.prev`` is removed: after a successful save only ``path`` is left.
+
+A kill before 2 leaves ``path`` as it was (and a stray ``.tmp-*`` directory, which the next
+save removes once its process is gone); a kill between 2 and 3 leaves only ``<path>.prev``,
+which `read_checkpoint` then reads (with a warning), and the next save puts its new
+checkpoint in place before removing it; a kill after 3 leaves the new checkpoint complete
+and ``<path>.prev`` beside it until the next save. A full disk fails step 1 (OSError), the
+partial directory is removed and ``path`` stays as it was.
+
+Arrays are stored as .npz without pickle; state.json carries their sha256, so a truncated or
+modified file is named when the checkpoint is read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import json
+import logging
+import os
+import re
+import secrets
+import shutil
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from impala_lab.backends.base import pid_exists
+from impala_lab.config import ImpalaConfig, field_names
+from impala_lab.errors import ConfigError
+
+CHECKPOINT_FORMAT = 1
+CHECKPOINT_COUNTERS = ("num_steps_sampled", "num_steps_trained", "num_weight_syncs",
+                       "episodes_total", "elapsed_s")
+
+logger = logging.getLogger("impala_lab")
+
+_CHECKPOINT_FILES = ("state.json", "weights.npz", "optimizer.npz")
+# Files the earlier in-place writer could leave inside a checkpoint directory.
+_LEGACY_PARTIALS = ("state.json.tmp", "weights.npz.tmp", "optimizer.npz.tmp")
+# Counters are exact in a float64 and in JSON below 2**53 (9e15 env steps: far beyond any run).
+_COUNTER_LIMIT = 2**53
+_ELAPSED_LIMIT_S = 1e10  # about 300 years
+_save_lock = threading.Lock()  # one save at a time in this process (they share .prev names)
+
+
+def checkpoint_state(config: Mapping[str, Any], policy_version: int,
+                     counters: Mapping[str, Any]) -> dict[str, Any]:
+    """state.json's fields (without ``sha256``, which `write_checkpoint` adds).
+
+    Args:
+      config: ``ImpalaConfig.to_dict()``.
+      policy_version: the learner steps the weights have seen.
+      counters: the run's `CHECKPOINT_COUNTERS`, by name.
+    """
+    return {"format": CHECKPOINT_FORMAT, "config": dict(config),
+            "policy_version": policy_version, "counters": dict(counters)}
+
+
+def prev_checkpoint_path(path: str | os.PathLike) -> Path:
+    """Where the previous checkpoint waits while ``path`` is replaced: ``<path>.prev``."""
+    path = Path(os.path.abspath(path))
+    return path.with_name(path.name + ".prev")
+
+
+def write_checkpoint(path: str | os.PathLike, state: Mapping[str, Any],
+                     weights: list[np.ndarray], optimizer: list[np.ndarray]) -> Path:
+    """Write a checkpoint to ``path`` atomically (see the module docstring); returns ``path``.
+
+    ``state`` is state.json without ``sha256`` (added here). Raises OSError (a full disk)
+    with the previous checkpoint intact, and ValueError if ``path`` is a directory that
+    holds anything but checkpoint files (it is never removed).
+    """
+    target = Path(os.path.abspath(path))
+    prev = prev_checkpoint_path(target)
+    parent = target.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    with _save_lock:
+        for existing in (target, prev):
+            _check_replaceable(existing)
+        _remove_stale_partials(target)
+        tmp = parent / f"{target.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+        tmp.mkdir()
+        try:
+            digests = {}
+            for name, arrays in (("weights.npz", weights), ("optimizer.npz", optimizer)):
+                with open(tmp / name, "wb") as fh:
+                    np.savez(fh, *arrays)
+                    _flush_and_sync(fh)
+                digests[name] = _sha256(tmp / name)
+            with open(tmp / "state.json", "w") as fh:
+                fh.write(json.dumps({**state, "sha256": digests}, indent=2))
+                _flush_and_sync(fh)
+            _fsync_dir(tmp)
+            if target.exists():
+                # ``target`` got there by a rename of a complete directory: ``prev`` (from a
+                # save killed after its swap) is not needed any more.
+                if prev.exists():
+                    shutil.rmtree(prev)
+                os.rename(target, prev)
+            os.rename(tmp, target)
+            _fsync_dir(parent)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if not target.exists() and prev.exists():
+                with contextlib.suppress(OSError):
+                    os.rename(prev, target)  # put the previous checkpoint back
+            raise
+        if prev.exists():
+            shutil.rmtree(prev, ignore_errors=True)
+            _fsync_dir(parent)
+    return target
+
+
+def _check_replaceable(path: Path) -> None:
+    """A save replaces ``path`` (and removes ``<path>.prev``) only if it is a checkpoint."""
+    if not path.exists():
+        return
+    if not path.is_dir():
+        raise ValueError(f"{path}: exists and is not a checkpoint directory; save elsewhere")
+    others = sorted(p.name for p in path.iterdir()
+                    if p.name not in _CHECKPOINT_FILES + _LEGACY_PARTIALS)
+    if others:
+        raise ValueError(f"{path}: holds files that are not part of a checkpoint "
+                         f"({', '.join(others[:5])}); a save replaces the whole directory, so "
+                         f"save to a path of its own (e.g. {path / 'checkpoint'})")
+
+
+def _remove_stale_partials(target: Path) -> None:
+    """Remove ``<target>.tmp-<pid>-*`` directories whose saving process is gone."""
+    pattern = re.compile(re.escape(target.name) + r"\.tmp-(\d+)-[0-9a-f]+")
+    for entry in target.parent.iterdir():
+        match = pattern.fullmatch(entry.name)
+        if match and not pid_exists(int(match.group(1))) and entry.is_dir():
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def _flush_and_sync(fh: Any) -> None:
+    fh.flush()
+    os.fsync(fh.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError as exc:  # file systems that cannot sync a directory
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+            raise
+    finally:
+        os.close(fd)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def read_checkpoint(path: str | os.PathLike, *, fallback_to_prev: bool = False
+                    ) -> tuple[dict, list[np.ndarray], list[np.ndarray]]:
+    """Read and verify a checkpoint; a missing, truncated or tampered file is named.
+
+    ``path`` missing while ``<path>.prev`` holds a checkpoint (a save killed between its two
+    renames) reads ``<path>.prev``, with a warning. With ``fallback_to_prev=True`` a ``path``
+    that cannot be read (a checksum mismatch, a missing file) falls back to ``<path>.prev``
+    too, if there is one; by default its error is raised.
+    """
+    _, state, weights, opt_state = read_checkpoint_at(path, fallback_to_prev=fallback_to_prev)
+    return state, weights, opt_state
+
+
+def read_checkpoint_at(path: str | os.PathLike, *, fallback_to_prev: bool = False
+                       ) -> tuple[Path, dict, list[np.ndarray], list[np.ndarray]]:
+    """`read_checkpoint`, with the directory it read first: ``path`` or ``<path>.prev``."""
+    root = Path(path)
+    prev = prev_checkpoint_path(root)
+    if not root.exists() and (prev / "state.json").is_file():
+        logger.warning("%s is missing and %s is there: a save was interrupted while it swapped "
+                       "the new checkpoint in; reading the previous checkpoint", root, prev)
+        return (prev, *_read_checkpoint_dir(prev))
+    try:
+        return (root, *_read_checkpoint_dir(root))
+    except (OSError, ValueError) as exc:
+        if not (fallback_to_prev and (prev / "state.json").is_file()):
+            raise
+        logger.warning("%s; reading the previous checkpoint %s (fallback_to_prev=True)",
+                       exc, prev)
+        return (prev, *_read_checkpoint_dir(prev))
+
+
+def _read_checkpoint_dir(root: Path) -> tuple[dict, list[np.ndarray], list[np.ndarray]]:
+    state_file = root / "state.json"
+    if not state_file.is_file():
+        raise FileNotFoundError(f"{state_file}: no checkpoint here (state.json is missing)")
+    try:
+        state = json.loads(state_file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{state_file}: not a valid checkpoint state ({exc})") from None
+    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
+        raise ValueError(f"{state_file}: unknown checkpoint format "
+                         f"{state.get('format') if isinstance(state, dict) else state!r}")
+    counters = state.get("counters")
+    missing = [k for k, kind in (("config", dict), ("counters", dict), ("sha256", dict))
+               if not isinstance(state.get(k), kind)]
+    missing += [f"counters.{k}" for k in CHECKPOINT_COUNTERS
+                if isinstance(counters, dict) and k not in counters]
+    missing += [] if "policy_version" in state else ["policy_version"]
+    if missing:
+        raise ValueError(f"{state_file}: not a valid checkpoint state (missing or mistyped: "
+                         f"{', '.join(missing)})")
+    _check_counters(state_file, state)
+    arrays = {}
+    for name in ("weights.npz", "optimizer.npz"):
+        file = root / name
+        if not file.is_file():
+            raise FileNotFoundError(f"{file}: checkpoint file is missing")
+        expected = state.get("sha256", {}).get(name)
+        if expected != _sha256(file):
+            raise ValueError(f"{file}: checksum mismatch (the file is truncated or was "
+                             "modified after the checkpoint was written)")
+        try:
+            with np.load(file, allow_pickle=False) as data:
+                arrays[name] = [data[f"arr_{i}"] for i in range(len(data.files))]
+        except Exception as exc:
+            raise ValueError(f"{file}: cannot read the arrays ({exc})") from None
+    return state, arrays["weights.npz"], arrays["optimizer.npz"]
+
+
+def _check_counters(state_file: Path, state: dict) -> None:
+    """Counters are integers in [0, 2**53) (elapsed_s: a finite number of seconds >= 0)."""
+    values = {f"counters.{k}": v for k, v in state["counters"].items()
+              if k in CHECKPOINT_COUNTERS}
+    values["policy_version"] = state["policy_version"]
+    for name, value in values.items():
+        if name == "counters.elapsed_s":
+            ok = (isinstance(value, int | float) and not isinstance(value, bool)
+                  and 0 <= value < _ELAPSED_LIMIT_S)  # False for NaN and inf
+            rule = f"a finite number of seconds in [0, {_ELAPSED_LIMIT_S:g})"
+        else:
+            ok = (isinstance(value, int) and not isinstance(value, bool)
+                  and 0 <= value < _COUNTER_LIMIT)
+            rule = "an integer in [0, 2**53)"
+        if not ok:
+            raise ValueError(f"{state_file}: {name}={value!r} is invalid: it must be {rule} "
+                             "(the file was damaged or edited)")
+
+
+def restored_config(root: Path, state: Mapping[str, Any], overrides: dict[str, Any],
+                    env_creator: Any = None) -> ImpalaConfig:
+    """The checkpoint's config, with the config fields of ``overrides`` (taken out of it).
+
+    ``env_creator`` (a zero-argument env factory) replaces the config's ``env``. An invalid
+    result is a `ConfigError` naming ``<root>/state.json``.
+    """
+    data = dict(state["config"])
+    if env_creator is not None:
+        data["env"] = env_creator
+    known = field_names()
+    fields = {k: overrides.pop(k) for k in list(overrides) if k in known}
+    try:
+        return ImpalaConfig.from_dict({**data, **fields})
+    except ConfigError as exc:
+        what = "the checkpoint's config with the overrides" if fields else (
+            "the checkpoint's config")
+        raise ConfigError(f"{root / 'state.json'}: {what} is invalid: {exc}") from None

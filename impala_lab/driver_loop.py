@@ -1,0 +1,190 @@
+"""`DriverLoop`: one turn of the driver loop (RLlib's ``AsyncSamplesOptimizer._step``).
+
+The turn, in `DriverLoop.step`::
+
+    for (worker, batch) in replay.mix(completed_samples(timeout)):
+        append batch to batch_buffer; once it holds >= train_batch_size env steps:
+            put_on_learner_queue(concat_samples(batch_buffer)); empty the buffer
+        if worker is None: continue                  # a replayed batch: no answer
+        record_sample(batch)                          # episodes, policy lag
+        if learner.weights_updated and num_sent >= broadcast_interval:
+            broadcast()                               # publish fresh weights
+        num_sent += 1
+        send_weights_and_request(worker)              # its weights, one more request
+    drain learner.outqueue: the env steps the learner trained on
+
+The loop's state between turns is four public attributes (``batch_buffer``,
+``batch_buffer_steps``, ``num_sent``, ``weights_ref``); everything a turn does to the world
+goes through five public methods. `Impala` runs this class as it is; Exercise 4's scripted
+stand-in (`impala_lab.exercises.driver_step.StepDriver`) subclasses it and overrides the five
+methods to script the workers and log every call, so the student's answer and the library
+run the same interface.
+
+One deliberate difference from RLlib: RLlib forgot the published weights and the broadcast
+counter at the end of every ``_step`` call, so broadcast_interval only counted the returns
+within one call. Here both persist across turns, so broadcast_interval means what its name
+says.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from impala_lab.batch import SampleBatch, concat_samples
+from impala_lab.errors import ImpalaError, WorkerError
+
+
+class DriverLoop:
+    """The driver's loop: its state between turns and the calls a turn makes.
+
+    Args:
+      config: the run's `ImpalaConfig`; a turn reads ``train_batch_size``,
+        ``broadcast_interval`` (a live knob: the run hands in each new config),
+        ``max_sample_requests_in_flight_per_worker`` and ``learner_queue_size``.
+      replay: the `ReplayMixer`.
+      learner: ``inqueue`` (bounded), ``outqueue`` (env steps trained), ``weights_updated``;
+        ``raise_if_failed()`` and ``is_alive()`` while the driver waits on a full queue.
+      stats: the run's `RunStats` (counters and timers).
+      tasks, policy, backend, supervisor: what the library's methods below use: the
+        `SampleTaskPool`, the policy (``get_weights``, ``version``), the backend
+        (``put_weights``) and the `WorkerSupervisor`. A stand-in that overrides the methods
+        leaves them None.
+
+    Attributes:
+      batch_buffer: the batches (new and replayed) waiting to become a train batch.
+      batch_buffer_steps: their env steps (``batch.count`` each; the dashboard shows it).
+      num_sent: new batches answered since the last broadcast.
+      weights_ref: the published weights that ``send_weights_and_request`` sends.
+      queue_blocked: True while the driver waits on the full learner queue.
+    """
+
+    def __init__(self, config: Any, replay: Any, learner: Any, stats: Any, *,
+                 tasks: Any = None, policy: Any = None, backend: Any = None,
+                 supervisor: Any = None) -> None:
+        self.config = config
+        self.replay = replay
+        self.learner = learner
+        self.stats = stats
+        self.tasks = tasks
+        self.policy = policy
+        self.backend = backend
+        self.supervisor = supervisor
+        self.batch_buffer: list[SampleBatch] = []
+        self.batch_buffer_steps = 0
+        self.num_sent = 0
+        self.weights_ref: Any = None
+        self.queue_blocked = False
+
+    def step(self, timeout: float) -> tuple[int, int]:
+        """One turn of the loop (see the module docstring).
+
+        Args:
+          timeout: seconds to wait for the first finished sample.
+
+        Returns:
+          (env steps of the new batches, env steps the learner reported trained).
+        """
+        sample_timesteps, train_timesteps = 0, 0
+        c = self.config
+        for worker, batch in self.replay.mix(self.completed_samples(timeout)):
+            self.batch_buffer.append(batch)
+            self.batch_buffer_steps += batch.count
+            if self.batch_buffer_steps >= c.train_batch_size:
+                with self.stats.concat_timer:
+                    train_batch = concat_samples(self.batch_buffer)
+                self.batch_buffer = []
+                self.batch_buffer_steps = 0
+                self.put_on_learner_queue(train_batch)
+
+            if worker is None:  # a replayed batch: no weights, no new request
+                continue
+            sample_timesteps += batch.count
+            self.record_sample(batch)
+            # Pull new weights once updated, to avoid excessive correlation between actors.
+            if self.learner.weights_updated and self.num_sent >= c.broadcast_interval:
+                self.broadcast()
+            self.num_sent += 1
+            self.send_weights_and_request(worker)
+
+        while True:
+            try:
+                train_timesteps += self.learner.outqueue.get_nowait()
+            except queue.Empty:
+                break
+        return sample_timesteps, train_timesteps
+
+    # ------------------------------------------------------------------ the calls a turn makes
+    def completed_samples(self, timeout: float) -> Iterator[tuple[Any, SampleBatch]]:
+        """The finished samples, ``(worker, batch)``, in completion order (the task pool).
+
+        A failed worker is replaced (`replace_failed`) and the others' samples follow.
+        """
+        blocking = True
+        while True:
+            try:
+                yield from self.tasks.completed_prefetch(blocking_wait=blocking,
+                                                         timeout=timeout)
+                return
+            except WorkerError as err:
+                self.replace_failed(err)
+                blocking = False
+
+    def put_on_learner_queue(self, train_batch: SampleBatch) -> None:
+        """Put a train batch on the learner's bounded queue: back-pressure, but never a hang
+        (a dead or unstarted learner raises)."""
+        start = time.perf_counter()
+        while True:
+            try:
+                self.learner.inqueue.put(train_batch, timeout=0.5)
+                self.stats.num_train_batches += 1
+                self.stats.queue_wait_meter.add(time.perf_counter() - start)
+                self.queue_blocked = False
+                return
+            except queue.Full:
+                self.queue_blocked = True  # no sample is handed out meanwhile: no stall
+                self.learner.raise_if_failed()
+                if not self.learner.is_alive():
+                    raise ImpalaError(
+                        f"the learner queue is full ({self.config.learner_queue_size} batches) "
+                        "and the learner thread is not running; with start_learner=False call "
+                        "impala.learner.step() to consume batches") from None
+
+    def record_sample(self, batch: SampleBatch) -> None:
+        """Count a new batch's episodes and its policy lag behind the learner."""
+        self.stats.record_sample(batch, self.policy.version)
+
+    def broadcast(self) -> None:
+        """Publish the learner's current weights once (a new reference every worker reads);
+        resets ``learner.weights_updated`` and `num_sent`."""
+        with self.stats.broadcast_timer:
+            weights, version = self.policy.get_weights()
+            self.weights_ref = self.backend.put_weights(weights, version)
+        self.learner.weights_updated = False
+        self.num_sent = 0
+        self.stats.num_broadcasts += 1
+
+    def send_weights_and_request(self, worker: Any, initial: bool = False) -> None:
+        """Send ``worker`` the published weights and ask it for another sample (``initial``:
+        a new worker, which gets ``max_sample_requests_in_flight_per_worker`` requests)."""
+        if not initial:  # called once per sample the worker returned
+            self.supervisor.sample_returned(worker)
+        worker.set_weights(self.weights_ref)
+        self.stats.num_weight_syncs += 1
+        n = self.config.max_sample_requests_in_flight_per_worker if initial else 1
+        for _ in range(n):
+            self.tasks.add(worker, worker.sample())
+
+    # ------------------------------------------------------------------ outside a turn
+    def start(self) -> None:
+        """Start the workers, publish the first weights and send each its first requests."""
+        workers = self.supervisor.start_workers()
+        self.broadcast()
+        for worker in workers:
+            self.send_weights_and_request(worker, initial=True)
+
+    def replace_failed(self, err: WorkerError) -> None:
+        """Replace the worker that failed with ``err`` (or raise: see `WorkerSupervisor`)."""
+        self.send_weights_and_request(self.supervisor.replace(err), initial=True)

@@ -1,0 +1,186 @@
+"""`RunStats`: the driver's counters, meters, timers and windows, and the ``stats()`` dict.
+
+The driver loop counts into one `RunStats`; ``Impala.stats()`` asks it for the snapshot that
+the dashboard, the CLI (metrics.csv) and the tests read. The keys of RLlib's
+AsyncSamplesOptimizer stats (``sample_throughput``, ``train_throughput``, ``num_weight_syncs``,
+``num_steps_replayed``, ``timing_breakdown``, ``learner_queue``, ``learner``) come first, then
+episodes, policy lag, liveness, the pipeline view, the live knobs and learning health.
+
+Policy lag is measured where a new batch reaches the driver: the learner's weights version
+minus the version that sampled each column of the batch (the learner's own lag, when it
+trains on a batch, is in ``stats()["learner"]``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from impala_lab.batch import SampleBatch
+from impala_lab.checkpoint import CHECKPOINT_COUNTERS
+from impala_lab.knobs import LIVE_KNOBS
+from impala_lab.stats import ThroughputMeter, TimerStat, WindowStat
+
+
+def _ms(timer: TimerStat) -> float:
+    return round(1000.0 * timer.mean, 3)
+
+
+class RunStats:
+    """What the driver counts and times.
+
+    Attributes:
+      num_steps_sampled, num_steps_trained: env steps the workers returned / the learner
+        reported trained (RLlib's names).
+      num_weight_syncs: weights sent to a worker; num_broadcasts: weights published.
+      num_train_batches: train batches put on the learner queue.
+      episodes_total: episodes the new batches ended.
+      optimizer_step_timer, concat_timer, broadcast_timer: `TimerStat` of a driver step, of
+        concatenating a train batch, of publishing the weights.
+      sample_meter, train_meter: env steps sampled / trained, per second.
+      queue_wait_meter: seconds the driver waited on the full learner queue, per second.
+      episode_returns, episode_lengths: the last 100 episodes.
+      policy_lag: mean lag of each new batch (last 100); max_policy_lag: the largest lag of
+        any column so far.
+    """
+
+    def __init__(self) -> None:
+        self.num_steps_sampled = 0
+        self.num_steps_trained = 0
+        self.num_weight_syncs = 0
+        self.num_broadcasts = 0
+        self.num_train_batches = 0
+        self.episodes_total = 0
+        self.optimizer_step_timer = TimerStat()
+        self.concat_timer = TimerStat()
+        self.broadcast_timer = TimerStat()
+        self.sample_meter = ThroughputMeter()
+        self.train_meter = ThroughputMeter()
+        self.queue_wait_meter = ThroughputMeter()
+        self.episode_returns: deque[float] = deque(maxlen=100)
+        self.episode_lengths: deque[int] = deque(maxlen=100)
+        self.policy_lag = WindowStat("policy_lag", 100)
+        self.max_policy_lag = 0
+        self._start_time = time.monotonic()
+        self._elapsed_before_restore = 0.0
+
+    @property
+    def elapsed_s(self) -> float:
+        """Seconds since the run was built, plus those of the run it was restored from."""
+        return self._elapsed_before_restore + time.monotonic() - self._start_time
+
+    # ------------------------------------------------------------------ counting
+    def count_step(self, sampled: int, trained: int) -> None:
+        """Count one driver step's env steps sampled and trained."""
+        self.sample_meter.add(sampled)
+        self.train_meter.add(trained)
+        self.num_steps_sampled += sampled
+        self.num_steps_trained += trained
+
+    def record_sample(self, batch: SampleBatch, policy_version: int) -> None:
+        """Count a new batch's finished episodes and its policy lag behind ``policy_version``."""
+        for r in batch.episode_returns:
+            self.episode_returns.append(float(r))
+        for n in batch.episode_lengths:
+            self.episode_lengths.append(int(n))
+        self.episodes_total += len(batch.episode_returns)
+        lag = policy_version - batch.policy_versions
+        self.policy_lag.push(float(lag.mean()))
+        self.max_policy_lag = max(self.max_policy_lag, int(lag.max()))
+
+    # ------------------------------------------------------------------ checkpoints
+    def checkpoint_counters(self) -> dict[str, Any]:
+        """`CHECKPOINT_COUNTERS` by name, as a checkpoint stores them."""
+        return {name: getattr(self, name) for name in CHECKPOINT_COUNTERS}
+
+    def restore_counters(self, counters: Mapping[str, Any]) -> None:
+        """Continue from a checkpoint's counters (elapsed_s adds to this run's clock)."""
+        for name in CHECKPOINT_COUNTERS[:-1]:
+            setattr(self, name, counters[name])
+        self._elapsed_before_restore = counters["elapsed_s"]
+
+    # ------------------------------------------------------------------ the snapshot
+    def snapshot(self, *, config: Any, learner: Any, replay: Any, policy: Any, health: Any,
+                 num_worker_failures: int, liveness: tuple[float, list[dict[str, Any]]],
+                 judging_liveness: bool, pipeline: dict[str, Any],
+                 last_error: str | None) -> dict[str, Any]:
+        """``Impala.stats()``: every figure of the run, from these counters and the parts.
+
+        Args:
+          config: the run's current `ImpalaConfig` (the live knobs' values).
+          learner: `LearnerThread` or `MultiGPULearner` (timers, queue stat, last stats).
+          replay: the `ReplayMixer` (``num_replayed``).
+          policy: the `VTracePolicy` (``version``, ``num_updates_skipped``).
+          health: the `HealthMonitor`; judged here, with these figures.
+          num_worker_failures: workers that failed and were replaced (or ended the run).
+          liveness: seconds since the last sample reached the driver, and per-worker rows.
+          judging_liveness: False while the driver waits on the full learner queue or is
+            not training; a stalled sample is then nobody's fault.
+          pipeline: the diagram's view of every stage.
+          last_error: the error that ended ``train()``, as text, or None.
+        """
+        learner_timers = learner.timers()
+        returns = list(self.episode_returns)
+        return_mean = float(np.mean(returns)) if returns else math.nan
+        lag = self.policy_lag.stats()
+        lag_mean = lag["mean"] if lag["count"] else math.nan
+        queue_stats = learner.learner_queue_stat.stats()
+        seconds_since_sample, workers = liveness
+        snapshot = {
+            "sample_throughput": round(self.sample_meter.rate(), 3),
+            "train_throughput": round(self.train_meter.rate(), 3),
+            "num_steps_sampled": self.num_steps_sampled,
+            "num_steps_trained": self.num_steps_trained,
+            "num_weight_syncs": self.num_weight_syncs,
+            "num_broadcasts": self.num_broadcasts,
+            "num_steps_replayed": replay.num_replayed,
+            "num_worker_failures": num_worker_failures,
+            "time_total_s": round(self.elapsed_s, 3),
+            "timing_breakdown": {
+                "optimizer_step_time_ms": _ms(self.optimizer_step_timer),
+                **{k: _ms(t) for k, t in learner_timers.items()},
+                "batch_concat_time_ms": _ms(self.concat_timer),
+                "broadcast_time_ms": _ms(self.broadcast_timer),
+            },
+            "learner_queue": queue_stats,
+            "learner": dict(learner.stats),
+            "episode_return_mean": return_mean,
+            "episode_len_mean": (float(np.mean(self.episode_lengths))
+                                 if self.episode_lengths else math.nan),
+            "episode_return_count": len(returns),
+            "last_error": last_error,
+            "episodes_total": self.episodes_total,
+            "policy_lag": {"mean": lag_mean, "max": self.max_policy_lag},
+            "weights_version": policy.version,
+            "seconds_since_sample": seconds_since_sample,
+            "workers": workers,
+            "pipeline": pipeline,
+            "knobs": {k: getattr(config, k) for k in LIVE_KNOBS},
+        }
+        snapshot["health"] = self._judge_health(snapshot, health, learner, policy, config,
+                                                judging_liveness)
+        return snapshot
+
+    def _judge_health(self, snapshot: dict[str, Any], health: Any, learner: Any, policy: Any,
+                      config: Any, judging_liveness: bool) -> dict[str, Any]:
+        """``stats()["health"]``: the monitor's verdict on the figures of ``snapshot``."""
+        return health.check(
+            episode_return_mean=snapshot["episode_return_mean"],
+            episode_return_count=snapshot["episode_return_count"],
+            learner_queue=snapshot["learner_queue"],
+            learner_wait_ms=1000.0 * learner.data_wait_timer().mean,
+            learner_grad_ms=1000.0 * learner.grad_timer.mean,
+            driver_blocked_fraction=self.queue_wait_meter.rate(),
+            policy_lag=snapshot["policy_lag"]["mean"],
+            num_updates_skipped=getattr(policy, "num_updates_skipped", 0),
+            # judged while train() runs (hand steps pause as long as the reader likes) and
+            # the driver is not waiting on the full learner queue
+            seconds_since_sample=(snapshot["seconds_since_sample"] if judging_liveness
+                                  else math.nan),
+            stalled_workers=[w for w in snapshot["workers"] if w["stalled"]],
+            sample_timeout_s=config.sample_timeout_s)
