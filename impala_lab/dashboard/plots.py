@@ -422,7 +422,7 @@ SIZES = {"throughput": (5.875, 2.875), "return": (5.875, 2.875), "queues": (5.87
 
 
 # Live figures' margins in pixels (left, right, top, bottom, gap between axes): fixed, so a
-# full redraw needs no layout engine (constrained layout doubled its cost here).
+# full redraw needs no layout engine (constrained layout would double its cost).
 MARGINS_PX = {"timing": (96, 16, 30, 44, 0), "learner": (50, 12, 30, 44, 50),
               **{f"learner.{part}": (48, 10, 30, 44, 0) for part in LEARNER_PARTS}}
 DEFAULT_MARGINS_PX = (62, 14, 30, 44, 0)
