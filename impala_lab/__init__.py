@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from impala_lab._lazy import lazy_getattr
 from impala_lab.config import ImpalaConfig
 from impala_lab.errors import (
     ConfigError,
@@ -56,6 +57,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from impala_lab.impala import Impala, shutdown_all  # noqa: F401
 
 
+_lazy_getattr = lazy_getattr(__name__, _LAZY)
+
+
 def __getattr__(name: str) -> Any:
     if name == "shutdown_all":
         import sys
@@ -64,8 +68,4 @@ def __getattr__(name: str) -> Any:
         if module is None:  # no run was ever created: nothing to end, and no TF import
             return lambda: None
         return module.shutdown_all
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'impala_lab' has no attribute {name!r}")
+    return _lazy_getattr(name)
