@@ -122,7 +122,7 @@ class _SamplingWorkers:
     def __init__(self, num_workers: int, **overrides: Any) -> None:
         import gymnasium
 
-        from impala_lab.backends.base import make_backend
+        from impala_lab.backends import make_backend
         from impala_lab.models import NumpyModel
 
         self.config = tuned_config(num_workers=num_workers, **overrides)

@@ -20,10 +20,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from impala_lab.backends.base import make_backend
-from impala_lab.backends.process import (
-    ProcessBackend,
-    ProcessWorkerHandle,
+from impala_lab.backends import make_backend
+from impala_lab.backends.process import ProcessBackend, ProcessWorkerHandle
+from impala_lab.backends.shared_weights import (
     SharedWeightsReader,
     read_shared_weights,
     write_shared_weights,
@@ -169,7 +168,7 @@ def test_set_weights_applies_before_the_next_request_only(pair):
 def test_weight_blocks_are_reused_and_released(pair):
     backend, handles = pair
     model = model_for(ENV3)
-    prefix = backend._block_prefix
+    prefix = backend.blocks.prefix
     seen = set()
     refs = []
     for v in range(10, 16):
@@ -401,7 +400,7 @@ def test_env_error_reaches_the_driver_with_the_worker_traceback():
         assert backend.shared_blocks()[0] == [ref.name]
     finally:
         backend.shutdown()
-    assert shm_names(backend._block_prefix) == set()
+    assert shm_names(backend.blocks.prefix) == set()
 
 
 def test_wait_blocks_without_spinning_and_a_killed_worker_fails_its_futures():
@@ -473,7 +472,7 @@ def test_shutdown_is_fast_idempotent_and_leaves_no_process_or_block():
     futs = [h.sample() for h in handles for _ in range(2)]
     results(backend, futs[:1])
     pids = [h.pid for h in handles]
-    prefix = backend._block_prefix
+    prefix = backend.blocks.prefix
     assert shm_names(prefix)
     t0 = time.monotonic()
     backend.shutdown()
@@ -514,7 +513,7 @@ PARENT_SCRIPT = textwrap.dedent("""
                 f.result()
     if mode == "sleep":
         time.sleep(0.5)  # each worker is now inside a 10 s sample: deaf to its pipe
-    print(backend._block_prefix, *backend.worker_pids(), flush=True)
+    print(backend.blocks.prefix, *backend.worker_pids(), flush=True)
     if mode == "sleep":
         time.sleep(60)
     elif mode == "shutdown":
@@ -606,7 +605,7 @@ THREAD_SCRIPT = textwrap.dedent("""
     threading.Thread(target=drive, daemon=True).start()
     while done[0] < 20:
         time.sleep(0.05)
-    print(backend._block_prefix, *backend.worker_pids(), flush=True)
+    print(backend.blocks.prefix, *backend.worker_pids(), flush=True)
     # The interpreter exits now, with the thread in backend.wait(): the atexit hook stops
     # the workers under it.
 """)

@@ -19,7 +19,7 @@ import pytest
 import ray
 
 import impala_lab
-from impala_lab.backends.base import make_backend
+from impala_lab.backends import make_backend
 from impala_lab.backends.ray import RAY_MISSING, RayBackend, RayWorkerHandle
 from impala_lab.batch import SampleBatch
 from impala_lab.config import ImpalaConfig

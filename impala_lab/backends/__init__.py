@@ -1,23 +1,28 @@
 """Where rollout workers live: ``inline`` (the driver's process), ``process`` (spawned
 processes, the default) or ``ray`` (Ray actors).
 
-`make_backend` picks one by ``config.backend``. The backends are imported lazily, on first
-use of their name: importing this package imports neither Ray nor TensorFlow.
+`BACKENDS` is the one registry of backend names; `make_backend` builds the one named by
+``config.backend``. A backend's module is imported on first use of its name, so importing
+this package imports neither Ray nor TensorFlow, and `impala_lab.backends.base` (which every
+backend imports) imports none of them.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
-from impala_lab.backends.base import Backend, WorkerHandle, make_backend
+from impala_lab.backends.base import Backend, WorkerHandle
+from impala_lab.config import ImpalaConfig
 
-__all__ = ["Backend", "WorkerHandle", "make_backend", "InlineBackend", "ProcessBackend",
-           "RayBackend"]
+__all__ = ["BACKENDS", "Backend", "WorkerHandle", "backend_class", "make_backend",
+           "InlineBackend", "ProcessBackend", "RayBackend"]
 
-_LAZY = {
-    "InlineBackend": "impala_lab.backends.inline",
-    "ProcessBackend": "impala_lab.backends.process",
-    "RayBackend": "impala_lab.backends.ray",
+# name -> "module:class"; the names are `impala_lab.config.BACKENDS`, which validates them
+BACKENDS = {
+    "process": "impala_lab.backends.process:ProcessBackend",
+    "inline": "impala_lab.backends.inline:InlineBackend",
+    "ray": "impala_lab.backends.ray:RayBackend",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -26,9 +31,29 @@ if TYPE_CHECKING:  # pragma: no cover
     from impala_lab.backends.ray import RayBackend
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
+def backend_class(name: str) -> type[Backend]:
+    """The class of the backend called ``name`` (imports its module)."""
+    if name not in BACKENDS:
+        choices = ", ".join(repr(n) for n in BACKENDS)
+        raise ValueError(f"backend={name!r} is invalid: choose one of {choices}")
+    module, cls = BACKENDS[name].split(":")
+    return getattr(importlib.import_module(module), cls)
 
-        return getattr(importlib.import_module(_LAZY[name]), name)
+
+def make_backend(config: ImpalaConfig, env_creator: None = None) -> Backend:
+    """The backend named by ``config.backend``, for ``config.env``.
+
+    ``env_creator`` must be None: put an env factory in ``config.env``.
+    """
+    if env_creator is not None:
+        raise TypeError("make_backend(config, env_creator=...) is not supported: pass "
+                        "config.replace(env=env_creator)")
+    return backend_class(config.backend)(config)
+
+
+def __getattr__(name: str) -> Any:
+    for path in BACKENDS.values():
+        module, cls = path.split(":")
+        if cls == name:
+            return getattr(importlib.import_module(module), cls)
     raise AttributeError(f"module 'impala_lab.backends' has no attribute {name!r}")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import abc
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from impala_lab.config import ImpalaConfig
@@ -43,21 +43,21 @@ class WorkerHandle(abc.ABC):
 
 
 class Backend(abc.ABC):
-    """Creates, feeds and ends rollout workers."""
+    """Creates, feeds and ends rollout workers (`impala_lab.backends.make_backend` picks one
+    by ``config.backend``)."""
 
     name: str = "?"
 
-    def __init__(self, config: ImpalaConfig, env_creator: Callable[[], Any] | None = None):
+    def __init__(self, config: ImpalaConfig) -> None:
         self.config = config
-        self.env = env_creator if env_creator is not None else config.env
+        self.env = config.env  # a gymnasium env id or a zero-argument env factory
 
     def worker_kwargs(self, index: int) -> dict[str, Any]:
         """Arguments of `RolloutWorker` for worker ``index`` (seeded from config.seed, index)."""
         c = self.config
         return dict(env=self.env, num_envs=c.num_envs_per_worker,
                     sample_batch_size=c.sample_batch_size, hiddens=tuple(c.model),
-                    vf_share_layers=c.vf_share_layers,
-                    gamma=c.gamma, seed=c.seed, worker_index=index)
+                    vf_share_layers=c.vf_share_layers, seed=c.seed, worker_index=index)
 
     def prepare(self) -> None:
         """Checks that can fail before TensorFlow loads or any process starts (default: none)."""
@@ -103,20 +103,3 @@ def pid_exists(pid: int) -> bool:
     except (OverflowError, ValueError):
         return False  # no such pid can exist
     return True
-
-
-def make_backend(config: ImpalaConfig, env_creator: Callable[[], Any] | None = None) -> Backend:
-    """The backend named by ``config.backend``."""
-    if config.backend == "inline":
-        from impala_lab.backends.inline import InlineBackend
-
-        return InlineBackend(config, env_creator)
-    if config.backend == "process":
-        from impala_lab.backends.process import ProcessBackend
-
-        return ProcessBackend(config, env_creator)
-    if config.backend == "ray":
-        from impala_lab.backends.ray import RayBackend
-
-        return RayBackend(config, env_creator)
-    raise ValueError(f"backend={config.backend!r} is invalid: choose 'process', 'inline' or 'ray'")

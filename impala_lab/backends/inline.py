@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from impala_lab.backends.base import Backend, WorkerHandle
+from impala_lab.config import ImpalaConfig
 from impala_lab.errors import WorkerError
 from impala_lab.rollout import RolloutWorker
 
@@ -35,6 +36,8 @@ class DoneFuture:
 
 
 class InlineWorkerHandle(WorkerHandle):
+    """A `RolloutWorker` in the driver's process; ``sample()`` runs at once."""
+
     def __init__(self, index: int, worker: RolloutWorker) -> None:
         self.index = index
         self.worker = worker
@@ -56,15 +59,22 @@ class InlineWorkerHandle(WorkerHandle):
     def is_alive(self) -> bool:
         return self._alive
 
+    def close(self) -> None:
+        """Ends the worker: closes its envs."""
+        self._alive = False
+        self.worker.close()
+
     def describe(self) -> str:
         return f"worker {self.index} (inline, env {self.worker.env_id})"
 
 
 class InlineBackend(Backend):
+    """Rollout workers in the driver's process (see the module docstring)."""
+
     name = "inline"
 
-    def __init__(self, config, env_creator=None) -> None:
-        super().__init__(config, env_creator)
+    def __init__(self, config: ImpalaConfig) -> None:
+        super().__init__(config)
         self.handles: list[InlineWorkerHandle] = []
 
     def make_worker(self, index: int) -> InlineWorkerHandle:
@@ -86,8 +96,7 @@ class InlineBackend(Backend):
 
     def stop_worker(self, handle: WorkerHandle) -> None:
         assert isinstance(handle, InlineWorkerHandle)
-        handle._alive = False
-        handle.worker.close()
+        handle.close()
         if handle in self.handles:
             self.handles.remove(handle)
 

@@ -8,8 +8,8 @@ node. A sample request is an actor task; Ray runs one caller's tasks on an actor
 order they were submitted, so ``set_weights`` applies before the next ``sample``.
 `RayBackend.wait` is ``ray.wait`` (blocking, no polling).
 
-Ray itself is imported only when a `RayBackend` is built (`impala_lab.backends.base.
-make_backend` imports this module lazily), so the package works without Ray installed.
+Ray itself is imported only when a `RayBackend` is built (`impala_lab.backends.make_backend`
+imports this module lazily), so the package works without Ray installed.
 
 Starting Ray:
 
@@ -59,10 +59,11 @@ import os
 import re
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from impala_lab.backends.base import Backend, WorkerHandle
+from impala_lab.backends.remote import describe_env, pickled_env, worker_info
 from impala_lab.config import ImpalaConfig
 from impala_lab.errors import WorkerError
 
@@ -81,14 +82,6 @@ def _import_ray() -> Any:
     return ray
 
 
-def _rss_bytes() -> int | None:
-    try:
-        with open("/proc/self/status") as fh:
-            return next(int(line.split()[1]) * 1024 for line in fh if line.startswith("VmRSS:"))
-    except (OSError, StopIteration):
-        return None
-
-
 class RolloutActor:
     """The body of a worker actor: a `RolloutWorker` behind Ray method calls."""
 
@@ -105,11 +98,7 @@ class RolloutActor:
         return self.worker.sample()
 
     def info(self) -> dict[str, Any]:
-        return {"pid": os.getpid(), "env_id": self.worker.env_id,
-                "weights_version": self.worker.weights_version,
-                "num_env_steps": self.worker.num_env_steps, "rss_bytes": _rss_bytes(),
-                "tensorflow_imported": "tensorflow" in sys.modules,
-                "keras_imported": "keras" in sys.modules}
+        return worker_info(self.worker)
 
     def pid(self) -> int:
         return os.getpid()
@@ -147,10 +136,11 @@ class RayFuture:
         h = self.handle
         ray = h._ray
         try:
-            first = h._failure
+            first = h.first_failure
             if first is not None and self.seq > first[0]:
+                err = first[1]
                 raise WorkerError(h.index, h.env_id, "the worker ended after an earlier error "
-                                  f"({first[1].splitlines()[0]})", first[2])
+                                  f"({err.message})", err.remote_traceback)
             try:
                 return ray.get(self.ref)
             except ray.exceptions.RayTaskError as exc:
@@ -183,10 +173,11 @@ class RayWorkerHandle(WorkerHandle):
         self.index = index
         self.actor = actor
         self.env_id = env_id
-        self._pid_ref = actor.pid.remote()
+        self.pid_ref = actor.pid.remote()  # the actor's process id, once it has started
         self._alive = True
         self._next_seq = 0
-        self._failure: tuple[int, str, str] | None = None  # (seq, message, traceback)
+        # (seq, error) of the earliest failed task: every later task fails with it
+        self.first_failure: tuple[int, WorkerError] | None = None
 
     def sample(self) -> RayFuture:
         """Submits one sample task; the future's result is a `SampleBatch`."""
@@ -205,14 +196,18 @@ class RayWorkerHandle(WorkerHandle):
         return self._alive
 
     def _failed(self, seq: int, message: str, remote_traceback: str) -> WorkerError:
-        if self._failure is None or seq < self._failure[0]:
-            self._failure = (seq, message, remote_traceback)
-        # A broken env is not reused: end the actor, as the process backend's worker exits.
+        err = WorkerError(self.index, self.env_id, message, remote_traceback)
+        if self.first_failure is None or seq < self.first_failure[0]:
+            self.first_failure = (seq, err)
+        self.kill()  # a broken env is not reused, as the process backend's worker exits
+        return err
+
+    def kill(self) -> None:
+        """Ends the actor (its pending tasks fail); idempotent."""
         if self._alive:
             self._alive = False
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):  # the actor or Ray is gone already
                 self._ray.kill(self.actor, no_restart=True)
-        return WorkerError(self.index, self.env_id, message, remote_traceback)
 
     def describe(self) -> str:
         return f"worker {self.index} (Ray actor, env {self.env_id})"
@@ -223,7 +218,6 @@ class RayBackend(Backend):
 
     Args:
       config: the run's config; ``config.ray_address`` picks the cluster.
-      env_creator: a zero-argument env factory; overrides ``config.env``.
       ray_init_kwargs: extra ``ray.init`` arguments for a Ray this backend starts (e.g.
         ``{"num_cpus": 2}``), overriding the defaults of `init_kwargs`.
 
@@ -233,9 +227,9 @@ class RayBackend(Backend):
 
     name = "ray"
 
-    def __init__(self, config: ImpalaConfig, env_creator: Callable[[], Any] | None = None, *,
+    def __init__(self, config: ImpalaConfig, *,
                  ray_init_kwargs: dict[str, Any] | None = None) -> None:
-        super().__init__(config, env_creator)
+        super().__init__(config)
         ray = _import_ray()
         self._ray = ray
         self.handles: list[RayWorkerHandle] = []
@@ -279,35 +273,24 @@ class RayBackend(Backend):
     def _check_env(self) -> None:
         if self._env_checked:
             return
-        try:
-            self._ray.cloudpickle.dumps(self.env)
-        except Exception as exc:
-            from impala_lab.rollout import env_description
-
-            raise ValueError(
-                f"backend='ray' cannot send the env factory {env_description(self.env)!r} to "
-                f"a Ray actor: cloudpickle could not pickle it ({type(exc).__name__}: {exc}). "
-                "Create open handles (sockets, connections, generators) inside the factory, "
-                "or define it in an importable module installed on every node."
-            ) from exc
+        pickled_env(self.env, "ray", "a Ray actor", "installed on every node",
+                    dumps=self._ray.cloudpickle.dumps)
         self._env_checked = True
 
     def make_worker(self, index: int) -> RayWorkerHandle:
         """Creates actor ``index``; returns at once (Ray starts it in the background)."""
         if self._closed:
             raise RuntimeError("this RayBackend was shut down; create a new one")
-        from impala_lab.rollout import env_description
-
         self._check_env()
         actor = self._actor_class.remote(self.worker_kwargs(index))
-        handle = RayWorkerHandle(self, index, actor, env_description(self.env))
+        handle = RayWorkerHandle(self, index, actor, describe_env(self.env))
         self.handles.append(handle)
         return handle
 
     def worker_pids(self) -> list[int]:
         """Process ids of the live actors (on their nodes); waits for actors to start."""
-        alive = [h for h in self.handles if h._alive]
-        return [int(p) for p in self._ray.get([h._pid_ref for h in alive], timeout=60)]
+        alive = [h for h in self.handles if h.is_alive()]
+        return [int(p) for p in self._ray.get([h.pid_ref for h in alive], timeout=60)]
 
     # -- weights
     def put_weights(self, weights: list, version: int) -> Any:
@@ -340,9 +323,7 @@ class RayBackend(Backend):
     def stop_worker(self, handle: WorkerHandle) -> None:
         """Kills the actor (its pending tasks fail with `WorkerError`)."""
         assert isinstance(handle, RayWorkerHandle)
-        handle._alive = False
-        with contextlib.suppress(Exception):
-            self._ray.kill(handle.actor, no_restart=True)
+        handle.kill()
         if handle in self.handles:
             self.handles.remove(handle)
 
@@ -361,6 +342,8 @@ class RayBackend(Backend):
 def _local_only_mode(ray: Any):
     """Ray's local-only mode while ``ray.init`` starts the local processes (see the module
     docstring): they bind to loopback; the driver's setting is restored afterwards."""
+    # The only way: Ray reads the switch into this private constant when it is imported, and
+    # no public option keeps a local Ray on loopback (Ray resolves 127.0.0.1 away on purpose).
     from ray._private import ray_constants
 
     saved_env = os.environ.get(_LOCAL_ONLY_ENV)

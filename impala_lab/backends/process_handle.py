@@ -1,0 +1,321 @@
+"""The driver's side of one worker process: its pipe, its queue of requests, its state.
+
+A `ProcessWorkerHandle` sends commands (see `impala_lab.backends.worker_process`), keeps the
+futures of the requests the worker still owes in request order, and completes them as the
+answers arrive (`ProcessWorkerHandle.drain`) or fails them all when the worker ends
+(`ProcessWorkerHandle.on_exit`). `ProcessBackend` decides when to read which pipe and when to
+stop a worker; it never touches a handle's queue or state directly.
+
+Threads: the driver's thread reads and writes the pipes; a shutdown at interpreter exit may
+stop the workers from the main thread meanwhile. The handle's state changes under the
+backend's lock, and every use of the pipe, its close included, under the handle's own pipe
+lock (a ``multiprocess`` connection closed by one thread while another reads it fails with
+a TypeError from deep inside).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import re
+import signal
+import sys
+import threading
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from impala_lab.backends.base import WorkerHandle
+from impala_lab.backends.shared_weights import SharedWeights, WeightBlocks
+from impala_lab.errors import WorkerError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from impala_lab.backends.process import ProcessBackend
+
+__all__ = ["ProcessFuture", "ProcessWorkerHandle"]
+
+_EXIT_JOIN_S = 0.5  # after pipe EOF the process is ending: wait this long for its exit code
+# What a pipe operation raises once the worker's end is gone (EOFError; OSError: EPIPE) or
+# our end was closed by a stop (OSError: "handle is closed", EBADF).
+PIPE_GONE = (EOFError, OSError)
+
+
+class ProcessFuture:
+    """One request to a worker process (the `SampleFuture` protocol).
+
+    Completed by `ProcessBackend.wait` (or by ``result()``, which blocks) when the worker
+    answers or dies; ``completion_time`` is the ``time.monotonic()`` at which the driver
+    received the answer.
+    """
+
+    __slots__ = ("_done", "_error", "_value", "completion_time", "handle", "weight_blocks")
+
+    def __init__(self, handle: ProcessWorkerHandle, weight_blocks: list[str]) -> None:
+        self.handle = handle
+        self.weight_blocks = weight_blocks  # blocks named by set_weights before this request
+        self._done = False
+        self._value: Any = None
+        self._error: WorkerError | None = None
+        self.completion_time: float | None = None
+
+    def done(self) -> bool:
+        return self._done
+
+    def result(self) -> Any:
+        """The `SampleBatch` (or info dict); raises `WorkerError` if the worker failed."""
+        if not self._done:
+            self.handle.backend.wait_until_done(self)
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    def finish(self, value: Any = None, error: WorkerError | None = None) -> None:
+        self._value, self._error = value, error
+        self.completion_time = time.monotonic()
+        self._done = True
+
+    def __repr__(self) -> str:
+        state = "error" if self._error else ("done" if self._done else "pending")
+        return f"<ProcessFuture worker {self.handle.index} {state}>"
+
+
+class ProcessWorkerHandle(WorkerHandle):
+    """The driver's side of one worker process.
+
+    Attributes:
+      index: the worker's index in the run.
+      pid: the worker's process id.
+      exitcode: the process's exit code once it ended (-N: killed by signal N); None before.
+      env_id: the env's name (the id, or the factory's ``__qualname__``).
+      process: the ``multiprocess`` Process.
+      conn: the driver's end of the pipe.
+      backend: the `ProcessBackend` that started it.
+    """
+
+    def __init__(self, backend: ProcessBackend, index: int, process: Any, conn: Any,
+                 env_id: str) -> None:
+        self.backend = backend
+        self.index = index
+        self.process = process
+        self.pid: int = process.pid
+        self.exitcode: int | None = None
+        self.conn = conn
+        self.env_id = env_id
+        self.started_at = time.monotonic()
+        self._lock: threading.RLock = backend.lock  # guards the state below
+        self._blocks: WeightBlocks = backend.blocks
+        self._pipe_lock = threading.Lock()  # guards every use of conn, its close included
+        self._pending: deque[ProcessFuture] = deque()
+        self._unconsumed: list[str] = []  # blocks named since the last request was sent
+        self._sent_serial: int | None = None
+        self._alive = True  # False once it died or was stopped
+        self._stopped = False  # stop_worker/shutdown ended it
+        self._failure: WorkerError | None = None
+        self._num_messages = 0  # answers received: 0 means it died while starting
+
+    # -- requests
+    def sample(self) -> ProcessFuture:
+        """Queues one sample request; the future's result is a `SampleBatch`."""
+        return self._request(("sample",))
+
+    def info(self) -> ProcessFuture:
+        """Queues a request for the worker's state (`impala_lab.backends.remote.worker_info`'s
+        dict), answered after the queued samples."""
+        return self._request(("info",))
+
+    def set_weights(self, weights_ref: Any) -> None:
+        """Queues the weights of ``weights_ref`` (from `ProcessBackend.put_weights`) for the
+        worker's next sample; a reference already sent is not sent again."""
+        if not isinstance(weights_ref, SharedWeights):
+            raise TypeError(f"set_weights(weights_ref={type(weights_ref).__name__}): pass what "
+                            "ProcessBackend.put_weights returned (a SharedWeights)")
+        if not self._alive or weights_ref.serial == self._sent_serial:
+            return
+        self._blocks.acquire(weights_ref)
+        self._unconsumed.append(weights_ref.name)
+        self._sent_serial = weights_ref.serial
+        try:
+            self._send(("set_weights", weights_ref))
+        except PIPE_GONE:
+            self.on_exit()
+
+    def _request(self, cmd: tuple) -> ProcessFuture:
+        fut = ProcessFuture(self, self._unconsumed)
+        self._unconsumed = []
+        with self._lock:
+            alive = self._alive
+            if alive:
+                self._pending.append(fut)
+        if not alive:
+            self._blocks.release(fut.weight_blocks)
+            fut.finish(error=self._failure or WorkerError(
+                self.index, self.env_id, "the worker was stopped; start a new one"))
+            return fut
+        try:
+            self._send(cmd)
+        except PIPE_GONE:  # the process is gone: fail every pending request, this one too
+            self.on_exit()
+            if not fut.done():  # another thread is stopping this worker
+                self.fail_pending(self._stopped_error())
+        return fut
+
+    def _send(self, cmd: tuple) -> None:
+        data = pickle.dumps(cmd, protocol=5)
+        with self._pipe_lock:
+            self.conn.send_bytes(data)
+
+    # -- answers
+    def drain(self) -> bool:
+        """Handles every answer waiting on the pipe, in order; False once the pipe is gone."""
+        while self._alive:
+            with self._pipe_lock:
+                try:
+                    if not self.conn.poll(0):
+                        return True
+                    data = self.conn.recv_bytes()
+                except PIPE_GONE:
+                    return False
+            self._on_answer(data)
+        return True
+
+    def _on_answer(self, data: bytes) -> None:
+        kind, payload = pickle.loads(data)
+        self._num_messages += 1
+        with self._lock:
+            fut = self._pending.popleft() if self._pending else None
+        if kind == "ok":
+            if fut is not None:
+                fut.finish(value=payload)
+        else:
+            err = WorkerError(self.index, payload["env_id"], payload["message"],
+                              payload["traceback"])
+            self.env_id = payload["env_id"]
+            self._failure = err
+            if fut is not None:
+                fut.finish(error=err)
+        if fut is not None:
+            self._blocks.release(fut.weight_blocks)
+
+    def on_exit(self) -> None:
+        """The pipe closed or the process ended: takes what it sent before it ended (its
+        error record), then fails every request it still owes."""
+        if not self._alive:
+            return
+        self.drain()
+        with self._lock:
+            if not self._alive:  # stopped meanwhile by another thread
+                return
+            self._alive = False
+        # ValueError: a concurrent stop closed the process object (it has ended then).
+        with contextlib.suppress(ValueError):
+            self.process.join(_EXIT_JOIN_S)
+            self.exitcode = self.process.exitcode
+        if self._failure is not None:
+            err = WorkerError(self.index, self.env_id, "the worker process ended after an "
+                              f"earlier error ({self._failure.message})",
+                              self._failure.remote_traceback)
+        else:
+            hint = (_unguarded_main_hint()
+                    if self._num_messages == 0 and self.exitcode == 1 else "")
+            err = WorkerError(self.index, self.env_id, f"the worker process (pid {self.pid}) "
+                              f"{_exit_description(self.exitcode)}; its pending sample "
+                              f"requests are lost{hint}")
+            self._failure = err
+        self.fail_pending(err)
+        self.close_pipe()
+
+    def fail_pending(self, err: WorkerError) -> None:
+        """Fails every request the worker still owes and releases their weights blocks."""
+        with self._lock:  # the driver thread and a shutdown at exit may both get here
+            pending, self._pending = self._pending, deque()
+            unconsumed, self._unconsumed = self._unconsumed, []
+            for fut in pending:
+                fut.finish(error=err)
+                self._blocks.release(fut.weight_blocks)
+            self._blocks.release(unconsumed)
+
+    # -- ending (the backend stops many workers at once: in steps)
+    def begin_stop(self) -> bool:
+        """Marks the worker as stopped (no thread reads or writes its pipe from now on);
+        False if it was stopped already. Call under the backend's lock."""
+        if self._stopped:
+            return False
+        self._stopped = True
+        if self._alive:
+            self._alive = False
+            self._failure = self._failure or self._stopped_error()
+        return True
+
+    def send_stop(self) -> None:
+        """Asks the worker to exit, then closes the pipe (a worker blocked writing a batch
+        gets EPIPE and exits)."""
+        with contextlib.suppress(*PIPE_GONE):
+            self._send(("stop",))
+        self.close_pipe()
+
+    def close_pipe(self) -> None:
+        with self._pipe_lock, contextlib.suppress(*PIPE_GONE):
+            self.conn.close()
+
+    def finish_stop(self) -> None:
+        """After the process ended: fails what it still owed, records its exit code and
+        frees its sentinel. (Not earlier: a running worker might still open a block.)"""
+        self.fail_pending(self._failure or self._stopped_error())
+        with self._lock:
+            self.exitcode = self.process.exitcode
+            with contextlib.suppress(ValueError):
+                self.process.close()  # ValueError: still running
+
+    def _stopped_error(self) -> WorkerError:
+        return WorkerError(self.index, self.env_id, "the worker was stopped by the driver")
+
+    # -- state
+    def is_alive(self) -> bool:
+        return self._alive and self.process.is_alive()
+
+    def waitables(self) -> list[int]:
+        """The file descriptors of the pipe and the process sentinel, for
+        ``multiprocess.connection.wait``; empty once the worker ended. Call under the
+        backend's lock: a worker is marked ended under it before its pipe and process are
+        closed. (A descriptor closed while the caller waits on it reads as ready.)"""
+        return [self.conn.fileno(), self.process.sentinel] if self._alive else []
+
+    def describe(self) -> str:
+        return f"worker {self.index} (process {self.pid}, env {self.env_id})"
+
+    def __repr__(self) -> str:
+        state = "alive" if self._alive else "ended"
+        return f"<ProcessWorkerHandle {self.index} pid={self.pid} {state}>"
+
+
+def _unguarded_main_hint() -> str:
+    """Why a worker may die while starting: spawn runs the driver's script again in the
+    worker, and a script that builds the run at top level tries to start workers from there
+    (multiprocess refuses). Said only if the script has no ``__main__`` guard."""
+    main_file = getattr(sys.modules.get("__main__"), "__file__", None)
+    if not main_file or not os.path.isfile(main_file):
+        return ""  # a notebook, the REPL or python -c: nothing is re-run
+    try:
+        with open(main_file, encoding="utf-8", errors="replace") as fh:
+            source = fh.read()
+    except OSError:
+        return ""
+    if re.search(r"__name__\s*==\s*['\"]__main__['\"]", source):
+        return ""
+    return (f" while starting. The script {main_file!r} has no 'if __name__ == \"__main__\":' "
+            "guard: the process backend starts workers with spawn, which runs the script "
+            "again in each worker; put the code that builds and trains the run under the "
+            "guard (or use backend='inline')")
+
+
+def _exit_description(exitcode: int | None) -> str:
+    if exitcode is None:
+        return "stopped answering (its pipe closed; the process has not exited yet)"
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        return f"was killed by {name} (exit code {exitcode})"
+    return f"exited with code {exitcode}"

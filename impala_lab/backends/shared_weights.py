@@ -1,0 +1,361 @@
+"""Weights in shared memory: one block per broadcast, written once, read by every worker.
+
+`ProcessBackend.put_weights` writes every array, the version and a broadcast serial into a
+shared-memory block no worker is using; ``set_weights`` sends only the block's name and
+layout (a `SharedWeights`, about 300 bytes), and a worker copies the arrays out when it
+starts its next sample with a broadcast it has not read yet. For a small model this costs
+the same as sending the arrays through each pipe; for megabytes of weights the pipe holds
+the driver loop until each busy worker has drained it, while shared memory costs the driver
+under a millisecond whatever the number of workers (``bench/transport.py`` measures both).
+Tiny commands also mean the driver never blocks on a worker's pipe while that worker is
+itself blocked writing a large batch to the driver.
+
+Block lifetime and reuse (`WeightBlocks`): a block is released once it is not the latest
+broadcast and every worker that was told to use it has answered a later request (so it has
+read the block, or skipped it for a newer one) or has ended. Up to two released blocks are
+kept and overwritten by later broadcasts (a new block costs page faults, overwriting one
+does not); the rest are unlinked, and `WeightBlocks.close` unlinks all. Blocks are named
+``il<driver pid>_<random>_<n>`` (in ``/dev/shm`` on Linux); if the driver is killed, the
+``multiprocess`` resource tracker unlinks what is left once the workers have exited. A kill
+of the whole process group takes the tracker too, and the blocks would stay until reboot: so
+each new `WeightBlocks` first unlinks this user's ``il<pid>_*`` blocks whose driver is gone
+(`remove_stale_blocks`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import secrets
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from multiprocess import shared_memory
+
+from impala_lab.backends.base import pid_exists
+
+__all__ = [
+    "SharedWeights",
+    "SharedWeightsReader",
+    "WeightBlocks",
+    "read_shared_weights",
+    "remove_stale_blocks",
+    "weights_layout",
+    "write_shared_weights",
+]
+
+_ALIGN = 64  # byte alignment of each array in a weights block
+_HEADER = 64  # block header: int64 serial, version, number of arrays
+_MAX_FREE_BLOCKS = 2  # released blocks kept for reuse (a new block costs page faults)
+# ``WeightBlocks.prefix`` + a block number.
+_BLOCK_NAME = re.compile(r"il(\d+)_[0-9a-f]{6}_\d+")
+_SHM_DIR = "/dev/shm"
+# A driver pid counts as reused (its blocks stale) only if the process holding it now
+# started this long after the block was last written (clock readings from /proc differ by
+# about a second).
+_PID_REUSE_MARGIN_S = 60.0
+
+
+@dataclass(frozen=True)
+class SharedWeights:
+    """A reference to one broadcast's weights in a shared-memory block.
+
+    What `ProcessBackend.put_weights` returns and ``set_weights`` sends to a worker; small
+    (the arrays stay in the block). A block is reused for a later broadcast once no worker
+    can still read it, so ``serial`` (unique per broadcast), not ``name``, tells broadcasts
+    apart.
+
+    Attributes:
+      name: the block's name (``SharedMemory(name=...)``).
+      serial: the broadcast's number, also stored in the block's header.
+      version: the weights version, also stored in the block's header.
+      layout: per array, ``(byte offset, shape, dtype.str)``, in ``get_weights()`` order.
+      size: bytes of the block in use (header and arrays).
+    """
+
+    name: str
+    serial: int
+    version: int
+    layout: tuple[tuple[int, tuple[int, ...], str], ...]
+    size: int
+
+
+def weights_layout(weights: Sequence[np.ndarray]
+                   ) -> tuple[tuple[tuple[int, tuple[int, ...], str], ...], int]:
+    """Where each array goes in a block: ``(layout, bytes needed)`` (see `SharedWeights`)."""
+    layout = []
+    offset = _HEADER
+    for w in weights:
+        a = np.asarray(w)
+        layout.append((offset, tuple(int(d) for d in a.shape), a.dtype.str))
+        offset += -(-a.nbytes // _ALIGN) * _ALIGN
+    return tuple(layout), offset
+
+
+def write_shared_weights(
+    weights: Sequence[np.ndarray], version: int, serial: int = 0, name: str | None = None,
+    block: shared_memory.SharedMemory | None = None,
+) -> tuple[shared_memory.SharedMemory, SharedWeights]:
+    """Writes ``weights``, ``version`` and ``serial`` into a shared-memory block.
+
+    Args:
+      weights: the arrays, e.g. ``keras_model.get_weights()``; any shapes and dtypes.
+      version: the weights version (header and reference).
+      serial: the broadcast's number (header and reference).
+      name: the name of a new block (None lets ``SharedMemory`` choose); unused with `block`.
+      block: an open block to overwrite (no reader may be using it), at least as large as
+        the weights need; None creates a new one. Reusing a block is much cheaper: a new
+        block costs page faults, overwriting one does not.
+
+    Returns:
+      ``(block, ref)``: the open block (the caller closes and unlinks it) and the reference
+      that `read_shared_weights` takes.
+    """
+    arrays = [np.asarray(w) for w in weights]
+    layout, size = weights_layout(arrays)
+    new = block is None
+    if block is None:
+        block = shared_memory.SharedMemory(name=name, create=True, size=size)
+    elif block.size < size:
+        raise ValueError(f"write_shared_weights: block {block.name!r} has {block.size} bytes, "
+                         f"the weights need {size}; pass block=None to create a larger one")
+    try:
+        header = np.ndarray((3,), np.int64, buffer=block.buf)
+        header[:] = (serial, version, len(arrays))
+        del header
+        for (off, shape, dtype), a in zip(layout, arrays):
+            view = np.ndarray(shape, np.dtype(dtype), buffer=block.buf, offset=off)
+            view[...] = a
+            del view  # no view may outlive the block's mapping (close() refuses)
+    except BaseException:
+        if new:
+            block.close()
+            block.unlink()
+        raise
+    return block, SharedWeights(block.name, int(serial), int(version), layout, size)
+
+
+def read_shared_weights(ref: SharedWeights,
+                        block: shared_memory.SharedMemory | None = None) -> list[np.ndarray]:
+    """Copies the arrays of ``ref`` out of its block.
+
+    Args:
+      ref: the reference `write_shared_weights` returned.
+      block: the block ``ref`` names, already open (`SharedWeightsReader` keeps them open);
+        None opens it for this read and closes it again.
+
+    Returns:
+      The weights, each with the shape and dtype it was written with.
+
+    Raises:
+      ValueError: if the block's header does not match ``ref`` (the block was reused for a
+        later broadcast: a bug in the block bookkeeping).
+    """
+    opened = block is None
+    if block is None:
+        block = shared_memory.SharedMemory(name=ref.name)
+    try:
+        header = np.ndarray((3,), np.int64, buffer=block.buf)
+        found = tuple(int(x) for x in header)
+        del header
+        expected = (ref.serial, ref.version, len(ref.layout))
+        if found != expected:
+            raise ValueError(
+                f"shared weights block {ref.name!r} holds (serial, version, arrays) {found}, "
+                f"expected {expected}: it was overwritten while a worker still needed it")
+        out = []
+        for off, shape, dtype in ref.layout:
+            view = np.ndarray(shape, np.dtype(dtype), buffer=block.buf, offset=off)
+            out.append(view.copy())
+            del view
+        return out
+    finally:
+        if opened:
+            block.close()
+
+
+class SharedWeightsReader:
+    """A worker's reader of broadcast weights that keeps the last few blocks open.
+
+    Opening a block costs a resource-tracker round trip and a mapping; the driver reuses a
+    handful of blocks, so a worker that keeps them open reads a broadcast with one copy.
+    """
+
+    def __init__(self, max_open: int = 8) -> None:
+        self._max_open = max_open
+        self._open: dict[str, shared_memory.SharedMemory] = {}
+
+    def read(self, ref: SharedWeights) -> list[np.ndarray]:
+        block = self._open.pop(ref.name, None)
+        if block is None:
+            block = shared_memory.SharedMemory(name=ref.name)
+            if block.size < ref.size:  # a block of that name, but not the one written
+                block.close()
+                raise ValueError(f"shared weights block {ref.name!r} has {block.size} bytes, "
+                                 f"the reference needs {ref.size}")
+        self._open[ref.name] = block  # most recently used last
+        while len(self._open) > self._max_open:
+            oldest = next(iter(self._open))
+            self._open.pop(oldest).close()
+        return read_shared_weights(ref, block)
+
+    def close(self) -> None:
+        for block in self._open.values():
+            with contextlib.suppress(BufferError, OSError):
+                block.close()
+        self._open.clear()
+
+
+@dataclass
+class _Block:
+    memory: shared_memory.SharedMemory
+    serial: int
+    users: int = 0  # set_weights commands naming this block not yet known to be consumed
+
+
+
+class WeightBlocks:
+    """The driver's weights blocks: one written per broadcast, counted while workers may
+    still read it, then kept for reuse or unlinked (see the module docstring).
+
+    Args:
+      lock: guards the bookkeeping. The process backend passes the lock that guards its
+        workers' request queues, so a worker's blocks are released under the same lock that
+        completes its requests.
+
+    Attributes:
+      prefix: the start of every block name, ``il<driver pid>_<random>_``.
+    """
+
+    def __init__(self, lock: threading.RLock | None = None) -> None:
+        self._lock = lock if lock is not None else threading.RLock()
+        self._blocks: dict[str, _Block] = {}  # blocks in use: the latest, or still named
+        self._free: list[shared_memory.SharedMemory] = []  # unused blocks, kept for reuse
+        self._latest: str | None = None
+        remove_stale_blocks()  # left by drivers killed with their resource tracker
+        self.prefix = f"il{os.getpid()}_{secrets.token_hex(3)}_"
+        self._num_blocks = 0
+        self._serial = 0
+
+    def put(self, weights: Sequence[np.ndarray], version: int) -> SharedWeights:
+        """Writes the weights into a block no worker is using (a reused one if possible)."""
+        with self._lock:
+            self._serial += 1
+            _, size = weights_layout(weights)
+            reuse = next((m for m in self._free if m.size >= size), None)
+            if reuse is not None:
+                self._free.remove(reuse)
+            name = f"{self.prefix}{self._num_blocks}"
+            memory, ref = write_shared_weights(weights, version, serial=self._serial,
+                                               name=name, block=reuse)
+            if reuse is None:
+                self._num_blocks += 1
+            self._blocks[ref.name] = _Block(memory, ref.serial)
+            self._latest = ref.name
+            self._collect()
+        return ref
+
+    def acquire(self, ref: SharedWeights) -> None:
+        """Counts one more worker told to read ``ref``; refuses a released block."""
+        with self._lock:
+            block = self._blocks.get(ref.name)
+            if block is None or block.serial != ref.serial:
+                raise ValueError(f"set_weights: the weights block {ref.name!r} (version "
+                                 f"{ref.version}) was already released; pass the reference the "
+                                 "latest put_weights() returned")
+            block.users += 1
+
+    def release(self, names: list[str]) -> None:
+        """One worker is done with each block of ``names`` (read, skipped, or ended)."""
+        if not names:
+            return
+        with self._lock:
+            for name in names:
+                block = self._blocks.get(name)
+                if block is not None:
+                    block.users -= 1
+            self._collect()
+
+    def _collect(self) -> None:
+        """Frees every block no worker can still read (never the latest one): keeps a few
+        for reuse, unlinks the rest."""
+        for name, block in list(self._blocks.items()):
+            if block.users <= 0 and name != self._latest:
+                del self._blocks[name]
+                if len(self._free) < _MAX_FREE_BLOCKS:
+                    self._free.append(block.memory)
+                else:
+                    _unlink(block.memory)
+
+    def names(self) -> tuple[list[str], list[str]]:
+        """``(in use, kept for reuse)``: the blocks in use are the latest broadcast's and
+        those workers may still read."""
+        with self._lock:
+            return list(self._blocks), [m.name for m in self._free]
+
+    def close(self) -> None:
+        """Unlinks every block (call once no worker runs); idempotent."""
+        with self._lock:
+            blocks, self._blocks = self._blocks, {}
+            free, self._free = self._free, []
+            self._latest = None
+            for memory in [b.memory for b in blocks.values()] + free:
+                _unlink(memory)
+
+
+def remove_stale_blocks(shm_dir: str = _SHM_DIR) -> list[str]:
+    """Unlink the weights blocks of drivers that are gone; returns the names removed.
+
+    A block ``il<pid>_<random>_<n>`` of this user is stale when process ``pid`` does not
+    exist (or is a zombie), or started more than a minute after the block was last written
+    (the pid was reused). Blocks of live drivers, of other users and other names are left
+    alone. Where there is no ``/dev/shm`` (not Linux) there is nothing to do.
+    """
+    try:
+        names = os.listdir(shm_dir)
+    except OSError:
+        return []
+    removed = []
+    for name in names:
+        match = _BLOCK_NAME.fullmatch(name)
+        if match is None:
+            continue
+        path = os.path.join(shm_dir, name)
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        if st.st_uid != os.getuid() or _block_owner_alive(int(match.group(1)), st.st_mtime):
+            continue
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+            removed.append(name)
+    return removed
+
+
+def _block_owner_alive(pid: int, block_mtime: float) -> bool:
+    if pid == os.getpid():
+        return True
+    if not pid_exists(pid):
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        if fields[0] in ("Z", "X"):  # ended, not yet reaped
+            return False
+        with open("/proc/stat") as fh:
+            boot = next(float(line.split()[1]) for line in fh if line.startswith("btime "))
+        started = boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return True  # cannot tell: keep the block
+    return started <= block_mtime + _PID_REUSE_MARGIN_S
+
+
+def _unlink(memory: shared_memory.SharedMemory) -> None:
+    with contextlib.suppress(Exception):
+        memory.close()
+    with contextlib.suppress(FileNotFoundError):
+        memory.unlink()

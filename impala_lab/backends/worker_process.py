@@ -1,0 +1,142 @@
+"""The worker process of the process backend: one `RolloutWorker` serving the driver's
+commands over a duplex pipe.
+
+Commands, in order (the driver's side is `impala_lab.backends.process`)::
+
+    driver -> worker   ("set_weights", SharedWeights)   no reply; applied before the next sample
+                       ("sample",)                      reply ("ok", SampleBatch)
+                       ("info",)                        reply ("ok", dict)  (tests, diagnostics)
+                       ("stop",)                        the worker exits at once
+    worker -> driver   ("ok", value) or ("error", record) for each request, in request order
+
+Messages are pickled with protocol 5 (numpy arrays travel as one contiguous copy). A worker
+reads its pipe only between samples, and reads ahead: a queued ``stop`` ends it before the
+samples queued in front of it.
+
+Lifetime: the worker ignores SIGINT (interrupting a notebook cell interrupts the driver,
+which stops its workers in order), exits when its pipe closes, and exits when its parent
+dies: a watchdog thread compares ``os.getppid()`` with the parent's pid every 0.5 s
+(``PR_SET_PDEATHSIG`` fires when the *thread* that started the worker ends, which would kill
+the workers of a driver running in a background thread).
+
+Faults: an env that raises (or cannot be built) is answered with an error record (exception
+type and message, formatted traceback, env id) and the worker exits: a broken env is not
+reused; the driver restarts the worker.
+
+This module imports numpy, gymnasium and `impala_lab.rollout` only, never TensorFlow.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections import deque
+from typing import Any
+
+from impala_lab.backends.remote import describe_env, worker_info
+from impala_lab.backends.shared_weights import SharedWeights, SharedWeightsReader
+
+__all__ = ["worker_main"]
+
+_WATCHDOG_PERIOD_S = 0.5
+
+
+def worker_main(conn: Any, parent_pid: int, index: int, env_blob: bytes,
+                kwargs: dict[str, Any]) -> None:
+    """The worker process's target: builds a `RolloutWorker` and serves the driver.
+
+    Args:
+      conn: the worker's end of the duplex pipe.
+      parent_pid: the driver's pid (the watchdog exits once the parent is gone).
+      index: the worker's index in the run (messages).
+      env_blob: the env id or factory, pickled with cloudpickle.
+      kwargs: the other arguments of `RolloutWorker`.
+    """
+    # First: a Ctrl-C in a terminal reaches the whole process group; the driver stops us.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _watch_parent(parent_pid)
+    worker = _build_worker(conn, index, env_blob, kwargs)
+    reader = SharedWeightsReader()
+    try:
+        _serve(conn, worker, reader)
+    except (EOFError, OSError):
+        return  # the driver closed the pipe (or died): nothing left to serve
+    finally:
+        reader.close()
+        worker.close()
+
+
+def _watch_parent(parent_pid: int) -> None:
+    """Ends this process once its parent is gone (re-parented: getppid() changes)."""
+
+    def watch() -> None:
+        while True:
+            time.sleep(_WATCHDOG_PERIOD_S)
+            if os.getppid() != parent_pid:
+                os._exit(0)
+
+    threading.Thread(target=watch, name="impala_lab-parent-watchdog", daemon=True).start()
+
+
+def _send(conn: Any, obj: Any) -> None:
+    conn.send_bytes(pickle.dumps(obj, protocol=5))
+
+
+def _send_error(conn: Any, exc: BaseException, what: str, env_id: str) -> None:
+    """Answers the current request with the exception (called inside its ``except``)."""
+    _send(conn, ("error", {"type": type(exc).__name__,
+                           "message": f"{what}{type(exc).__name__}: {exc}",
+                           "traceback": traceback.format_exc(), "env_id": env_id}))
+
+
+def _build_worker(conn: Any, index: int, env_blob: bytes, kwargs: dict[str, Any]) -> Any:
+    """The `RolloutWorker`; if it cannot be built, the error record goes to the driver (as the
+    answer to its first request) and the process exits with code 1."""
+    from impala_lab.rollout import RolloutWorker
+
+    env_id = f"<env of worker {index}>"
+    try:
+        env = pickle.loads(env_blob)  # cloudpickle's output loads with plain pickle
+        env_id = describe_env(env)
+        return RolloutWorker(env=env, **kwargs)
+    except Exception as exc:
+        with contextlib.suppress(OSError):  # the driver is gone already
+            _send_error(conn, exc, "could not start: ", env_id)
+        sys.exit(1)
+
+
+def _serve(conn: Any, worker: Any, reader: SharedWeightsReader) -> None:
+    """Answers commands until ``stop``; raises EOFError or OSError once the pipe is gone."""
+    commands: deque[tuple] = deque()
+    wanted: SharedWeights | None = None  # the latest set_weights
+    current: int | None = None  # serial of the broadcast whose weights are in use
+    while True:
+        if not commands:
+            commands.append(pickle.loads(conn.recv_bytes()))
+        while conn.poll(0):  # read ahead: a queued "stop" ends us before queued samples
+            commands.append(pickle.loads(conn.recv_bytes()))
+        if any(c[0] == "stop" for c in commands):
+            return
+        cmd = commands.popleft()
+        if cmd[0] == "set_weights":
+            wanted = cmd[1]
+        elif cmd[0] == "sample":
+            try:
+                if wanted is not None and wanted.serial != current:
+                    worker.set_weights(reader.read(wanted), wanted.version)
+                    current = wanted.serial
+                batch = worker.sample()
+            except Exception as exc:
+                _send_error(conn, exc, "", worker.env_id)
+                sys.exit(1)  # a broken env is not reused: the driver restarts the worker
+            _send(conn, ("ok", batch))
+        elif cmd[0] == "info":
+            _send(conn, ("ok", worker_info(worker)))
+        else:
+            raise ValueError(f"unknown command {cmd[0]!r}")
