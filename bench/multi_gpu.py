@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     from impala_lab.multi_gpu import MultiGPULearner, configure_learner_devices
 
     configure_learner_devices(device_config(max(args.devices)))
-    from impala_lab.impala import probe_spaces
+    from impala_lab.build import probe_spaces
     from impala_lab.learner import LearnerThread
     from impala_lab.policy import VTracePolicy
 

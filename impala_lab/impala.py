@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from impala_lab.backends import make_backend
+from impala_lab.build import as_config, build_learner, check_env
 from impala_lab.checkpoint import (
     checkpoint_state,
     read_checkpoint_at,
@@ -46,7 +47,7 @@ from impala_lab.errors import ConfigError, ImpalaError
 from impala_lab.health import HealthMonitor, flag_codes
 from impala_lab.knobs import KNOBS, LIVE_KNOBS
 from impala_lab.replay import ReplayMixer
-from impala_lab.run_stats import RunStats
+from impala_lab.run_stats import RunStats, pipeline_view
 from impala_lab.stats import StatsHistory, flatten
 from impala_lab.supervisor import WorkerSupervisor
 from impala_lab.task_pool import SampleTaskPool
@@ -138,15 +139,15 @@ class Impala:
     def __init__(self, config: ImpalaConfig | Mapping[str, Any] | None = None, *,
                  env_creator: Callable[[], Any] | None = None, start_learner: bool = True,
                  **overrides: Any) -> None:
-        self.config = _as_config(config, env_creator, overrides)
+        self.config = as_config(config, env_creator, overrides)
         self._stopped = True  # until everything below is up
-        self.observation_space, self.action_space = _check_env(self.config)
+        self.observation_space, self.action_space = check_env(self.config)
         # Backend checks that can fail (an env factory that cannot travel) run before
         # TensorFlow loads and before any process starts.
         self.backend = make_backend(self.config)
         self.backend.prepare()
-        self.policy, self.learner = _build_learner(self.config, self.backend,
-                                                   self.observation_space, self.action_space)
+        self.policy, self.learner = build_learner(self.config, self.backend,
+                                                  self.observation_space, self.action_space)
         self._finalizer = weakref.finalize(self, _cleanup, self.backend, self.learner)
         _live_runs.add(self)
         self._build_parts()
@@ -246,29 +247,7 @@ class Impala:
         threads read the copy it leaves at the end of each step (no torn reads)."""
         if self._driver is not None and threading.get_ident() != self._driver.ident:
             return self._last_pipeline_view
-        mb = self.learner.minibatch_buffer
-        in_flight = self.loop.tasks.in_flight_counts()
-        view = {
-            "backend": self.config.backend,
-            "num_workers": len(self.workers),
-            "in_flight": {str(getattr(w, "index", w)): n for w, n in in_flight.items()},
-            "max_in_flight": self.config.max_sample_requests_in_flight_per_worker,
-            "replay_stored": self.replay.num_stored,
-            "replay_capacity": self.replay.capacity,
-            "batch_buffer_steps": self.loop.batch_buffer_steps,
-            "train_batch_size": self.config.train_batch_size,
-            "learner_queue_len": self.learner.inqueue.qsize(),
-            "learner_queue_size": self.config.learner_queue_size,
-            "minibatch_slots": [list(s) for s in mb.slots()],
-            "num_sgd_iter": mb.num_sgd_iter,
-            "broadcast_interval": self.config.broadcast_interval,
-            "num_train_batches": self.num_train_batches,
-        }
-        devices = getattr(self.learner, "devices", None)
-        if devices is not None:  # the MultiGPULearner: its devices and its data buffers' states
-            view["learner_devices"] = list(devices)
-            view["loader_buffers"] = self.learner.buffer_states()
-        return view
+        return pipeline_view(self.loop, len(self.workers))
 
     def record(self) -> dict[str, Any]:
         """Take a stats snapshot into ``history`` (a row of metrics.csv) and return it.
@@ -500,80 +479,6 @@ class Impala:
         state = "stopped" if self._stopped else "running"
         return (f"Impala(env={self.config.env_id!r}, backend={self.config.backend!r}, "
                 f"workers={len(self.workers)}, {state}, env_steps={self.num_steps_sampled})")
-
-
-# ---------------------------------------------------------------------- construction helpers
-def _as_config(config: ImpalaConfig | Mapping[str, Any] | None,
-               env_creator: Callable[[], Any] | None, overrides: dict[str, Any]
-               ) -> ImpalaConfig:
-    if config is None:
-        config = ImpalaConfig()
-    elif isinstance(config, Mapping):
-        config = ImpalaConfig.from_dict(config)
-    elif not isinstance(config, ImpalaConfig):
-        raise TypeError(f"config must be an ImpalaConfig or a dict, got "
-                        f"{type(config).__name__}")
-    if env_creator is not None:
-        overrides["env"] = env_creator
-    return config.replace(**overrides) if overrides else config
-
-
-def probe_spaces(env: Any) -> tuple[Any, Any]:
-    """Make one env in the driver to read its spaces (before any worker starts)."""
-    import gymnasium
-
-    e = env() if callable(env) else gymnasium.make(env)
-    try:
-        return e.observation_space, e.action_space
-    finally:
-        e.close()
-
-
-def _check_env(config: ImpalaConfig) -> tuple[Any, Any]:
-    """The env's spaces. An env that cannot be made, or whose spaces the model cannot take,
-    is a config error (the CLI's exit code 2), raised before any process starts."""
-    from impala_lab.models import check_spaces
-
-    try:
-        observation_space, action_space = probe_spaces(config.env)
-    except Exception as exc:
-        raise ConfigError(f"env={config.env_id!r} is invalid: it could not be made "
-                          f"({type(exc).__name__}: {exc})") from exc
-    try:
-        check_spaces(observation_space, action_space)
-    except ValueError as exc:
-        raise ConfigError(f"env={config.env_id!r} is invalid: its {exc}") from None
-    # Validation counted one float per observation; now the env's real observation size
-    # and action count are known (still before TensorFlow loads or any process starts).
-    config.check_memory(observation_space, action_space)
-    return observation_space, action_space
-
-
-def _build_learner(config: ImpalaConfig, backend: Any, observation_space: Any,
-                   action_space: Any) -> tuple[Any, Any]:
-    """The policy (TensorFlow loads here) and its learner; the backend is shut down if this
-    fails or is interrupted (a Ctrl-C while TensorFlow loads must not leave Ray up)."""
-    try:
-        from impala_lab.policy import VTracePolicy
-
-        if config.uses_multi_gpu_learner:
-            # Fake devices must be set up before TensorFlow initialises (building the
-            # model does); a device error is a config error, raised before anything starts.
-            from impala_lab.multi_gpu import configure_learner_devices
-
-            configure_learner_devices(config)
-        policy = VTracePolicy(observation_space, action_space, config)
-        if config.uses_multi_gpu_learner:
-            from impala_lab.multi_gpu import MultiGPULearner
-
-            return policy, MultiGPULearner(policy, config)
-        from impala_lab.learner import LearnerThread
-
-        return policy, LearnerThread(policy, config.minibatch_buffer_size, config.num_sgd_iter,
-                                     config.learner_queue_size, config.learner_queue_timeout)
-    except BaseException:
-        backend.shutdown()
-        raise
 
 
 def _stop_function(stop: StopCondition) -> Callable[[dict], bool] | None:

@@ -4,11 +4,11 @@ The driver loop counts into one `RunStats`; ``Impala.stats()`` asks it for the s
 the dashboard, the CLI (metrics.csv) and the tests read. The keys of RLlib's
 AsyncSamplesOptimizer stats (``sample_throughput``, ``train_throughput``, ``num_weight_syncs``,
 ``num_steps_replayed``, ``timing_breakdown``, ``learner_queue``, ``learner``) come first, then
-episodes, policy lag, liveness, the pipeline view, the live knobs and learning health.
+episodes, policy lag, liveness, the pipeline view (`pipeline_view`: what the diagram draws),
+the live knobs and learning health.
 
-Policy lag is measured where a new batch reaches the driver: the learner's weights version
-minus the version that sampled each column of the batch (the learner's own lag, when it
-trains on a batch, is in ``stats()["learner"]``).
+Policy lag (``stats()["policy_lag"]``) is measured when a new batch reaches the driver: the
+learner's weights version then, minus the version that sampled each column of the batch.
 """
 
 from __future__ import annotations
@@ -184,3 +184,37 @@ class RunStats:
                                   else math.nan),
             stalled_workers=[w for w in snapshot["workers"] if w["stalled"]],
             sample_timeout_s=config.sample_timeout_s)
+
+
+def pipeline_view(loop: Any, num_workers: int) -> dict[str, Any]:
+    """``stats()["pipeline"]``: the figures of every stage that the diagram draws.
+
+    Args:
+      loop: the run's `DriverLoop` (and through it the config, the task pool, the replay
+        mixer, the learner and the counters).
+      num_workers: workers alive.
+    """
+    config, learner = loop.config, loop.learner
+    mb = learner.minibatch_buffer
+    in_flight = loop.tasks.in_flight_counts()
+    view = {
+        "backend": config.backend,
+        "num_workers": num_workers,
+        "in_flight": {str(getattr(w, "index", w)): n for w, n in in_flight.items()},
+        "max_in_flight": config.max_sample_requests_in_flight_per_worker,
+        "replay_stored": loop.replay.num_stored,
+        "replay_capacity": loop.replay.capacity,
+        "batch_buffer_steps": loop.batch_buffer_steps,
+        "train_batch_size": config.train_batch_size,
+        "learner_queue_len": learner.inqueue.qsize(),
+        "learner_queue_size": config.learner_queue_size,
+        "minibatch_slots": [list(s) for s in mb.slots()],
+        "num_sgd_iter": mb.num_sgd_iter,
+        "broadcast_interval": config.broadcast_interval,
+        "num_train_batches": loop.stats.num_train_batches,
+    }
+    devices = getattr(learner, "devices", None)
+    if devices is not None:  # the MultiGPULearner: its devices and its data buffers' states
+        view["learner_devices"] = list(devices)
+        view["loader_buffers"] = learner.buffer_states()
+    return view
