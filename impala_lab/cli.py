@@ -99,9 +99,17 @@ def _parse_value(name: str, text: str) -> Any:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The parser of every subcommand; ``main`` runs ``COMMANDS[args.command]``."""
     parser = argparse.ArgumentParser(prog="impala-lab", description="IMPALA, as RLlib built it, "
                                      "for learning and experiments.")
     sub = parser.add_subparsers(dest="command", required=True)
+    _add_train_parser(sub)
+    sub.add_parser("config", help="print the config table (markdown)")
+    _add_notebooks_parser(sub)
+    return parser
+
+
+def _add_train_parser(sub: Any) -> None:
     train = sub.add_parser("train", help="train a policy", formatter_class=argparse.
                            ArgumentDefaultsHelpFormatter)
     run = train.add_argument_group("run")
@@ -118,7 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", type=Path, default=Path("runs/latest"), help="output directory")
     run.add_argument("--report-interval", type=float, default=1.0,
                      help="seconds between progress lines and metrics.csv rows")
-    run.add_argument("--quiet", action="store_true", help="no progress line")
+    run.add_argument("--quiet", action="store_true",
+                     help="no progress bar (in a terminal) or progress lines (elsewhere)")
     run.add_argument("--preset", choices=("tuned", "rllib"), default="tuned",
                      help="defaults for fields you do not set: 'tuned' uses the values tuned "
                      "for the env where there are some (CartPole-v1), 'rllib' RLlib's defaults")
@@ -130,13 +139,14 @@ def build_parser() -> argparse.ArgumentParser:
         cfg.add_argument("--" + name.replace("_", "-"), dest=name, default=None,
                          metavar=field_kind(name).upper().rstrip("?"),
                          help=f"{field_help(name)} (default: {default!r})", **extra)
-    sub.add_parser("config", help="print the config table (markdown)")
+
+
+def _add_notebooks_parser(sub: Any) -> None:
     course = sub.add_parser("notebooks", help="copy the lecture notebooks and exercises into "
                             "DIR, to run them outside this repository")
     course.add_argument("dir", type=Path, metavar="DIR", help="destination folder")
     course.add_argument("--solutions", action="store_true", help="copy the solutions too")
     course.add_argument("--force", action="store_true", help="overwrite files already there")
-    return parser
 
 
 def config_from_args(args: argparse.Namespace) -> ImpalaConfig:
@@ -424,18 +434,22 @@ def notebooks_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        if args.command == "config":
-            from impala_lab.config import markdown_table
+def config_command(args: argparse.Namespace) -> int:
+    """``impala-lab config``: the README's config table."""
+    from impala_lab.config import markdown_table
 
-            print(markdown_table())
-            return 0
-        if args.command == "notebooks":
-            return notebooks_command(args)
-        return train_command(args)
+    print(markdown_table())
+    return 0
+
+
+#: What each subcommand runs (``build_parser`` builds their options).
+COMMANDS = {"train": train_command, "config": config_command, "notebooks": notebooks_command}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
     except ConfigError as exc:
         print(f"impala-lab: error: {exc}", file=sys.stderr)
         return 2
