@@ -191,9 +191,41 @@ def test_live_knobs_are_validated_applied_and_recorded():
         assert run.stats()["knobs"]["lr"] == 0.01
         assert [c["knob"] for c in run.knob_changes] == [
             "lr", "num_sgd_iter", "entropy_coeff", "replay_proportion"]
+        with pytest.raises(ConfigError, match="broadcast_interval"):
+            run.set_knobs(lr=0.02, broadcast_interval=0)  # one bad value: nothing changes
+        assert run.config.lr == 0.01 and len(run.knob_changes) == 4
 
 
-def test_a_stopped_run_refuses_to_step():
+def test_set_knobs_lists_every_knob_of_the_table():
+    from impala_lab.knobs import KNOBS
+
+    for knob in KNOBS.values():
+        assert f"{knob.name} ({knob.kind}): {knob.help}" in Impala.set_knobs.__doc__
+
+
+def test_a_driving_thread_owns_the_steps_and_others_read_its_pipeline_view():
+    import threading
+
+    with Impala(ImpalaConfig(**SMALL), start_learner=False) as run:
+        seen: dict[str, object] = {}
+
+        def watcher() -> None:
+            seen["pipeline"] = run.stats()["pipeline"]
+            try:
+                run.step()
+            except ImpalaError as exc:
+                seen["error"] = str(exc)
+
+        with run.driving_thread():
+            run.step()
+            left = run._last_pipeline_view
+            thread = threading.Thread(target=watcher)
+            thread.start()
+            thread.join()
+            assert seen["pipeline"] is left  # the copy the last step left, not a torn read
+            assert "training in the background" in seen["error"]
+        assert run._driver is None
+        run.step()  # any thread may step again
     run = Impala(ImpalaConfig(**SMALL), start_learner=False)
     run.stop()
     run.stop()  # twice is fine

@@ -15,7 +15,7 @@ T, F = True, False
 
 
 def reference_sequence(size: int, num_sgd_iter: int, n_gets: int) -> list[tuple[int, bool]]:
-    """The seed's algorithm, restated independently: items 0, 1, 2, ... arrive in order.
+    """RLlib's algorithm, restated independently: items 0, 1, 2, ... arrive in order.
 
     Each slot keeps [item, passes_left]. A visit to an exhausted slot takes the next item
     and gives it min(number of items taken so far, num_sgd_iter) passes (the ramp).

@@ -166,7 +166,7 @@ def test_combined_gradient_over_fake_devices_equals_the_single_device_gradient(d
     # the largest entry (float32 sums in another order differ in the last bits).
     assert r["grad_max_abs"] > 1.0
     assert r["grad_max_abs_diff"] <= 1e-5 * r["grad_max_abs"]
-    # Not the seed's mean: that would be 1/n of the single-device gradient.
+    # Not RLlib's mean: that would be 1/n of the single-device gradient.
     single, multi = r["stats_single"], r["stats_multi"]
     for key in ("total_loss", "policy_loss", "vf_loss", "entropy", "mean_rho"):
         assert multi[key] == pytest.approx(single[key], rel=1e-5, abs=1e-6), key

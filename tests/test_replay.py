@@ -133,7 +133,7 @@ def test_determinism_by_seed():
 
 
 def test_matches_reference_of_the_seed():
-    """The seed's _augment_with_replay plus its driver's store, written out independently."""
+    """RLlib's _augment_with_replay plus its driver's store, written out independently."""
     p, slots, t, s, seed = 1.3, 13, 500, 50, 9
     rng = random.Random(seed)
     store, expected, replayed = [], [], 0
@@ -193,7 +193,7 @@ def test_too_small_error_message():
 def test_too_small_boundaries():
     ReplayMixer(0.5, 11, 500, 50)  # 11 > ceil(500/50) = 10: fine
     with pytest.raises(ValueError, match="at least 11"):
-        ReplayMixer(0.5, 10, 500, 50)  # the seed's own check: 10 * 50 <= 500
+        ReplayMixer(0.5, 10, 500, 50)  # RLlib's own check: 10 * 50 <= 500
     # The seed let 11 slots of 50 through for 510, but they could never replay
     # (11 stored is never > ceil(510 / 50) = 11); the mixer refuses them.
     with pytest.raises(ValueError, match="at least 12"):
