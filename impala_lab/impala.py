@@ -269,7 +269,8 @@ class Impala:
     def train(self, stop: StopCondition = None, *, max_seconds: float | None = None,
               max_env_steps: int | None = None, report_interval: float = 1.0,
               on_report: Callable[[dict], None] | None = None,
-              dashboard: bool = False) -> dict[str, Any]:
+              dashboard: bool = False,
+              tensorboard_dir: str | os.PathLike | None = None) -> dict[str, Any]:
         """Step until a stop condition holds.
 
         Args:
@@ -281,10 +282,18 @@ class Impala:
           on_report: called with each snapshot (the CLI's progress line).
           dashboard: show the live dashboard while training (needs a notebook; see
             `impala_lab.dashboard.train_with_dashboard`).
+          tensorboard_dir: write each snapshot and the last stats there as TensorBoard
+            summaries (see `impala_lab.tensorboard`).
 
         Returns:
           the last stats, with ``stop_reason``.
         """
+        if tensorboard_dir is not None:
+            from impala_lab.tensorboard import train_with_tensorboard
+
+            return train_with_tensorboard(self, tensorboard_dir, stop, max_seconds=max_seconds,
+                                          max_env_steps=max_env_steps, dashboard=dashboard,
+                                          report_interval=report_interval, on_report=on_report)
         if dashboard:
             from impala_lab.dashboard import train_with_dashboard
 

@@ -46,7 +46,8 @@ class RunStats:
       queue_wait_meter: seconds the driver waited on the full learner queue, per second.
       episode_returns, episode_lengths: the last 100 episodes.
       policy_lag: mean lag of each new batch (last 100); max_policy_lag: the largest lag of
-        any column so far.
+        any column so far; recent_policy_lags: each new batch's mean lag until
+        `take_policy_lags` (TensorBoard's histogram), at most the last 100,000.
     """
 
     def __init__(self) -> None:
@@ -66,6 +67,7 @@ class RunStats:
         self.episode_lengths: deque[int] = deque(maxlen=100)
         self.policy_lag = WindowStat("policy_lag", 100)
         self.max_policy_lag = 0
+        self.recent_policy_lags: deque[float] = deque(maxlen=100_000)
         self._start_time = time.monotonic()
         self._elapsed_before_restore = 0.0
 
@@ -90,8 +92,15 @@ class RunStats:
             self.episode_lengths.append(int(n))
         self.episodes_total += len(batch.episode_returns)
         lag = policy_version - batch.policy_versions
-        self.policy_lag.push(float(lag.mean()))
+        mean_lag = float(lag.mean())
+        self.policy_lag.push(mean_lag)
+        self.recent_policy_lags.append(mean_lag)
         self.max_policy_lag = max(self.max_policy_lag, int(lag.max()))
+
+    def take_policy_lags(self) -> list[float]:
+        """Each new batch's mean policy lag since the previous call, oldest first."""
+        lags = self.recent_policy_lags
+        return [lags.popleft() for _ in range(len(lags))]
 
     # ------------------------------------------------------------------ checkpoints
     def checkpoint_counters(self) -> dict[str, Any]:

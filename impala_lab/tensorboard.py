@@ -4,7 +4,8 @@
     run.train(max_seconds=60, on_report=writer.write)   # or writer.hook(another_hook)
     writer.close()
 
-``Impala.train(tensorboard_dir=...)`` and ``impala-lab train --tensorboard`` do exactly this.
+``Impala.train(tensorboard_dir=...)`` (`train_with_tensorboard`) and ``impala-lab train
+--tensorboard`` do this, and write the stats ``train`` returns too.
 Each report writes, at step ``num_steps_sampled`` (the same step axis as ``metrics.csv``):
 
 - one scalar per number of ``stats()``, nested keys joined with ``/`` (``learner/entropy``,
@@ -90,7 +91,7 @@ class TensorBoardWriter:
           knob_changes: the run's growing list of knob changes (``Impala.knob_changes``:
             dicts with ``knob, value, time_s, num_steps_sampled``); each write adds the new ones.
           policy_lags: returns the policy lags of the sample batches since its previous call
-            (``Impala.take_policy_lags``); each write draws them as a histogram.
+            (``RunStats.take_policy_lags``); each write draws them as a histogram.
         """
         try:
             from tensorboard.compat.proto.summary_pb2 import Summary
@@ -114,8 +115,11 @@ class TensorBoardWriter:
 
     @classmethod
     def for_run(cls, run: Any, logdir: str | os.PathLike) -> TensorBoardWriter:
-        """A writer fed by an `Impala` run's knob changes and policy lags."""
-        return cls(logdir, knob_changes=run.knob_changes, policy_lags=run.take_policy_lags)
+        """A writer fed by an `Impala` run's knob changes and policy lags (those of batches
+        from before it was built are dropped: its first histogram starts here)."""
+        run.run_stats.take_policy_lags()
+        return cls(logdir, knob_changes=run.knob_changes,
+                   policy_lags=run.run_stats.take_policy_lags)
 
     def write(self, snapshot: Mapping[str, Any]) -> None:
         """Writes one report: its scalars, new knob changes and the lag histogram."""
@@ -161,3 +165,13 @@ class TensorBoardWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def train_with_tensorboard(run: Any, logdir: str | os.PathLike, stop: Any = None, *,
+                           on_report: Hook | None = None, **train_args: Any) -> dict[str, Any]:
+    """``run.train(stop, on_report=on_report, **train_args)``, writing each report and the
+    stats it returns under `logdir`; the writer is closed however train ends."""
+    with TensorBoardWriter.for_run(run, logdir) as writer:
+        final = run.train(stop, on_report=writer.hook(on_report), **train_args)
+        writer.write(final)
+    return final
