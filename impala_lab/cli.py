@@ -10,7 +10,8 @@ and a message naming the option, the value and the fix, before any process start
 
 At the end the output directory holds ``config.json``, ``metrics.csv`` (a row per report
 interval), ``result.json`` (solved, seconds_to_target, env_steps_to_target, the health
-monitor's findings, final stats), ``report.png`` and ``checkpoint/``, and the last line says
+monitor's findings, final stats), ``report.png``, ``checkpoint/`` (and with ``--tensorboard``
+``tensorboard/``, written at every report), and the last line says
 whether the target was reached, where the results are and, if not, what the health monitor
 saw. Ctrl-C or SIGTERM ends the run within seconds and still writes all of them (exit code
 130); so does an error of a worker, the learner or the loss (exit code 1, the error in
@@ -128,6 +129,9 @@ def _add_train_parser(sub: Any) -> None:
                      help="seconds between progress lines and metrics.csv rows")
     run.add_argument("--quiet", action="store_true",
                      help="no progress bar (in a terminal) or progress lines (elsewhere)")
+    run.add_argument("--tensorboard", action="store_true",
+                     help="write TensorBoard summaries of every report into OUT/tensorboard "
+                     "(make tensorboard opens them)")
     run.add_argument("--preset", choices=("tuned", "rllib"), default="tuned",
                      help="defaults for fields you do not set: 'tuned' uses the values tuned "
                      "for the env where there are some (CartPole-v1), 'rllib' RLlib's defaults")
@@ -307,7 +311,8 @@ def _train(impala: Impala, args: argparse.Namespace, watch: TargetWatch, view: P
     try:
         final = impala.train(watch.stop if args.stop_return is not None else None,
                              max_seconds=args.max_seconds, max_env_steps=args.max_env_steps,
-                             report_interval=args.report_interval, on_report=on_report)
+                             report_interval=args.report_interval, on_report=on_report,
+                             tensorboard_dir=args.out / "tensorboard" if args.tensorboard else None)
     except KeyboardInterrupt:
         final = impala.record()
         final["stop_reason"] = "interrupted"
