@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from impala_lab import memory
 from impala_lab.errors import ConfigError
 from impala_lab.knobs import LIVE_KNOBS as LIVE_KNOBS  # re-exported: the live config fields
 
@@ -253,107 +254,14 @@ class ImpalaConfig:
     # ------------------------------------------------------------------ memory
     def memory_estimate(self, observation_space: Any = None, action_space: Any = None
                         ) -> dict[str, int]:
-        """Bytes this config needs for its data, by part (``"total"`` is their sum).
-
-        Args:
-          observation_space: the env's observation space (its ``shape`` and ``dtype``);
-            None counts one float32 element per observation (a lower bound, what
-            validation uses: it makes no env).
-          action_space: the env's action space (its ``n``); None counts 2 actions.
-
-        The parts: the learner queue (learner_queue_size train batches), the batch buffer
-        (the samples of the train batch being gathered, and their concatenation), the
-        minibatch ring (and the multi-GPU learner's loader buffers), the replay store, the
-        samples in flight (each in a worker and in the driver), and the learner's working set
-        (its tensor copy of a batch, and activations and gradients per env step: 8 bytes per
-        hidden or conv unit per trunk, 12 per observation element, 400 for the loss, measured
-        on TensorFlow 2.16-2.20 to within 1.1x for 16- to 256-unit MLPs). Not counted: the
-        fixed costs (TensorFlow about 0.6 GB, each worker process about 45 MB).
-        """
-        obs_elements, obs_itemsize, conv_units = 1, 4, 0
-        shape = getattr(observation_space, "shape", None)
-        if shape is not None:
-            obs_elements = math.prod(int(d) for d in shape)
-            # batches keep uint8 images as they are and every other observation as float32
-            dtype = str(getattr(observation_space, "dtype", "float32"))
-            obs_itemsize = 1 if dtype == "uint8" else 4
-            if len(shape) == 3:
-                h, w = int(shape[0]), int(shape[1])
-                for filters, kernel, stride in _CONV_LAYERS:
-                    h, w = max(0, (h - kernel) // stride + 1), max(0, (w - kernel) // stride + 1)
-                    conv_units += h * w * filters
-        num_actions = int(getattr(action_space, "n", 2)) if action_space is not None else 2
-        obs_bytes = obs_elements * obs_itemsize
-        # per env step: obs, action (int64), reward, terminated, truncated, truncation value,
-        # behaviour logits; per column: bootstrap obs and policy version
-        step_bytes = obs_bytes + 8 + 4 + 1 + 1 + 4 + 4 * num_actions
-        column_bytes = obs_bytes + 8
-        T, B = self.sample_batch_size, self.num_envs_per_worker
-        sample = T * B * step_bytes + B * column_bytes
-        columns = self.train_batch_columns
-        train = columns * T * step_bytes + columns * column_bytes
-        trunks = 1 if self.vf_share_layers else 2
-        units = sum(self.model) + conv_units
-        learner_per_step = 400 + 8 * trunks * units + 12 * obs_elements
-        parts = {
-            "learner queue": self.learner_queue_size * train,
-            "batch buffer": 2 * train,
-            "minibatch ring": self.minibatch_buffer_size * train + (
-                self.num_data_loader_buffers * train if self.uses_multi_gpu_learner else 0),
-            "replay": self.replay_buffer_num_slots * sample,
-            "samples in flight": (2 * self.num_workers
-                                  * self.max_sample_requests_in_flight_per_worker * sample),
-            "learner working set": columns * T * learner_per_step + train,
-        }
-        parts["total"] = sum(parts.values())
-        return parts
+        """Bytes this config needs for its data, by part (``"total"`` is their sum); the
+        parts and the arguments are `impala_lab.memory.memory_estimate`'s."""
+        return memory.memory_estimate(self, observation_space, action_space)
 
     def check_memory(self, observation_space: Any = None, action_space: Any = None) -> None:
         """Raise `ConfigError` if `memory_estimate` exceeds the limit (``max_memory_gb``, or
         half of the available memory); the error names the fields of the largest parts."""
-        parts = self.memory_estimate(observation_space, action_space)
-        total = parts.pop("total")
-        if self.max_memory_gb is not None:
-            limit = self.max_memory_gb * 1e9
-            limit_text = f"max_memory_gb={self.max_memory_gb!r}"
-        else:
-            available = available_memory_bytes()
-            if available is None:  # no way to know here: no limit
-                return
-            limit = available // 2
-            limit_text = (f"{_gb(limit)}, half of the {_gb(available)} available "
-                          "(max_memory_gb=None)")
-        if total <= limit:
-            return
-        largest = sorted(parts.items(), key=lambda kv: kv[1], reverse=True)
-        shown = [(name, size) for name, size in largest if 10 * size >= total][:3]  # ints
-        blamed = list(dict.fromkeys(f for name, _ in shown for f in self._part_fields(name)))
-        lead = max(self._part_fields(shown[0][0]), key=self._growth)
-        at = "at least" if observation_space is None else "about"
-        details = "; ".join(f"{name} {_gb(size)} ({' x '.join(self._part_fields(name))})"
-                            for name, size in shown)
-        _bad(lead, getattr(self, lead),
-             f"this config would need {at} {_gb(total)} of memory ({details}), more than the "
-             f"limit of {limit_text}; lower {', '.join(blamed)}, or raise max_memory_gb")
-
-    def _part_fields(self, part: str) -> tuple[str, ...]:
-        """The fields that size a part of the memory estimate, for this config."""
-        names = _MEMORY_PART_FIELDS[part]
-        if "train_batch_size" in names and self.sample_steps > self.train_batch_size:
-            # one worker sample is larger than train_batch_size: the sample sets the batch
-            sample = ("sample_batch_size", "num_envs_per_worker")
-            names = tuple(m for n in names for m in (sample if n == "train_batch_size" else (n,)))
-        return names
-
-    def _growth(self, name: str) -> float:
-        """How many times its default a size field is (to say which one to lower first)."""
-        value, default = getattr(self, name), type(self).__dataclass_fields__[name].default
-        if name == "model":
-            value, default = sum(value), sum(default)
-        try:
-            return float(value) / max(float(default), 1.0)
-        except OverflowError:
-            return math.inf
+        memory.check_memory(self, observation_space, action_space)
 
     # ------------------------------------------------------------------ dict round trip
     def to_dict(self) -> dict[str, Any]:
@@ -423,62 +331,6 @@ def _check_known(key: Any) -> None:
 
 def _bad(name: str, value: Any, fix: str) -> None:
     raise ConfigError(f"{name}={value!r} is invalid: {fix}")
-
-
-# The CNN's conv layers (filters, kernel, stride), as models.CONV_LAYERS (config.py imports
-# nothing of the floors above it; a test keeps the two equal).
-_CONV_LAYERS: tuple[tuple[int, int, int], ...] = ((16, 8, 4), (32, 4, 2))
-# The fields that size each part of ImpalaConfig.memory_estimate.
-_MEMORY_PART_FIELDS: dict[str, tuple[str, ...]] = {
-    "learner queue": ("learner_queue_size", "train_batch_size"),
-    "batch buffer": ("train_batch_size",),
-    "minibatch ring": ("minibatch_buffer_size", "num_data_loader_buffers", "train_batch_size"),
-    "replay": ("replay_buffer_num_slots", "sample_batch_size", "num_envs_per_worker"),
-    "samples in flight": ("num_workers", "max_sample_requests_in_flight_per_worker",
-                          "sample_batch_size", "num_envs_per_worker"),
-    "learner working set": ("train_batch_size", "model"),
-}
-
-
-def available_memory_bytes() -> int | None:
-    """Memory available to new allocations: MemAvailable from /proc/meminfo (psutil where
-    there is no /proc), capped by a cgroup memory limit; None if it cannot be read."""
-    available = None
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    available = int(line.split()[1]) * 1024
-                    break
-    except (OSError, ValueError, IndexError):
-        pass
-    if available is None:
-        try:
-            import psutil
-
-            available = int(psutil.virtual_memory().available)
-        except Exception:
-            return None
-    for limit_file in ("/sys/fs/cgroup/memory.max",  # cgroup v2
-                       "/sys/fs/cgroup/memory/memory.limit_in_bytes"):  # v1
-        try:
-            with open(limit_file) as fh:
-                text = fh.read().strip()
-        except OSError:
-            continue
-        if text.isdigit() and int(text) < 2**60:  # "max" or a huge value: no limit
-            available = min(available, int(text))
-        break
-    return available
-
-
-def _gb(n: float) -> str:
-    """Bytes as GB (10^9): 0.0123 GB, 24.9 GB, 3,060 GB, 1.51e+07 GB."""
-    try:
-        x = n / 1e9
-    except OverflowError:  # an int too large for a float
-        return f"1e{len(str(int(n))) - 10} GB"
-    return f"{x:,.0f} GB" if 100 <= x < 1e6 else f"{x:.3g} GB"
 
 
 def _check_range(name: str, value: float, lo: float, hi: float) -> None:

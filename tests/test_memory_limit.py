@@ -22,8 +22,9 @@ import pytest
 
 from impala_lab import Impala, ImpalaConfig
 from impala_lab.batch import SampleBatch, concat_samples
-from impala_lab.config import _CONV_LAYERS, available_memory_bytes
 from impala_lab.errors import ConfigError
+from impala_lab.memory import CONV_LAYERS as ESTIMATE_CONV_LAYERS
+from impala_lab.memory import available_memory_bytes
 from tests.leaks import no_leaks
 
 REPO = Path(__file__).resolve().parents[1]
@@ -75,12 +76,12 @@ def test_max_memory_gb_moves_the_limit_and_is_named():
 
 def test_the_default_limit_is_half_the_available_memory():
     fits = ImpalaConfig(max_memory_gb=1000, train_batch_size=200_000).memory_estimate()["total"]
-    with mock.patch("impala_lab.config.available_memory_bytes", return_value=2 * fits):
+    with mock.patch("impala_lab.memory.available_memory_bytes", return_value=2 * fits):
         ImpalaConfig(train_batch_size=200_000)  # exactly half: fits
-    with mock.patch("impala_lab.config.available_memory_bytes", return_value=2 * fits - 2):
+    with mock.patch("impala_lab.memory.available_memory_bytes", return_value=2 * fits - 2):
         message = error_of(train_batch_size=200_000)
     assert "(max_memory_gb=None)" in message and "half of the" in message
-    with mock.patch("impala_lab.config.available_memory_bytes", return_value=None):
+    with mock.patch("impala_lab.memory.available_memory_bytes", return_value=None):
         ImpalaConfig(train_batch_size=10**9)  # unknown available memory: no limit
 
 
@@ -139,7 +140,7 @@ def test_validation_counts_one_float_per_observation_a_lower_bound():
 def test_the_conv_layers_are_the_models():
     from impala_lab.models import CONV_LAYERS
 
-    assert _CONV_LAYERS == CONV_LAYERS
+    assert ESTIMATE_CONV_LAYERS == CONV_LAYERS
 
 
 class WideObsEnv(gym.Env):

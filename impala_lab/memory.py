@@ -1,0 +1,188 @@
+"""How many bytes a config's data needs, and whether that fits: a config is refused before any
+process starts rather than failing with an out-of-memory error in the middle of a run.
+
+`memory_estimate` adds up the parts that grow with the config's sizes; `check_memory` compares
+the total with ``max_memory_gb`` (None: half of `available_memory_bytes`) and names the fields
+to lower. ``ImpalaConfig.memory_estimate`` and ``ImpalaConfig.check_memory`` call them;
+validation calls the check without an env (one float per observation, a lower bound) and
+``Impala`` again with the env's spaces.
+
+Pure Python: imports nothing of the package but its errors.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from impala_lab.errors import ConfigError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from impala_lab.config import ImpalaConfig
+
+# The CNN's conv layers (filters, kernel, stride), as models.CONV_LAYERS (this module imports
+# nothing of the floors above it; a test keeps the two equal).
+CONV_LAYERS: tuple[tuple[int, int, int], ...] = ((16, 8, 4), (32, 4, 2))
+# The fields that size each part of the estimate.
+PART_FIELDS: dict[str, tuple[str, ...]] = {
+    "learner queue": ("learner_queue_size", "train_batch_size"),
+    "batch buffer": ("train_batch_size",),
+    "minibatch ring": ("minibatch_buffer_size", "num_data_loader_buffers", "train_batch_size"),
+    "replay": ("replay_buffer_num_slots", "sample_batch_size", "num_envs_per_worker"),
+    "samples in flight": ("num_workers", "max_sample_requests_in_flight_per_worker",
+                          "sample_batch_size", "num_envs_per_worker"),
+    "learner working set": ("train_batch_size", "model"),
+}
+
+
+def memory_estimate(config: ImpalaConfig, observation_space: Any = None,
+                    action_space: Any = None) -> dict[str, int]:
+    """Bytes ``config`` needs for its data, by part (``"total"`` is their sum).
+
+    Args:
+      config: the config.
+      observation_space: the env's observation space (its ``shape`` and ``dtype``);
+        None counts one float32 element per observation (a lower bound, what
+        validation uses: it makes no env).
+      action_space: the env's action space (its ``n``); None counts 2 actions.
+
+    The parts: the learner queue (learner_queue_size train batches), the batch buffer
+    (the samples of the train batch being gathered, and their concatenation), the
+    minibatch ring (and the multi-GPU learner's loader buffers), the replay store, the
+    samples in flight (each in a worker and in the driver), and the learner's working set
+    (its tensor copy of a batch, and activations and gradients per env step: 8 bytes per
+    hidden or conv unit per trunk, 12 per observation element, 400 for the loss, measured
+    on TensorFlow 2.16-2.20 to within 1.1x for 16- to 256-unit MLPs). Not counted: the
+    fixed costs (TensorFlow about 0.6 GB, each worker process about 45 MB).
+    """
+    obs_elements, obs_itemsize, conv_units = 1, 4, 0
+    shape = getattr(observation_space, "shape", None)
+    if shape is not None:
+        obs_elements = math.prod(int(d) for d in shape)
+        # batches keep uint8 images as they are and every other observation as float32
+        dtype = str(getattr(observation_space, "dtype", "float32"))
+        obs_itemsize = 1 if dtype == "uint8" else 4
+        if len(shape) == 3:
+            h, w = int(shape[0]), int(shape[1])
+            for filters, kernel, stride in CONV_LAYERS:
+                h, w = max(0, (h - kernel) // stride + 1), max(0, (w - kernel) // stride + 1)
+                conv_units += h * w * filters
+    num_actions = int(getattr(action_space, "n", 2)) if action_space is not None else 2
+    obs_bytes = obs_elements * obs_itemsize
+    # per env step: obs, action (int64), reward, terminated, truncated, truncation value,
+    # behaviour logits; per column: bootstrap obs and policy version
+    step_bytes = obs_bytes + 8 + 4 + 1 + 1 + 4 + 4 * num_actions
+    column_bytes = obs_bytes + 8
+    c = config
+    T, B = c.sample_batch_size, c.num_envs_per_worker
+    sample = T * B * step_bytes + B * column_bytes
+    columns = c.train_batch_columns
+    train = columns * T * step_bytes + columns * column_bytes
+    trunks = 1 if c.vf_share_layers else 2
+    units = sum(c.model) + conv_units
+    learner_per_step = 400 + 8 * trunks * units + 12 * obs_elements
+    parts = {
+        "learner queue": c.learner_queue_size * train,
+        "batch buffer": 2 * train,
+        "minibatch ring": c.minibatch_buffer_size * train + (
+            c.num_data_loader_buffers * train if c.uses_multi_gpu_learner else 0),
+        "replay": c.replay_buffer_num_slots * sample,
+        "samples in flight": (2 * c.num_workers
+                              * c.max_sample_requests_in_flight_per_worker * sample),
+        "learner working set": columns * T * learner_per_step + train,
+    }
+    parts["total"] = sum(parts.values())
+    return parts
+
+
+def check_memory(config: ImpalaConfig, observation_space: Any = None,
+                 action_space: Any = None) -> None:
+    """Raise `ConfigError` if `memory_estimate` exceeds the limit (``max_memory_gb``, or
+    half of the available memory); the error names the fields of the largest parts."""
+    parts = memory_estimate(config, observation_space, action_space)
+    total = parts.pop("total")
+    if config.max_memory_gb is not None:
+        limit = config.max_memory_gb * 1e9
+        limit_text = f"max_memory_gb={config.max_memory_gb!r}"
+    else:
+        available = available_memory_bytes()
+        if available is None:  # no way to know here: no limit
+            return
+        limit = available // 2
+        limit_text = (f"{gb(limit)}, half of the {gb(available)} available "
+                      "(max_memory_gb=None)")
+    if total <= limit:
+        return
+    largest = sorted(parts.items(), key=lambda kv: kv[1], reverse=True)
+    shown = [(name, size) for name, size in largest if 10 * size >= total][:3]  # ints
+    blamed = list(dict.fromkeys(f for name, _ in shown for f in part_fields(config, name)))
+    lead = max(part_fields(config, shown[0][0]), key=lambda name: _growth(config, name))
+    at = "at least" if observation_space is None else "about"
+    details = "; ".join(f"{name} {gb(size)} ({' x '.join(part_fields(config, name))})"
+                        for name, size in shown)
+    raise ConfigError(
+        f"{lead}={getattr(config, lead)!r} is invalid: this config would need {at} "
+        f"{gb(total)} of memory ({details}), more than the limit of {limit_text}; lower "
+        f"{', '.join(blamed)}, or raise max_memory_gb")
+
+
+def part_fields(config: ImpalaConfig, part: str) -> tuple[str, ...]:
+    """The fields that size a part of the memory estimate, for this config."""
+    names = PART_FIELDS[part]
+    if "train_batch_size" in names and config.sample_steps > config.train_batch_size:
+        # one worker sample is larger than train_batch_size: the sample sets the batch
+        sample = ("sample_batch_size", "num_envs_per_worker")
+        names = tuple(m for n in names for m in (sample if n == "train_batch_size" else (n,)))
+    return names
+
+
+def _growth(config: ImpalaConfig, name: str) -> float:
+    """How many times its default a size field is (to say which one to lower first)."""
+    value, default = getattr(config, name), type(config).__dataclass_fields__[name].default
+    if name == "model":
+        value, default = sum(value), sum(default)
+    try:
+        return float(value) / max(float(default), 1.0)
+    except OverflowError:
+        return math.inf
+
+
+def available_memory_bytes() -> int | None:
+    """Memory available to new allocations: MemAvailable from /proc/meminfo (psutil where
+    there is no /proc), capped by a cgroup memory limit; None if it cannot be read."""
+    available = None
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    available = int(line.split()[1]) * 1024
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    if available is None:
+        try:
+            import psutil
+
+            available = int(psutil.virtual_memory().available)
+        except Exception:
+            return None
+    for limit_file in ("/sys/fs/cgroup/memory.max",  # cgroup v2
+                       "/sys/fs/cgroup/memory/memory.limit_in_bytes"):  # v1
+        try:
+            with open(limit_file) as fh:
+                text = fh.read().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < 2**60:  # "max" or a huge value: no limit
+            available = min(available, int(text))
+        break
+    return available
+
+
+def gb(n: float) -> str:
+    """Bytes as GB (10^9): 0.0123 GB, 24.9 GB, 3,060 GB, 1.51e+07 GB."""
+    try:
+        x = n / 1e9
+    except OverflowError:  # an int too large for a float
+        return f"1e{len(str(int(n))) - 10} GB"
+    return f"{x:,.0f} GB" if 100 <= x < 1e6 else f"{x:.3g} GB"
