@@ -33,21 +33,16 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from impala_lab import checkpoint
 from impala_lab.backends import make_backend
 from impala_lab.build import as_config, build_learner, check_env
-from impala_lab.checkpoint import (
-    checkpoint_state,
-    read_checkpoint_at,
-    restored_config,
-    write_checkpoint,
-)
 from impala_lab.config import ImpalaConfig
 from impala_lab.driver_loop import DriverLoop
 from impala_lab.errors import ConfigError, ImpalaError
-from impala_lab.health import HealthMonitor, flag_codes
+from impala_lab.health import HealthMonitor
 from impala_lab.knobs import KNOBS, LIVE_KNOBS
 from impala_lab.replay import ReplayMixer
-from impala_lab.run_stats import RunStats, pipeline_view
+from impala_lab.run_stats import RunStats, history_row, pipeline_view
 from impala_lab.stats import StatsHistory, flatten
 from impala_lab.supervisor import WorkerSupervisor
 from impala_lab.task_pool import SampleTaskPool
@@ -250,19 +245,10 @@ class Impala:
         return pipeline_view(self.loop, len(self.workers))
 
     def record(self) -> dict[str, Any]:
-        """Take a stats snapshot into ``history`` (a row of metrics.csv) and return it.
-
-        ``health`` becomes two columns: ``health.status`` and ``health.flags`` (the active
-        flags' codes joined with ``;``); ``pipeline`` and ``workers`` stay out of it.
-        """
+        """Take a stats snapshot into ``history`` (a row of metrics.csv, see
+        `impala_lab.run_stats.history_row`) and return it."""
         snapshot = self.stats()
-        row = flatten({k: v for k, v in snapshot.items()
-                       if k not in ("pipeline", "health", "workers")})
-        row.pop("learner_queue.count", None)
-        health = snapshot.get("health") or {}
-        row["health.status"] = health.get("status")
-        row["health.flags"] = flag_codes(health)
-        self.history.append(row)
+        self.history.append(history_row(snapshot))
         return snapshot
 
     # ------------------------------------------------------------------ train
@@ -430,8 +416,8 @@ class Impala:
         with self.policy.lock:  # no learner step can land between these reads
             weights, opt_state, version = self.policy.checkpoint_state_locked()
             counters = self.run_stats.checkpoint_counters()
-        state = checkpoint_state(self.config.to_dict(), version, counters)
-        return write_checkpoint(path, state, weights, opt_state)
+        state = checkpoint.checkpoint_state(self.config.to_dict(), version, counters)
+        return checkpoint.write_checkpoint(path, state, weights, opt_state)
 
     @classmethod
     def restore(cls, path: str | os.PathLike, *, env_creator: Callable[[], Any] | None = None,
@@ -446,9 +432,9 @@ class Impala:
         reads ``<path>.prev`` when ``path`` itself cannot be read (see
         `impala_lab.checkpoint.read_checkpoint`).
         """
-        root, state, weights, opt_state = read_checkpoint_at(
+        root, state, weights, opt_state = checkpoint.read_checkpoint_at(
             path, fallback_to_prev=fallback_to_prev)
-        config = restored_config(root, state, overrides, env_creator)
+        config = checkpoint.restored_config(root, state, overrides, env_creator)
         run = cls(config, **overrides)
         run.policy.set_weights(weights, state["policy_version"])
         run.policy.set_optimizer_state(opt_state)

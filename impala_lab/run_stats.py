@@ -23,8 +23,9 @@ import numpy as np
 
 from impala_lab.batch import SampleBatch
 from impala_lab.checkpoint import CHECKPOINT_COUNTERS
+from impala_lab.health import flag_codes
 from impala_lab.knobs import LIVE_KNOBS
-from impala_lab.stats import ThroughputMeter, TimerStat, WindowStat
+from impala_lab.stats import ThroughputMeter, TimerStat, WindowStat, flatten
 
 
 def _ms(timer: TimerStat) -> float:
@@ -227,3 +228,18 @@ def pipeline_view(loop: Any, num_workers: int) -> dict[str, Any]:
         view["learner_devices"] = list(devices)
         view["loader_buffers"] = learner.buffer_states()
     return view
+
+
+def history_row(snapshot: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``stats()`` snapshot as one flat row of ``history`` and metrics.csv.
+
+    ``health`` becomes two columns: ``health.status`` and ``health.flags`` (the active flags'
+    codes joined with ``;``); ``pipeline`` and ``workers`` stay out of it.
+    """
+    row = flatten({k: v for k, v in snapshot.items()
+                   if k not in ("pipeline", "health", "workers")})
+    row.pop("learner_queue.count", None)
+    health = snapshot.get("health") or {}
+    row["health.status"] = health.get("status")
+    row["health.flags"] = flag_codes(health)
+    return row
