@@ -1,4 +1,5 @@
-"""Policy/value networks: a Keras model for the learner, the same network in numpy for actors.
+"""Policy/value networks in numpy, for actors; `impala_lab.keras_model` builds the same network
+in Keras for the learner.
 
 Two networks, chosen by the observation space (`check_spaces`):
 
@@ -29,32 +30,30 @@ The numpy forward fuses the two trunks into one network of twice the width (the 
 kernels side by side, later kernels block-diagonal), so the actors still run one gemm per
 layer.
 
-Initialisation (`NumpyModel.initial_weights`, also what `build_keras_model` loads):
+Initialisation (`NumpyModel.initial_weights`, also what ``keras_model.build_keras_model``
+loads):
 orthogonal kernels with gain sqrt(2) for hidden/conv layers, 0.01 for the policy head (a
 near-uniform first policy) and 1.0 for the value head; zero biases.
 
 Actor processes import this module for `NumpyModel` and `sample_actions`; it must never
-import TensorFlow or Keras at module level (a test holds that). Keras is imported inside
-`build_keras_model` and `keras_forward` only.
+import TensorFlow or Keras (a test holds that).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from gymnasium import spaces
 
-if TYPE_CHECKING:  # for annotations only; never imported at run time here
-    import keras
-
 __all__ = [
     "CONV_LAYERS",
+    "HIDDEN_GAIN",
+    "POLICY_GAIN",
+    "VALUE_GAIN",
     "check_spaces",
-    "build_keras_model",
-    "keras_forward",
     "NumpyModel",
     "sample_actions",
 ]
@@ -63,9 +62,11 @@ __all__ = [
 CONV_LAYERS: tuple[tuple[int, int, int], ...] = ((16, 8, 4), (32, 4, 2))
 
 _SUPPORTED_OBS = "supported: Box observations of rank 1 (MLP) or rank 3 (HxWxC images, CNN)"
-_HIDDEN_GAIN = math.sqrt(2.0)
-_POLICY_GAIN = 0.01
-_VALUE_GAIN = 1.0
+# Orthogonal-init gains: hidden and conv layers, the policy head (a near-uniform first
+# policy), the value head.
+HIDDEN_GAIN = math.sqrt(2.0)
+POLICY_GAIN = 0.01
+VALUE_GAIN = 1.0
 _UINT8_SCALE = np.float32(1.0 / 255.0)
 
 
@@ -270,7 +271,7 @@ class NumpyModel:
             height, width, channels = self.obs_shape
             for filters, kernel, stride in CONV_LAYERS:
                 shapes += [(kernel, kernel, channels, filters), (filters,)] * copies
-                gains += [_HIDDEN_GAIN, 0.0] * copies
+                gains += [HIDDEN_GAIN, 0.0] * copies
                 height, width = _conv_out(height, kernel, stride), _conv_out(width, kernel, stride)
                 channels = filters
             features = height * width * channels
@@ -278,10 +279,10 @@ class NumpyModel:
             features = self.obs_shape[0]
         for size in self.hiddens:
             shapes += [(features, size), (size,)] * copies
-            gains += [_HIDDEN_GAIN, 0.0] * copies
+            gains += [HIDDEN_GAIN, 0.0] * copies
             features = size
         shapes += [(features, self.num_actions), (self.num_actions,), (features, 1), (1,)]
-        gains += [_POLICY_GAIN, 0.0, _VALUE_GAIN, 0.0]
+        gains += [POLICY_GAIN, 0.0, VALUE_GAIN, 0.0]
         return shapes, gains
 
     def weight_shapes(self) -> list[tuple[int, ...]]:
@@ -452,105 +453,6 @@ class NumpyModel:
             x += b
             np.tanh(x, out=x)
         return x
-
-
-def build_keras_model(
-    observation_space: Any,
-    action_space: Any,
-    hiddens: Sequence[int] = (64, 64),
-    seed: int | None = None,
-    vf_share_layers: bool = False,
-) -> keras.Model:
-    """Builds the Keras network (the learner's) for these spaces.
-
-    The model maps an observation batch [N, *obs_shape] to (logits [N, A], value [N]);
-    its weights start as `NumpyModel(...).initial_weights(seed)`, so a learner and actors
-    built with the same seed start from the same weights.
-
-    Args:
-      observation_space: a gymnasium Box of rank 1 (MLP) or rank 3 (HxWxC, CNN).
-      action_space: a gymnasium Discrete.
-      hiddens: sizes of the dense hidden layers (after the convs, for images).
-      seed: seed of the initial weights; None draws fresh ones.
-      vf_share_layers: one trunk under both heads (True) or a value trunk of its own.
-
-    Returns:
-      A functional `keras.Model` with outputs [logits, value].
-
-    Raises:
-      ValueError: unsupported spaces or hiddens.
-    """
-    import keras  # learner only: actors must not pay for TensorFlow
-
-    numpy_model = NumpyModel(observation_space, action_space, hiddens, vf_share_layers)
-    kind, hiddens = numpy_model.kind, numpy_model.hiddens
-    input_dtype = "uint8" if numpy_model.obs_dtype == np.uint8 else "float32"
-    obs = keras.Input(shape=numpy_model.obs_shape, dtype=input_dtype, name="obs")
-    x = obs
-    if input_dtype == "uint8":
-        x = keras.layers.Rescaling(1.0 / 255.0, name="scale_uint8")(x)
-    hidden_init = keras.initializers.Orthogonal(gain=_HIDDEN_GAIN, seed=seed)
-    features = _keras_trunk(x, kind, hiddens, hidden_init, "")
-    value_features = (_keras_trunk(x, kind, hiddens, hidden_init, "value_")
-                      if numpy_model.separate_value_trunk else features)
-    logits = keras.layers.Dense(
-        numpy_model.num_actions,
-        kernel_initializer=keras.initializers.Orthogonal(gain=_POLICY_GAIN, seed=seed),
-        name="logits_head",
-    )(features)
-    value = keras.layers.Dense(
-        1,
-        kernel_initializer=keras.initializers.Orthogonal(gain=_VALUE_GAIN, seed=seed),
-        name="value_head",
-    )(value_features)
-    # Both outputs one layer past their heads: equal depth keeps get_weights() in
-    # [..., logits_head, value_head] order (Keras orders layers by depth).
-    logits = keras.layers.Identity(name="logits")(logits)
-    value = keras.layers.Reshape((), name="value")(value)
-    model = keras.Model(obs, [logits, value], name=f"impala_{kind}")
-    model.set_weights(numpy_model.initial_weights(seed))
-    return model
-
-
-def _keras_trunk(x: Any, kind: str, hiddens: Sequence[int], init: Any, prefix: str) -> Any:
-    """The hidden layers of one trunk on the Keras tensor ``x``: for ``"cnn"`` the convs and a
-    flatten, then the dense layers; layer names start with ``prefix`` (``"value_"`` for the
-    value trunk)."""
-    import keras
-
-    if kind == "cnn":
-        for i, (filters, kernel, stride) in enumerate(CONV_LAYERS):
-            x = keras.layers.Conv2D(
-                filters,
-                kernel,
-                strides=stride,
-                padding="valid",
-                data_format="channels_last",
-                activation="relu",
-                kernel_initializer=init,
-                name=f"{prefix}conv_{i}",
-            )(x)
-        x = keras.layers.Flatten(name=f"{prefix}flatten")(x)
-    activation = "relu" if kind == "cnn" else "tanh"
-    for i, size in enumerate(hiddens):
-        x = keras.layers.Dense(
-            size, activation=activation, kernel_initializer=init, name=f"{prefix}hidden_{i}",
-        )(x)
-    return x
-
-
-def keras_forward(model: keras.Model, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Eager Keras forward (for tests and notebooks; about 6 ms, never in an actor loop).
-
-    Args:
-      model: a model from `build_keras_model`.
-      obs: An array of shape [N, *obs_shape].
-
-    Returns:
-      (logits, values): numpy float32 arrays of shape [N, A] and [N].
-    """
-    logits, values = model(obs, training=False)
-    return np.asarray(logits), np.asarray(values)
 
 
 def sample_actions(logits: np.ndarray, rng: np.random.Generator) -> np.ndarray:

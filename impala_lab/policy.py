@@ -38,7 +38,8 @@ from impala_lab import vtrace
 from impala_lab.batch import SampleBatch
 from impala_lab.config import ImpalaConfig
 from impala_lab.errors import NonFiniteLossError
-from impala_lab.models import build_keras_model, check_spaces
+from impala_lab.keras_model import build_keras_model
+from impala_lab.models import check_spaces
 from impala_lab.optimizers import Adam, TF1RMSprop
 
 STAT_KEYS = ("total_loss", "policy_loss", "vf_loss", "entropy", "grad_gnorm", "var_gnorm",

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from gymnasium import spaces
 
-from impala_lab import models
-from impala_lab.models import NumpyModel, build_keras_model, check_spaces, sample_actions
+from impala_lab.keras_model import build_keras_model, keras_forward
+from impala_lab.models import NumpyModel, check_spaces, sample_actions
 
 REPO = Path(__file__).resolve().parents[1]
 CARTPOLE_OBS = spaces.Box(-np.inf, np.inf, (4,), np.float32)
@@ -243,7 +243,7 @@ def test_numpy_forward_equals_keras(obs_space, num_actions: int, hiddens,
             logits, values = numpy_model(obs)
             assert logits.shape == (n, num_actions) and logits.dtype == np.float32
             assert values.shape == (n,) and values.dtype == np.float32
-            want_logits, want_values = models.keras_forward(keras_model, obs)
+            want_logits, want_values = keras_forward(keras_model, obs)
             np.testing.assert_allclose(logits, want_logits, rtol=1e-5, atol=1e-5)
             # The actors' per-step forward: the policy's path alone, the same logits.
             np.testing.assert_allclose(numpy_model.logits(obs), logits, rtol=1e-5, atol=1e-5)
