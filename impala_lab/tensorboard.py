@@ -104,7 +104,7 @@ class TensorBoardWriter:
         import tensorflow as tf
 
         self._tf = tf
-        self._summary, self._scalar_pb, self._histogram_pb, self._text_pb = (
+        self._summary_type, self._scalar_pb, self._histogram_pb, self._text_pb = (
             Summary, scalar_pb, histogram_pb, text_pb)
         self.logdir = os.fspath(logdir)
         self._writer = tf.summary.create_file_writer(self.logdir)
@@ -128,7 +128,7 @@ class TensorBoardWriter:
         step = int(snapshot[STEP_KEY])
         # The whole report goes out as one Summary proto, one op: a tf.summary.scalar op per
         # tag (an eager op each) cost the driver tens of times more per report.
-        summary = self._summary()
+        summary = self._summary_type()
         for tag, value in scalar_tags(snapshot).items():
             summary.value.extend(self._scalar_pb(tag, value).value)
         if self._policy_lags is not None:
