@@ -1,14 +1,14 @@
 """`RolloutWorker`: gymnasium envs stepped by a numpy policy, returning `SampleBatch`es.
 
-This is IMPALA's actor (RLlib's ``PolicyEvaluator`` in the seed). It holds
+This is IMPALA's actor (RLlib's ``PolicyEvaluator``). It holds
 ``num_envs`` envs and a numpy copy of the policy network, and each `sample` call steps
 every env ``sample_batch_size`` (T) times, giving one time-major [T, num_envs] batch with
 the behaviour logits and the weights version used, which V-trace needs to correct for the
 policy lag between this actor and the learner.
 
 Episode boundaries. The worker loops over a plain list of envs and resets an env itself
-the moment it reports ``terminated`` or ``truncated`` (measured about 1.3-1.6x faster
-than ``gymnasium.vector.SyncVectorEnv`` for 8 CartPole envs here). So:
+the moment it reports ``terminated`` or ``truncated`` (faster than
+``gymnasium.vector.SyncVectorEnv`` for small envs such as CartPole). So:
 
 - ``obs[t, b]`` is always the observation the action ``actions[t, b]`` was taken in; a
   final observation is never recorded as ``obs`` and the reset is never an action.
@@ -19,13 +19,14 @@ than ``gymnasium.vector.SyncVectorEnv`` for 8 CartPole envs here). So:
   worker stores ``truncation_values[t, b]`` = V(final obs) under its current numpy model
   and the learner bootstraps from it.
 
-This module imports numpy and gymnasium only (no TensorFlow): actor processes import it.
+The checks of what an env returns (shapes, dtypes, finite values) are in
+`impala_lab.env_checks`. This module imports numpy and gymnasium only (no TensorFlow):
+actor processes import it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -34,11 +35,11 @@ import numpy as np
 
 from impala_lab import models
 from impala_lab.batch import SampleBatch
+from impala_lab.env_checks import FLOAT32_MAX, EnvOutputChecks
 
 __all__ = ["RolloutWorker", "env_description"]
 
 EnvSpec = str | Callable[[], gym.Env]
-_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def env_description(env: EnvSpec) -> str:
@@ -56,8 +57,8 @@ class Int64Discrete(gym.spaces.Discrete):
     """A `Discrete` space whose ``contains`` answers an ``np.int64`` scalar directly.
 
     Envs such as CartPole assert ``action_space.contains(action)`` on every step, and
-    gymnasium's check spends about 2 us on dtype tests: a fifth of a CartPole worker's CPU
-    (py-spy, issue 8). The worker's actions are np.int64 scalars, for which the answer is the
+    gymnasium's check spends microseconds on dtype tests: a large share of a CartPole
+    worker's CPU. The worker's actions are np.int64 scalars, for which the answer is the
     range test alone, as in `Discrete.contains`; any other value goes to `Discrete.contains`.
     """
 
@@ -66,13 +67,46 @@ class Int64Discrete(gym.spaces.Discrete):
             return bool(self.start <= x < self.start + self.n)
         return super().contains(x)
 
+    @classmethod
+    def like(cls, space: gym.spaces.Discrete) -> Int64Discrete:
+        """An `Int64Discrete` equal to ``space`` that draws from ``space``'s generator."""
+        return cls(int(space.n), seed=space.np_random, start=int(space.start))
+
 
 def fast_int64_action_check(env: gym.Env) -> None:
-    """Gives ``env``'s own int64 `Discrete` action space the `Int64Discrete` check (in place;
-    the space stays equal to what it was and answers every ``contains`` the same)."""
-    space = getattr(env.unwrapped, "action_space", None)
+    """Replaces ``env``'s own int64 `Discrete` action space by an equal `Int64Discrete`
+    (which answers every ``contains`` the same, faster); wrappers that do not set a space of
+    their own pass the new one on. Any other action space is left alone."""
+    unwrapped = env.unwrapped
+    space = getattr(unwrapped, "action_space", None)
     if type(space) is gym.spaces.Discrete and space.dtype == np.int64:
-        space.__class__ = Int64Discrete
+        unwrapped.action_space = Int64Discrete.like(space)
+
+
+class _Fragment:
+    """The arrays one `RolloutWorker.sample` fills, time-major.
+
+    ``obs`` [T + 1, B, *obs_shape] (row T: the observations after the last step),
+    ``actions`` [T, B] int64, ``logits`` [T, B, num_actions] float32, ``rewards64`` [T, B]
+    float64 (checked before the cast to float32), ``terminateds`` and ``truncateds`` [T, B]
+    bool, ``truncation_values`` [T, B] float32; ``done_returns`` and ``done_lengths``: the
+    episodes that ended, in order of (step, env index).
+    """
+
+    __slots__ = ("actions", "done_lengths", "done_returns", "logits", "obs", "rewards64",
+                 "terminateds", "truncateds", "truncation_values")
+
+    def __init__(self, T: int, n: int, obs_shape: tuple[int, ...], obs_dtype: np.dtype,
+                 num_actions: int) -> None:
+        self.obs = np.empty((T + 1, n, *obs_shape), obs_dtype)
+        self.actions = np.empty((T, n), np.int64)
+        self.logits = np.empty((T, n, num_actions), np.float32)
+        self.rewards64 = np.empty((T, n), np.float64)
+        self.terminateds = np.zeros((T, n), np.bool_)
+        self.truncateds = np.zeros((T, n), np.bool_)
+        self.truncation_values = np.zeros((T, n), np.float32)
+        self.done_returns: list[float] = []
+        self.done_lengths: list[int] = []
 
 
 class RolloutWorker:
@@ -85,7 +119,6 @@ class RolloutWorker:
       sample_batch_size: unroll length T of each `sample`.
       hiddens: hidden layer sizes of the policy network (must match the learner's model).
       vf_share_layers: whether the value head shares the policy's trunk (as the learner's).
-      gamma: discount; kept for the learner and reports (the worker does not discount).
       seed: seeds envs, action sampling and the initial weights; None = random. Env ``i`` is
         seeded from ``SeedSequence(seed, spawn_key=(worker_index,))``'s child ``i + 1``,
         action sampling from child 0, so equal (seed, worker_index) give equal batches.
@@ -103,7 +136,6 @@ class RolloutWorker:
         sample_batch_size: int = 50,
         hiddens: Sequence[int] = (64, 64),
         vf_share_layers: bool = False,
-        gamma: float = 0.99,
         seed: int | None = None,
         worker_index: int = 0,
     ) -> None:
@@ -122,7 +154,6 @@ class RolloutWorker:
         self._env_id = env_description(env)
         self._num_envs = num_envs
         self._T = sample_batch_size
-        self.gamma = float(gamma)
         self.worker_index = int(worker_index)
         self.seed = seed
         self._envs: list[gym.Env] = []
@@ -139,44 +170,9 @@ class RolloutWorker:
         env_seeds = [int(c.generate_state(1, np.uint32)[0]) for c in children[1:]]
 
         try:
-            for i in range(num_envs):
-                self._envs.append(self._make_env(i))
-            self._observation_space = self._envs[0].observation_space
-            self._action_space = self._envs[0].action_space
-            for i, e in enumerate(self._envs[1:], start=1):
-                if e.observation_space != self._observation_space or (
-                    e.action_space != self._action_space
-                ):
-                    raise ValueError(
-                        f"RolloutWorker: env index {i} of {self._env_id!r} has spaces "
-                        f"({e.observation_space}, {e.action_space}) but env 0 has "
-                        f"({self._observation_space}, {self._action_space}); all envs of a "
-                        "worker need the same spaces."
-                    )
-            try:
-                models.check_spaces(self._observation_space, self._action_space)
-            except ValueError as err:
-                raise ValueError(f"RolloutWorker: env {self._env_id!r}: {err}") from err
-
-            self._obs_shape = tuple(self._observation_space.shape)
-            # The fast path of the observation check: an ndarray of exactly the space's shape
-            # and dtype (the dtype object compared by identity; any other passes or fails in
-            # `_checked_obs`).
-            self._space_dtype = np.dtype(self._observation_space.dtype)
-            is_image = self._space_dtype == np.uint8
-            self._obs_dtype = np.dtype(np.uint8 if is_image else np.float32)
-            self._check_obs = self._obs_dtype.kind == "f"
-            self._num_actions = int(self._action_space.n)
-
-            self._model = models.NumpyModel(
-                self._observation_space, self._action_space, hiddens=tuple(hiddens),
-                vf_share_layers=vf_share_layers,
-            )
+            self._build_envs(num_envs)
             init_seed = seed if seed is not None else int(seq.entropy % (2**63))
-            self._weights: list[np.ndarray] = list(self._model.initial_weights(init_seed))
-            self._model.set_weights(self._weights)
-            self._version = -1
-
+            self._build_model(tuple(hiddens), vf_share_layers, init_seed)
             self._obs = np.empty((num_envs, *self._obs_shape), self._obs_dtype)
             for i, (e, s) in enumerate(zip(self._envs, env_seeds, strict=True)):
                 self._obs[i] = self._reset_env(i, e, seed=s)
@@ -185,6 +181,51 @@ class RolloutWorker:
             raise
 
     # ------------------------------------------------------------------ construction
+    def _build_envs(self, num_envs: int) -> None:
+        """Builds the envs, checks that they share supported spaces, and sets the batch's
+        observation layout from them."""
+        for i in range(num_envs):
+            self._envs.append(self._make_env(i))
+        self._observation_space = self._envs[0].observation_space
+        self._action_space = self._envs[0].action_space
+        for i, e in enumerate(self._envs[1:], start=1):
+            if e.observation_space != self._observation_space or (
+                e.action_space != self._action_space
+            ):
+                raise ValueError(
+                    f"RolloutWorker: env index {i} of {self._env_id!r} has spaces "
+                    f"({e.observation_space}, {e.action_space}) but env 0 has "
+                    f"({self._observation_space}, {self._action_space}); all envs of a "
+                    "worker need the same spaces."
+                )
+        try:
+            models.check_spaces(self._observation_space, self._action_space)
+        except ValueError as err:
+            raise ValueError(f"RolloutWorker: env {self._env_id!r}: {err}") from err
+
+        self._obs_shape = tuple(self._observation_space.shape)
+        # The fast path of the observation check: an ndarray of exactly the space's shape
+        # and dtype (the dtype object compared by identity; any other passes or fails in
+        # `EnvOutputChecks.checked_obs`).
+        self._space_dtype = np.dtype(self._observation_space.dtype)
+        is_image = self._space_dtype == np.uint8
+        self._obs_dtype = np.dtype(np.uint8 if is_image else np.float32)
+        self._check_obs = self._obs_dtype.kind == "f"
+        self._checks = EnvOutputChecks(self._env_id, self.worker_index,
+                                       self._observation_space, self._obs_dtype)
+        self._num_actions = int(self._action_space.n)
+
+    def _build_model(self, hiddens: tuple[int, ...], vf_share_layers: bool,
+                     init_seed: int) -> None:
+        """The numpy policy, with initial weights drawn from ``init_seed`` (version -1)."""
+        self._model = models.NumpyModel(
+            self._observation_space, self._action_space, hiddens=hiddens,
+            vf_share_layers=vf_share_layers,
+        )
+        self._weights: list[np.ndarray] = list(self._model.initial_weights(init_seed))
+        self._model.set_weights(self._weights)
+        self._version = -1
+
     def _make_env(self, index: int) -> gym.Env:
         spec = self._env_spec
         where = f"env index {index} of worker {self.worker_index}"
@@ -211,9 +252,9 @@ class RolloutWorker:
         after = f"after env step {self._steps_per_env}" if self._steps_per_env else (
             "before any step"
         )
-        obs = self._checked_obs(index, obs, f"from reset() {after}")
+        obs = self._checks.checked_obs(index, obs, f"from reset() {after}")
         if self._check_obs and not np.isfinite(obs).all():
-            self._raise_nonfinite(index, "observation", obs, f"from reset() {after}")
+            self._checks.raise_nonfinite(index, "observation", obs, f"from reset() {after}")
         return obs
 
     # ------------------------------------------------------------------ properties
@@ -282,45 +323,45 @@ class RolloutWorker:
         """
         if self._closed:
             raise RuntimeError(f"RolloutWorker {self.worker_index} is closed; build a new one.")
-        T, n = self._T, self._num_envs
-        obs_buf = np.empty((T + 1, n, *self._obs_shape), self._obs_dtype)
-        obs_buf[0] = self._obs
-        actions = np.empty((T, n), np.int64)
-        logits_buf = np.empty((T, n, self._num_actions), np.float32)
-        # float64 first: a reward too large for float32 (1e39) is checked, not cast to inf.
-        rewards64 = np.empty((T, n), np.float64)
-        terminateds = np.zeros((T, n), np.bool_)
-        truncateds = np.zeros((T, n), np.bool_)
-        truncation_values = np.zeros((T, n), np.float32)
-        done_returns: list[float] = []
-        done_lengths: list[int] = []
+        frag = _Fragment(self._T, self._num_envs, self._obs_shape, self._obs_dtype,
+                         self._num_actions)
+        frag.obs[0] = self._obs
+        first_step = self._steps_per_env + 1  # the env step of row 0
+        self._step_all(frag, first_step)
+        # Rewards are checked once per fragment, for the cast to float32 that the batch
+        # holds (NaN, inf and |r| > 3.4e38 all fail the comparison).
+        if not (np.abs(frag.rewards64) <= FLOAT32_MAX).all():
+            self._checks.check_rewards(frag.rewards64, first_step)
+        return self._finish(frag)
 
-        # Locals: this loop is the actor's hot path.
+    def _step_all(self, frag: _Fragment, first_step: int) -> None:
+        """Fills ``frag``: T rows, each one policy forward and one step of every env.
+
+        The actor's hot path: everything the inner loop uses is a local; only an episode's
+        end (`_end_episode`) and a row's end (`_end_row`) cost a method call.
+        """
         model = self._model
         sample_actions = models.sample_actions
         rng = self._rng
-        envs = self._envs
-        steps = [e.step for e in envs]
+        steps = [e.step for e in self._envs]
         ep_ret = self._ep_returns
         ep_len = self._ep_lengths
-        check_obs = self._check_obs
-        isfinite = np.isfinite
         ndarray = np.ndarray
         shape = self._obs_shape
         space_dtype = self._space_dtype
-        checked_obs = self._checked_obs
-        first_step = self._steps_per_env + 1  # the env step of row 0
-        r_row = [0.0] * n
+        checked_obs = self._checks.checked_obs
+        obs_buf = frag.obs
+        r_row = [0.0] * self._num_envs
         i = -1
         t = 0
         try:
-            for t in range(T):
+            for t in range(self._T):
                 logits = model.logits(obs_buf[t])  # values only at truncations
                 acts = sample_actions(logits, rng)
-                logits_buf[t] = logits
-                actions[t] = acts
+                frag.logits[t] = logits
+                frag.actions[t] = acts
                 nxt = obs_buf[t + 1]
-                truncated_final: list[tuple[int, Any]] | None = None
+                finals: list[tuple[int, Any]] | None = None
                 # np.int64 scalars, as a vector env passes them: `Int64Discrete` answers
                 # those with the range test alone.
                 for i, a in enumerate(acts):
@@ -334,65 +375,83 @@ class RolloutWorker:
                     ep_ret[i] += float(r)  # float64 sum, whatever r's type
                     ep_len[i] += 1
                     if term or trunc:
-                        if term:
-                            terminateds[t, i] = True
-                        else:
-                            truncateds[t, i] = True
-                            if truncated_final is None:
-                                truncated_final = []
-                            # Copied: reset() may reuse the env's obs buffer.
-                            truncated_final.append((i, np.array(o, copy=True)))
-                        done_returns.append(float(ep_ret[i]))
-                        done_lengths.append(ep_len[i])
-                        ep_ret[i] = 0.0
-                        ep_len[i] = 0
-                        o, _ = envs[i].reset()
-                        if (type(o) is not ndarray or o.shape != shape
-                                or o.dtype is not space_dtype):
-                            o = checked_obs(i, o, "from reset() after env step "
-                                            f"{first_step + t}")
+                        o, finals = self._end_episode(frag, t, i, o, bool(term), finals,
+                                                      first_step)
                     nxt[i] = o
                 i = -1
-                self._steps_per_env += 1
-                rewards64[t] = r_row
-                if check_obs and not isfinite(nxt).all():
-                    self._check_row(nxt, t, terminateds, truncateds)
-                if truncated_final is not None:
-                    self._fill_truncation_values(truncated_final, truncation_values[t])
+                self._end_row(frag, t, r_row, finals)
         except Exception as err:
-            if not getattr(err, "_impala_lab_located", False):
-                if i >= 0:
-                    where = f"stepping env index {i}"
-                else:
-                    where = "computing the policy's actions"
-                err.add_note(
-                    f"(RolloutWorker {self.worker_index}, env {self._env_id!r}: raised while "
-                    f"{where}, at step {t} of the fragment, env step "
-                    f"{self._steps_per_env + 1})"
-                )
+            self._locate(err, i, t)
             raise
-        # Rewards are checked once per fragment, after the cast to float32 that the batch
-        # holds (NaN, inf and |r| > 3.4e38 all fail the comparison).
-        if not (np.abs(rewards64) <= _FLOAT32_MAX).all():
-            self._check_rewards(rewards64, first_step)
-        rewards = rewards64.astype(np.float32)
 
-        self._obs = obs_buf[T].copy()
+    def _end_episode(self, frag: _Fragment, t: int, i: int, final_obs: Any, terminated: bool,
+                     finals: list[tuple[int, Any]] | None, first_step: int
+                     ) -> tuple[Any, list[tuple[int, Any]] | None]:
+        """Env ``i``'s episode ended at row ``t``: records it and resets the env.
+
+        Returns the reset observation (the next row's) and ``finals`` with ``(i, final
+        observation)`` added if the episode was truncated (its value is bootstrapped).
+        """
+        if terminated:
+            frag.terminateds[t, i] = True
+        else:
+            frag.truncateds[t, i] = True
+            if finals is None:
+                finals = []
+            # Copied: reset() may reuse the env's obs buffer.
+            finals.append((i, np.array(final_obs, copy=True)))
+        frag.done_returns.append(float(self._ep_returns[i]))
+        frag.done_lengths.append(self._ep_lengths[i])
+        self._ep_returns[i] = 0.0
+        self._ep_lengths[i] = 0
+        o, _ = self._envs[i].reset()
+        if (type(o) is not np.ndarray or o.shape != self._obs_shape
+                or o.dtype is not self._space_dtype):
+            o = self._checks.checked_obs(i, o, f"from reset() after env step {first_step + t}")
+        return o, finals
+
+    def _end_row(self, frag: _Fragment, t: int, r_row: list[Any],
+                 finals: list[tuple[int, Any]] | None) -> None:
+        """Every env stepped once: stores the row's rewards, checks the next observations
+        and computes the bootstrap values of the truncated episodes."""
+        self._steps_per_env += 1
+        frag.rewards64[t] = r_row
+        nxt = frag.obs[t + 1]
+        if self._check_obs and not np.isfinite(nxt).all():
+            self._checks.check_row(nxt, t, self._steps_per_env, frag.terminateds,
+                                    frag.truncateds)
+        if finals is not None:
+            self._fill_truncation_values(finals, frag.truncation_values[t])
+
+    def _locate(self, err: Exception, i: int, t: int) -> None:
+        """Adds where ``err`` happened (env index ``i``, or the policy if -1; row ``t``)."""
+        if getattr(err, "_impala_lab_located", False):
+            return
+        where = f"stepping env index {i}" if i >= 0 else "computing the policy's actions"
+        err.add_note(
+            f"(RolloutWorker {self.worker_index}, env {self._env_id!r}: raised while "
+            f"{where}, at step {t} of the fragment, env step {self._steps_per_env + 1})"
+        )
+
+    def _finish(self, frag: _Fragment) -> SampleBatch:
+        """The `SampleBatch` of a filled fragment; the worker moves on past it."""
+        T, n = self._T, self._num_envs
+        rewards = frag.rewards64.astype(np.float32)
+        self._obs = frag.obs[T].copy()
         self.num_env_steps += T * n
-        self.num_episodes += len(done_returns)
-        policy_versions = np.full(n, self._version, np.int64)
+        self.num_episodes += len(frag.done_returns)
         return SampleBatch(
-            obs=obs_buf[:T],
-            actions=actions,
+            obs=frag.obs[:T],
+            actions=frag.actions,
             rewards=rewards,
-            terminateds=terminateds,
-            truncateds=truncateds,
-            truncation_values=truncation_values,
-            behaviour_logits=logits_buf,
+            terminateds=frag.terminateds,
+            truncateds=frag.truncateds,
+            truncation_values=frag.truncation_values,
+            behaviour_logits=frag.logits,
             bootstrap_obs=self._obs.copy(),
-            policy_versions=policy_versions,
-            episode_returns=np.asarray(done_returns, np.float64),
-            episode_lengths=np.asarray(done_lengths, np.int64),
+            policy_versions=np.full(n, self._version, np.int64),
+            episode_returns=np.asarray(frag.done_returns, np.float64),
+            episode_lengths=np.asarray(frag.done_lengths, np.int64),
         )
 
     def _fill_truncation_values(
@@ -403,92 +462,13 @@ class RolloutWorker:
         final_obs = np.stack([o for _, o in finals]).astype(self._obs_dtype, copy=False)
         if self._check_obs and not np.isfinite(final_obs).all():
             k = int(np.argwhere(~np.isfinite(final_obs).reshape(len(idx), -1).all(1))[0, 0])
-            self._raise_nonfinite(
+            self._checks.raise_nonfinite(
                 idx[k], "observation", final_obs[k],
                 f"at env step {self._steps_per_env} (the final observation of a truncated "
                 "episode, needed for its bootstrap value)",
             )
         _, values = self._model(final_obs)
         out_row[idx] = values
-
-    def _check_rewards(self, rewards: np.ndarray, first_step: int) -> None:
-        """Raise for the first reward (in step order) that float32 cannot hold finitely."""
-        t, i = (int(k) for k in np.argwhere(~(np.abs(rewards) <= _FLOAT32_MAX))[0])
-        r = float(rewards[t, i])
-        when = f"at env step {first_step + t}"
-        if not math.isfinite(r):
-            self._raise_nonfinite(i, "reward", r, when)
-        err = ValueError(  # finite as a Python float, infinite in the batch's float32
-            f"env {self._env_id!r} (env index {i} of worker {self.worker_index}) returned "
-            f"a reward of {r:g} {when}: the batch holds rewards as float32, whose largest "
-            f"finite value is {_FLOAT32_MAX:.4g}, so it would become inf. Fix the env (or wrap "
-            "it to scale or clip its rewards); an infinite reward would otherwise surface as "
-            "a NaN loss much later."
-        )
-        err._impala_lab_located = True  # type: ignore[attr-defined]
-        raise err
-
-    def _checked_obs(self, index: int, obs: Any, when: str) -> np.ndarray:
-        """The slow path of the observation check: ``obs`` as an array if the batch can hold
-        it exactly, else a ValueError naming the env, the step and what the space expects.
-
-        Accepted: the space's shape exactly, and for a float batch any bool, integer or float
-        dtype (cast to float32; a value float32 cannot hold shows up as non-finite); for a
-        uint8 (image) batch uint8, or bool/integer values within 0-255. Not accepted: any other
-        shape (numpy would broadcast a scalar or a (1, 4) array into (4,)), floats for an image
-        (they would be truncated), complex, strings, objects.
-        """
-        try:
-            arr = np.asarray(obs)
-        except Exception as exc:  # ragged lists and the like
-            self._raise_bad_obs(index, when, f"that numpy cannot read as an array "
-                                f"({type(obs).__name__}; {type(exc).__name__}: {exc})")
-        got = f"{type(obs).__name__}, dtype {arr.dtype}"
-        if arr.shape != self._obs_shape:
-            self._raise_bad_obs(index, when, f"of shape {arr.shape} ({got})")
-        kind = arr.dtype.kind
-        if self._obs_dtype == np.uint8:
-            ok = arr.dtype == np.uint8 or (kind in "biu" and (
-                arr.size == 0 or (int(arr.min()) >= 0 and int(arr.max()) <= 255)))
-        else:
-            ok = kind in "biuf"
-        if not ok:
-            self._raise_bad_obs(index, when, f"of dtype {arr.dtype} ({type(obs).__name__}, "
-                                f"shape {arr.shape})")
-        return arr
-
-    def _raise_bad_obs(self, index: int, when: str, what: str) -> None:
-        err = ValueError(
-            f"env {self._env_id!r} (env index {index} of worker {self.worker_index}) returned "
-            f"an observation {what} {when}, but its observation space "
-            f"{self._observation_space} expects shape {self._obs_shape} and dtype "
-            f"{self._space_dtype}. Fix the env (or wrap it to reshape or cast its "
-            "observation); numpy would otherwise broadcast or cast it into the batch and the "
-            "policy would train on corrupted data."
-        )
-        err._impala_lab_located = True  # type: ignore[attr-defined]
-        raise err
-
-    def _check_row(
-        self, row: np.ndarray, t: int, terminateds: np.ndarray, truncateds: np.ndarray
-    ) -> None:
-        bad = ~np.isfinite(row.reshape(len(row), -1)).all(axis=1)
-        i = int(np.argmax(bad))
-        step = self._steps_per_env
-        reset = bool(terminateds[t, i] or truncateds[t, i])
-        when = f"from reset() after env step {step}" if reset else f"at env step {step}"
-        self._raise_nonfinite(i, "observation", row[i], when)
-
-    def _raise_nonfinite(self, index: int, quantity: str, value: Any, when: str) -> None:
-        text = np.array2string(np.asarray(value), threshold=8, precision=4)
-        err = ValueError(
-            f"env {self._env_id!r} (env index {index} of worker {self.worker_index}) returned "
-            f"a non-finite {quantity} {when}: {text}. "
-            "Fix the env (or wrap it to clip/validate its output); a NaN here would "
-            "otherwise surface as a NaN loss much later."
-        )
-        err._impala_lab_located = True  # type: ignore[attr-defined]
-        raise err
 
     # ------------------------------------------------------------------ lifetime
     def close(self) -> None:

@@ -480,9 +480,9 @@ def test_float64_box_obs_become_float32():
 
 def test_properties_and_lifetime():
     w = RolloutWorker("CartPole-v1", num_envs=2, sample_batch_size=7, hiddens=(8,), seed=0,
-                      gamma=0.9, worker_index=2)
+                      worker_index=2)
     assert w.env_id == "CartPole-v1"
-    assert (w.num_envs, w.sample_batch_size, w.num_actions, w.gamma) == (2, 7, 2, 0.9)
+    assert (w.num_envs, w.sample_batch_size, w.num_actions) == (2, 7, 2)
     assert w.observation_space.shape == (4,) and w.action_space.n == 2
     assert "RolloutWorker(env='CartPole-v1', num_envs=2" in repr(w)
     assert w.sample().count == 14
@@ -569,9 +569,9 @@ def test_int64_discrete_answers_every_contains_like_discrete():
         np.array(1), np.array([1]), "1", None, True]
     for start, n in ((0, 2), (-2, 5), (3, 1)):
         reference = gym.spaces.Discrete(n, start=start)
-        fast = gym.spaces.Discrete(n, start=start)
-        fast.__class__ = Int64Discrete
+        fast = Int64Discrete.like(reference)
         assert fast == reference and repr(fast) == repr(reference)
+        assert fast.np_random is reference.np_random  # samples draw from the same stream
         for v in values:
             assert fast.contains(v) == reference.contains(v), (start, n, v)
             assert type(fast.contains(v)) is bool
@@ -579,7 +579,10 @@ def test_int64_discrete_answers_every_contains_like_discrete():
     env = gym.make("CartPole-v1")
     fast_int64_action_check(env)
     assert type(env.unwrapped.action_space) is Int64Discrete
+    assert env.action_space is env.unwrapped.action_space  # the wrappers pass it on
     assert env.action_space == gym.spaces.Discrete(2)
+    env.reset(seed=0)
+    env.step(np.int64(1))  # CartPole's own contains() check accepts the worker's actions
     # Only exactly Discrete over int64 is changed: subclasses and other dtypes are left alone.
     other = gym.make("CartPole-v1")
     other.unwrapped.action_space = gym.spaces.Discrete(2, dtype=np.int32)
