@@ -10,8 +10,9 @@ backend imports) imports none of them.
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from impala_lab._lazy import lazy_getattr
 from impala_lab.backends.base import Backend, WorkerHandle
 from impala_lab.config import ImpalaConfig
 
@@ -51,9 +52,6 @@ def make_backend(config: ImpalaConfig, env_creator: None = None) -> Backend:
     return backend_class(config.backend)(config)
 
 
-def __getattr__(name: str) -> Any:
-    for path in BACKENDS.values():
-        module, cls = path.split(":")
-        if cls == name:
-            return getattr(importlib.import_module(module), cls)
-    raise AttributeError(f"module 'impala_lab.backends' has no attribute {name!r}")
+# The classes (ProcessBackend, InlineBackend, RayBackend) are imported on first use.
+_CLASS_MODULES = {path.split(":")[1]: path.split(":")[0] for path in BACKENDS.values()}
+__getattr__ = lazy_getattr(__name__, _CLASS_MODULES)
