@@ -17,14 +17,13 @@ Pure Python, like the dashboard's text view: the CLI imports it before TensorFlo
 
 from __future__ import annotations
 
-import math
-import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from impala_lab.dashboard.terminal import TerminalView, render
+from impala_lab.dashboard.format import is_number
+from impala_lab.dashboard.terminal import TerminalView
 
 BAR_WIDTH = 30
 
@@ -51,17 +50,13 @@ class Progress:
     label: str
 
 
-def _finite(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def _clip(x: float) -> float:
     return min(max(x, 0.0), 1.0)
 
 
 def return_progress(mean: Any, target: float, low: float | None) -> Progress:
     """The mean return's way from ``low`` (the lowest mean seen; None: none yet) to ``target``."""
-    if not _finite(mean):
+    if not is_number(mean):
         return Progress(0.0, f"mean return – / {target:g}")
     start = mean if low is None else min(low, mean)
     frac = 1.0 if mean >= target else (
@@ -106,9 +101,9 @@ def bar_line(progress: Progress | None, seconds: float, width: int = BAR_WIDTH) 
             f"   {seconds:.1f} s")
 
 
-class ProgressView:
-    """The CLI's live view: the bar and the text dashboard, redrawn in place in a terminal;
-    the dashboard's one progress line per report elsewhere.
+class ProgressView(TerminalView):
+    """The CLI's live view: the bar over the text dashboard, redrawn in place in a terminal;
+    the dashboard's one progress line per report elsewhere (`TerminalView`'s, unchanged).
 
     Args:
       goal: the run's limits.
@@ -120,17 +115,11 @@ class ProgressView:
 
     def __init__(self, goal: StopGoal, stream: TextIO | None = None, title: str = "",
                  live: bool | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__(stream, title, live)
         self.goal = goal
-        self.stream = stream if stream is not None else sys.stdout
-        self.title = title
-        self.live = self.stream.isatty() if live is None else live
         self._clock = clock
         self._started = clock()
         self._low_return: float | None = None
-        self._last_sampled: Any = None
-        self._drawn_lines = 0
-        # Not live: the dashboard's own line view, so logs read exactly as they always did.
-        self._lines = None if self.live else TerminalView(self.stream, title, live=False)
 
     def begin(self) -> None:
         """Start the clock that ``max_seconds`` is measured on (call as ``train`` starts)."""
@@ -139,28 +128,11 @@ class ProgressView:
     def progress(self, stats: Mapping[str, Any]) -> Progress | None:
         """The progress of a snapshot (and remember its return as a low, if it is one)."""
         mean = stats.get("episode_return_mean")
-        if _finite(mean):
+        if is_number(mean):
             self._low_return = mean if self._low_return is None else min(self._low_return, mean)
         return goal_progress(stats, self.goal, self._clock() - self._started, self._low_return)
 
-    def update(self, stats: Mapping[str, Any]) -> None:
-        """Show one snapshot."""
-        if self._lines is not None:
-            self._lines.update(stats)
-            return
-        sampled = stats.get("num_steps_sampled")
-        idle = sampled == (0 if self._last_sampled is None else self._last_sampled)
-        self._last_sampled = sampled
-        text = bar_line(self.progress(stats), self._clock() - self._started) + "\n" + render(
-            stats, self.title, idle)
-        # Move up over the previous drawing and clear each line, so nothing scrolls.
-        up = f"\x1b[{self._drawn_lines}F" if self._drawn_lines else ""
-        self.stream.write(up + "".join(f"\x1b[2K{line}\n" for line in text.split("\n")))
-        self.stream.flush()
-        self._drawn_lines = text.count("\n") + 1
-
-    def close(self) -> None:
-        """Leave the last drawing on screen; later output starts below it."""
-        self._drawn_lines = 0
-        if self._lines is not None:
-            self._lines.close()
+    def panel(self, stats: Mapping[str, Any], no_samples: bool) -> str:
+        """The bar line over the dashboard's panel."""
+        bar = bar_line(self.progress(stats), self._clock() - self._started)
+        return bar + "\n" + super().panel(stats, no_samples)

@@ -143,12 +143,16 @@ class TerminalView:
             self.stream.write(progress_line(stats, idle) + "\n")
             self.stream.flush()
             return
-        text = render(stats, self.title, idle)
+        text = self.panel(stats, idle)
         # Move up over the previous panel and clear each line, so nothing scrolls.
         up = f"\x1b[{self._drawn_lines}F" if self._drawn_lines else ""
         self.stream.write(up + "".join(f"\x1b[2K{line}\n" for line in text.split("\n")))
         self.stream.flush()
         self._drawn_lines = text.count("\n") + 1
+
+    def panel(self, stats: Mapping[str, Any], no_samples: bool) -> str:
+        """The text redrawn in a TTY (a subclass may add lines: the CLI's progress bar)."""
+        return render(stats, self.title, no_samples)
 
     def close(self) -> None:
         """Leave the last panel on screen; later output starts below it."""
