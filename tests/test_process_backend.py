@@ -1,16 +1,16 @@
 """The process backend: workers in spawned processes, driven through pipes and shared memory.
 
-Spawning a worker costs about 0.5-1 s here, so the tests that only sample share one pair of
-workers (a module fixture); the tests that break a worker start their own.
+What every backend does is tested in test_backends.py; here what only this one does: weights
+blocks, signals, exit codes, parents that die, scripts without a main guard. Spawning a
+worker costs about 0.5-1 s, so the tests that only sample share one pair of workers (a module
+fixture); the tests that break a worker start their own.
 """
 
 from __future__ import annotations
 
 import functools
-import itertools
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -20,79 +20,27 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from impala_lab.backends import make_backend
 from impala_lab.backends.process import ProcessBackend, ProcessWorkerHandle
 from impala_lab.backends.shared_weights import (
     SharedWeightsReader,
     read_shared_weights,
     write_shared_weights,
 )
-from impala_lab.batch import SampleBatch
-from impala_lab.config import ImpalaConfig
 from impala_lab.errors import WorkerError
-from impala_lab.models import NumpyModel
+from tests.backend_helpers import ENV3, B, T, config, model_for, results
 from tests.envs import FixedLengthEnv, RaisingEnv, SlowEnv
+from tests.leaks import alive, wait_gone
 
 ROOT = Path(__file__).resolve().parents[1]
-HIDDENS = (8,)
-T, B = 5, 2  # unroll length, envs per worker
-
-
-def config(env, num_workers: int = 2, num_envs: int = B, T: int = T, **kw) -> ImpalaConfig:
-    return ImpalaConfig(env=env, num_workers=num_workers, num_envs_per_worker=num_envs,
-                        sample_batch_size=T, model=HIDDENS, seed=0, **kw)
-
-
-def model_for(env_factory) -> NumpyModel:
-    env = env_factory()
-    return NumpyModel(env.observation_space, env.action_space, hiddens=HIDDENS)
-
-
-def results(backend: ProcessBackend, futures: list, timeout: float = 20.0) -> list:
-    """Waits (through backend.wait, as the task pool does) until every future is done."""
-    deadline = time.monotonic() + timeout
-    pending = list(futures)
-    while pending:
-        assert time.monotonic() < deadline, f"futures not done after {timeout} s: {pending}"
-        for f in backend.wait(pending, 1.0):
-            pending.remove(f)
-    return [f.result() for f in futures]
-
-
-def gone(pid: int) -> bool:
-    """True once ``pid`` is no process, or a zombie (PID 1 here may not reap orphans)."""
-    if not os.path.isdir("/proc"):  # not Linux: a zombie counts as alive here
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    except FileNotFoundError:
-        return True
-
-
-def wait_gone(pids: list[int], timeout: float) -> list[int]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if all(gone(p) for p in pids):
-            return []
-        time.sleep(0.05)
-    return [p for p in pids if not gone(p)]
 
 
 def shm_names(prefix: str) -> set[str]:
     return {n for n in os.listdir("/dev/shm") if n.startswith(prefix)}
 
 
-ENV3 = functools.partial(FixedLengthEnv, length=3)
-
-
 @pytest.fixture(scope="module")
 def pair():
-    backend = ProcessBackend(config(ENV3))
+    backend = ProcessBackend(config())
     handles = [backend.make_worker(i) for i in range(2)]
     yield backend, handles
     pids = [h.pid for h in handles]
@@ -101,70 +49,6 @@ def pair():
 
 
 # ---------------------------------------------------------------------- sampling
-def test_make_backend_builds_a_process_backend():
-    backend = make_backend(config("CartPole-v1", backend="process"))
-    try:
-        assert isinstance(backend, ProcessBackend)
-        assert backend.worker_pids() == []
-    finally:
-        backend.shutdown()
-
-
-def test_samples_are_valid_batches_in_request_order(pair):
-    backend, handles = pair
-    model = model_for(ENV3)
-    w7 = model.initial_weights(7)
-    model.set_weights(w7)
-    ref = backend.put_weights(w7, 7)
-    steps_before = []
-    for h in handles:
-        h.set_weights(ref)
-        steps_before.append(results(backend, [h.info()])[0]["num_env_steps"] // B)
-    futs = [[h.sample() for _ in range(3)] for h in handles]  # three in flight per worker
-    for h, fs, before in zip(handles, futs, steps_before):
-        batches = results(backend, fs)
-        times = [f.completion_time for f in fs]
-        assert times == sorted(times) and None not in times
-        for k, batch in enumerate(batches):
-            assert isinstance(batch, SampleBatch)
-            batch.validate(check_values=True)
-            assert batch.obs.shape == (T, B, 2) and batch.behaviour_logits.shape == (T, B, 2)
-            assert batch.policy_versions.tolist() == [7] * B
-            # FixedLengthEnv: obs[..., 0] counts the steps of the episode (length 3), so the
-            # k-th batch continues exactly where the (k-1)-th ended.
-            start = before + k * T
-            expected = (start + np.arange(T)) % 3
-            np.testing.assert_array_equal(batch.obs[:, :, 0], np.stack([expected] * B, 1))
-            logits, _ = model(batch.obs.reshape(T * B, 2))
-            np.testing.assert_allclose(batch.behaviour_logits.reshape(T * B, 2), logits,
-                                       rtol=1e-5, atol=1e-6)
-            assert batch.episode_lengths.tolist() == [3] * len(batch.episode_lengths)
-        for a, b in itertools.pairwise(batches):
-            np.testing.assert_array_equal(a.bootstrap_obs, b.obs[0])
-        assert h.describe() == f"worker {h.index} (process {h.pid}, env FixedLengthEnv)"
-
-
-def test_set_weights_applies_before_the_next_request_only(pair):
-    backend, handles = pair
-    h = handles[0]
-    model = model_for(ENV3)
-    w1, w2 = model.initial_weights(1), model.initial_weights(2)
-    ref1 = backend.put_weights(w1, 1)
-    h.set_weights(ref1)
-    f1, f2 = h.sample(), h.sample()
-    ref2 = backend.put_weights(w2, 2)
-    h.set_weights(ref2)
-    f3 = h.sample()
-    b1, b2, b3 = results(backend, [f1, f2, f3])
-    assert [b.policy_versions.tolist() for b in (b1, b2, b3)] == [[1, 1], [1, 1], [2, 2]]
-    model.set_weights(w2)
-    logits, _ = model(b3.obs.reshape(T * B, 2))
-    np.testing.assert_allclose(b3.behaviour_logits.reshape(T * B, 2), logits, rtol=1e-5,
-                               atol=1e-6)
-    info = results(backend, [h.info()])[0]
-    assert info["weights_version"] == 2
-
-
 def test_weight_blocks_are_reused_and_released(pair):
     backend, handles = pair
     model = model_for(ENV3)
@@ -251,14 +135,6 @@ def test_workers_never_import_tensorflow_and_ignore_sigint(pair):
     assert all(h.is_alive() for h in handles)
 
 
-def test_wait_with_nothing_pending_returns_at_once(pair):
-    backend, _ = pair
-    t0 = time.monotonic()
-    assert backend.wait([], None) == []
-    assert backend.wait([], 5.0) == []
-    assert time.monotonic() - t0 < 0.1
-
-
 # ---------------------------------------------------------------------- env factories
 def test_lambda_closing_over_a_local_variable_travels_by_value():
     length = 4  # only the closure knows it: the worker must get it by value
@@ -318,27 +194,6 @@ def test_env_classes_defined_in_a_notebook_reach_the_worker():
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[0.0, 2.0, 4.0, 6.0, 0.0, 2.0] [4]"
-
-
-def test_unpicklable_env_factory_is_refused_before_any_process_starts():
-    conn = sqlite3.connect(":memory:")
-
-    def env_with_db():
-        conn.execute("select 1")
-        return FixedLengthEnv()
-
-    backend = ProcessBackend(config(env_with_db, num_workers=1))
-    try:
-        with pytest.raises(ValueError) as info:
-            backend.make_worker(0)
-        text = str(info.value)
-        assert "env factory" in text and "env_with_db" in text
-        assert "sqlite3.Connection" in text
-        assert "importable module" in text
-        assert backend.handles == [] and backend.worker_pids() == []
-    finally:
-        backend.shutdown()
-        conn.close()
 
 
 def test_env_that_cannot_be_built_fails_the_first_request():
@@ -449,7 +304,7 @@ def test_stop_worker_fails_pending_requests_and_ends_the_process():
         # ones (1.5 s) and exits by itself (code 0, not terminated).
         assert time.monotonic() - t0 < 1.2
         assert h0.exitcode == 0
-        assert gone(h0.pid)
+        assert not alive(h0.pid)
         for f in futs:
             assert f.done()
             with pytest.raises(WorkerError, match="stopped by the driver"):
@@ -537,7 +392,7 @@ def test_workers_exit_when_their_parent_is_killed():
         line = parent.stdout.readline().split()
         assert len(line) == 3, parent.stderr.read()
         prefix, pids = line[0], [int(p) for p in line[1:]]
-        assert not any(gone(p) for p in pids)
+        assert all(alive(p) for p in pids)
         parent.kill()
         parent.wait(5)
         assert wait_gone(pids, 5.0) == [], "workers outlived their parent"
