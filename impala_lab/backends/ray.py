@@ -14,7 +14,11 @@ imports this module lazily), so the package works without Ray installed.
 Starting Ray:
 
 - ``config.ray_address`` set: ``ray.init(address=config.ray_address)`` joins an existing
-  cluster; the backend never shuts that cluster down.
+  cluster; the backend never shuts that cluster down. A head that does not answer a TCP
+  connect within `JOIN_PROBE_TIMEOUT_S` is a `ConfigError` at once (``ray.init`` itself
+  retries such an address for many minutes); a cluster that refuses the driver (its token
+  authentication, see below) is a `ConfigError` naming the address and ``RAY_AUTH_MODE``
+  after Ray's 20 s of retries.
 - Ray already initialized in this process (e.g. by the notebook): the backend uses it and
   leaves it running.
 - Otherwise a private local Ray starts with the machine's CPUs, no dashboard, and every
@@ -33,16 +37,20 @@ would write into whichever cell runs; there it stays in Ray's log files
 (``/tmp/ray/session_latest/logs``). Errors never depend on it: an env that raises reaches
 the driver as `WorkerError` with the actor's traceback.
 
-Each actor asks for ``min(1, cluster CPUs / num_workers)`` CPUs, so ``num_workers`` above
-the CPU count shares the CPUs (as processes would) instead of leaving actors unscheduled.
+Each actor asks for ``min(1, free CPUs / num_workers)`` CPUs, so ``num_workers`` above the
+CPU count shares the CPUs (as processes would) instead of leaving actors unscheduled; a
+cluster with no free CPU (other jobs hold them all) is a `ConfigError` after
+`FREE_CPU_WAIT_S`, not a hang. Actors are spread over the nodes (``scheduling_strategy=
+"SPREAD"``), so every node samples and a lost node takes only its share of the workers.
 
-Running on a Ray cluster::
+Running on a Ray cluster (the README's "Where the workers live" has the details;
+``tests/test_ray_cluster.py`` runs these steps)::
 
-    # on the head node (every node needs the same Python, impala_lab and gymnasium):
-    ray start --head --port=6379
-    # on each other node:
-    ray start --address=<head>:6379
-    # anywhere that can reach the head:
+    # every node and the driver: the same Python, Ray, impala_lab and gymnasium, and
+    export RAY_AUTH_MODE=token         # the cluster's token in ~/.ray/auth_token
+    ray get-auth-token --generate      # on the head, once; copy ~/.ray/auth_token to the others
+    ray start --head --port=6379       # on the head node
+    ray start --address=<head>:6379    # on each other node
     impala-lab train --backend ray --ray-address <head>:6379
 
 From Python: ``Impala(ImpalaConfig(backend="ray", ray_address="<head>:6379"))``. The env
@@ -57,6 +65,7 @@ import contextlib
 import logging
 import os
 import re
+import socket
 import sys
 import time
 from collections.abc import Sequence
@@ -65,13 +74,15 @@ from typing import Any
 from impala_lab.backends.base import Backend, WorkerHandle
 from impala_lab.backends.remote import describe_env, pickled_env, worker_info
 from impala_lab.config import ImpalaConfig
-from impala_lab.errors import WorkerError
+from impala_lab.errors import ConfigError, WorkerError
 
 __all__ = ["RayBackend", "RayWorkerHandle", "RayFuture", "RAY_MISSING"]
 
 RAY_MISSING = "backend='ray' needs the 'ray' extra: pip install 'impala_lab[ray]'"
 _LOCAL_ONLY_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # Ray colours its reports; a WorkerError is plain text
+JOIN_PROBE_TIMEOUT_S = 5.0  # a TCP connect to ``ray_address`` before ray.init tries it
+FREE_CPU_WAIT_S = 10.0  # how long a cluster with no free CPU may take to free one
 
 
 def _import_ray() -> Any:
@@ -98,7 +109,9 @@ class RolloutActor:
         return self.worker.sample()
 
     def info(self) -> dict[str, Any]:
-        return worker_info(self.worker)
+        import ray
+
+        return {**worker_info(self.worker), "node_id": ray.get_runtime_context().get_node_id()}
 
     def pid(self) -> int:
         return os.getpid()
@@ -235,17 +248,25 @@ class RayBackend(Backend):
         self.handles: list[RayWorkerHandle] = []
         self._closed = False
         self.started_ray = False
+        joined = False
         if not ray.is_initialized():
             kwargs = self.init_kwargs(config, ray_init_kwargs)
             if config.ray_address:
-                ray.init(**kwargs)
+                _join_cluster(ray, kwargs)
+                joined = True
             else:
                 with _local_only_mode(ray):
                     ray.init(**kwargs)
                 self.started_ray = True
-        cpus = ray.cluster_resources().get("CPU", 1.0)
+        try:
+            cpus = _free_cpus(ray, config, FREE_CPU_WAIT_S)
+        except ConfigError:
+            if joined or self.started_ray:
+                ray.shutdown()  # leaves a joined cluster running
+            raise
         self.cpus_per_actor = max(0.01, min(1.0, int(1e4 * cpus / config.num_workers) / 1e4))
-        self._actor_class = ray.remote(num_cpus=self.cpus_per_actor)(RolloutActor)
+        self._actor_class = ray.remote(num_cpus=self.cpus_per_actor,
+                                       scheduling_strategy="SPREAD")(RolloutActor)
         self._env_checked = False
 
     @staticmethod
@@ -360,3 +381,63 @@ def _local_only_mode(ray: Any):
             os.environ[_LOCAL_ONLY_ENV] = saved_env
         if saved_flag is not None:
             ray_constants.ENABLE_RAY_CLUSTER = saved_flag
+
+
+def _join_cluster(ray: Any, kwargs: dict[str, Any]) -> None:
+    """``ray.init(**kwargs)`` for ``kwargs["address"]``, with Ray's failures turned into a
+    `ConfigError` naming the address and the fix."""
+    address = kwargs["address"]
+    _probe(address, JOIN_PROBE_TIMEOUT_S)
+    try:
+        ray.init(**kwargs)
+    except ray.exceptions.AuthenticationError as exc:  # RAY_AUTH_MODE=token, no token here
+        raise ConfigError(f"ray_address={address!r}: {exc}") from None
+    except ConnectionError as exc:
+        # Ray logs why it failed; its exception says only that it did. A refused token is the
+        # usual cause: `ray start` enables token authentication when ~/.ray/auth_token exists.
+        raise ConfigError(
+            f"ray_address={address!r}: Ray could not join the cluster there ({exc}). A "
+            "cluster with token authentication refuses a driver without its token: set "
+            "RAY_AUTH_MODE=token in this process's environment (before Ray is first used), "
+            "with the cluster's token in ~/.ray/auth_token, RAY_AUTH_TOKEN_PATH or "
+            "RAY_AUTH_TOKEN"
+        ) from None
+
+
+def _probe(address: str, timeout: float) -> None:
+    """Raises `ConfigError` unless something accepts a TCP connection at ``host:port`` within
+    ``timeout`` seconds. Other address forms ("auto", "ray://...") are left to Ray."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or "/" in host:
+        return
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            pass
+    except OSError as exc:
+        raise ConfigError(
+            f"ray_address={address!r} is unreachable: nothing accepted a connection there "
+            f"within {timeout:g} s ({type(exc).__name__}: {exc}). Start the cluster's head "
+            f"there (ray start --head --port={port}) or fix the address; without "
+            "ray_address a local Ray starts"
+        ) from None
+
+
+def _free_cpus(ray: Any, config: ImpalaConfig, wait_s: float) -> float:
+    """The Ray cluster's free CPUs, waiting up to ``wait_s`` seconds for at least 0.01 per
+    worker (actors just killed free theirs a moment later); `ConfigError` if none come."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        free = ray.available_resources().get("CPU", 0.0)
+        if free >= 0.01 * config.num_workers:
+            return free
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(0.2)
+    total = ray.cluster_resources().get("CPU", 0.0)
+    where = f"at {config.ray_address!r}" if config.ray_address else "of this process"
+    raise ConfigError(
+        f"backend='ray': the Ray cluster {where} has {free:g} of its {total:g} CPUs free "
+        f"after {wait_s:g} s, too few for num_workers={config.num_workers} actors. Other "
+        "Ray jobs hold them (`ray status` shows the usage): end them, or add a node with "
+        "CPUs (ray start --address=<head>:<port> --num-cpus=N)"
+    )
