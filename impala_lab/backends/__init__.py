@@ -41,14 +41,8 @@ def backend_class(name: str) -> type[Backend]:
     return getattr(importlib.import_module(module), cls)
 
 
-def make_backend(config: ImpalaConfig, env_creator: None = None) -> Backend:
-    """The backend named by ``config.backend``, for ``config.env``.
-
-    ``env_creator`` must be None: put an env factory in ``config.env``.
-    """
-    if env_creator is not None:
-        raise TypeError("make_backend(config, env_creator=...) is not supported: pass "
-                        "config.replace(env=env_creator)")
+def make_backend(config: ImpalaConfig) -> Backend:
+    """The backend named by ``config.backend``, for the env ``config.env``."""
     return backend_class(config.backend)(config)
 
 
