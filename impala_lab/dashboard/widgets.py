@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import operator
 import threading
 import weakref
 from collections.abc import Callable, Mapping
@@ -86,6 +87,11 @@ def _check_arguments(impala: Any, poll_hz: float, plot_interval: float,
         if not hasattr(impala, name):
             raise TypeError(f"Dashboard(impala) needs an Impala run; "
                             f"{type(impala).__name__} has no {name!r}")
+
+
+def _read_through(path: str, doc: str) -> property:
+    """A read-only property that returns the attribute at `path`, e.g. ``"_poller.ticks"``."""
+    return property(operator.attrgetter(path), doc=doc)
 
 
 def _css(name: str) -> str:
@@ -140,40 +146,16 @@ class Dashboard:
         """The run, or None once it was garbage-collected."""
         return self._ref()
 
-    @property
-    def plot_renders(self) -> int:
-        """Plots drawn so far."""
-        return self._scheduler.renders
-
-    @property
-    def plot_seconds(self) -> float:
-        """CPU seconds spent drawing plots."""
-        return self._scheduler.seconds
-
-    @property
-    def poll_ticks(self) -> int:
-        """Poller updates so far."""
-        return self._poller.ticks
-
-    @property
-    def poll_cpu_s(self) -> float:
-        """CPU seconds the poller thread spent in its updates."""
-        return self._poller.cpu_s
-
-    @property
-    def poll_errors(self) -> int:
-        """Poller updates that raised (the poller goes on)."""
-        return self._poller.errors
-
-    @property
-    def last_poll_error(self) -> BaseException | None:
-        """The last error of a poller update, or of the plot process that failed."""
-        return self._poller.last_error
-
-    @property
-    def plot_process(self) -> bool:
-        """Whether the poller's plots are drawn in a child process (False after it failed)."""
-        return self._scheduler.use_process
+    # The poller's and the plots' counters, read through (bench and notebooks use them).
+    plot_renders = _read_through("_scheduler.renders", "Plots drawn so far.")
+    plot_seconds = _read_through("_scheduler.seconds", "CPU seconds spent drawing plots.")
+    plot_process = _read_through("_scheduler.use_process", "Whether the poller's plots are "
+                                 "drawn in a child process (False once it failed).")
+    poll_ticks = _read_through("_poller.ticks", "Poller updates so far.")
+    poll_cpu_s = _read_through("_poller.cpu_s", "CPU seconds of the poller's updates.")
+    poll_errors = _read_through("_poller.errors", "Poller updates that raised (it goes on).")
+    last_poll_error = _read_through("_poller.last_error", "The last error of a poller update, "
+                                    "or of the plot process that failed.")
 
     # ------------------------------------------------------------------ building
     def _build(self) -> None:
