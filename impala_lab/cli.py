@@ -8,6 +8,9 @@
 Every `ImpalaConfig` field is an option (``--field-name value``). Bad input exits with code 2
 and a message naming the option, the value and the fix, before any process starts.
 
+While it trains, a terminal shows a progress bar towards the nearest limit over the live
+panel, and a log one progress line per report (`impala_lab.progress`).
+
 At the end the output directory holds ``config.json``, ``metrics.csv`` (a row per report
 interval), ``result.json`` (solved, seconds_to_target, env_steps_to_target, the health
 monitor's findings, final stats), ``report.png``, ``checkpoint/`` (and with ``--tensorboard``
