@@ -3,7 +3,7 @@
 Each `RolloutWorker` lives in its own process, started with the ``spawn`` method of the
 `multiprocess` package (TensorFlow is not fork-safe). Worker processes import numpy,
 gymnasium and `impala_lab.rollout` only, never TensorFlow (tens of MB each instead of
-hundreds). The house has three rooms:
+hundreds). Three modules hold its parts:
 
 - `impala_lab.backends.worker_process`: the worker process's loop and its commands;
 - `impala_lab.backends.shared_weights`: weights broadcasts through shared memory;
