@@ -306,8 +306,10 @@ def _train_and_save(impala: Impala, config: ImpalaConfig, args: argparse.Namespa
 
 def _train(impala: Impala, args: argparse.Namespace, watch: TargetWatch, view: ProgressView,
            on_report: Callable[[dict], None]) -> tuple[dict[str, Any], ImpalaError | None]:
-    """``impala.train`` with the CLI's limits; an interrupt or a run-time error ends it with
-    the last stats (``stop_reason`` "interrupted" or "error"), as does a run without samples."""
+    """``impala.train`` with the CLI's limits; returns the final stats and the error that
+    ended the run: an interrupt or a run-time error ends it with the last stats
+    (``stop_reason`` "interrupted" or "error"), and a run that got no sample at all is an
+    error too (its ``stop_reason`` stays the limit it reached)."""
     sampled_before = impala.num_steps_sampled
     error: ImpalaError | None = None
     view.begin()
