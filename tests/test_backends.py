@@ -182,7 +182,7 @@ def test_shutdown_ends_every_worker_and_is_idempotent(build):
 
 
 @pytest.mark.parametrize("remote", ["process", "ray"])
-def test_workers_in_other_processes_report_the_same_info_and_no_tensorflow(remote, request):
+def test_workers_in_other_processes_report_their_info_and_no_tensorflow(remote, request):
     if remote == "ray":
         request.getfixturevalue("ray_session")
     backend = make_backend(config(backend=remote))
@@ -193,7 +193,7 @@ def test_workers_in_other_processes_report_the_same_info_and_no_tensorflow(remot
         with RolloutWorker(ENV3, hiddens=HIDDENS) as here:
             keys = set(worker_info(here))
         for h, info in zip(handles, infos):
-            assert set(info) == keys
+            assert keys <= set(info)  # a backend may add its own (Ray: the node's id)
             assert info["index"] == h.index and info["env_id"] == "FixedLengthEnv"
             assert info["tensorflow_imported"] is False and info["keras_imported"] is False
             assert info["rss_bytes"] > 0
