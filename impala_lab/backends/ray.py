@@ -197,8 +197,8 @@ class RayWorkerHandle(WorkerHandle):
         return RayFuture(self.actor.sample.remote(), self)
 
     def info(self) -> RayFuture:
-        """Submits a task returning the actor's state (``pid``, ``env_id``,
-        ``weights_version``, ``num_env_steps``, ``rss_bytes``, ``tensorflow_imported``)."""
+        """Submits a task returning the actor's state: `impala_lab.backends.remote.worker_info`'s
+        dict and the ``node_id`` of the node it runs on."""
         return RayFuture(self.actor.info.remote(), self)
 
     def set_weights(self, weights_ref: Any) -> None:
