@@ -392,11 +392,17 @@ def _join_cluster(ray: Any, kwargs: dict[str, Any]) -> None:
         ray.init(**kwargs)
     except ray.exceptions.AuthenticationError as exc:  # RAY_AUTH_MODE=token, no token here
         raise ConfigError(f"ray_address={address!r}: {exc}") from None
-    except ConnectionError as exc:
-        # Ray logs why it failed; its exception says only that it did. A refused token is the
-        # usual cause: `ray start` enables token authentication when ~/.ray/auth_token exists.
+    except (ConnectionError, RuntimeError) as exc:
+        # After 20 s of retries Ray raises ConnectionError, or RuntimeError("Failed to connect
+        # to GCS ..."), and often only its log says why. A refused token is the usual cause:
+        # `ray start` enables token authentication when ~/.ray/auth_token exists.
+        text = str(exc)
+        if isinstance(exc, RuntimeError) and "GCS" not in text:
+            raise
+        refused = " (InvalidAuthToken)" if "InvalidAuthToken" in text else ""
         raise ConfigError(
-            f"ray_address={address!r}: Ray could not join the cluster there ({exc}). A "
+            f"ray_address={address!r}: Ray could not join the cluster there "
+            f"({text.splitlines()[0]}{refused}). A "
             "cluster with token authentication refuses a driver without its token: set "
             "RAY_AUTH_MODE=token in this process's environment (before Ray is first used), "
             "with the cluster's token in ~/.ray/auth_token, RAY_AUTH_TOKEN_PATH or "
