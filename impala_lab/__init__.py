@@ -10,7 +10,8 @@ says "RLlib's", it means that file and the IMPALA agent around it.
 
 Reading order, following one batch through the pipeline:
 
-1. `Impala._step`: one turn of the driver loop (collect samples, feed the learner, broadcast).
+1. `DriverLoop.step` (``Impala.step`` calls it): one turn of the driver loop (collect samples,
+   feed the learner, broadcast).
 2. `RolloutWorker.sample`: an actor steps its envs with a numpy copy of the policy.
 3. `LearnerThread.step`: the learner takes a train batch from its queue and trains on it.
 4. `VTracePolicy.loss_and_stats`: the V-trace actor-critic loss of one batch.
