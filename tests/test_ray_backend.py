@@ -55,7 +55,8 @@ def test_init_kwargs_local_loopback_or_cluster_address():
     assert local["include_dashboard"] is False
     assert local["_node_ip_address"] == "127.0.0.1"
     assert local["num_cpus"] == os.cpu_count()
-    assert local["ignore_reinit_error"] is True and "address" not in local
+    assert local["ignore_reinit_error"] is True
+    assert local["address"] == "local"  # a new Ray, even beside a `ray start` cluster
     # Actors find impala_lab where the driver did, even if it is not installed.
     assert local["job_config"].code_search_path == [os.path.dirname(os.path.dirname(
         os.path.abspath(impala_lab.__file__)))]

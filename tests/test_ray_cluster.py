@@ -132,6 +132,22 @@ def test_the_cli_trains_on_the_cluster_and_leaves_it_as_it_found_it(cluster, tmp
     assert node_ids(cluster) == before
 
 
+def test_a_run_without_an_address_starts_its_own_ray_beside_the_cluster(cluster):
+    # `ray start` recorded the cluster in its temp dir (RAY_TMPDIR for Ray's default one),
+    # where a bare ray.init() would find and join it (and then refuse num_cpus).
+    code = ("from impala_lab.backends.ray import RayBackend\n"
+            "from impala_lab.config import ImpalaConfig\n"
+            "import ray\n"
+            "b = RayBackend(ImpalaConfig(env='CartPole-v1', backend='ray', num_workers=1))\n"
+            "print(b.started_ray, [n['NodeManagerAddress'] for n in ray.nodes()])\n"
+            "b.shutdown()\n")
+    env = {**os.environ, "RAY_TMPDIR": cluster.temp_dir}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split("\n")[0] == "True ['127.0.0.1']"
+
+
 def test_a_cluster_without_a_free_cpu_is_a_config_error_not_a_hang(cluster):
     node_ids(cluster)  # connected
 

@@ -21,7 +21,8 @@ Starting Ray:
   after Ray's 20 s of retries.
 - Ray already initialized in this process (e.g. by the notebook): the backend uses it and
   leaves it running.
-- Otherwise a private local Ray starts with the machine's CPUs, no dashboard, and every
+- Otherwise a private local Ray starts (``address="local"``, also where a ``ray start``
+  cluster runs on this machine) with the machine's CPUs, no dashboard, and every
   Ray server listening on loopback only. Ray 2.x turns ``_node_ip_address="127.0.0.1"`` into
   the machine's primary address on Linux (``ray._private.services.resolve_ip_for_localhost``)
   unless Ray runs in local-only mode, which ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` selects
@@ -284,8 +285,10 @@ class RayBackend(Backend):
             # The actors import impala_lab: find it where the driver found it, installed or not.
             package_parent = os.path.dirname(os.path.dirname(os.path.dirname(
                 os.path.abspath(__file__))))
-            kwargs.update(num_cpus=os.cpu_count() or 1, include_dashboard=False,
-                          _node_ip_address="127.0.0.1",
+            # "local": a new Ray even where a `ray start` cluster runs on this machine, which
+            # ray.init() without an address would join (and then refuse num_cpus).
+            kwargs.update(address="local", num_cpus=os.cpu_count() or 1,
+                          include_dashboard=False, _node_ip_address="127.0.0.1",
                           job_config=JobConfig(code_search_path=[package_parent]))
         kwargs.update(overrides or {})
         return kwargs
@@ -399,10 +402,11 @@ def _join_cluster(ray: Any, kwargs: dict[str, Any]) -> None:
         text = str(exc)
         if isinstance(exc, RuntimeError) and "GCS" not in text:
             raise
+        first = text.splitlines()[0].split(". Last connection error")[0]
         refused = " (InvalidAuthToken)" if "InvalidAuthToken" in text else ""
         raise ConfigError(
             f"ray_address={address!r}: Ray could not join the cluster there "
-            f"({text.splitlines()[0]}{refused}). A "
+            f"({first}{refused}). A "
             "cluster with token authentication refuses a driver without its token: set "
             "RAY_AUTH_MODE=token in this process's environment (before Ray is first used), "
             "with the cluster's token in ~/.ray/auth_token, RAY_AUTH_TOKEN_PATH or "
