@@ -98,13 +98,17 @@ class LearnerThread(threading.Thread):
             return False
         with self.grad_timer:
             self.stats = self.policy.learn_on_batch(batch)
-            self.weights_updated = True
+        self._report_step(batch.count)
+        return True
+
+    def _report_step(self, count: int) -> None:
+        """After an update: tell the driver (env steps trained) and the health monitor."""
+        self.weights_updated = True
         self.num_steps += 1
-        self.outqueue.put(batch.count)
+        self.outqueue.put(count)
         self.learner_queue_stat.push(self.inqueue.qsize())
         if self.on_train_step is not None:
             self.on_train_step(self.stats)
-        return True
 
     # ------------------------------------------------------------------ driver side
     def raise_if_failed(self) -> None:

@@ -361,12 +361,7 @@ class MultiGPULearner(LearnerThread):
             buf.state = "in use"
         with self.grad_timer:
             self.stats = self.learn_on_parts(parts, batch)
-            self.weights_updated = True
-        self.num_steps += 1
-        self.outqueue.put(batch.count)
-        self.learner_queue_stat.push(self.inqueue.qsize())
-        if self.on_train_step is not None:
-            self.on_train_step(self.stats)
+        self._report_step(batch.count)
         return True
 
     def _next_buffer(self, block_timeout: float | None) -> tuple[DataBuffer | None, bool, float]:
