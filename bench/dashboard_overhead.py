@@ -20,7 +20,7 @@ There is no browser here: widget messages go to ipywidgets' no-op comm, so the c
 serializing them onto the kernel's socket is not counted (small against the rendering: a
 tick sends a few kB, a plot 20-60 kB).
 
-The target (issue 6): with / without >= 0.95 for env steps/s. ``run(seconds)`` returns the
+The target: with / without >= 0.95 for env steps/s. ``run(seconds)`` returns the
 numbers as a dict (the bench runner imports it); the command prints a table.
 """
 

@@ -18,7 +18,7 @@ The raw py-spy files (flamegraph input) go to ``bench/out/profile/``. py-spy sam
 outside the process, so the run is barely slowed; it needs the ptrace permission (root, or
 ``kernel.yama.ptrace_scope = 0``).
 
-This is how the hot paths of issue 8 were found: a Keras ``get_weights`` per broadcast
+This is how the driver's hot paths were found: a Keras ``get_weights`` per broadcast
 (1.8 ms, under the learner's lock), a shared-memory open per weight read in the workers,
 and tf.function's dispatch in every learner step.
 """

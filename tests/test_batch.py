@@ -207,7 +207,7 @@ def test_concat_method_forms():
     a, b = make_batch(seed=1), make_batch(seed=2)
     ref = concat_samples([a, b])
     assert_batches_equal(SampleBatch.concat_samples([a, b]), ref)
-    assert_batches_equal(a.concat_samples([a, b]), ref)  # the seed's call style
+    assert_batches_equal(a.concat_samples([a, b]), ref)  # RLlib's call style
     assert_batches_equal(concat_samples((a, b)), ref)
     assert concat_samples([a]) is a
 

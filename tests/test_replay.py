@@ -194,7 +194,7 @@ def test_too_small_boundaries():
     ReplayMixer(0.5, 11, 500, 50)  # 11 > ceil(500/50) = 10: fine
     with pytest.raises(ValueError, match="at least 11"):
         ReplayMixer(0.5, 10, 500, 50)  # RLlib's own check: 10 * 50 <= 500
-    # The seed let 11 slots of 50 through for 510, but they could never replay
+    # RLlib let 11 slots of 50 through for 510, but they could never replay
     # (11 stored is never > ceil(510 / 50) = 11); the mixer refuses them.
     with pytest.raises(ValueError, match="at least 12"):
         ReplayMixer(0.5, 11, 510, 50)

@@ -1,4 +1,4 @@
-"""Worker faults the driver must notice and bound (issue 20): a hung worker, the same failure
+"""Worker faults the driver must notice and bound: a hung worker, the same failure
 coming back after samples, a run that samples nothing, and what these look like in the stats,
 the health flags, the progress line, the dashboard's diagram and the CLI's exit code.
 
