@@ -1,7 +1,7 @@
 """A refactor must not change what the pipeline computes: bitwise the same weights.
 
-``tests/data/determinism.json`` was recorded by ``tests/determinism_run.py`` on the code before
-the big rooms were split (issue "a house a newcomer can read in an hour"). With the same
+``tests/data/determinism.json`` was recorded by ``tests/determinism_run.py`` before the driver,
+the backends and the dashboard were split into their present modules. With the same
 TensorFlow, Keras, numpy and CPU architecture the run must reproduce it bit for bit. With other
 versions (``make test-oldest``) the recorded bits cannot apply, so the test checks the weaker
 property that still catches most mistakes: two fresh processes agree bit for bit.
