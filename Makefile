@@ -17,11 +17,12 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 BASE_STAMP := $(VENV)/.installed-base
 DEV_STAMP := $(VENV)/.installed-dev
 
-.PHONY: help setup demo test lab bench bench-peers nbstrip browser-deps clean
+.PHONY: help setup demo test test-oldest lab bench bench-peers nbstrip browser-deps clean
 
 help:
 	@echo "make demo          set up .venv and train CartPole-v1 to a mean return of 475 (5 min at most)"
 	@echo "make test          set up .venv (with the dev and ray extras), then ruff and pytest"
+	@echo "make test-oldest   the fast tests against the oldest declared versions (own venv, .venv-oldest)"
 	@echo "make lab           JupyterLab on 127.0.0.1 in notebooks/"
 	@echo "make tensorboard   TensorBoard on 127.0.0.1:6006 over runs/ (LOGDIR=..., TENSORBOARD_PORT=...)"
 	@echo "make bench         python -m bench"
@@ -65,6 +66,11 @@ test: browser-deps $(DEV_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
 
+# Optional, not part of `make test`: installs each requirement at its lower bound in
+# pyproject.toml into .venv-oldest and runs pytest -m "not slow" there (.ci/test-oldest).
+test-oldest:
+	PYTHON=$(PYTHON) VENV_OLDEST=.venv-oldest bash .ci/test-oldest $(PYTEST_ARGS)
+
 lab: $(DEV_STAMP)
 	$(BIN)/jupyter lab --ip=127.0.0.1 --ServerApp.root_dir=notebooks \
 	  $$([ "$$(id -u)" = 0 ] && echo --allow-root)
@@ -103,5 +109,5 @@ browser-deps:
 	fi
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis test-artifacts bench/out *.egg-info
+	rm -rf $(VENV) .venv-oldest .pytest_cache .ruff_cache .hypothesis test-artifacts bench/out *.egg-info
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

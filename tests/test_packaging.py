@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import stat
 import subprocess
+import sys
 import tomllib
 from collections import Counter
 from pathlib import Path
@@ -109,7 +110,7 @@ def test_each_platform_gets_exactly_one_tensorflow(source: str, platform: str) -
     env, expected = PLATFORMS[platform]
     chosen = [r for r in tf if r.marker is None or r.marker.evaluate(env)]
     assert [canonicalize_name(r.name) for r in chosen] == [expected]
-    assert str(chosen[0].specifier) == ">=2.16"  # Keras 3
+    assert str(chosen[0].specifier) == ">=2.16.1"  # Keras 3; 2.16.0 was never released
 
 
 def test_tensorflow_markers_are_complements() -> None:
@@ -185,10 +186,43 @@ def test_ci_runs_the_readme_test_command() -> None:
 
 
 def test_gitignore_keeps_outputs_out_but_bench_results_in() -> None:
-    for path in (".venv/bin/python", "runs/demo/x", "test-artifacts/shot.png", "bench/out/x",
-                 "impala_lab/__pycache__/x.pyc", "impala_lab.egg-info/PKG-INFO"):
+    for path in (".venv/bin/python", ".venv-oldest/bin/python", "runs/demo/x",
+                 "test-artifacts/shot.png", "bench/out/x", "impala_lab/__pycache__/x.pyc",
+                 "impala_lab.egg-info/PKG-INFO"):
         out = subprocess.run(["git", "-C", str(ROOT), "check-ignore", "--no-index", "-q", path])
         assert out.returncode == 0, f"{path} should be ignored"
     for path in ("bench/results.json", "impala_lab/config.py", "notebooks/01.ipynb"):
         out = subprocess.run(["git", "-C", str(ROOT), "check-ignore", "--no-index", "-q", path])
         assert out.returncode == 1, f"{path} should not be ignored"
+
+
+def test_the_oldest_run_pins_each_declared_lower_bound() -> None:
+    # `make test-oldest` installs what tools/oldest_constraints.py prints: it must be exactly
+    # pyproject.toml's lower bounds (read here with packaging), or the run tests other versions
+    # than the ones the project claims to support.
+    extras = list(_pyproject()["project"]["optional-dependencies"])
+    script = (ROOT / ".ci" / "test-oldest").read_text()
+    assert f"EXTRAS=({' '.join(sorted(extras))})" in script
+    assert "tools/oldest_constraints.py" in script and '--constraint "$constraints"' in script
+    out = subprocess.run([sys.executable, str(ROOT / "tools" / "oldest_constraints.py"), *extras],
+                         capture_output=True, text=True, check=True).stdout
+    pins = Counter((canonicalize_name(r.name), str(r.specifier), str(r.marker or ""))
+                   for r in map(Requirement, out.splitlines()))
+    expected = Counter()
+    for req in _pyproject_requirements():
+        lower = [spec.version for spec in req.specifier if spec.operator == ">="]
+        if lower:
+            expected[(canonicalize_name(req.name), f"=={lower[0]}", str(req.marker or ""))] += 1
+    assert pins == expected
+    # every runtime dependency has a lower bound, so none floats to its newest in the oldest run
+    runtime = _pyproject()["project"]["dependencies"]
+    assert {canonicalize_name(Requirement(r).name) for r in runtime} <= {n for n, _, _ in pins}
+
+
+def test_make_test_oldest_runs_the_fast_tests_in_its_own_venv(tmp_path: Path) -> None:
+    oldest = _make("-n", f"VENV={tmp_path}/venv", "test-oldest")
+    assert oldest.returncode == 0, oldest.stderr
+    assert "VENV_OLDEST=.venv-oldest bash .ci/test-oldest" in oldest.stdout
+    assert "test-oldest" not in _make("-n", f"VENV={tmp_path}/venv", "test").stdout
+    assert '-m pytest -m "not slow"' in (ROOT / ".ci" / "test-oldest").read_text()
+    assert ".venv-oldest" in _make("-n", "clean").stdout
