@@ -157,7 +157,7 @@ def test_minibatch_without_the_ramp(solutions):
 
     fails(ex.check_minibatch_get(NoRamp, show=False), 2,
           "case 2 of 7 differs from the reference",
-          "size=1, num_passes=3",
+          "size=1, num_sgd_iter=3",
           "where:    call 1 of get()",
           "expected: returned ('item0', True); ttl=[0] idx=0 cur_max_ttl=2",
           "actual:   returned ('item0', False); ttl=[2] idx=0 cur_max_ttl=1",
@@ -172,7 +172,7 @@ def test_minibatch_that_never_moves_on(solutions):
             self.idx = idx
             return out
 
-    fails(ex.check_minibatch_get(Stuck, show=False), 3, "size=2, num_passes=1",
+    fails(ex.check_minibatch_get(Stuck, show=False), 3, "size=2, num_sgd_iter=1",
           "idx=1", "idx=0", "Move to the next slot on every call")
 
 

@@ -23,7 +23,7 @@ from impala_lab.exercises._common import (
 
 EXERCISE = "minibatch_get"
 
-# (size, num_passes, calls of get()): simplest first.
+# (size, num_sgd_iter, calls of get()): simplest first.
 _CASES = [
     (1, 1, 5, "one slot, one pass: every call takes a new item and releases it."),
     (1, 3, 10, "one slot, three passes: an item stays for its ttl, the ttl ramps 1, 2, 3."),
@@ -127,7 +127,7 @@ def _run_case(answer_cls: Any, case: Case) -> None:
 
 def cases() -> list[Case]:
     """The checker's cases, simplest first."""
-    return [Case(f"size={size}, num_passes={passes}: the queue holds item0, item1, ...; "
+    return [Case(f"size={size}, num_sgd_iter={passes}: the queue holds item0, item1, ...; "
                  f"get() is called {calls} times", hint,
                  {"size": size, "passes": passes, "calls": calls})
             for size, passes, calls, hint in _CASES]
@@ -137,7 +137,7 @@ def check_minibatch_get(answer_cls: Any, *, show: bool = True) -> CheckResult:
     """Checks a `MinibatchBuffer` subclass's ``get()`` against the library's.
 
     Args:
-      answer_cls: the student's class, built as ``answer_cls(inqueue, size, num_passes)``
+      answer_cls: the student's class, built as ``answer_cls(inqueue, size, num_sgd_iter)``
         (a subclass of `impala_lab.minibatch_buffer.MinibatchBuffer` that overrides ``get``).
       show: print the message.
 
