@@ -4,9 +4,9 @@
 authentication (``RAY_AUTH_MODE=token``, the token in ``~/.ray/auth_token``), ``ray start
 --head`` with 2 CPUs and the custom resource ``node_a``, and a second node with 1 CPU and
 ``node_b`` joining it at ``127.0.0.1:<port>``, in a private temp dir on free ports. Starting it
-takes 10-50 s here (the raylets' registration is the slow part on a loaded machine); the
-whole module about 2 minutes. Every process of the cluster is killed when the module ends,
-passed or failed.
+takes 20-60 s here (the nodes' Python agents are the slow part on a loaded machine); the
+whole module 130-150 s. Every process of the cluster is killed when the module ends, passed
+or failed.
 
 The tests run in file order: the one that kills the second node's raylet comes last.
 """
