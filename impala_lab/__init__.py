@@ -18,13 +18,16 @@ Reading order, following one batch through the pipeline:
 5. `vtrace.from_importance_weights`: the V-trace targets and policy-gradient advantages.
 
 Importing the package is cheap: TensorFlow is imported only by the learner-side modules
-(`policy`, `vtrace`, `impala`), never by what actor processes import.
+(`policy`, `vtrace`, `impala`), never by what actor processes import. Importing it sets
+TensorFlow's logging up once, before TensorFlow loads (`impala_lab._quiet_tf`): no C++ start-up
+lines and no retracing warnings; ``TF_CPP_MIN_LOG_LEVEL=0`` in the environment shows them.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from impala_lab import _quiet_tf
 from impala_lab._lazy import lazy_getattr
 from impala_lab.config import ImpalaConfig
 from impala_lab.errors import (
@@ -37,6 +40,8 @@ from impala_lab.errors import (
 )
 
 __version__ = "0.1.0"
+
+_quiet_tf.install()
 
 _LAZY = {
     "Impala": "impala_lab.impala",
