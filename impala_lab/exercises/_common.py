@@ -10,11 +10,16 @@ Nothing here imports TensorFlow.
 
 from __future__ import annotations
 
+import ast
+import contextlib
+import inspect
 import os
+import pickle
 import re
 import sys
+import textwrap
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,6 +54,8 @@ class CheckResult:
       failed_case: 1-based number of the first case that differs; None when passed or when
         the answer is still the stub.
       not_implemented: True when the answer still raises ``NotImplementedError``.
+      flagged: what the answer did that no answer may do (call the library's implementation
+        of the function it writes, read the checker's frames), or None.
     """
 
     exercise: str
@@ -57,6 +64,7 @@ class CheckResult:
     num_cases: int
     failed_case: int | None = None
     not_implemented: bool = False
+    flagged: str | None = None
 
     def __bool__(self) -> bool:
         return self.passed
@@ -94,7 +102,7 @@ class Mismatch(Exception):
     """
 
     def __init__(self, what: str, expected: Any, actual: Any, hint: str = "") -> None:
-        super().__init__(what)
+        super().__init__(what, expected, actual, hint)  # all four: it pickles
         self.what = what
         self.expected = expected
         self.actual = actual
@@ -198,47 +206,299 @@ def format_value(value: Any, limit: int = 600) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def not_implemented_message(exercise: str, answer_label: str, exc: BaseException) -> str:
-    """The message for an answer that is still the stub."""
+def not_implemented_message(exercise: str, answer_label: str, fill: str) -> str:
+    """The message for an answer that is still the stub (`fill`: `_where_to_fill`'s text)."""
     return (f"{FAIL_MARK} {exercise}: {answer_label} still raises NotImplementedError: fill in "
             f"the code between the markers\n      {MARK_START}\n      {MARK_END}\n"
-            f"  {_where_to_fill(exc)} then run this check again.")
+            f"  {fill} then run this check again.")
 
 
-def run_check(exercise: str, answer_label: str, cases: Sequence[Case],
-              run_case: Callable[[Case], None], *, show: bool = True) -> CheckResult:
-    """Runs `run_case` on each case until one fails; prints and returns the result.
+class Raised(Exception):
+    """What the answer raised, as a record that survives a trip between processes.
+
+    Attributes:
+      type_name: the exception's type, e.g. ``"ValueError"``.
+      text: its message.
+      where: `locate`'s answer (the student's line), or "".
+      fill: where to fill in the code (for a stub's message).
+      reference: the library function the answer called (`ReferenceCalled`), or "".
+    """
+
+    def __init__(self, type_name: str, text: str, where: str = "", fill: str = "",
+                 reference: str = "") -> None:
+        super().__init__(type_name, text, where, fill, reference)
+        self.type_name, self.text, self.where, self.fill = type_name, text, where, fill
+        self.reference = reference
+
+    @property
+    def not_implemented(self) -> bool:
+        return self.type_name == "NotImplementedError"
+
+    @classmethod
+    def of(cls, raised: AnswerRaised) -> Raised:
+        exc = raised.exc
+        ref = exc.name if isinstance(exc, ReferenceCalled) else ""
+        return cls(type(exc).__name__, str(exc), locate(exc), _where_to_fill(exc), ref)
+
+
+class ReferenceCalled(Exception):
+    """The answer called the library function that the check compares it with."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.name = name
+
+
+class Opaque:
+    """An answer's value that cannot leave its process: kept as its repr."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Opaque) and other.text == self.text
+
+    def __hash__(self) -> int:
+        return hash(self.text)
+
+
+def portable(value: Any) -> Any:
+    """`value` itself when it pickles, else an `Opaque` of its repr (traces travel between
+    the grading process and the grader)."""
+    try:
+        pickle.dumps(value)
+        return value
+    except Exception:
+        try:
+            return Opaque(repr(value))
+        except Exception:
+            return Opaque(f"<a {type(value).__name__}>")
+
+
+# A trap put in place of a library function's code while the answer runs: no globals (it
+# runs with the library function's), and its name says which function was called.
+def _trap(*args: Any, **kwargs: Any) -> Any:
+    raise __import__("impala_lab.exercises._common", fromlist=["_"]).ReferenceCalled(
+        __import__("sys")._getframe(0).f_code.co_qualname)
+
+
+@contextlib.contextmanager
+def forbid(functions: Sequence[Any]) -> Iterator[None]:
+    """While the block runs, calling any of `functions` (the library's implementation of
+    what the answer writes, the checker's own reference) raises `ReferenceCalled`: their code
+    is swapped for a trap, so every reference to them (an import, ``super()``, a bound method)
+    is caught. The code is restored on the way out."""
+    saved = []
+    try:
+        for fn in functions:
+            fn = getattr(fn, "__func__", fn)
+            code = getattr(fn, "__code__", None)
+            if code is None or code.co_freevars:
+                continue
+            trap = _trap.__code__.replace(co_name=code.co_name, co_qualname=code.co_qualname)
+            saved.append((fn, code))
+            fn.__code__ = trap
+        yield
+    finally:
+        for fn, code in saved:
+            fn.__code__ = code
+
+
+# What no answer may do, whatever the exercise: read the checker's frames or objects.
+_INTROSPECTION = {
+    "_getframe": "reads the call stack (sys._getframe)",
+    "currentframe": "reads the call stack (inspect.currentframe)",
+    "getouterframes": "reads the call stack (inspect.getouterframes)",
+    "inspect.stack": "reads the call stack (inspect.stack)",
+    "inspect.trace": "reads the call stack (inspect.trace)",
+    "f_back": "reads the call stack (frame.f_back)",
+    "f_locals": "reads another frame's variables (f_locals)",
+    "f_globals": "reads another frame's variables (f_globals)",
+    "get_referrers": "searches the checker's objects (gc.get_referrers)",
+    "get_objects": "searches the checker's objects (gc.get_objects)",
+}
+
+
+def _regions(answer: Any) -> list[tuple[str, str, int]]:
+    """The code between the markers in the answer's source: (text, filename, first line)."""
+    fns = []
+    if isinstance(answer, type):
+        for value in vars(answer).values():
+            value = getattr(value, "__func__", value)
+            value = getattr(value, "fget", value)
+            if inspect.isfunction(value):
+                fns.append(value)
+    elif inspect.isfunction(answer):
+        fns.append(answer)
+    out = []
+    for fn in fns:
+        try:
+            lines, first = inspect.getsourcelines(fn)
+        except (OSError, TypeError):
+            continue
+        start = [i for i, ln in enumerate(lines) if ln.strip() == MARK_START]
+        end = [i for i, ln in enumerate(lines) if ln.strip() == MARK_END]
+        if len(start) == 1 and len(end) == 1 and start[0] < end[0]:
+            region = textwrap.dedent("".join(lines[start[0] + 1:end[0]]))
+            out.append((region, fn.__code__.co_filename, first + start[0] + 1))
+    return out
+
+
+def flag_region(answer: Any, forbidden: dict[str, str]) -> str | None:
+    """A static look at the code between the markers: the first use of a forbidden name.
 
     Args:
-      exercise: the exercise's name (first word of every message).
-      answer_label: how to call the answer in messages, e.g. ``"MyMinibatchBuffer.get"``.
-      cases: the seeded cases, in the order they are tried (simplest first).
-      run_case: runs the answer and the reference on one case; raises `Mismatch` when they
-        differ and lets `AnswerRaised` (from `call_answer`) through.
+      answer: the student's function or class (its source is found as `inspect` finds it:
+        a notebook cell, a file).
+      forbidden: names (``Name`` ids, attribute names, or whole dotted expressions such as
+        ``super().get``) mapped to what using them means, e.g. ``"the library's
+        ReplayMixer.mix"``.
+
+    Returns:
+      ``"<what> (`<code>`, <where>)"`` for the first forbidden use, or None (also when the
+      source or the markers cannot be found: the traps of `forbid` still apply).
+    """
+    rules = {**{k: f"calls {v}" for k, v in forbidden.items()}, **_INTROSPECTION}
+    for text, filename, first in _regions(answer):
+        try:
+            tree = ast.parse(text)
+        except SyntaxError:
+            continue
+        hits = []
+        for node in ast.walk(tree):
+            keys = []
+            if isinstance(node, ast.Name):
+                keys = [node.id]
+            elif isinstance(node, ast.Attribute):
+                keys = [ast.unparse(node), node.attr]
+            for key in keys:
+                if key in rules:
+                    hits.append((node.lineno, node.col_offset, rules[key], node))
+                    break
+        if hits:
+            lineno, _, what, node = min(hits, key=lambda h: h[:2])
+            cell = _cell_label(filename)
+            where = cell if cell is not None else filename
+            return (f"{what} (`{ast.unparse(node)}`, {where}, line {first + lineno - 1})")
+    return None
+
+
+@dataclass(frozen=True)
+class Spec:
+    """How one exercise is checked, split so that the answer and the reference can run in
+    different processes (the grader) or one after the other (a notebook's check cell).
+
+    Attributes:
+      exercise: the exercise's name.
+      cases: the seeded cases, simplest first.
+      answer_trace: runs the answer on a case and returns what it did, picklable (`portable`
+        values; a `Mismatch` or `Raised` where it went wrong, at the end of a step list).
+        It may raise `AnswerRaised` or `Mismatch`.
+      reference_trace: the reference's trace of a case (never sees the answer).
+      compare: raises `Mismatch` (or the answer's `Raised`) at the first difference.
+      references: the library functions the answer must not call (imported lazily, and only
+        the ones whose modules are loaded already: a stub check must not import TensorFlow).
+      forbidden: names the code between the markers must not use (see `flag_region`).
+    """
+
+    exercise: str
+    cases: Callable[[], list[Case]]
+    answer_trace: Callable[[Any, Case], Any]
+    reference_trace: Callable[[Case], Any]
+    compare: Callable[[Case, Any, Any], None]
+    references: Callable[[], list[Any]]
+    forbidden: dict[str, str]
+
+
+@dataclass
+class AnswerReport:
+    """What the answer side found: a flag from the static look, and one trace per case (up
+    to the first that raised)."""
+
+    flagged: str | None
+    traces: list[Any]
+
+
+def run_answer(spec: Spec, answer: Any) -> AnswerReport:
+    """Runs the answer on every case (with the references trapped); no reference runs."""
+    flagged = flag_region(answer, spec.forbidden)
+    traces: list[Any] = []
+    if flagged is None:
+        with forbid(spec.references()):
+            for case in spec.cases():
+                try:
+                    trace = spec.answer_trace(answer, case)
+                except AnswerRaised as raised:
+                    trace = Raised.of(raised)
+                except Mismatch as diff:
+                    trace = diff
+                traces.append(trace)
+                if isinstance(trace, Raised) or (
+                        isinstance(trace, list) and trace and isinstance(trace[-1], Raised)):
+                    break
+    return AnswerReport(flagged, traces)
+
+
+def judge(spec: Spec, label: str, report: AnswerReport,
+          reference: Callable[[Case], Any] | None = None, *, show: bool = True) -> CheckResult:
+    """Compares the answer's traces with the reference's, case by case, and stops at the
+    first difference; prints and returns the result.
+
+    Args:
+      spec: the exercise.
+      label: how to call the answer in messages, e.g. ``"MyMinibatchBuffer.get"``.
+      report: `run_answer`'s report.
+      reference: computes a case's reference trace (default ``spec.reference_trace``); it is
+        called only for cases the answer got through, so a stub never loads the reference.
       show: print the message.
     """
+    reference = reference or spec.reference_trace
+    exercise, cases = spec.exercise, spec.cases()
     n = len(cases)
     result = None
+    if report.flagged is not None:
+        result = CheckResult(
+            exercise, False,
+            f"{FAIL_MARK} {exercise}: {label} {report.flagged}\n"
+            f"  hint:     the check compares your answer with the library's own code: write "
+            f"it yourself, from the inputs it is given.", n, flagged=report.flagged)
     for number, case in enumerate(cases, start=1):
+        if result is not None:
+            break
+        if number > len(report.traces):
+            result = CheckResult(exercise, False, f"{FAIL_MARK} {exercise}: the answer's run "
+                                 f"stopped before case {number}", n, number)
+            break
+        trace = report.traces[number - 1]
         try:
-            run_case(case)
-        except AnswerRaised as raised:
-            exc = raised.exc
-            if isinstance(exc, NotImplementedError):
+            if isinstance(trace, Raised | Mismatch):
+                raise trace
+            spec.compare(case, reference(case), trace)
+        except Raised as exc:
+            if exc.not_implemented:
                 result = CheckResult(exercise, False,
-                                     not_implemented_message(exercise, answer_label, exc),
-                                     n, None, not_implemented=True)
+                                     not_implemented_message(exercise, label, exc.fill), n,
+                                     None, not_implemented=True)
+            elif exc.reference:
+                flag = f"calls the library's {exc.reference}" + (
+                    f" (at {exc.where})" if exc.where else "")
+                result = CheckResult(
+                    exercise, False,
+                    f"{FAIL_MARK} {exercise}: case {number} of {n}: {label} {flag}\n"
+                    f"  hint:     the check compares your answer with that very function: "
+                    f"write it yourself.", n, number, flagged=flag)
             else:
-                where = locate(exc)
                 lines = [f"{FAIL_MARK} {exercise}: case {number} of {n} raised an error in "
-                         f"{answer_label}",
+                         f"{label}",
                          f"  case:     {case.description}",
-                         f"  error:    {type(exc).__name__}: {format_value(verbatim(str(exc)))}"]
-                if where:
-                    lines.append(f"  at:       {where}")
+                         f"  error:    {exc.type_name}: {format_value(verbatim(exc.text))}"]
+                if exc.where:
+                    lines.append(f"  at:       {exc.where}")
                 lines.append(f"  hint:     {case.hint}")
                 result = CheckResult(exercise, False, "\n".join(lines), n, number)
-            break
         except Mismatch as diff:
             lines = [f"{FAIL_MARK} {exercise}: case {number} of {n} differs from the reference",
                      f"  case:     {case.description}",
@@ -249,12 +509,34 @@ def run_check(exercise: str, answer_label: str, cases: Sequence[Case],
             if diff.hint:
                 lines.append(f"  more:     {case.hint}")
             result = CheckResult(exercise, False, "\n".join(lines), n, number)
-            break
     if result is None:
         result = CheckResult(exercise, True, f"{PASS_MARK} {exercise}: all {n} cases pass", n)
     if show:
         print(result.message)
     return result
+
+
+def run_check(spec: Spec, label: str, answer: Any, *, show: bool = True) -> CheckResult:
+    """Checks an answer in this process: the answer runs first, on every case, with the
+    library's implementation trapped; the reference runs after it, so nothing the answer
+    could read holds the expected values."""
+    return judge(spec, label, run_answer(spec, answer), show=show)
+
+
+def loaded(module: str, *names: str) -> list[Any]:
+    """The objects ``module.name`` (dotted names reach into classes), or [] when the module
+    is not imported yet (then the answer has not reached it either, unless it imports it)."""
+    mod = sys.modules.get(module)
+    if mod is None:
+        return []
+    out = []
+    for name in names:
+        obj: Any = mod
+        for part in name.split("."):
+            obj = inspect.getattr_static(obj, part, None)
+        if obj is not None:
+            out.append(obj)
+    return out
 
 
 def first_difference(expected: np.ndarray, actual: np.ndarray, rtol: float,

@@ -9,7 +9,9 @@ The checker runs the answer and the library's ``DriverLoop.step`` on twin `StepD
 TensorFlow-free `DriverLoop` subclasses whose workers, completions and learner are scripted by a
 seed. Every call the loop makes (record a sample, broadcast, send weights and a request, put a
 train batch on the learner queue) is logged; after each step the checker compares the logs, the
-returned counts and the loop's state.
+returned counts and the loop's state. The answer's steps all run first, with
+``DriverLoop.step`` trapped (``driver.step(timeout)``, ``Impala._step`` and the library's loop
+are no answer); the reference's steps run after them.
 """
 
 from __future__ import annotations
@@ -23,10 +25,15 @@ import numpy as np
 
 from impala_lab.driver_loop import DriverLoop
 from impala_lab.exercises._common import (
+    AnswerRaised,
     Case,
     CheckResult,
     Mismatch,
+    Raised,
+    Spec,
     call_answer,
+    loaded,
+    portable,
     run_check,
     verbatim,
 )
@@ -250,13 +257,41 @@ def _event_hint(expected: str | None, actual: str | None) -> str:
     return "Make the same calls as RLlib's loop, in the same order."
 
 
-def _run_case(answer: Any, case: Case) -> None:
+def _steps(step: Any, case: Case, answer: bool) -> list[Any]:
+    """Runs `step(driver, 0.0)` for the case's steps on a `StepDriver`, the scripted learner
+    between steps: one record per step (its calls, what it returned, the state after it); a
+    `Raised` ends the list."""
     p = case.params
-    ref, ans = StepDriver(p), StepDriver(p)
-    for step in range(1, p["steps"] + 1):
-        exp_out = DriverLoop.step(ref, 0.0)
-        out = call_answer(answer, ans, 0.0)
-        ref_events, ans_events = ref.events, ans.events
+    driver = StepDriver(p)
+    records: list[Any] = []
+    for _ in range(p["steps"]):
+        try:
+            out = call_answer(step, driver, 0.0) if answer else step(driver, 0.0)
+        except AnswerRaised as raised:
+            records.append(Raised.of(raised))
+            break
+        if isinstance(out, list):
+            out = tuple(out)
+        records.append({"events": list(driver.events), "out": portable(out),
+                        "state": portable(driver.state())})
+        driver.events.clear()
+        driver.run_learner()
+    return records
+
+
+def _answer_trace(answer: Any, case: Case) -> list[Any]:
+    return _steps(answer, case, answer=True)
+
+
+def _reference_trace(case: Case) -> list[Any]:
+    return _steps(DriverLoop.step, case, answer=False)
+
+
+def _compare(case: Case, expected: list[Any], actual: list[Any]) -> None:
+    for step, (ref, ans) in enumerate(zip(expected, actual), start=1):
+        if isinstance(ans, Raised):
+            raise ans
+        ref_events, ans_events = ref["events"], ans["events"]
         if ref_events and not ans_events:
             raise Mismatch(f"step {step}: the calls the driver makes",
                            verbatim(_window(ref_events, 0)),
@@ -270,26 +305,31 @@ def _run_case(answer: Any, case: Case) -> None:
                 raise Mismatch(f"step {step}, call {i + 1} the driver makes in this step",
                                verbatim(_window(ref_events, i)),
                                verbatim(_window(ans_events, i)), _event_hint(e, a))
-        if isinstance(out, list):
-            out = tuple(out)
-        if out != exp_out:
+        if ans["out"] != ref["out"]:
             hint = ("Return (sample_timesteps, train_timesteps): the env steps of the new "
                     "batches of this step (not replays), and the sum of the counts the "
                     "learner put on driver.learner.outqueue, drained with get_nowait() until "
                     "queue.Empty.")
-            raise Mismatch(f"step {step}: what driver_step returns", exp_out, out, hint)
-        exp_state, act_state = ref.state(), ans.state()
-        if exp_state != act_state:
-            raise Mismatch(f"step {step}: the driver's state after the step", exp_state,
-                           act_state,
+            raise Mismatch(f"step {step}: what driver_step returns", ref["out"], ans["out"],
+                           hint)
+        if ans["state"] != ref["state"]:
+            raise Mismatch(f"step {step}: the driver's state after the step", ref["state"],
+                           ans["state"],
                            "Keep driver.batch_buffer (the batches waiting for a train batch) "
                            "and driver.batch_buffer_steps (their env steps; the dashboard "
                            "reads it) in step, and add 1 to driver.num_sent per answered "
                            "batch.")
-        ref_events.clear()
-        ans_events.clear()
-        ref.run_learner()
-        ans.run_learner()
+
+
+def _references() -> list[Any]:
+    return [DriverLoop.step, *loaded("impala_lab.impala", "Impala._step", "Impala.step")]
+
+
+SPEC = Spec(EXERCISE, lambda: cases(), _answer_trace, _reference_trace, _compare,
+            _references, {"DriverLoop": "the library's DriverLoop.step",
+                          "Impala": "the library's Impala",
+                          "step": "the library's DriverLoop.step",
+                          "_step": "the library's Impala._step"})
 
 
 def cases() -> list[Case]:
@@ -313,4 +353,4 @@ def check_driver_step(answer: Any, *, show: bool = True) -> CheckResult:
       show: print the message.
     """
     label = getattr(answer, "__name__", "the answer")
-    return run_check(EXERCISE, label, cases(), lambda c: _run_case(answer, c), show=show)
+    return run_check(SPEC, label, answer, show=show)

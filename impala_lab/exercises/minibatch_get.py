@@ -2,10 +2,12 @@
 
 The student subclasses `impala_lab.minibatch_buffer.MinibatchBuffer` and writes ``get()``
 (no arguments; it may block on ``self.inqueue.get()`` like RLlib's). The checker builds
-the student's class and the library's ``MinibatchBuffer`` on the same items, calls ``get()``
-on both and compares, after every call, the returned ``(item, released)`` and the ring's
-state: ``ttl``, ``idx``, ``cur_max_ttl``, ``buffers`` and how many items were taken from
-the queue.
+the student's class on scripted items and calls ``get()`` on it, then does the same with the
+library's ``MinibatchBuffer``, and compares call by call the returned ``(item, released)``
+and how many items each took from the queue: what the learner sees. The ring's state
+(``ttl``, ``idx``, ``cur_max_ttl``, ``buffers``) is shown in a message and used for its hint,
+but not graded. The library's ``get`` is trapped while the answer runs (``super().get()`` is
+no answer).
 """
 
 from __future__ import annotations
@@ -13,10 +15,15 @@ from __future__ import annotations
 from typing import Any
 
 from impala_lab.exercises._common import (
+    AnswerRaised,
     Case,
     CheckResult,
     Mismatch,
+    Raised,
+    Spec,
     call_answer,
+    loaded,
+    portable,
     run_check,
     verbatim,
 )
@@ -66,9 +73,9 @@ class ScriptedQueue:
 
 
 def _state(buf: Any, q: ScriptedQueue) -> dict[str, Any]:
-    return {"ttl": list(getattr(buf, "ttl", [])), "idx": getattr(buf, "idx", None),
-            "cur_max_ttl": getattr(buf, "cur_max_ttl", None),
-            "buffers": list(getattr(buf, "buffers", [])), "items_taken": q.taken}
+    return portable({"ttl": list(getattr(buf, "ttl", [])), "idx": getattr(buf, "idx", None),
+                     "cur_max_ttl": getattr(buf, "cur_max_ttl", None),
+                     "buffers": list(getattr(buf, "buffers", [])), "items_taken": q.taken})
 
 
 def _show(out: Any, state: dict[str, Any]) -> Any:
@@ -78,51 +85,89 @@ def _show(out: Any, state: dict[str, Any]) -> Any:
 
 
 def _diagnose(exp_out: tuple, out: Any, exp: dict[str, Any], act: dict[str, Any]) -> str:
+    """A hint that names the first field of the call that differs: the items taken, the
+    item, then released (where the ttl ramp is the usual cause)."""
     if not (isinstance(out, tuple) and len(out) == 2):
         return "get() must return a pair (item, released)."
+    if act["idx"] != exp["idx"]:  # a slot served twice in a row: items and takes go wrong
+        return ("Move to the next slot on every call, wrapping around: "
+                "self.idx = (self.idx + 1) % len(self.buffers).")
     if act["items_taken"] != exp["items_taken"]:
         return ("Take a new item from self.inqueue only when the current slot is empty, i.e. "
                 "self.ttl[self.idx] <= 0, and then only one.")
     if out[0] != exp_out[0]:
         return "Serve the item of the current slot, self.buffers[self.idx]."
-    if act["cur_max_ttl"] != exp["cur_max_ttl"] or (
-            act["ttl"] != exp["ttl"] and out[1] == exp_out[1]):
+    if act["cur_max_ttl"] != exp["cur_max_ttl"] or act["ttl"] != exp["ttl"]:
+        # released is only where a wrong ttl shows: the ramp is the first thing to look at.
         return ("A new item's ttl is self.cur_max_ttl; after that, cur_max_ttl grows by 1 "
                 "until it reaches self.num_sgd_iter (the ramp). Each call then uses one pass: "
-                "self.ttl[self.idx] -= 1.")
-    if out[1] != exp_out[1] or act["ttl"] != exp["ttl"]:
-        return ("released is True when this call used the item's last pass (its ttl is now "
-                "0); then empty the slot (self.buffers[self.idx] = None).")
-    if act["idx"] != exp["idx"]:
-        return ("Move to the next slot on every call, wrapping around: "
-                "self.idx = (self.idx + 1) % len(self.buffers).")
-    return "A released slot must hold None (self.buffers[self.idx] = None)."
+                "self.ttl[self.idx] -= 1, and released is True when that was the last one.")
+    return ("released is True when this call used the item's last pass (its ttl is now "
+            "0); then empty the slot (self.buffers[self.idx] = None).")
 
 
-def _run_case(answer_cls: Any, case: Case) -> None:
+def _serve(buffer_cls: Any, case: Case, answer: bool) -> list[Any]:
+    """Builds a buffer of `buffer_cls` on scripted items and calls get() as often as the case
+    says: one (out, state) per call; a `Mismatch` or `Raised` ends the list."""
+    size, passes, calls = case.params["size"], case.params["passes"], case.params["calls"]
+    q = ScriptedQueue(calls)
+    calls_out: list[Any] = []
+    try:
+        buf = call_answer(buffer_cls, q, size, passes)
+        for call in range(1, calls + 1):
+            try:
+                out = call_answer(buf.get)
+            except AnswerRaised as err:
+                if isinstance(err.__cause__, QueueExhausted):
+                    calls_out.append(Mismatch(
+                        f"call {call} of get()", None, verbatim(str(err.__cause__)),
+                        "Take a new item from self.inqueue only when the current slot is "
+                        "empty (self.ttl[self.idx] <= 0)."))
+                    break
+                raise
+            if isinstance(out, list):
+                out = tuple(out)
+            calls_out.append((portable(out), _state(buf, q)))
+    except AnswerRaised as raised:
+        if not answer:
+            raise raised.exc from None
+        calls_out.append(Raised.of(raised))
+    return calls_out
+
+
+def _answer_trace(answer_cls: Any, case: Case) -> list[Any]:
+    return _serve(answer_cls, case, answer=True)
+
+
+def _reference_trace(case: Case) -> list[Any]:
     from impala_lab.minibatch_buffer import MinibatchBuffer
 
-    size, passes, calls = case.params["size"], case.params["passes"], case.params["calls"]
-    ref_q, ans_q = ScriptedQueue(calls), ScriptedQueue(calls)
-    ref = MinibatchBuffer(ref_q, size, passes)
-    ans = call_answer(answer_cls, ans_q, size, passes)
-    for call in range(1, calls + 1):
-        exp_out = ref.get()
-        try:
-            out = call_answer(ans.get)
-        except Exception as err:
-            if isinstance(err.__cause__, QueueExhausted):
-                raise Mismatch(f"call {call} of get()", _show(exp_out, _state(ref, ref_q)),
-                               verbatim(str(err.__cause__)),
-                               "Take a new item from self.inqueue only when the current slot "
-                               "is empty (self.ttl[self.idx] <= 0).") from None
-            raise
-        exp, act = _state(ref, ref_q), _state(ans, ans_q)
-        if isinstance(out, list):
-            out = tuple(out)
-        if out != exp_out or act != exp:
-            raise Mismatch(f"call {call} of get()", _show(exp_out, exp), _show(out, act),
-                           _diagnose(exp_out, out, exp, act))
+    return _serve(MinibatchBuffer, case, answer=False)
+
+
+def _compare(case: Case, expected: list[Any], actual: list[Any]) -> None:
+    for call, (exp, act) in enumerate(zip(expected, actual), start=1):
+        exp_out, exp_state = exp
+        if isinstance(act, Raised):
+            raise act
+        if isinstance(act, Mismatch):
+            act.expected = _show(exp_out, exp_state)
+            raise act
+        out, state = act
+        if out != exp_out or state["items_taken"] != exp_state["items_taken"]:
+            raise Mismatch(f"call {call} of get()", _show(exp_out, exp_state),
+                           _show(out, state), _diagnose(exp_out, out, exp_state, state))
+    if len(actual) < len(expected):  # cannot happen: the answer ran every call or raised
+        raise Mismatch(f"call {len(actual) + 1} of get()", expected[len(actual)][0],
+                       verbatim("no call"), "")
+
+
+def _references() -> list[Any]:
+    return loaded("impala_lab.minibatch_buffer", "MinibatchBuffer.get")
+
+
+SPEC = Spec(EXERCISE, lambda: cases(), _answer_trace, _reference_trace, _compare,
+            _references, {"MinibatchBuffer": "the library's MinibatchBuffer"})
 
 
 def cases() -> list[Case]:
@@ -145,4 +190,4 @@ def check_minibatch_get(answer_cls: Any, *, show: bool = True) -> CheckResult:
       A `CheckResult`; its message is the pass line or the first call that differs.
     """
     label = f"{getattr(answer_cls, '__name__', 'the answer')}.get"
-    return run_check(EXERCISE, label, cases(), lambda c: _run_case(answer_cls, c), show=show)
+    return run_check(SPEC, label, answer_cls, show=show)

@@ -13,7 +13,8 @@ with RLlib's rule, using exactly these draws of ``rng`` (a ``random.Random``):
 
 The checker gives the answer and the library's `impala_lab.replay.ReplayMixer` the same
 batches and the same seed, and compares what they yield, item by item, and the store at the
-end.
+end. The answer runs first (``ReplayMixer.mix`` trapped), the reference after it: no frame
+the answer could read holds the expected items.
 """
 
 from __future__ import annotations
@@ -22,11 +23,17 @@ import random
 from collections import deque
 from typing import Any
 
+import numpy as np
+
 from impala_lab.exercises._common import (
+    AnswerRaised,
     Case,
     CheckResult,
     Mismatch,
+    Spec,
     call_answer,
+    loaded,
+    portable,
     run_check,
     verbatim,
 )
@@ -67,11 +74,10 @@ class FakeBatch:
 
 
 def _label(pair: Any) -> str:
-    try:
-        worker, batch = pair
-    except (TypeError, ValueError):
+    if not (isinstance(pair, tuple) and len(pair) == 2):
         return f"not a (worker, batch) pair: {pair!r}"
-    return f"({'None' if worker is None else worker}, {batch!r})"
+    worker, batch = pair
+    return f"({'None' if worker is None else worker}, {batch})"
 
 
 def _window(seq: list[Any], i: int) -> str:
@@ -106,47 +112,77 @@ def _diagnose(expected: list[Any], actual: list[Any], i: int) -> str:
     return "Yield each new (worker, batch) pair unchanged and in order."
 
 
-def _run_case(answer: Any, case: Case) -> None:
-    from impala_lab.replay import ReplayMixer
-
-    p = case.params
+def _pairs(p: dict[str, Any]) -> list[tuple[str, FakeBatch]]:
     workers = ["w0", "w1", "w2"]
-    pairs = [(workers[k % 3], FakeBatch(f"b{k}", p["sample"])) for k in range(p["n_new"])]
-    ref = ReplayMixer(p["rp"], p["slots"], p["train"], p["sample"], seed=p["seed"])
-    expected = list(ref.mix(iter(pairs)))
+    return [(workers[k % 3], FakeBatch(f"b{k}", p["sample"])) for k in range(p["n_new"])]
+
+
+def _named(item: Any) -> Any:
+    """A yielded item as (worker, batch name), the form both traces keep."""
+    if isinstance(item, list):
+        item = tuple(item)
+    if isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], FakeBatch):
+        return (portable(item[0]), item[1].name)
+    return portable(item)
+
+
+def _answer_trace(answer: Any, case: Case) -> dict[str, Any]:
+    p = case.params
     store: deque = deque(maxlen=p["slots"])
     rng = random.Random(p["seed"])
-    gen = call_answer(answer, iter(pairs), store, p["rp"], ref.replay_threshold, rng)
-    actual: list[Any] = []
-    limit = 4 * len(expected) + 10  # an answer that never stops replaying
+    threshold = -(-p["train"] // p["sample"])
+    gen = call_answer(answer, iter(_pairs(p)), store, p["rp"], threshold, rng)
     try:
         iterator = iter(gen)
     except TypeError:
         raise Mismatch("what mix(...) returns", verbatim("a generator of (worker, batch)"),
-                       verbatim(f"{type(gen).__name__}: {gen!r}"),
+                       verbatim(f"{type(gen).__name__}: {portable(gen)!r}"),
                        "mix must yield pairs (use `yield`), or return an iterable.") from None
-    while len(actual) < limit:
+    # At most ceil(replay_proportion) replays follow a new batch: more means it never stops.
+    limit = p["n_new"] * (2 + int(np.ceil(p["rp"]))) + 10
+    items: list[Any] = []
+    while len(items) < limit:
         try:
             item = call_answer(next, iterator)
-        except Exception as err:
+        except AnswerRaised as err:
             if isinstance(err.__cause__, StopIteration):
                 break
             raise
-        actual.append(tuple(item) if isinstance(item, list) else item)
-    for i in range(max(len(expected), len(actual))):
-        same = i < len(expected) and i < len(actual) and isinstance(actual[i], tuple) and (
-            len(actual[i]) == 2 and actual[i][0] == expected[i][0]
-            and getattr(actual[i][1], "name", None) == expected[i][1].name)
+        items.append(_named(item))
+    return {"items": items, "store": [portable(getattr(b, "name", b)) for b in store]}
+
+
+def _reference_trace(case: Case) -> dict[str, Any]:
+    from impala_lab.replay import ReplayMixer
+
+    p = case.params
+    ref = ReplayMixer(p["rp"], p["slots"], p["train"], p["sample"], seed=p["seed"])
+    items = [_named(item) for item in ref.mix(iter(_pairs(p)))]
+    return {"items": items, "store": [b.name for b in ref._store]}
+
+
+def _compare(case: Case, expected: dict[str, Any], actual: dict[str, Any]) -> None:
+    exp_items, act_items = expected["items"], actual["items"]
+    for i in range(max(len(exp_items), len(act_items))):
+        same = i < len(exp_items) and i < len(act_items) and act_items[i] == exp_items[i]
         if not same:
-            raise Mismatch(f"item {i} of what mix yields ({len(expected)} items expected)",
-                           verbatim(_window(expected, i)), verbatim(_window(actual, i)),
-                           _diagnose(expected, actual, i))
-    ref_store = [b.name for b in ref._store]
-    ans_store = [getattr(b, "name", b) for b in store]
-    if ans_store != ref_store:
-        raise Mismatch("the store after the last batch", ref_store, ans_store,
+            raise Mismatch(f"item {i} of what mix yields ({len(exp_items)} items expected)",
+                           verbatim(_window(exp_items, i)), verbatim(_window(act_items, i)),
+                           _diagnose(exp_items, act_items, i))
+    if actual["store"] != expected["store"]:
+        raise Mismatch("the store after the last batch", expected["store"], actual["store"],
                        "Append each new batch to store (never a replayed one); the deque's "
                        "maxlen drops the oldest by itself.")
+
+
+def _references() -> list[Any]:
+    return loaded("impala_lab.replay", "ReplayMixer.mix")
+
+
+SPEC = Spec(EXERCISE, lambda: cases(), _answer_trace, _reference_trace, _compare,
+            _references, {"ReplayMixer": "the library's ReplayMixer",
+                          "mix": "the library's ReplayMixer.mix",
+                          "_augment_with_replay": "the library's replay"})
 
 
 def cases() -> list[Case]:
@@ -171,4 +207,4 @@ def check_replay_mix(answer: Any, *, show: bool = True) -> CheckResult:
       show: print the message.
     """
     label = getattr(answer, "__name__", "the answer")
-    return run_check(EXERCISE, label, cases(), lambda c: _run_case(answer, c), show=show)
+    return run_check(SPEC, label, answer, show=show)

@@ -6,11 +6,15 @@ float32: ``target_logits`` [T, B, A], ``values`` [T, B], ``bootstrap_value`` [B]
 batch as `impala_lab.policy.batch_to_tensors` returns it (numpy arrays: ``actions``,
 ``rewards``, ``terminateds``, ``truncateds``, ``truncation_values`` [T, B],
 ``behaviour_logits`` [T, B, A], ...) and the run's `ImpalaConfig`. All four results are sums
-over the batch (``entropy`` too, as in the total loss). TensorFlow or numpy may be used.
+over the batch (``entropy`` too, as in the total loss).
 
 The checker compares the answer with ``VTracePolicy.loss_and_stats`` on seeded batches,
-feeding the policy the same network outputs, within 1e-4. The answer runs first, so a stub
-is reported without importing TensorFlow.
+feeding the policy the same network outputs: the four numbers within 1e-4, and the gradient
+of ``total_loss`` with respect to the network's outputs (so the loss must be TensorFlow that
+the learner can differentiate, with the V-trace targets held constant). The answer runs first
+(called once with numpy arrays, then with watched tensors for the gradient), so a stub is
+reported without importing TensorFlow; ``loss_and_stats`` and the checker's reference are
+trapped while it runs.
 """
 
 from __future__ import annotations
@@ -20,16 +24,24 @@ from typing import Any
 import numpy as np
 
 from impala_lab.exercises._common import (
+    AnswerRaised,
     Case,
     CheckResult,
     Mismatch,
+    Raised,
+    Spec,
     call_answer,
+    first_difference,
+    loaded,
+    portable,
     run_check,
     verbatim,
 )
 
 EXERCISE = "vtrace_loss"
 RTOL, ATOL = 1e-4, 1e-4
+GRAD_RTOL, GRAD_ATOL = 1e-3, 1e-4
+GRADIENTS = ("target_logits", "values", "bootstrap_value")
 COMPONENTS = ("total_loss", "policy_loss", "vf_loss", "entropy")
 
 # name, T, B, A, off-policy scale, p(terminated), p(truncated), both, config changes, seed, hint
@@ -69,6 +81,20 @@ _COMPONENT_HINTS = {
                 "softmax(target_logits): a sum, not a mean."),
     "total_loss": ("total_loss = policy_loss + config.vf_loss_coeff * vf_loss - "
                    "config.entropy_coeff * entropy."),
+}
+
+NO_GRADIENT_HINT = ("The learner minimises total_loss by its gradient, so build it with "
+                    "TensorFlow ops on target_logits and values (tf.nn.log_softmax, "
+                    "tf.reduce_sum, vtrace.from_logits): numpy results carry no gradient.")
+_TARGETS = ("the V-trace targets vs and pg_advantages are constants for the gradient "
+            "(tf.stop_gradient, as vtrace.from_logits returns them)")
+GRADIENT_HINTS = {
+    "target_logits": ("Only log pi(a_t) (the policy loss) and the entropy carry the gradient "
+                      f"to target_logits; {_TARGETS}."),
+    "values": (f"Only the value loss carries the gradient to values: {_TARGETS}, so "
+               "d vf_loss / d values = values - vs."),
+    "bootstrap_value": (f"bootstrap_value only enters the V-trace targets, and {_TARGETS}: "
+                        "its gradient is 0."),
 }
 
 
@@ -129,15 +155,22 @@ class _Reference:
         logits = np.concatenate([outputs["target_logits"].reshape(T * B, A),
                                  np.zeros((B, A), np.float32)])
         values = np.concatenate([outputs["values"].reshape(T * B), outputs["bootstrap_value"]])
+        logits_t, values_t = tf.constant(logits), tf.constant(values)
         network = policy.model
-        policy.model = lambda x, **kw: (tf.constant(logits), tf.constant(values))
+        policy.model = lambda x, **kw: (logits_t, values_t)
         try:
-            total, stats = policy.loss_and_stats(batch)
+            with tf.GradientTape() as tape:
+                tape.watch([logits_t, values_t])
+                total, stats = policy.loss_and_stats(batch)
         finally:
             policy.model = network
+        g_logits, g_values = (g.numpy() for g in tape.gradient(total, [logits_t, values_t]))
+        grads = {"target_logits": g_logits[:T * B].reshape(T, B, A),
+                 "values": g_values[:T * B].reshape(T, B),
+                 "bootstrap_value": g_values[T * B:]}
         return {"total_loss": float(total), "policy_loss": float(stats["policy_loss"]),
                 "vf_loss": float(stats["vf_loss"]),
-                "entropy": float(stats["entropy"]) * T * B}
+                "entropy": float(stats["entropy"]) * T * B, "grads": grads}
 
 
 def _components(out: Any) -> dict[str, float]:
@@ -152,7 +185,7 @@ def _components(out: Any) -> dict[str, float]:
         values = list(out)
     else:
         raise Mismatch("what vtrace_loss returns",
-                       verbatim("(total_loss, policy_loss, vf_loss, entropy)"), out,
+                       verbatim("(total_loss, policy_loss, vf_loss, entropy)"), portable(out),
                        "Return a tuple of four scalars (numpy or TensorFlow).")
     result = {}
     for name, value in zip(COMPONENTS, values):
@@ -165,20 +198,85 @@ def _components(out: Any) -> dict[str, float]:
     return result
 
 
-def _run_case(answer: Any, case: Case) -> None:
+def _inputs(case: Case) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], Any]:
     from impala_lab.config import ImpalaConfig
 
     p = case.params
     outputs, batch = make_case(p["T"], p["B"], p["A"], p["scale"], p["p_term"], p["p_trunc"],
                                p["both"], p["seed"])
-    config = ImpalaConfig(**p["config"])
+    return outputs, batch, ImpalaConfig(**p["config"])
+
+
+def _gradients(answer: Any, outputs: dict[str, np.ndarray], batch: dict[str, np.ndarray],
+               config: Any) -> dict[str, Any] | None:
+    """The gradient of the answer's total_loss with respect to the network's outputs
+    (zeros where it does not depend on one), or None when it has none at all."""
+    import tensorflow as tf
+
+    watched = [tf.constant(v) for v in outputs.values()]
+    with tf.GradientTape() as tape:
+        tape.watch(watched)
+        out = call_answer(answer, *watched, {k: v.copy() for k, v in batch.items()}, config)
+    total = out.get("total_loss") if isinstance(out, dict) else (
+        out[0] if isinstance(out, tuple | list) and out else None)
+    if not tf.is_tensor(total) or isinstance(total, tf.Variable):
+        return None
+    grads = tape.gradient(total, watched, unconnected_gradients=tf.UnconnectedGradients.NONE)
+    if all(g is None for g in grads[:2]):
+        return None
+    return {name: np.zeros(v.shape, np.float64) if g is None else np.asarray(g, np.float64)
+            for name, v, g in zip(GRADIENTS, outputs.values(), grads)}
+
+
+def _answer_trace(answer: Any, case: Case) -> dict[str, Any]:
+    outputs, batch, config = _inputs(case)
     out = call_answer(answer, *(v.copy() for v in outputs.values()),
                       {k: v.copy() for k, v in batch.items()}, config)
-    actual = _components(out)
-    expected = _Reference.loss(outputs, batch, config)
+    trace: dict[str, Any] = _components(out)
+    try:
+        trace["grads"] = _gradients(answer, outputs, batch, config)
+    except AnswerRaised as raised:
+        trace["grads"] = Raised.of(raised)
+    return trace
+
+
+def _reference_trace(case: Case) -> dict[str, Any]:
+    outputs, batch, config = _inputs(case)
+    return _Reference.loss(outputs, batch, config)
+
+
+def _compare(case: Case, expected: dict[str, Any], actual: dict[str, Any]) -> None:
     for name in ("policy_loss", "vf_loss", "entropy", "total_loss"):
         if not np.isclose(actual[name], expected[name], rtol=RTOL, atol=ATOL):
             raise Mismatch(name, expected[name], actual[name], _COMPONENT_HINTS[name])
+    grads = actual["grads"]
+    if isinstance(grads, Raised):
+        grads.text += (" (the check calls vtrace_loss a second time with tf.Tensor inputs, "
+                       "to take the gradient of total_loss)")
+        raise grads
+    if grads is None:
+        raise Mismatch("the gradient of total_loss with respect to target_logits and values",
+                       verbatim("a gradient (the learner trains on it)"),
+                       verbatim("none: total_loss does not depend on them through "
+                                "TensorFlow ops"), NO_GRADIENT_HINT)
+    for name in GRADIENTS:
+        exp, act = expected["grads"][name], grads[name]
+        idx = first_difference(exp, act, GRAD_RTOL, GRAD_ATOL)
+        if idx is not None:
+            where = ", ".join(str(i) for i in idx)
+            raise Mismatch(f"d total_loss / d {name}[{where}] (the numbers are right, the "
+                           f"gradient is not)", float(exp[idx]), float(act[idx]),
+                           GRADIENT_HINTS[name])
+
+
+def _references() -> list[Any]:
+    return [_Reference.loss, *loaded("impala_lab.policy", "VTracePolicy.loss_and_stats")]
+
+
+SPEC = Spec(EXERCISE, lambda: cases(), _answer_trace, _reference_trace, _compare,
+            _references, {"_Reference": "the checker's own reference loss",
+                          "loss_and_stats": "the library's VTracePolicy.loss_and_stats",
+                          "VTracePolicy": "the library's VTracePolicy"})
 
 
 def cases() -> list[Case]:
@@ -204,4 +302,4 @@ def check_vtrace_loss(answer: Any, *, show: bool = True) -> CheckResult:
       show: print the message.
     """
     label = getattr(answer, "__name__", "the answer")
-    return run_check(EXERCISE, label, cases(), lambda c: _run_case(answer, c), show=show)
+    return run_check(SPEC, label, answer, show=show)

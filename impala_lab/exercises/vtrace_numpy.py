@@ -8,7 +8,8 @@ disables a clip). The checker compares it with
 random inputs: on- and off-policy, episode ends, clips on, off and unequal.
 
 The answer runs first in each case, so a stub is reported without importing TensorFlow
-(which `impala_lab.vtrace` imports).
+(which `impala_lab.vtrace` imports), and while it runs the library's V-trace functions are
+trapped.
 """
 
 from __future__ import annotations
@@ -21,9 +22,11 @@ from impala_lab.exercises._common import (
     Case,
     CheckResult,
     Mismatch,
+    Spec,
     as_array,
     call_answer,
     first_difference,
+    loaded,
     run_check,
 )
 
@@ -82,21 +85,32 @@ def _split(out: Any) -> tuple[Any, Any]:
                    "Return a pair (vs, pg_advantages) of [T, B] arrays.")
 
 
-def _run_case(answer: Any, case: Case) -> None:
+def _answer_trace(answer: Any, case: Case) -> dict[str, np.ndarray]:
     p = case.params
     inputs = make_inputs(p["T"], p["B"], p["scale"], p["ends"], p["seed"])
     clips = {"clip_rho_threshold": p["clip_rho"], "clip_pg_rho_threshold": p["clip_pg"]}
-    args = {k: v.copy() for k, v in inputs.items()}
-    out = call_answer(answer, **args, **clips)
+    out = call_answer(answer, **inputs, **clips)
     vs, pg = _split(out)
     shape = (p["T"], p["B"])
-    vs = as_array(vs, "vs", shape)
-    pg = as_array(pg, "pg_advantages", shape)
+    return {"vs": as_array(vs, "vs", shape), "pg_advantages": as_array(pg, "pg_advantages",
+                                                                         shape)}
 
+
+def _reference_trace(case: Case) -> dict[str, np.ndarray]:
     from impala_lab.vtrace import from_importance_weights_numpy  # imports TensorFlow
 
-    ref = from_importance_weights_numpy(**inputs, **clips)
-    for name, actual, expected in (("vs", vs, ref.vs), ("pg_advantages", pg, ref.pg_advantages)):
+    p = case.params
+    inputs = make_inputs(p["T"], p["B"], p["scale"], p["ends"], p["seed"])
+    ref = from_importance_weights_numpy(**inputs, clip_rho_threshold=p["clip_rho"],
+                                        clip_pg_rho_threshold=p["clip_pg"])
+    return {"vs": np.asarray(ref.vs, np.float64),
+            "pg_advantages": np.asarray(ref.pg_advantages, np.float64)}
+
+
+def _compare(case: Case, ref: dict[str, np.ndarray], ans: dict[str, np.ndarray]) -> None:
+    p = case.params
+    for name in ("vs", "pg_advantages"):
+        actual, expected = ans[name], ref[name]
         idx = first_difference(expected, actual, RTOL, ATOL)
         if idx is None:
             continue
@@ -114,6 +128,17 @@ def _run_case(answer: Any, case: Case) -> None:
             raise Mismatch(what + f"; whole {name} [T={p['T']}, B={p['B']}] below",
                            expected, actual, hint)
         raise Mismatch(what, float(expected[t, b]), float(actual[t, b]), hint)
+
+
+def _references() -> list[Any]:
+    return loaded("impala_lab.vtrace", "from_importance_weights_numpy",
+                  "from_importance_weights", "from_logits_numpy", "from_logits")
+
+
+SPEC = Spec(EXERCISE, lambda: cases(), _answer_trace, _reference_trace, _compare,
+            _references, {name: f"the library's vtrace.{name}" for name in (
+                "from_importance_weights_numpy", "from_importance_weights",
+                "from_logits_numpy", "from_logits")})
 
 
 def cases() -> list[Case]:
@@ -138,4 +163,4 @@ def check_vtrace_numpy(answer: Any, *, show: bool = True) -> CheckResult:
       show: print the message.
     """
     label = getattr(answer, "__name__", "the answer")
-    return run_check(EXERCISE, label, cases(), lambda c: _run_case(answer, c), show=show)
+    return run_check(SPEC, label, answer, show=show)
