@@ -1,7 +1,8 @@
 """``python -m impala_lab.exercises NOTEBOOK.ipynb ...``: check exercise notebooks.
 
 Prints each notebook's result; the exit status is 0 when every answer passes, else 1.
-``--list`` prints the exercises.
+``--list`` prints the exercises. ``python -m impala_lab.exercises export --nbgrader DIR``
+writes nbgrader source notebooks (`impala_lab.exercises.nbgrader_export`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,11 @@ from impala_lab.exercises.notebook import check_notebook
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["export"]:  # a subcommand; everything else names notebooks
+        from impala_lab.exercises.nbgrader_export import main as export_main
+
+        return export_main(argv[1:])
     parser = argparse.ArgumentParser(
         prog="python -m impala_lab.exercises",
         description="Check exercise notebooks against the reference on seeded cases.")
