@@ -6,6 +6,12 @@ learner_queue_size, so a slow learner slows the driver instead of eating memory)
 number of trained env steps on ``outqueue`` and sets ``weights_updated`` so the driver knows
 to broadcast.
 
+Two policy lags: the driver measures a batch's lag when it reaches the driver
+(``stats()["policy_lag"]``); the learner measures it again each time it trains on the batch
+(``stats()["policy_lag_at_training"]``): its weights version at that moment minus the version
+that sampled each column. The second is larger: the batch waited in the learner queue and the
+ring meanwhile, and every one of its num_sgd_iter passes (and every replay) counts.
+
 Why a thread: the driver keeps talking to the actors while TensorFlow runs the update (TF
 releases the GIL inside its kernels).
 
@@ -21,6 +27,8 @@ import threading
 import traceback
 from collections.abc import Callable
 from typing import Any
+
+import numpy as np
 
 from impala_lab.errors import LearnerError, NonFiniteLossError
 from impala_lab.minibatch_buffer import MinibatchBuffer
@@ -40,6 +48,9 @@ class LearnerThread(threading.Thread):
     Attributes:
       learner_queue_stat: a `WindowStat` of ``inqueue``'s length after each step (the last
         50; ``stats()["learner_queue"]``).
+      train_lag_stat: a `WindowStat` of the mean policy lag of each batch trained on, taken
+        just before the update (the last 100); max_train_lag: the largest lag of any column
+        trained on so far.
     """
 
     stage = "learner thread"
@@ -49,6 +60,8 @@ class LearnerThread(threading.Thread):
         super().__init__(name="impala-learner", daemon=True)
         self.policy = policy
         self.learner_queue_stat = WindowStat("size", 50)
+        self.train_lag_stat = WindowStat("policy_lag_at_training", 100)
+        self.max_train_lag = 0
         self.inqueue: queue.Queue = queue.Queue(maxsize=learner_queue_size)
         self.outqueue: queue.Queue = queue.Queue()
         self.minibatch_buffer = MinibatchBuffer(self.inqueue, minibatch_buffer_size,
@@ -96,10 +109,22 @@ class LearnerThread(threading.Thread):
                 batch, _ = self.minibatch_buffer.get(block_timeout=block_timeout)
         except queue.Empty:
             return False
+        self._record_train_lag(batch)
         with self.grad_timer:
             self.stats = self.policy.learn_on_batch(batch)
         self._report_step(batch.count)
         return True
+
+    def _record_train_lag(self, batch: Any) -> None:
+        """The batch's policy lag now, before the update: the policy's version minus the
+        version that sampled each column. Only reads: training is the same with or without."""
+        versions = getattr(batch, "policy_versions", None)
+        version = getattr(self.policy, "version", None)
+        if versions is None or version is None or len(versions) == 0:
+            return  # a stand-in policy or batch (tests, notebooks) without versions
+        lag = int(version) - np.asarray(versions)
+        self.train_lag_stat.push(float(lag.mean()))
+        self.max_train_lag = max(self.max_train_lag, int(lag.max()))
 
     def _report_step(self, count: int) -> None:
         """After an update: tell the driver (env steps trained) and the health monitor."""

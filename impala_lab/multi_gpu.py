@@ -359,6 +359,7 @@ class MultiGPULearner(LearnerThread):
             self.idle_buffers.put(buf)
         else:
             buf.state = "in use"
+        self._record_train_lag(batch)
         with self.grad_timer:
             self.stats = self.learn_on_parts(parts, batch)
         self._report_step(batch.count)

@@ -7,8 +7,12 @@ AsyncSamplesOptimizer stats (``sample_throughput``, ``train_throughput``, ``num_
 episodes, policy lag, liveness, the pipeline view (`pipeline_view`: what the diagram draws),
 the live knobs and learning health.
 
-Policy lag (``stats()["policy_lag"]``) is measured when a new batch reaches the driver: the
-learner's weights version then, minus the version that sampled each column of the batch.
+Policy lag is measured twice. ``stats()["policy_lag"]`` when a new batch reaches the driver:
+the learner's weights version then, minus the version that sampled each column of the batch.
+``stats()["policy_lag_at_training"]`` when the learner trains on a batch (each of its
+num_sgd_iter passes, and each replay, counting): the learner's version just before that
+update minus the same sampling versions. The batch waits in the learner queue and the
+minibatch ring between the two, so the second is the lag V-trace actually corrects.
 """
 
 from __future__ import annotations
@@ -139,6 +143,8 @@ class RunStats:
         return_mean = float(np.mean(returns)) if returns else math.nan
         lag = self.policy_lag.stats()
         lag_mean = lag["mean"] if lag["count"] else math.nan
+        train_lag_stat = getattr(learner, "train_lag_stat", None)
+        train_lag = train_lag_stat.stats() if train_lag_stat is not None else {"count": 0}
         queue_stats = learner.learner_queue_stat.stats()
         seconds_since_sample, workers = liveness
         snapshot = {
@@ -166,6 +172,9 @@ class RunStats:
             "last_error": last_error,
             "episodes_total": self.episodes_total,
             "policy_lag": {"mean": lag_mean, "max": self.max_policy_lag},
+            "policy_lag_at_training": {
+                "mean": train_lag["mean"] if train_lag["count"] else math.nan,
+                "max": getattr(learner, "max_train_lag", 0)},
             "weights_version": policy.version,
             "seconds_since_sample": seconds_since_sample,
             "workers": workers,

@@ -45,7 +45,8 @@ STATS = {
                 "entropy": 0.665, "grad_gnorm": 19137.3, "var_gnorm": 12.07,
                 "mean_rho": 0.9998, "vf_explained_var": 0.0075, "policy_version": 74},
     "episode_return_mean": 33.93, "episode_len_mean": 33.93, "episode_return_count": 100,
-    "episodes_total": 916, "policy_lag": {"mean": 4.42, "max": 18}, "weights_version": 74,
+    "episodes_total": 916, "policy_lag": {"mean": 4.42, "max": 18},
+    "policy_lag_at_training": {"mean": 9.1, "max": 30}, "weights_version": 74,
     "pipeline": {"backend": "inline", "num_workers": 3, "in_flight": {"0": 2, "1": 1, "2": 0},
                  "max_in_flight": 2, "replay_stored": 14, "replay_capacity": 20,
                  "batch_buffer_steps": 400, "train_batch_size": 500, "learner_queue_len": 5,
@@ -226,7 +227,9 @@ def test_refresh_shows_every_figure_of_the_stats():
     assert cards == {"sample_throughput": "sampled 7,324/s", "train_throughput": "trained 19,094/s",
                      "episode_return_mean": "return (last 100) 33.9",
                      "num_steps_sampled": "env steps 22,400", "weights_version": "weights v74",
-                     "policy_lag": "policy lag 4.4", "time_total_s": "time 30 s"}
+                     "policy_lag": "policy lag 4.4",
+                     "policy_lag_at_training": "lag at training 9.1",
+                     "time_total_s": "time 30 s"}
     # Gauges: level / capacity of each queue, from the pipeline view.
     expected = {"in_flight": (3, 6), "replay": (14, 20), "batch_buffer": (400, 500),
                 "learner_queue": (5, 16), "minibatch": (1, 2)}
@@ -247,7 +250,8 @@ def test_refresh_shows_every_figure_of_the_stats():
     assert svg_texts(svg, "impala-in-flight") == ["3 / 6"]
     assert svg_texts(svg, "impala-broadcast") == [
         "weight broadcast: v74 · 25 broadcasts · every 3 returned samples · 61 syncs"]
-    assert svg_texts(svg, "impala-policy-lag")[0].startswith("policy lag 4.4 updates (max 18)")
+    assert svg_texts(svg, "impala-policy-lag")[0].startswith(
+        "policy lag 4.4 updates (max 18) at the driver, 9.1 (max 30) when trained on")
     # The timing bars, the knobs, the state of the buttons.
     assert svg_texts(board.timing.value, "impala-timer-learner-grad-time-ms") == ["6.71"]
     assert svg_texts(board.timing.value, "impala-timer-optimizer-step-time-ms") == ["249"]

@@ -304,3 +304,21 @@ def test_inline_impala_learns_cartpole_within_bounded_env_steps():
                            and s["episode_return_mean"] >= 195,
                            max_env_steps=1_500_000, report_interval=0.5)
     assert result["stop_reason"] == "stop condition", result["episode_return_mean"]
+
+
+def test_policy_lag_at_training_counts_every_pass():
+    # Three train batches sampled at version 0 wait in the queue; the learner then takes
+    # every pass of each: the lag at the driver stays 0, at training it is the updates since.
+    cfg = ImpalaConfig(**{**SMALL, "num_sgd_iter": 3, "learner_queue_size": 4})
+    with Impala(cfg, start_learner=False) as run:
+        for _ in range(3):
+            run.step()
+        assert run.stats()["policy_lag_at_training"]["max"] == 0
+        steps = 0
+        while run.learner.step(block_timeout=0):
+            steps += 1
+        stats = run.stats()
+    assert steps >= 3 and stats["weights_version"] == steps
+    assert stats["policy_lag"] == {"mean": 0.0, "max": 0}
+    assert stats["policy_lag_at_training"] == {"mean": pytest.approx((steps - 1) / 2),
+                                               "max": steps - 1}

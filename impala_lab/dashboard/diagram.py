@@ -323,9 +323,12 @@ def _broadcast(stats: Mapping[str, Any], on: bool, phase: int) -> list[str]:
                  f'height="26" fill="#fbfbfb"/>')
     parts.append(_text(mid_x, by + 6, label, size=15, weight="bold", color="#1d6b30",
                        cls="impala-broadcast"))
+    trained = stats.get("policy_lag_at_training") or {}
     parts.append(_text(mid_x, by + 32,
                        f"policy lag {fmt_float(lag.get('mean'), 2)} updates "
-                       f"(max {lag.get('max', '–')}): how stale the actors' weights were",
+                       f"(max {lag.get('max', '–')}) at the driver, "
+                       f"{fmt_float(trained.get('mean'), 2)} (max {trained.get('max', '–')}) "
+                       f"when trained on",
                        size=14, color="#333", cls="impala-policy-lag"))
     return parts
 

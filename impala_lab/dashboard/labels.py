@@ -59,8 +59,12 @@ LABELS: dict[str, Label] = {label.key: label for label in (
     Label("weights_version", "weights", "weights", "versions",
           "the learner's weights version (train steps applied)"),
     Label("policy_lag.mean", "policy lag", "lag", "updates",
-          "learner version minus the version that sampled a batch, mean over the last 100 "
-          "samples", legend="policy lag (updates)"),
+          "learner version minus the version that sampled a batch, when the batch reaches "
+          "the driver; mean over the last 100 samples", legend="policy lag (updates)"),
+    Label("policy_lag_at_training.mean", "lag at training", "t.lag", "updates",
+          "learner version minus the version that sampled a batch, when the learner trains "
+          "on it (every num_sgd_iter pass counts); mean over the last 100 updates",
+          legend="lag at training (updates)"),
     Label("learner_queue.mean", "learner queue", "queue", "batches",
           "batches left in the learner queue after each train step, mean over the last 50 "
           "steps", legend="learner queue (batches)"),

@@ -36,6 +36,9 @@ CARDS: dict[str, tuple[str, Callable[[Mapping[str, Any]], str]]] = {
     "weights_version": ("weights_version", lambda s: f"v{s.get('weights_version', 0)}"),
     "policy_lag": ("policy_lag.mean",
                    lambda s: fmt_float((s.get("policy_lag") or {}).get("mean"), 2)),
+    "policy_lag_at_training": (
+        "policy_lag_at_training.mean",
+        lambda s: fmt_float((s.get("policy_lag_at_training") or {}).get("mean"), 2)),
     "time_total_s": ("time_total_s", lambda s: f"{s.get('time_total_s', 0.0):,.0f} s"),
 }
 

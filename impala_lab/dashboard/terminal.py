@@ -84,7 +84,8 @@ def render(s: Mapping[str, Any], title: str = "", no_samples: bool = False) -> s
     a ``health`` line when the snapshot has a health key (every live run's has); 9 with
     `no_samples_note` under the first when ``no_samples``."""
     p = s.get("pipeline") or {}
-    lag = s.get("policy_lag") or {}
+    lag = s.get("policy_lag") or {}  # at the driver; ``trained``: when the learner trains
+    trained = s.get("policy_lag_at_training") or {}
     head = title or f"IMPALA ({p.get('backend', '?')}, {p.get('num_workers', '?')} workers)"
     lines = [
         f"{head}   {s.get('time_total_s', 0.0):.1f} s   env steps "
@@ -96,8 +97,9 @@ def render(s: Mapping[str, Any], title: str = "", no_samples: bool = False) -> s
         f"replayed {fmt_count(s.get('num_steps_replayed'))} steps",
         f"return      {fmt_float(s.get('episode_return_mean'))} (mean of last "
         f"{s.get('episode_return_count', 0)}, {fmt_count(s.get('episodes_total'))} episodes)"
-        f"   weights v{s.get('weights_version', 0)}   policy lag "
-        f"{fmt_float(lag.get('mean'), 2)} (max {lag.get('max', '–')})",
+        f"   weights v{s.get('weights_version', 0)}   lag "
+        f"{fmt_float(lag.get('mean'), 2)} (max {lag.get('max', '–')}), trained at "
+        f"{fmt_float(trained.get('mean'), 2)}",
     ]
     lines.append(_pipeline_line(s))
     timing = s.get("timing_breakdown") or {}
