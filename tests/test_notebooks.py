@@ -32,6 +32,8 @@ STEP_THROUGH = ["01_rollouts_and_sample_batches", "02_task_pool_and_async_sampli
                 "06_learner_thread", "07_knobs_side_by_side"]
 
 CHECK_PRINT = re.compile(r'print\(f?"✓')
+# TensorFlow's C++ start-up logging and its retracing warnings: never in a notebook's output.
+TF_NOISE = re.compile(r"I0000|W0000|oneDNN|absl::InitializeLog|triggered tf\.function retracing")
 
 _spec = importlib.util.spec_from_file_location("nbstrip", ROOT / "tools" / "nbstrip.py")
 nbstrip = importlib.util.module_from_spec(_spec)
@@ -111,7 +113,7 @@ def execute(path: Path, kernel_dir: Path, monkeypatch) -> tuple[object, float]:
     monkeypatch.setenv("JUPYTER_PATH", str(kernel_dir))
     monkeypatch.setenv("IMPALA_LAB_FAST", "1")
     monkeypatch.setenv("MPLBACKEND", "Agg")
-    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "2")
+    monkeypatch.delenv("TF_CPP_MIN_LOG_LEVEL", raising=False)  # the package's own set-up
     nb = nbformat.read(path, as_version=4)
     client = nbclient.NotebookClient(nb, timeout=300, kernel_name=KERNEL,
                                      resources={"metadata": {"path": str(path.parent)}})
@@ -129,6 +131,10 @@ def test_runs_top_to_bottom_in_fast_mode(path, kernel_dir, monkeypatch):
     for cell in code_cells:
         if CHECK_PRINT.search(cell.source):
             assert "✓" in text_of(cell), f"this check printed nothing:\n{cell.source[:300]}"
+    noise = [line for cell in code_cells for out in cell.get("outputs", [])
+             if out["output_type"] == "stream" and out["name"] == "stderr"
+             for line in out["text"].splitlines() if TF_NOISE.search(line)]
+    assert not noise, "TensorFlow's log lines in the output:\n" + "\n".join(noise[:5])
 
     folder = path.parent.name
     if folder not in ("exercises", "solutions"):
