@@ -36,6 +36,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOK = REPO / "tests" / "browser" / "dashboard_demo.ipynb"
+QUICKSTART = REPO / "notebooks" / "00_quickstart.ipynb"
 ARTIFACTS = REPO / "test-artifacts"
 CHROMIUM = Path("/usr/bin/chromium")
 
@@ -69,8 +70,10 @@ def free_port() -> int:
 
 
 def server_env(tmp: Path) -> dict[str, str]:
-    """Private Jupyter and IPython directories; JupyterLab's news popup switched off."""
+    """Private Jupyter and IPython directories; JupyterLab's news popup switched off; the
+    notebooks' normal mode (no ``IMPALA_LAB_FAST``), as a newcomer runs them."""
     env = dict(os.environ)
+    env.pop("IMPALA_LAB_FAST", None)
     for name in ("JUPYTER_CONFIG_DIR", "JUPYTER_DATA_DIR", "JUPYTER_RUNTIME_DIR", "IPYTHONDIR"):
         path = tmp / name.lower()
         path.mkdir()
@@ -86,11 +89,12 @@ def server_env(tmp: Path) -> dict[str, str]:
 
 
 @contextmanager
-def jupyter_server(kind: str, tmp: Path) -> Iterator[str]:
-    """Start JupyterLab or Voila on 127.0.0.1 with a token; yield the page URL."""
+def jupyter_server(kind: str, tmp: Path, notebook: Path = NOTEBOOK) -> Iterator[str]:
+    """Start JupyterLab or Voila on 127.0.0.1 with a token, serving a copy of ``notebook``;
+    yield the page URL."""
     root = tmp / "root"
     root.mkdir()
-    shutil.copy(NOTEBOOK, root / NOTEBOOK.name)
+    shutil.copy(notebook, root / notebook.name)
     port, token = free_port(), secrets.token_hex(16)
     if kind == "lab":
         cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1",
@@ -98,9 +102,9 @@ def jupyter_server(kind: str, tmp: Path) -> Iterator[str]:
                f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}"]
         if os.geteuid() == 0:
             cmd.append("--allow-root")  # JupyterLab refuses to run as root without it
-        url = f"http://127.0.0.1:{port}/lab/tree/{NOTEBOOK.name}?token={token}"
+        url = f"http://127.0.0.1:{port}/lab/tree/{notebook.name}?token={token}"
     else:
-        cmd = [sys.executable, "-m", "voila", NOTEBOOK.name, "--no-browser",
+        cmd = [sys.executable, "-m", "voila", notebook.name, "--no-browser",
                f"--port={port}", "--Voila.ip=127.0.0.1", "--Voila.port_retries=0",
                f"--Voila.token={token}"]
         url = f"http://127.0.0.1:{port}/?token={token}"
@@ -286,3 +290,44 @@ def test_dashboard_moves_in_voila(tmp_path):
     with jupyter_server("voila", tmp_path) as url, chromium_page() as page:
         page.goto(url, timeout=90_000)  # Voila runs the notebook before the page is complete
         watch_dashboard(page, "voila", tmp_path, tmp_path / "voila.log")
+
+
+# Every code cell's prompt and whether an error output is shown, read in the page.
+CELLS_JS = """() => ({
+  prompts: [...document.querySelectorAll('.jp-CodeCell .jp-InputArea-prompt')]
+    .map(e => e.textContent.trim()),
+  errors: [...document.querySelectorAll('[data-mime-type="application/vnd.jupyter.stderr"]')]
+    .map(e => e.textContent).filter(t => t.includes('Error') || t.includes('Traceback')),
+  checks: [...document.querySelectorAll('.jp-OutputArea-output')]
+    .map(e => e.textContent).filter(t => t.includes('\u2713')).length,
+})"""
+
+
+@pytest.mark.timeout(300)
+def test_quickstart_runs_all_in_normal_mode(tmp_path):
+    # A newcomer opens notebook 00 and chooses Run All, without IMPALA_LAB_FAST: every cell
+    # must run, whatever this machine's speed (no check may race the training).
+    require_chromium()
+    with jupyter_server("lab", tmp_path, QUICKSTART) as url, chromium_page() as page:
+        page.goto(url)
+        page.wait_for_selector(".jp-NotebookPanel .jp-Notebook", timeout=60_000)
+        page.wait_for_selector('.jp-NotebookPanel-toolbar .jp-Notebook-ExecutionIndicator'
+                               '[data-status="idle"]', timeout=60_000)
+        run_all(page)
+        deadline = time.monotonic() + 240
+        cells = page.evaluate(CELLS_JS)
+        while not all(re.fullmatch(r"\[\d+\]:", p) for p in cells["prompts"]):
+            if cells["errors"] or time.monotonic() > deadline:
+                break
+            time.sleep(1.0)
+            cells = page.evaluate(CELLS_JS)
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "quickstart_normal_mode.png"), full_page=True)
+    log = (tmp_path / "lab.log").read_text()[-3000:]
+    assert not cells["errors"], f"a cell raised: {cells['errors'][0][-2000:]}\n{log}"
+    assert cells["prompts"] and all(re.fullmatch(r"\[\d+\]:", p) for p in cells["prompts"]), (
+        f"Run All did not reach the end: {cells['prompts']}\n{log}")
+    sources = [c["source"] for c in json.loads(QUICKSTART.read_text(encoding="utf-8"))["cells"]
+               if c["cell_type"] == "code"]
+    checks = sum(bool(re.search(r'print\(f?"\u2713', "".join(src))) for src in sources)
+    assert cells["checks"] >= checks > 0, cells
