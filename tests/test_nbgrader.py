@@ -162,16 +162,20 @@ def _run(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Complete
     return proc
 
 
-def _fill_in(release: dict, solution: dict) -> dict:
-    """The student version with the stub replaced by the solution's code: a correct hand-in."""
+def _fill_in(release: dict, region: list[str]) -> dict:
+    """The student version with these lines between the markers: a hand-in."""
     nb = json.loads(json.dumps(release))
     answer = _by_id(nb, "_answer")
-    (original,) = [c for c in solution["cells"] if "student" in c["metadata"].get("tags", [])]
     lines = _src(answer).split("\n")
     start = next(i for i, ln in enumerate(lines) if ln.strip() == MARK_START)
     end = next(i for i, ln in enumerate(lines) if ln.strip() == MARK_END)
-    answer["source"] = "\n".join([*lines[: start + 1], *_region(_src(original)), *lines[end:]])
+    answer["source"] = "\n".join([*lines[: start + 1], *region, *lines[end:]])
     return nb
+
+
+def _solution_region(solution: dict) -> list[str]:
+    (cell,) = [c for c in solution["cells"] if "student" in c["metadata"].get("tags", [])]
+    return _region(_src(cell))
 
 
 @pytest.mark.slow
@@ -209,7 +213,10 @@ def test_generate_assignment_then_autograde_a_solution_and_a_stub(tmp_path, monk
         assert _src(_by_id(release, "_check")) == _src(
             _by_id(json.loads((course / "source" / assignment / ex.notebook).read_text()),
                    "_check"))
-        for student, nb in (("alice", _fill_in(release, solution)), ("bob", release)):
+        hand_ins = [("alice", _fill_in(release, _solution_region(solution))), ("bob", release)]
+        if name == "minibatch_get":  # a one-line cheat: the library's own get()
+            hand_ins.append(("carol", _fill_in(release, [indent + "return super().get()"])))
+        for student, nb in hand_ins:
             folder = course / "submitted" / student / assignment
             folder.mkdir(parents=True, exist_ok=True)
             (folder / ex.notebook).write_text(json.dumps(nb))
@@ -222,6 +229,9 @@ def test_generate_assignment_then_autograde_a_solution_and_a_stub(tmp_path, monk
             for student, score in (("alice", 2), ("bob", 0)):
                 graded = gb.find_submission_notebook(stem, assignment, student)
                 assert (graded.score, graded.max_score) == (score, 2), (student, name)
+        cheat = gb.find_submission_notebook(Path(EXERCISES["minibatch_get"].notebook).stem,
+                                            assignment, "carol")
+        assert (cheat.score, cheat.max_score) == (0, 2)
 
     # What the student sees for the stub: the checker's own message, then the failed assert.
     for name in names:
