@@ -27,9 +27,10 @@ NOTEBOOK_DIR = ROOT / "notebooks"
 NOTEBOOKS = sorted(p for p in NOTEBOOK_DIR.rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts)
 IDS = [p.relative_to(NOTEBOOK_DIR).as_posix() for p in NOTEBOOKS]
 KERNEL = "impala-lab-tests"
-STEP_THROUGH = ["01_rollouts_and_sample_batches", "02_task_pool_and_async_sampling",
-                "03_replay_mixing", "04_learner_queue_and_minibatch_buffer", "05_vtrace",
-                "06_learner_thread", "07_knobs_side_by_side"]
+STEP_THROUGH = ["00a_what_impala_solves", "01_rollouts_and_sample_batches",
+                "02_task_pool_and_async_sampling", "03_replay_mixing",
+                "04_learner_queue_and_minibatch_buffer", "05_vtrace",
+                "05a_advantages_and_targets", "06_learner_thread", "07_knobs_side_by_side"]
 
 CHECK_PRINT = re.compile(r'print\(f?"✓')
 # TensorFlow's C++ start-up logging and its retracing warnings: never in a notebook's output.
