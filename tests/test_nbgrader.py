@@ -24,6 +24,7 @@ from impala_lab.exercises.nbgrader_export import (
     BEGIN_SOLUTION,
     END_SOLUTION,
     ExportError,
+    autograder_cell_source,
     export_nbgrader,
     wrap_solution,
 )
@@ -112,9 +113,10 @@ def test_export_writes_each_exercise_as_an_nbgrader_source_notebook(tmp_path, ca
                                     "solution": False, "task": False}
         assert "check" in check["metadata"]["tags"]
         code = _src(check)
+        (original,) = [c for c in solution["cells"] if "check" in c["metadata"].get("tags", [])]
+        assert _src(original).rstrip() + "\nassert result.passed, result.message" in code
         assert f"from impala_lab.exercises import {ex.checker}\n" in code
         assert f"result = {ex.checker}({ex.answer})\n" in code
-        assert code.rstrip().endswith("assert result.passed, result.message")
         # Cells a student runs to try the answer stay editable; the set-up before it is not.
         cells = nb["cells"]
         first_code = next(c for c in cells if c["cell_type"] == "code")
@@ -144,6 +146,14 @@ def test_export_refuses_to_overwrite_and_one_assignment_holds_all(tmp_path, caps
         export_nbgrader(course, names=["nope"])
     with pytest.raises(ExportError, match="assignment name"):
         export_nbgrader(course, assignment="../up")
+
+
+def test_the_test_cell_needs_the_checkers_result():
+    ex = EXERCISES["replay_mix"]
+    assert autograder_cell_source(ex, "result = check_replay_mix(mix)\n").endswith(
+        "result = check_replay_mix(mix)\nassert result.passed, result.message")
+    with pytest.raises(ExportError, match="result = check_replay_mix"):
+        autograder_cell_source(ex, "check_replay_mix(mix)")
 
 
 def test_wrap_solution_needs_the_markers_in_order():

@@ -17,9 +17,10 @@ with the metadata nbgrader reads (``metadata.nbgrader``, schema 3):
   exercise markers wrapped in ``### BEGIN SOLUTION`` / ``### END SOLUTION``; the markers stay
   outside the region, so the student version still has them and
   ``python -m impala_lab.exercises`` grades it like any hand-in;
-- the check cell is an *autograder test* cell (``grade``, locked, worth ``points``): it calls
-  the exercise's checker from `impala_lab.exercises`, as the notebook's own check cell does,
-  and raises ``AssertionError`` with the checker's message when the check fails;
+- the check cell is an *autograder test* cell (``grade``, locked, worth ``points``): the
+  notebook's own check cell, which calls the exercise's checker from `impala_lab.exercises`,
+  then an assertion that raises ``AssertionError`` with the checker's message when the check
+  fails;
 - markdown, the set-up cells before the student's cell and the cells after the check are
   read-only (``locked``: nbgrader puts their source back before it grades); the try-it cells
   between the answer and the check stay editable.
@@ -100,13 +101,20 @@ def wrap_solution(code: str) -> str:
                       *lines[end:]])
 
 
-def autograder_cell_source(ex: exercises.Exercise) -> str:
-    """The autograder test cell: the notebook's check, made to raise when it fails."""
-    return (f"# nbgrader grades this cell: it prints the check's verdict, and raises\n"
-            f"# AssertionError with it unless every case passes.\n"
-            f"from impala_lab.exercises import {ex.checker}\n\n"
-            f"result = {ex.checker}({ex.answer})\n"
-            f"assert result.passed, result.message")
+def autograder_cell_source(ex: exercises.Exercise, check: str) -> str:
+    """The autograder test cell: the notebook's check cell `check`, as it is, then an
+    assertion that raises with the checker's message unless every case passed.
+
+    Raises:
+      ExportError: `check` does not bind the checker's result to ``result``.
+    """
+    if not re.search(rf"^result = {ex.checker}\(", check, re.MULTILINE):
+        raise ExportError(f"{ex.notebook}: the check cell must bind `result = "
+                          f"{ex.checker}(...)`, the line the test cell asserts on")
+    return ("# nbgrader grades this cell: it prints the check's verdict, and raises\n"
+            "# AssertionError with it unless every case passes.\n"
+            f"{check.rstrip()}\n"
+            "assert result.passed, result.message")
 
 
 def _nbgrader_meta(grade_id: str, *, solution: bool = False, grade: bool = False,
@@ -154,7 +162,7 @@ def source_notebook(ex: exercises.Exercise, solution: dict[str, Any], *,
             cell["source"] = _lines(wrap_solution(source(cell)))
             meta["nbgrader"] = _nbgrader_meta(f"{ex.name}_answer", solution=True)
         elif i == k:
-            cell["source"] = _lines(autograder_cell_source(ex))
+            cell["source"] = _lines(autograder_cell_source(ex, source(cell)))
             meta["nbgrader"] = _nbgrader_meta(f"{ex.name}_check", grade=True, locked=True,
                                               points=points)
         elif cell.get("cell_type") != "code" or i < s or i > k:
