@@ -57,24 +57,36 @@ __all__ = ["CheckResult", "Exercise", "EXERCISES", "MARK_START", "MARK_END", "fa
 @dataclass(frozen=True)
 class Exercise:
     """One exercise: its notebook (same name in exercises/ and solutions/), the name the
-    notebook gives the answer, and the checker's name in this package."""
+    notebook gives the answer, the checker's name in this package, and where to look first
+    when a hand-in runs out of time or memory (the grader's hint)."""
 
     name: str
     title: str
     notebook: str
     answer: str
     checker: str
+    culprit: str = "the loops in the code between the markers"
 
 
 EXERCISES: dict[str, Exercise] = {e.name: e for e in (
     Exercise("minibatch_get", "MinibatchBuffer.get", "ex1_minibatch_buffer_get.ipynb",
-             "MyMinibatchBuffer", "check_minibatch_get"),
+             "MyMinibatchBuffer", "check_minibatch_get",
+             "get(): self.inqueue.get() waits for ever once get() asks for more items than "
+             "the queue holds; take a new item only when self.ttl[self.idx] <= 0"),
     Exercise("replay_mix", "ReplayMixer.mix", "ex2_replay_mixer.ipynb", "mix",
-             "check_replay_mix"),
+             "check_replay_mix",
+             "the replay loop `while rng.random() < f:`: without `f -= 1` after each replay "
+             "it never ends once replay_proportion >= 1 (and the try-it cell's list grows "
+             "until memory runs out)"),
     Exercise("vtrace_numpy", "V-trace in numpy", "ex3_vtrace_numpy.ipynb", "vtrace",
-             "check_vtrace_numpy"),
+             "check_vtrace_numpy",
+             "the loop over the time steps: it runs T times, backwards "
+             "(for t in reversed(range(T)))"),
     Exercise("driver_step", "the driver loop's step", "ex4_driver_step.ipynb", "driver_step",
-             "check_driver_step"),
+             "check_driver_step",
+             "the drain of driver.learner.outqueue: stop at queue.Empty (`except queue.Empty: "
+             "break`); and the loop over driver.replay.mix(...)"),
     Exercise("vtrace_loss", "the V-trace loss", "ex5_vtrace_loss.ipynb", "vtrace_loss",
-             "check_vtrace_loss"),
+             "check_vtrace_loss",
+             "the loops in vtrace_loss (V-trace needs none: vtrace.from_logits does it)"),
 )}

@@ -1,6 +1,9 @@
 """``python -m impala_lab.exercises NOTEBOOK.ipynb ...``: check exercise notebooks.
 
-Prints each notebook's result; the exit status is 0 when every answer passes, else 1.
+Each notebook is graded in a process of its own, with a wall-time and a memory limit
+(``--timeout``, ``--memory``; `impala_lab.exercises.notebook.grade_notebook`): a hand-in that
+loops or allocates without end fails with a hint, and the batch goes on. Prints each
+notebook's result; the exit status is 0 when every answer passes, else 1.
 ``--list`` prints the exercises. ``python -m impala_lab.exercises export --nbgrader DIR``
 writes nbgrader source notebooks (`impala_lab.exercises.nbgrader_export`).
 """
@@ -11,7 +14,7 @@ import argparse
 import sys
 
 from impala_lab.exercises import EXERCISES
-from impala_lab.exercises.notebook import check_notebook
+from impala_lab.exercises.notebook import DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT_S, grade_notebook
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,6 +28,10 @@ def main(argv: list[str] | None = None) -> int:
         description="Check exercise notebooks against the reference on seeded cases.")
     parser.add_argument("notebooks", nargs="*", help="exercise notebooks (.ipynb) to check")
     parser.add_argument("--list", action="store_true", help="list the exercises and exit")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
+                        help="wall time one hand-in may run (default %(default)g)")
+    parser.add_argument("--memory", type=int, default=DEFAULT_MEMORY_MB, metavar="MB",
+                        help="memory one hand-in may use, in MiB (default %(default)d)")
     args = parser.parse_args(argv)
     if args.list or not args.notebooks:
         for ex in EXERCISES.values():
@@ -33,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = 0
     for path in args.notebooks:
         print(f"== {path}")
-        result = check_notebook(path)
+        result = grade_notebook(path, timeout=args.timeout, memory_mb=args.memory)
         failed += not result.passed
     print(f"{len(args.notebooks) - failed} of {len(args.notebooks)} notebooks pass")
     return 1 if failed else 0

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import inspect
+import linecache
 import os
 import pickle
 import re
@@ -127,10 +128,11 @@ def verbatim(text: str) -> Any:
 
 
 def call_answer(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """Calls the student's code; any exception it raises becomes `AnswerRaised`."""
+    """Calls the student's code; any exception it raises becomes `AnswerRaised` (but a
+    `MemoryError` stays one: the grader reports it as such)."""
     try:
         return fn(*args, **kwargs)
-    except (Mismatch, AnswerRaised):
+    except (Mismatch, AnswerRaised, MemoryError):
         raise
     except Exception as exc:
         raise AnswerRaised(exc) from exc
@@ -339,6 +341,11 @@ def _regions(answer: Any) -> list[tuple[str, str, int]]:
             lines, first = inspect.getsourcelines(fn)
         except (OSError, TypeError):
             continue
+        # A marker comment less indented than the body falls outside the function's block:
+        # read on in the file for it.
+        whole = linecache.getlines(fn.__code__.co_filename)
+        if whole and not any(ln.strip() == MARK_END for ln in lines):
+            lines = whole[first - 1:]
         start = [i for i, ln in enumerate(lines) if ln.strip() == MARK_START]
         end = [i for i, ln in enumerate(lines) if ln.strip() == MARK_END]
         if len(start) == 1 and len(end) == 1 and start[0] < end[0]:
@@ -422,13 +429,22 @@ class AnswerReport:
     traces: list[Any]
 
 
-def run_answer(spec: Spec, answer: Any) -> AnswerReport:
-    """Runs the answer on every case (with the references trapped); no reference runs."""
+def run_answer(spec: Spec, answer: Any, *,
+               on_case: Callable[[int], None] | None = None) -> AnswerReport:
+    """Runs the answer on every case (with the references trapped); no reference runs.
+
+    Args:
+      spec: the exercise.
+      answer: the student's function or class.
+      on_case: called with a case's number before it runs (the grader's progress).
+    """
     flagged = flag_region(answer, spec.forbidden)
     traces: list[Any] = []
     if flagged is None:
         with forbid(spec.references()):
-            for case in spec.cases():
+            for number, case in enumerate(spec.cases(), start=1):
+                if on_case is not None:
+                    on_case(number)
                 try:
                     trace = spec.answer_trace(answer, case)
                 except AnswerRaised as raised:

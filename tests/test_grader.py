@@ -1,0 +1,350 @@
+"""The grader cannot be hung or fooled: each hand-in runs in a process of its own with a
+wall-time and a memory limit (a batch survives one that loops or allocates without end, and
+nothing it started outlives it), and the one-line cheats (calling the library's
+implementation of the function being written, the checker's own reference, reading the
+checker's frames, replacing the checkers) fail with a message that says why, while honest
+answers pass."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import impala_lab.exercises as ex
+from impala_lab.exercises import EXERCISES, MARK_END, MARK_START
+from impala_lab.exercises.__main__ import main as cli_main
+from impala_lab.exercises.notebook import grade_notebook, load_answer, source, tags
+from impala_lab.minibatch_buffer import MinibatchBuffer
+
+ROOT = Path(__file__).resolve().parent.parent
+STUBS = ROOT / "notebooks" / "exercises"
+SOLUTIONS = ROOT / "notebooks" / "solutions"
+
+
+def notebook(name: str, solution: bool = True) -> dict:
+    folder = SOLUTIONS if solution else STUBS
+    return json.loads((folder / EXERCISES[name].notebook).read_text(encoding="utf-8"))
+
+
+def with_region(nb: dict, region: str) -> dict:
+    """The notebook with the code between the markers replaced by `region` (indented as the
+    student cell's first line inside the markers)."""
+    cell = next(c for c in nb["cells"] if "student" in tags(c))
+    text = source(cell)
+    start = text.index(MARK_START) + len(MARK_START) + 1
+    end = text.rindex("\n", 0, text.index(MARK_END)) + 1
+    indent = text[end:text.index(MARK_END)]
+    body = "".join(indent + line + "\n" for line in region.strip("\n").splitlines())
+    cell["source"] = text[:start] + body + text[end:]
+    return nb
+
+
+def add_cell(nb: dict, code: str, before_check: bool = True) -> dict:
+    cells = nb["cells"]
+    at = next(i for i, c in enumerate(cells) if "check" in tags(c)) if before_check else 1
+    cells.insert(at, {"cell_type": "code", "execution_count": None, "id": f"x{len(cells)}",
+                      "metadata": {}, "outputs": [], "source": code})
+    return nb
+
+
+def write(tmp_path: Path, folder: str, name: str, nb: dict) -> str:
+    path = tmp_path / folder / EXERCISES[name].notebook
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(nb), encoding="utf-8")
+    return str(path)
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+# ------------------------------------------------------------------ limits and the batch
+def test_a_batch_survives_a_hand_in_that_loops_and_one_that_allocates(tmp_path, capsys):
+    pids = tmp_path / "pids.txt"
+    # ex2 without `f -= 1`: the try-it cell's list(mix(...)) never ends; before it, a cell that
+    # starts a process of its own, to show that the grader leaves nothing behind.
+    looping = notebook("replay_mix")
+    cell = next(c for c in looping["cells"] if "student" in tags(c))
+    cell["source"] = source(cell).replace("                f -= 1\n", "")
+    assert "f -= 1" not in source(cell)
+    add_cell(looping, "import os, subprocess, sys\n"
+                      "child = subprocess.Popen([sys.executable, '-c', "
+                      "'import time; time.sleep(600)'])\n"
+                      f"open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{child.pid}}')\n",
+             before_check=False)
+    # Untouched pages: the address space runs out at once, whatever the machine's speed.
+    hog = add_cell(notebook("vtrace_numpy"), "hog = []\nwhile True:\n"
+                                             "    hog.append(np.empty(16 * 2**20))\n")
+    batch = [str(SOLUTIONS / EXERCISES["minibatch_get"].notebook),
+             write(tmp_path, "alice", "replay_mix", looping),
+             write(tmp_path, "bob", "vtrace_numpy", hog),
+             str(SOLUTIONS / EXERCISES["driver_step"].notebook),
+             str(STUBS / EXERCISES["replay_mix"].notebook)]
+    start = time.monotonic()
+    assert cli_main([*batch, "--timeout", "10", "--memory", "1500"]) == 1
+    seconds = time.monotonic() - start
+    out = capsys.readouterr().out
+    assert "2 of 5 notebooks pass" in out, out
+    assert out.count("✓ minibatch_get: all 7 cases pass") == 1
+    assert out.count("✓ driver_step: all 5 cases pass") == 1
+    assert "✗ replay_mix: mix still raises NotImplementedError" in out
+    assert ("✗ ex2_replay_mixer.ipynb: stopped after 10 s (the time limit) while running code "
+            "cell 4 of ex2_replay_mixer.ipynb\n  hint:     an endless loop? look at the replay "
+            "loop `while rng.random() < f:`: without `f -= 1`") in out, out
+    assert ("✗ ex3_vtrace_numpy.ipynb: ran out of memory (the limit is 1500 MB) while running "
+            "code cell 4 of ex3_vtrace_numpy.ipynb\n  hint:     an endless loop that keeps "
+            "growing a list?") in out, out
+    assert seconds < 10 + 60, seconds
+    grader, grandchild = (int(p) for p in pids.read_text().split())
+    deadline = time.monotonic() + 5
+    while (alive(grader) or alive(grandchild)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive(grader) and not alive(grandchild)
+    with pytest.raises(ProcessLookupError):
+        os.killpg(grader, 0)  # the hand-in's process group is gone
+
+
+def test_a_hand_in_that_replaces_the_checkers_poisons_nothing(tmp_path, capsys):
+    poison = add_cell(notebook("minibatch_get", solution=False),
+                      "import impala_lab.exercises as _ex\n"
+                      "from impala_lab.exercises._common import CheckResult\n"
+                      "for _name in dir(_ex):\n"
+                      "    if _name.startswith('check_'):\n"
+                      "        setattr(_ex, _name, lambda *a, **k: CheckResult('x', True, "
+                      "'✓', 1))\n")
+    batch = [write(tmp_path, "mallory", "minibatch_get", poison),
+             str(STUBS / EXERCISES["replay_mix"].notebook)]
+    assert cli_main(batch) == 1
+    out = capsys.readouterr().out
+    assert "0 of 2 notebooks pass" in out
+    assert "✗ replay_mix: mix still raises NotImplementedError" in out
+    assert "✗ minibatch_get: MyMinibatchBuffer.get changes the grader's own code" in out
+
+
+def test_a_hand_in_that_patches_the_reference_is_graded_against_the_real_one(tmp_path):
+    # The answer replays nothing, and makes the library's mixer do the same: in the grading
+    # process the reference would agree; the grader computes it where no hand-in ran.
+    nb = add_cell(with_region(notebook("replay_mix"),
+                              "for worker, batch in pairs:\n"
+                              "    yield worker, batch\n"
+                              "    store.append(batch)\n"),
+                  "ReplayMixer.mix = lambda self, pairs: iter(list(pairs))\n")
+    result = grade_notebook(write(tmp_path, "eve", "replay_mix", nb), show=False)
+    assert not result.passed
+    assert "changes the grader's own code (impala_lab.replay.ReplayMixer.mix" in result.message
+
+
+# ------------------------------------------------------------------ cheats fail, with why
+def test_super_get_is_no_answer(tmp_path):
+    nb = with_region(notebook("minibatch_get"), "return super().get()\n")
+    for result in (grade_notebook(write(tmp_path, "a", "minibatch_get", nb), show=False),
+                   ex.check_minibatch_get(load_answer(tmp_path / "a" / EXERCISES[
+                       "minibatch_get"].notebook)[1], show=False)):
+        assert not result.passed and result.flagged
+        assert ("✗ minibatch_get: case 1 of 7: MyMinibatchBuffer.get calls the library's "
+                "MinibatchBuffer.get (at code cell 2 of ex1_minibatch_buffer_get.ipynb, line ")\
+            in result.message, result.message
+        assert "`return super().get()`" in result.message
+
+
+def test_calling_replay_mixer_mix_is_flagged_in_the_region(tmp_path):
+    nb = with_region(notebook("replay_mix"),
+                     "mixer = ReplayMixer(replay_proportion, store.maxlen, replay_threshold, 1)\n"
+                     "mixer._rng, mixer._store = rng, store\n"
+                     "yield from mixer.mix(pairs)\n")
+    result = grade_notebook(write(tmp_path, "a", "replay_mix", nb), show=False)
+    assert not result.passed
+    assert result.message.startswith(
+        "✗ replay_mix: mix calls the library's ReplayMixer (`ReplayMixer`, code cell 2 of "
+        "ex2_replay_mixer.ipynb, line "), result.message
+    assert "write it yourself" in result.message
+
+
+def test_calling_replay_mixer_mix_outside_the_markers_is_trapped():
+    from impala_lab.replay import ReplayMixer
+
+    def mix(pairs, store, replay_proportion, replay_threshold, rng):
+        mixer = ReplayMixer(replay_proportion, store.maxlen, replay_threshold, 1)
+        mixer._rng, mixer._store = rng, store
+        yield from mixer.mix(pairs)
+
+    result = ex.check_replay_mix(mix, show=False)
+    assert not result.passed and "mix calls the library's ReplayMixer.mix (at " in \
+        result.message
+    assert "yield from mixer.mix(pairs)" in result.message
+    assert list(ReplayMixer(0.0, 0, 1, 1).mix([("w", 1)])) == [("w", 1)]  # restored
+
+
+def test_reading_the_expected_values_from_the_stack_fails():
+    def mix(pairs, store, replay_proportion, replay_threshold, rng):
+        import sys
+
+        frame = sys._getframe(1)
+        while frame is not None:
+            for value in frame.f_locals.values():
+                if isinstance(value, list) and value and isinstance(value[0], tuple):
+                    yield from value
+                    return
+            frame = frame.f_back
+
+    result = ex.check_replay_mix(mix, show=False)  # nothing there to read: a wrong answer
+    assert not result.passed and result.failed_case == 1, result.message
+    flagged = ex.check_replay_mix(_in_region(
+        "frame = sys._getframe(1)\nyield from frame.f_back.f_locals['expected']\n"),
+        show=False)
+    assert not flagged.passed and "reads the call stack (sys._getframe)" in flagged.message
+
+
+def _in_region(body: str):
+    """A `mix` whose code between the markers is `body` (compiled from a cached source)."""
+    import linecache
+
+    lines = ["import sys", "def mix(pairs, store, replay_proportion, replay_threshold, rng):",
+             f"    {MARK_START}", *("    " + ln for ln in body.strip().splitlines()),
+             f"    {MARK_END}"]
+    text = "\n".join(lines) + "\n"
+    filename = "<region test>"
+    linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)
+    namespace: dict = {}
+    exec(compile(text, filename, "exec"), namespace)
+    return namespace["mix"]
+
+
+def test_the_library_vtrace_is_no_answer(tmp_path):
+    from impala_lab import vtrace as lib
+
+    def vtrace(*args, **kwargs):
+        out = lib.from_importance_weights_numpy(*args, **kwargs)
+        return out.vs, out.pg_advantages
+
+    result = ex.check_vtrace_numpy(vtrace, show=False)
+    assert not result.passed and (
+        "vtrace calls the library's from_importance_weights_numpy (at ") in result.message
+    nb = with_region(add_cell(notebook("vtrace_numpy"), "from impala_lab.vtrace import "
+                              "from_importance_weights_numpy\n", before_check=False),
+                     "out = from_importance_weights_numpy(log_rhos, discounts, rewards, "
+                     "values, bootstrap_value, clip_rho_threshold, clip_pg_rho_threshold)\n"
+                     "return out.vs, out.pg_advantages\n")
+    result = grade_notebook(write(tmp_path, "a", "vtrace_numpy", nb), show=False)
+    assert not result.passed and ("vtrace calls the library's "
+                                  "vtrace.from_importance_weights_numpy") in result.message
+
+
+@pytest.mark.parametrize("call", ["DriverLoop.step(driver, timeout)", "driver.step(timeout)",
+                                  "Impala._step(driver, timeout)"])
+def test_the_library_driver_step_is_no_answer(call):
+    from impala_lab.driver_loop import DriverLoop
+    from impala_lab.impala import Impala
+
+    namespace = {"DriverLoop": DriverLoop, "Impala": Impala}
+    exec(f"def driver_step(driver, timeout):\n    return {call}\n", namespace)
+    result = ex.check_driver_step(namespace["driver_step"], show=False)
+    name = "Impala._step" if "Impala" in call else "DriverLoop.step"
+    assert not result.passed and f"driver_step calls the library's {name}" in result.message
+    assert "write it yourself" in result.message
+
+
+def test_the_library_driver_step_in_the_region_is_flagged(tmp_path):
+    nb = with_region(notebook("driver_step"),
+                     "sample_timesteps, train_timesteps = driver.step(timeout)\n")
+    result = grade_notebook(write(tmp_path, "a", "driver_step", nb), show=False)
+    assert not result.passed
+    assert "driver_step calls the library's DriverLoop.step (`driver.step`" in result.message
+
+
+def test_the_checkers_own_reference_loss_is_no_answer():
+    from impala_lab.exercises.vtrace_loss import _Reference
+
+    def vtrace_loss(target_logits, values, bootstrap_value, batch, config):
+        out = _Reference.loss({"target_logits": target_logits, "values": values,
+                               "bootstrap_value": bootstrap_value}, batch, config)
+        return out["total_loss"], out["policy_loss"], out["vf_loss"], out["entropy"]
+
+    result = ex.check_vtrace_loss(vtrace_loss, show=False)
+    assert not result.passed
+    assert "vtrace_loss calls the library's _Reference.loss" in result.message
+
+
+# ------------------------------------------------------------------ what is checked
+@pytest.fixture(scope="module")
+def solutions() -> dict[str, object]:
+    return {name: load_answer(SOLUTIONS / EXERCISES[name].notebook)[1]
+            for name in ("minibatch_get", "vtrace_loss")}
+
+
+def test_a_loss_whose_targets_carry_a_gradient_fails(solutions):
+    from impala_lab import vtrace
+
+    def vtrace_loss(target_logits, values, bootstrap_value, batch, config):
+        total, pl, vf, ent = solutions["vtrace_loss"](target_logits, values, bootstrap_value,
+                                                      batch, config)
+        # The same numbers, but the value target moves with the values (no stop_gradient).
+        vt = vtrace.from_logits(batch["behaviour_logits"], target_logits, batch["actions"],
+                                config.gamma * (1 - batch["terminateds"]), batch["rewards"],
+                                values, bootstrap_value)
+        leak = tf.reduce_sum(values - tf.stop_gradient(values)) * 0 + 0.5 * tf.reduce_sum(
+            tf.square(tf.stop_gradient(vt.vs) + values - tf.stop_gradient(values) - values))
+        return total - config.vf_loss_coeff * vf + config.vf_loss_coeff * leak, pl, vf, ent
+
+    result = ex.check_vtrace_loss(vtrace_loss, show=False)
+    assert not result.passed and result.failed_case == 1, result.message
+    assert "d total_loss / d values[" in result.message
+    assert "the numbers are right, the gradient is not" in result.message
+    assert "tf.stop_gradient" in result.message
+
+
+def test_a_numpy_loss_fails_for_its_missing_gradient(solutions):
+    def vtrace_loss(target_logits, values, bootstrap_value, batch, config):
+        out = solutions["vtrace_loss"](np.asarray(target_logits), np.asarray(values),
+                                       np.asarray(bootstrap_value), batch, config)
+        return tuple(float(x) for x in out)
+
+    result = ex.check_vtrace_loss(vtrace_loss, show=False)
+    assert not result.passed and result.failed_case == 1, result.message
+    assert "where:    the gradient of total_loss" in result.message
+    assert "numpy results carry no gradient" in result.message
+
+
+def test_minibatch_hint_names_the_ramp_when_released_shows_it():
+    class LateRamp(MinibatchBuffer):
+        def get(self):
+            if self.ttl[self.idx] <= 0:
+                self.buffers[self.idx] = self.inqueue.get()
+                self.cur_max_ttl = min(self.cur_max_ttl + 1, self.num_sgd_iter)
+                self.ttl[self.idx] = self.cur_max_ttl  # the ramp grows one item too early
+            item = self.buffers[self.idx]
+            self.ttl[self.idx] -= 1
+            released = self.ttl[self.idx] <= 0
+            if released:
+                self.buffers[self.idx] = None
+            self.idx = (self.idx + 1) % len(self.buffers)
+            return item, released
+
+    result = ex.check_minibatch_get(LateRamp, show=False)
+    assert not result.passed and result.failed_case == 2, result.message
+    assert "expected: returned ('item0', True)" in result.message
+    assert "actual:   returned ('item0', False)" in result.message
+    assert "hint:     A new item's ttl is self.cur_max_ttl" in result.message
+
+
+def test_minibatch_internal_state_is_not_graded(solutions):
+    class OwnCounters(solutions["minibatch_get"]):
+        """The same answer that also keeps a ring state of its own names."""
+
+        def get(self):
+            out = super().get()
+            self.ttl, self._ttl = list(self.ttl), None  # a copy: another object, same values
+            self.extra = "anything"
+            return out
+
+    assert ex.check_minibatch_get(OwnCounters, show=False)
