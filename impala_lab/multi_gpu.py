@@ -42,11 +42,13 @@ Gradients: summed, which is the average with the loss scaled by n. The policy's 
 *sum* over the batch's T x B steps (RLlib's), and V-trace runs along T within each column,
 so the columns are independent: the loss of the whole batch is the sum of the parts' losses
 and its gradient the sum of the towers' gradients. RLlib's towers took the *mean*, which
-with a summed loss shrinks every update by 1/num_gpus (a hidden learning-rate change when
-you add GPUs). Here the towers' gradients are added (equivalently: averaged, with each
-tower's loss multiplied by n), so the combined gradient equals the single-device gradient on
-the same batch up to float32 rounding (the tests hold every entry within 1e-5 of the largest
-one), and ``lr`` means the same on 1 or 8 devices. Clipping by global norm happens once, on
+with a summed loss scales the gradient by 1/num_gpus. Adam does not see a constant scale (it
+divides by the root of its own running square), but the global-norm clip and RMSProp's
+epsilon do: adding GPUs would change when the clip acts and, with RMSProp, how far a step
+goes. Here the towers' gradients are added (equivalently: averaged, with each tower's loss
+multiplied by n), so the combined gradient equals the single-device gradient on the same
+batch up to float32 rounding (the tests hold every entry within 1e-5 of the largest one),
+and every optimizer takes the same step on 1 or 8 devices. Clipping by global norm happens once, on
 the combined gradient, as on one device.
 
 Stats combine the same way: ``total_loss``, ``policy_loss`` and ``vf_loss`` are sums (added);
