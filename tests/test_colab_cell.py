@@ -42,7 +42,7 @@ def test_notebook_has_the_badge_and_the_install_cell(path):
     first = "".join(nb["cells"][0]["source"])
     rel = path.relative_to(ROOT).as_posix()
     assert first.lstrip().startswith("#"), "the first cell still starts with the title"
-    assert colab_cell.colab_url(rel) in first.splitlines()[2]
+    assert colab_cell.colab_url(rel.replace("/solutions/", "/exercises/")) in first.splitlines()[2]
     code = [c for c in nb["cells"] if c["cell_type"] == "code"]
     assert code[0]["id"] == colab_cell.INSTALL_CELL_ID
     extras = "impala_lab[ray] @ " if path.name.startswith("09_") else "impala_lab @ "
@@ -92,6 +92,25 @@ def test_a_new_repository_rewrites_the_badge_in_place(tmp_path, monkeypatch):
     assert "someone/else" in colab_cell.badge_line("nb.ipynb")
     assert [c["id"] for c in out["cells"]] == ["t", colab_cell.INSTALL_CELL_ID, "c"]
     assert "impala_lab[ray] @ " in "".join(out["cells"][1]["source"])
+
+
+def test_a_solution_and_its_exercise_get_the_same_badge_and_cell(tmp_path):
+    course = tmp_path / "notebooks"  # the badge's path starts at a folder named notebooks
+    for folder in ("exercises", "solutions"):
+        (course / folder).mkdir(parents=True)
+        src = NOTEBOOK_DIR / folder / "ex1_minibatch_buffer_get.ipynb"
+        (course / folder / src.name).write_text(src.read_text("utf-8"), "utf-8")
+    stub, sol = (course / f / "ex1_minibatch_buffer_get.ipynb" for f in ("exercises",
+                                                                        "solutions"))
+    assert colab_cell.rel_path(sol) == "notebooks/solutions/ex1_minibatch_buffer_get.ipynb"
+    colab_cell.main([str(stub), str(sol)])
+    a, b = json.loads(stub.read_text("utf-8")), json.loads(sol.read_text("utf-8"))
+    assert a["cells"][:2] == b["cells"][:2]
+    assert "notebooks/exercises/ex1_minibatch_buffer_get.ipynb)" in "".join(a["cells"][0]["source"])
+    assert colab_cell.badge_line("notebooks/solutions/ex1_minibatch_buffer_get.ipynb") == \
+        colab_cell.badge_line("notebooks/exercises/ex1_minibatch_buffer_get.ipynb")
+    assert "notebooks/exercises/ex1_minibatch_buffer_get.ipynb)" in colab_cell.badge_line(
+        "notebooks/exercises/ex1_minibatch_buffer_get.ipynb")
 
 
 def test_the_cell_lists_pyprojects_requirements_without_tensorflow():

@@ -7,7 +7,8 @@ Each notebook gets:
 
 - a Colab badge, as the line after the title of its first markdown cell (the first cell then
   still starts with a heading), linking to the notebook on GitHub through
-  ``colab.research.google.com/github/GITHUB_REPO/blob/BRANCH/<path in the repository>``;
+  ``colab.research.google.com/github/GITHUB_REPO/blob/BRANCH/<path in the repository>``
+  (a solution's badge opens its exercise: see `badge_target`);
 - a first code cell (id ``colab-install``) that installs impala_lab from ``INSTALL_SOURCE``
   when it cannot be imported, with the extras the notebook needs (``ray`` where a cell uses
   Ray), and otherwise does nothing: in a clone, in CI and in a course copied out of a wheel
@@ -55,8 +56,18 @@ def colab_url(rel_path: str) -> str:
     return f"https://colab.research.google.com/github/{GITHUB_REPO}/blob/{BRANCH}/{rel_path}"
 
 
+def badge_target(rel_path: str) -> str:
+    """The notebook a badge opens: itself, except that a solution opens its exercise, so that
+    a stub and its solution stay identical outside the student's cell (the exercise tests
+    hold them so), and the badge of a solution sent out by mistake opens the stub."""
+    parts = rel_path.split("/")
+    if len(parts) >= 2 and parts[-2] == "solutions":
+        parts[-2] = "exercises"
+    return "/".join(parts)
+
+
 def badge_line(rel_path: str) -> str:
-    return f"[![Open In Colab]({BADGE_IMAGE})]({colab_url(rel_path)})"
+    return f"[![Open In Colab]({BADGE_IMAGE})]({colab_url(badge_target(rel_path))})"
 
 
 def requirements(pyproject: Path = ROOT / "pyproject.toml") -> tuple[list[str], dict[str, list]]:
