@@ -152,3 +152,31 @@ def test_runs_top_to_bottom_in_fast_mode(path, kernel_dir, monkeypatch):
         assert f"in cell [{student[0].execution_count}] (the cell that defines it)" in out
     else:
         assert f"✓ {exercise.name}: all " in out and " cases pass" in out, out
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_markdown_renders_and_starts_with_a_heading(path):
+    # markdown-it-py (CommonMark, as JupyterLab renders it) comes with Keras, through rich.
+    from markdown_it import MarkdownIt
+
+    md = MarkdownIt("commonmark").enable("table")
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    cells = [c for c in nb["cells"] if c["cell_type"] == "markdown"]
+    assert cells, "no markdown cell"
+    for i, cell in enumerate(cells):
+        text = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+        tokens = md.parse(text)
+        indented = [t for t in tokens if t.type == "code_block"]
+        assert not indented, (f"markdown cell {i} renders an indented code block (4+ leading "
+                              f"spaces?): {indented[0].content[:80]!r}")
+        if i == 0:
+            # A badge line (a paragraph of image links) may come first, then the title.
+            blocks = [t for t in tokens if t.level == 0 and t.nesting != -1]
+            while blocks and blocks[0].type == "paragraph_open":
+                inline = tokens[tokens.index(blocks[0]) + 1]
+                kinds = {c.type for c in inline.children or []} - {"softbreak", "text"}
+                if not kinds or not kinds <= {"link_open", "link_close", "image"}:
+                    break
+                blocks = blocks[1:]
+            assert blocks and blocks[0].type == "heading_open", (
+                f"the first markdown cell does not start with a heading: {text[:80]!r}")

@@ -1,9 +1,14 @@
 """What every exercise checker shares: seeded cases, the pass line, the first difference.
 
-A checker runs the student's answer and the library's reference on the same seeded cases,
-one case at a time, and stops at the first case that differs. Its message names the case
-(short inputs), what differs, the expected and the actual value, and a hint. An answer that
-still raises ``NotImplementedError`` gets a message that points at the markers to fill in.
+A checker (a `Spec`) runs the student's answer on every seeded case first, with the library's
+implementation of what it writes trapped (`forbid`), and keeps what it did as a trace; the
+reference's traces are computed after it, or by the grader in another process, so nothing
+the answer can reach holds an expected value. `judge` then compares them case by case and
+stops at the first case that differs. Its message names the case (short inputs), what
+differs, the expected and the actual value, and a hint. An answer that still raises
+``NotImplementedError`` gets a message that points at the markers to fill in; one whose code
+between the markers calls the library's implementation, or reads the checker's frames, is
+flagged before it runs (`flag_region`).
 
 Nothing here imports TensorFlow.
 """
@@ -19,7 +24,9 @@ import pickle
 import re
 import sys
 import textwrap
+import threading
 import traceback
+import types
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -280,33 +287,50 @@ def portable(value: Any) -> Any:
             return Opaque(f"<a {type(value).__name__}>")
 
 
-# A trap put in place of a library function's code while the answer runs: no globals (it
-# runs with the library function's), and its name says which function was called.
+# A trap put in place of a library function's code while the answer runs. It has no globals
+# of its own (it runs with the library function's), so it hands over to `_trapped`, keyed by
+# its own code object.
 def _trap(*args: Any, **kwargs: Any) -> Any:
-    raise __import__("impala_lab.exercises._common", fromlist=["_"]).ReferenceCalled(
-        __import__("sys")._getframe(0).f_code.co_qualname)
+    return __import__("impala_lab.exercises._common", fromlist=["_"])._trapped(
+        __import__("sys")._getframe(0).f_code, args, kwargs)
+
+
+# trap code -> (the checking thread, the original function rebuilt from its saved code).
+_TRAPS: dict[Any, tuple[int, Any]] = {}
+
+
+def _trapped(trap_code: Any, args: tuple, kwargs: dict) -> Any:
+    thread, original = _TRAPS[trap_code]
+    if threading.get_ident() != thread:  # another thread (a live run) uses the library
+        return original(*args, **kwargs)
+    raise ReferenceCalled(trap_code.co_qualname)
 
 
 @contextlib.contextmanager
 def forbid(functions: Sequence[Any]) -> Iterator[None]:
     """While the block runs, calling any of `functions` (the library's implementation of
-    what the answer writes, the checker's own reference) raises `ReferenceCalled`: their code
-    is swapped for a trap, so every reference to them (an import, ``super()``, a bound method)
-    is caught. The code is restored on the way out."""
+    what the answer writes, the checker's own reference) from this thread raises
+    `ReferenceCalled`: their code is swapped for a trap, so every way to them (an import,
+    ``super()``, a bound method) is caught; other threads still get the library's code. The
+    code is restored on the way out."""
     saved = []
     try:
         for fn in functions:
             fn = getattr(fn, "__func__", fn)
             code = getattr(fn, "__code__", None)
-            if code is None or code.co_freevars:
+            if code is None or code.co_freevars or code in _TRAPS:
                 continue
+            original = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__)
+            original.__kwdefaults__ = fn.__kwdefaults__
             trap = _trap.__code__.replace(co_name=code.co_name, co_qualname=code.co_qualname)
-            saved.append((fn, code))
+            _TRAPS[trap] = (threading.get_ident(), original)
+            saved.append((fn, code, trap))
             fn.__code__ = trap
         yield
     finally:
-        for fn, code in saved:
+        for fn, code, trap in saved:
             fn.__code__ = code
+            _TRAPS.pop(trap, None)
 
 
 # What no answer may do, whatever the exercise: read the checker's frames or objects.
