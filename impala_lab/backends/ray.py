@@ -256,8 +256,17 @@ class RayBackend(Backend):
                 _join_cluster(ray, kwargs)
                 joined = True
             else:
-                with _local_only_mode(ray):
-                    ray.init(**kwargs)
+                # Ray's notice that token authentication is on (a ~/.ray/auth_token exists)
+                # is about clusters; this private local Ray listens on loopback only.
+                token_log = logging.getLogger(
+                    "ray._private.authentication.authentication_token_setup")
+                level = token_log.level
+                token_log.setLevel(logging.ERROR)
+                try:
+                    with _local_only_mode(ray):
+                        ray.init(**kwargs)
+                finally:
+                    token_log.setLevel(level)
                 self.started_ray = True
         try:
             cpus = _free_cpus(ray, config, FREE_CPU_WAIT_S)
