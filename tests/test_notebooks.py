@@ -33,8 +33,10 @@ STEP_THROUGH = ["00a_what_impala_solves", "01_rollouts_and_sample_batches",
                 "05a_advantages_and_targets", "06_learner_thread", "07_knobs_side_by_side"]
 
 CHECK_PRINT = re.compile(r'print\(f?"✓')
-# TensorFlow's C++ start-up logging and its retracing warnings: never in a notebook's output.
-TF_NOISE = re.compile(r"I0000|W0000|oneDNN|absl::InitializeLog|triggered tf\.function retracing")
+# TensorFlow's C++ start-up logging, its retracing warnings and Ray's token-authentication
+# notice: never in a notebook's output.
+TF_NOISE = re.compile(r"I0000|W0000|oneDNN|absl::InitializeLog|triggered tf\.function retracing"
+                      r"|authentication_token_setup")
 
 _spec = importlib.util.spec_from_file_location("nbstrip", ROOT / "tools" / "nbstrip.py")
 nbstrip = importlib.util.module_from_spec(_spec)
@@ -135,7 +137,7 @@ def test_runs_top_to_bottom_in_fast_mode(path, kernel_dir, monkeypatch):
     noise = [line for cell in code_cells for out in cell.get("outputs", [])
              if out["output_type"] == "stream" and out["name"] == "stderr"
              for line in out["text"].splitlines() if TF_NOISE.search(line)]
-    assert not noise, "TensorFlow's log lines in the output:\n" + "\n".join(noise[:5])
+    assert not noise, "TensorFlow's or Ray's log lines in the output:\n" + "\n".join(noise[:5])
 
     folder = path.parent.name
     if folder not in ("exercises", "solutions"):
