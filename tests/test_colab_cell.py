@@ -204,3 +204,45 @@ def test_the_notebooks_cell_is_a_no_op_here(monkeypatch):
     exec(compile("".join(cell["source"]), "<install cell>", "exec"), namespace)
     assert calls == []
     assert namespace["IMPALA_LAB_SOURCE"] == colab_cell.INSTALL_SOURCE
+
+
+def fake_wheel(folder: Path) -> Path:
+    """A wheel named impala_lab, with a `ray` extra and no requirements (pip installs it
+    offline)."""
+    import zipfile
+
+    path = folder / "impala_lab-0.0.1-py3-none-any.whl"
+    info = "impala_lab-0.0.1.dist-info"
+    files = {"impala_lab/__init__.py": "FAKE = True\n",
+             f"{info}/METADATA": "Metadata-Version: 2.1\nName: impala_lab\nVersion: 0.0.1\n"
+                                 "Provides-Extra: ray\n",
+             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                              "Tag: py3-none-any\n"}
+    files[f"{info}/RECORD"] = "".join(f"{name},,\n" for name in files) + f"{info}/RECORD,,\n"
+    with zipfile.ZipFile(path, "w") as whl:
+        for name, text in files.items():
+            whl.writestr(name, text)
+    return path
+
+
+def test_the_cell_installs_a_local_wheel_with_real_pip(tmp_path):
+    """The whole cell with the real pip in a fresh virtualenv: a wheel's path becomes a
+    file:// requirement with the extras, and the second run finds impala_lab and does nothing."""
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=True).create(env_dir)
+    python = env_dir / ("Scripts" if os.name == "nt" else "bin") / "python"
+    wheel = fake_wheel(tmp_path)
+    code = colab_cell.install_cell_source(["ray"], source=str(wheel))
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env.update(PIP_NO_INDEX="1", PIP_DISABLE_PIP_VERSION_CHECK="1", PYTHONNOUSERSITE="1")
+    check = "\nimport impala_lab\nprint(impala_lab.FAKE)\n"
+    first = subprocess.run([str(python), "-c", code + check], env=env, cwd=tmp_path,
+                           capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout == "True\n"
+    wheel.unlink()  # a second pip run would now fail: there is nothing to install from
+    second = subprocess.run([str(python), "-c", code + check], env=env, cwd=tmp_path,
+                            capture_output=True, text=True, timeout=60)
+    assert second.returncode == 0, second.stderr
+    assert second.stdout == "True\n", second.stderr
+    assert second.stderr == ""
