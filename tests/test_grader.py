@@ -205,19 +205,32 @@ def test_reading_the_expected_values_from_the_stack_fails():
     assert not flagged.passed and "reads the call stack (sys._getframe)" in flagged.message
 
 
-def _in_region(body: str):
-    """A `mix` whose code between the markers is `body` (compiled from a cached source)."""
+def _in_region(body: str, signature: str = "mix(pairs, store, replay_proportion, "
+               "replay_threshold, rng)"):
+    """A function whose code between the markers is `body` (compiled from a cached source)."""
     import linecache
 
-    lines = ["import sys", "def mix(pairs, store, replay_proportion, replay_threshold, rng):",
+    lines = ["import sys", f"def {signature}:",
              f"    {MARK_START}", *("    " + ln for ln in body.strip().splitlines()),
              f"    {MARK_END}"]
     text = "\n".join(lines) + "\n"
-    filename = "<region test>"
+    filename = f"<region test {len(linecache.cache)}>"
     linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)
     namespace: dict = {}
     exec(compile(text, filename, "exec"), namespace)
-    return namespace["mix"]
+    return namespace[signature.split("(")[0]]
+
+
+def test_the_static_look_tells_a_variable_from_the_library_call():
+    from impala_lab.exercises._common import flag_region
+    from impala_lab.exercises.driver_step import SPEC
+
+    honest = _in_region("step = 0\nmix = driver.replay.mix\nreturn step, step\n",
+                        "driver_step(driver, timeout)")
+    assert flag_region(honest, SPEC.forbidden) is None
+    cheat = _in_region("step = 0\nreturn driver.step(timeout)\n", "driver_step(driver, timeout)")
+    assert flag_region(cheat, SPEC.forbidden).startswith(
+        "calls the library's DriverLoop.step (`driver.step`, <region test")
 
 
 def test_the_library_vtrace_is_no_answer(tmp_path):

@@ -384,9 +384,9 @@ def flag_region(answer: Any, forbidden: dict[str, str]) -> str | None:
     Args:
       answer: the student's function or class (its source is found as `inspect` finds it:
         a notebook cell, a file).
-      forbidden: names (``Name`` ids, attribute names, or whole dotted expressions such as
-        ``super().get``) mapped to what using them means, e.g. ``"the library's
-        ReplayMixer.mix"``.
+      forbidden: names (a name or an attribute; ``.name`` only an attribute, so that a
+        variable of that name is no cheat; or a whole expression such as ``super().get``)
+        mapped to what using them means, e.g. ``"the library's ReplayMixer.mix"``.
 
     Returns:
       ``"<what> (`<code>`, <where>)"`` for the first forbidden use, or None (also when the
@@ -404,7 +404,7 @@ def flag_region(answer: Any, forbidden: dict[str, str]) -> str | None:
             if isinstance(node, ast.Name):
                 keys = [node.id]
             elif isinstance(node, ast.Attribute):
-                keys = [ast.unparse(node), node.attr]
+                keys = [ast.unparse(node), "." + node.attr, node.attr]
             for key in keys:
                 if key in rules:
                     hits.append((node.lineno, node.col_offset, rules[key], node))

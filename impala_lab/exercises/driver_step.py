@@ -328,8 +328,8 @@ def _references() -> list[Any]:
 SPEC = Spec(EXERCISE, lambda: cases(), _answer_trace, _reference_trace, _compare,
             _references, {"DriverLoop": "the library's DriverLoop.step",
                           "Impala": "the library's Impala",
-                          "step": "the library's DriverLoop.step",
-                          "_step": "the library's Impala._step"})
+                          ".step": "the library's DriverLoop.step",
+                          "._step": "the library's Impala._step"})
 
 
 def cases() -> list[Case]:

@@ -181,7 +181,7 @@ def _references() -> list[Any]:
 
 SPEC = Spec(EXERCISE, lambda: cases(), _answer_trace, _reference_trace, _compare,
             _references, {"ReplayMixer": "the library's ReplayMixer",
-                          "mix": "the library's ReplayMixer.mix",
+                          ".mix": "the library's ReplayMixer.mix",
                           "_augment_with_replay": "the library's replay"})
 
 

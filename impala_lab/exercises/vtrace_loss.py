@@ -275,7 +275,7 @@ def _references() -> list[Any]:
 
 SPEC = Spec(EXERCISE, lambda: cases(), _answer_trace, _reference_trace, _compare,
             _references, {"_Reference": "the checker's own reference loss",
-                          "loss_and_stats": "the library's VTracePolicy.loss_and_stats",
+                          ".loss_and_stats": "the library's VTracePolicy.loss_and_stats",
                           "VTracePolicy": "the library's VTracePolicy"})
 
 
