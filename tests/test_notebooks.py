@@ -135,12 +135,11 @@ def test_runs_top_to_bottom_in_fast_mode(path, kernel_dir, monkeypatch):
         if CHECK_PRINT.search(cell.source):
             assert "✓" in text_of(cell), f"this check printed nothing:\n{cell.source[:300]}"
     folder = path.parent.name
-    # impala_lab quiets TensorFlow when it is imported first; ex5 still imports TensorFlow
-    # before impala_lab, so the exercise notebooks are not held to it yet.
+    # impala_lab quiets TensorFlow when it is imported first (every notebook does so).
     noise = [line for cell in code_cells for out in cell.get("outputs", [])
              if out["output_type"] == "stream" and out["name"] == "stderr"
              for line in out["text"].splitlines() if TF_NOISE.search(line)]
-    assert folder in ("exercises", "solutions") or not noise, (
+    assert not noise, (
         "TensorFlow's or Ray's log lines in the output:\n" + "\n".join(noise[:5]))
     if folder not in ("exercises", "solutions"):
         return
