@@ -24,13 +24,14 @@ _spec = importlib.util.spec_from_file_location("colab_cell", ROOT / "tools" / "c
 colab_cell = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(colab_cell)
 
-# Every notebook once `python tools/colab_cell.py notebooks/*.ipynb notebooks/*/*.ipynb` has
-# run on them all; until then the notebooks that have the badge.
-WITH_COLAB = [p for p in NOTEBOOKS if colab_cell.has_colab(json.loads(p.read_text("utf-8")))]
+# Every notebook: `python tools/colab_cell.py notebooks/*.ipynb notebooks/*/*.ipynb` keeps them so.
+WITH_COLAB = NOTEBOOKS
 
 
-def test_some_notebooks_have_colab():
-    assert any(p.name.startswith("00a_") for p in WITH_COLAB), [p.name for p in WITH_COLAB]
+def test_every_notebook_has_colab():
+    missing = [p.name for p in NOTEBOOKS
+               if not colab_cell.has_colab(json.loads(p.read_text("utf-8")))]
+    assert len(NOTEBOOKS) >= 23 and not missing, missing
 
 
 @pytest.mark.parametrize("path", WITH_COLAB, ids=[p.relative_to(NOTEBOOK_DIR).as_posix()
@@ -49,12 +50,24 @@ def test_notebook_has_the_badge_and_the_install_cell(path):
     assert extras in "".join(code[0]["source"])
 
 
+def _without_colab(nb: dict) -> dict:
+    """The notebook as it was before the script ran: no install cell, no badge line."""
+    nb["cells"] = [c for c in nb["cells"] if c.get("id") != colab_cell.INSTALL_CELL_ID]
+    first_md = next(c for c in nb["cells"] if c["cell_type"] == "markdown")
+    lines = "".join(first_md["source"]).split("\n")
+    for i in reversed([i for i, line in enumerate(lines) if colab_cell.BADGE_ID_TEXT in line]):
+        del lines[i: i + (2 if i + 1 < len(lines) and not lines[i + 1].strip() else 1)]
+    first_md["source"] = "\n".join(lines).splitlines(keepends=True)
+    return nb
+
+
 def test_the_script_is_idempotent_and_keeps_cell_ids(tmp_path):
     for src in [NOTEBOOK_DIR / "09_scaling_out_with_ray.ipynb",
                 NOTEBOOK_DIR / "exercises" / "ex1_minibatch_buffer_get.ipynb",
                 NOTEBOOK_DIR / "00_quickstart.ipynb"]:
         path = tmp_path / src.name
-        path.write_text(src.read_text("utf-8"), "utf-8")
+        path.write_text(colab_cell.dumps(_without_colab(json.loads(src.read_text("utf-8")))),
+                        "utf-8")
         before = json.loads(path.read_text("utf-8"))
         assert colab_cell.main([str(path)]) == 0
         once = path.read_text("utf-8")
@@ -65,7 +78,7 @@ def test_the_script_is_idempotent_and_keeps_cell_ids(tmp_path):
         # the old cells keep their ids and order; the install cell is the first code cell
         ids = [c["id"] for c in after["cells"]]
         assert [i for i in ids if i != colab_cell.INSTALL_CELL_ID] == \
-            [c["id"] for c in before["cells"]]
+            [c["id"] for c in before["cells"] if c["id"] != colab_cell.INSTALL_CELL_ID]
         first_code = next(c for c in after["cells"] if c["cell_type"] == "code")
         assert first_code["id"] == colab_cell.INSTALL_CELL_ID
         assert colab_cell.has_colab(after) and not colab_cell.has_colab(before)

@@ -415,7 +415,7 @@ def test_a_notebook_that_renamed_the_answer_is_reported(tmp_path):
     path.write_text(json.dumps(nb))
     result = check_notebook(path, show=False)  # the try-it cell calls mix(): a NameError
     assert result.message.startswith("✗ ex2_replay_mixer.ipynb: NameError: name 'mix' is not "
-                                     "defined (at code cell 3 of ex2_replay_mixer.ipynb, line ")
+                                     "defined (at code cell 4 of ex2_replay_mixer.ipynb, line ")
     nb["cells"] = [c for c in nb["cells"] if "mix(pairs" not in source(c)]  # drop the try-it
     path.write_text(json.dumps(nb))
     result = check_notebook(path, show=False)
