@@ -1,8 +1,9 @@
 """A two-node Ray cluster on this machine, started with ``ray start`` as the README tells users.
 
-`LocalCluster.start` runs the README's commands (token authentication on, the token in
-``~/.ray/auth_token``, made by ``ray get-auth-token --generate`` if missing) with a private
-``--temp-dir`` and free ports, so it never meets another Ray on the machine: a head node
+`LocalCluster.start` runs the README's commands (with Ray >= 2.52, token authentication on,
+the token in ``~/.ray/auth_token``, made by ``ray get-auth-token --generate`` if missing; older
+Ray has neither, and its clusters no authentication) with a private ``--temp-dir`` and free
+ports, so it never meets another Ray on the machine: a head node
 labelled with the custom resource ``node_a`` and a second node labelled ``node_b`` joining it
 at ``127.0.0.1:<port>``.
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib.metadata
 import os
 import shutil
 import signal
@@ -26,10 +28,15 @@ import tempfile
 import time
 from pathlib import Path
 
+from packaging.version import Version
+
 RAY = str(Path(sys.executable).with_name("ray"))
 START_TIMEOUT_S = 180.0
 START_ATTEMPTS = 3
 STOP_TIMEOUT_S = 30.0
+# Token authentication (RAY_AUTH_MODE=token, `ray get-auth-token`) came with Ray 2.52; a
+# cluster of an older Ray has no authentication, and its `ray` has no get-auth-token command.
+TOKEN_AUTH = Version(importlib.metadata.version("ray")) >= Version("2.52")
 
 
 class RayStartError(RuntimeError):
@@ -108,10 +115,11 @@ class LocalCluster:
         its dashboard agent a fixed 15 s to start, which a loaded machine can miss (``ray
         start`` then fails with "The current node timed out during startup"). What a failed
         try started is stopped before the next."""
-        env = {**os.environ, "RAY_AUTH_MODE": "token"}
+        env = {**os.environ, "RAY_AUTH_MODE": "token"} if TOKEN_AUTH else {**os.environ}
         env.pop("RAY_ADDRESS", None)
-        subprocess.run([RAY, "get-auth-token", "--generate"], env=env, check=True,
-                       capture_output=True, timeout=60)
+        if TOKEN_AUTH:
+            subprocess.run([RAY, "get-auth-token", "--generate"], env=env, check=True,
+                           capture_output=True, timeout=60)
         for attempt in range(1, START_ATTEMPTS + 1):
             # Short: Ray's unix socket paths live under it (at most 107 bytes).
             cluster = cls(tempfile.mkdtemp(prefix="ilrc", dir="/tmp"), free_port(), env)

@@ -48,6 +48,7 @@ Running on a Ray cluster (the README's "Where the workers live" has the details;
 ``tests/test_ray_cluster.py`` runs these steps)::
 
     # every node and the driver: the same Python, Ray, impala_lab and gymnasium, and
+    # (Ray >= 2.52; older Ray has no token authentication, skip these two)
     export RAY_AUTH_MODE=token         # the cluster's token in ~/.ray/auth_token
     ray get-auth-token --generate      # on the head, once; copy ~/.ray/auth_token to the others
     ray start --head --port=6379       # on the head node
@@ -400,9 +401,12 @@ def _join_cluster(ray: Any, kwargs: dict[str, Any]) -> None:
     `ConfigError` naming the address and the fix."""
     address = kwargs["address"]
     _probe(address, JOIN_PROBE_TIMEOUT_S)
+    # Ray < 2.52 has no token authentication and no AuthenticationError (an except clause
+    # naming it would turn any failed join into an AttributeError); () catches nothing.
+    auth_error = getattr(ray.exceptions, "AuthenticationError", ())
     try:
         ray.init(**kwargs)
-    except ray.exceptions.AuthenticationError as exc:  # RAY_AUTH_MODE=token, no token here
+    except auth_error as exc:  # RAY_AUTH_MODE=token, no token here
         raise ConfigError(f"ray_address={address!r}: {exc}") from None
     except (ConnectionError, RuntimeError) as exc:
         # After 20 s of retries Ray raises ConnectionError, or RuntimeError("Failed to connect
