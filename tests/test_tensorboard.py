@@ -107,8 +107,9 @@ def test_impala_train_writes_every_report_and_the_final_stats(tmp_path):
             run.set_knobs(lr=0.002)
 
     with Impala(SMALL) as run:
-        final = run.train(max_env_steps=6000, report_interval=0.2, on_report=on_report,
-                          tensorboard_dir=logdir)
+        # Stopped by the number of reports, not by env steps: a loaded machine reports less often.
+        final = run.train(lambda s: len(reports) >= 4, max_env_steps=2_000_000,
+                          report_interval=0.2, on_report=on_report, tensorboard_dir=logdir)
         rows = run.history.rows()
         change = run.knob_changes[0]
     assert len(reports) >= 2 and len(rows) == len(reports) + 1
@@ -130,7 +131,7 @@ def test_cli_tensorboard_matches_metrics_csv(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "impala_lab.cli", "train", "--backend", "inline",
          "--num-workers", "2", "--num-envs-per-worker", "4", "--sample-batch-size", "25",
-         "--train-batch-size", "100", "--max-env-steps", "6000", "--report-interval", "0.2",
+         "--train-batch-size", "100", "--max-env-steps", "20000", "--report-interval", "0.1",
          "--seed", "3", "--quiet", "--tensorboard", "--out", str(out)],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -138,7 +139,7 @@ def test_cli_tensorboard_matches_metrics_csv(tmp_path):
         rows = list(csv.DictReader(fh))
     acc = read_events(out / "tensorboard")
     steps = [int(r["num_steps_sampled"]) for r in rows]
-    assert len(rows) >= 3
+    assert len(rows) >= 2  # a report and the final stats, however loaded the machine is
 
     def number(text: str) -> float | None:
         try:
