@@ -235,11 +235,24 @@ def require_chromium() -> None:
                     "run `make browser-deps` (as root) to install it")
 
 
+def accept_dialogs(page) -> None:
+    """Accept a modal dialog JupyterLab opened on its own (on a loaded machine the kernel can
+    be slow to come up and Lab asks which kernel to use); it would swallow every click."""
+    dialog = page.locator(".jp-Dialog")
+    for _ in range(3):
+        if not dialog.count() or not dialog.first.is_visible():
+            return
+        print("accepting JupyterLab's dialog:", dialog.first.inner_text()[:200])
+        dialog.first.locator(".jp-mod-accept").first.click()
+        time.sleep(0.5)
+
+
 def run_all(page) -> None:
     """Run > Run All Cells, until the code cell is seen executing: a click in the first
     moments after the kernel turns idle can be lost while the kernel's socket connects."""
     prompt = page.locator(".jp-CodeCell .jp-InputPrompt").first
     for _ in range(5):
+        accept_dialogs(page)
         page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
         page.locator('.lm-Menu-item[data-command="runmenu:run-all"]').click()
         deadline = time.monotonic() + 4
