@@ -230,7 +230,7 @@ def _in_region(body: str, signature: str = "mix(pairs, store, replay_proportion,
 
 
 def test_the_static_look_tells_a_variable_from_the_library_call():
-    from impala_lab.exercises._common import flag_region
+    from impala_lab.exercises._guard import flag_region
     from impala_lab.exercises.driver_step import SPEC
 
     honest = _in_region("step = 0\nmix = driver.replay.mix\nreturn step, step\n",

@@ -2,7 +2,7 @@
 
 Started by `impala_lab.exercises.notebook.grade_notebook`, one per hand-in. It limits its own
 address space, runs the notebook's cells and then the answer on every case of its exercise
-(`impala_lab.exercises._common.run_answer`: the library's implementation trapped, no
+(`impala_lab.exercises._spec.run_answer`: the library's implementation trapped, no
 reference computed here), and writes to OUTDIR:
 
 - ``progress``: what it is running (a code cell, a case), for a time-out's message;
@@ -69,7 +69,7 @@ def main(argv: list[str]) -> int:
         print(f"no memory limit: {exc}", file=sys.stderr)
     name = Path(path).name
     try:
-        from impala_lab.exercises._common import run_answer
+        from impala_lab.exercises._spec import run_answer
         from impala_lab.exercises.notebook import (
             NotebookError,
             answer_label,

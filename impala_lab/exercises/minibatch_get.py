@@ -19,14 +19,12 @@ from impala_lab.exercises._common import (
     Case,
     CheckResult,
     Mismatch,
-    Raised,
-    Spec,
     call_answer,
     loaded,
-    portable,
-    run_check,
     verbatim,
 )
+from impala_lab.exercises._guard import Raised, portable
+from impala_lab.exercises._spec import Spec, run_check
 
 EXERCISE = "minibatch_get"
 

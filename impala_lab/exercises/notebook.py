@@ -36,7 +36,8 @@ from pathlib import Path
 from typing import Any
 
 import impala_lab.exercises as exercises
-from impala_lab.exercises._common import FAIL_MARK, CheckResult, judge, locate
+from impala_lab.exercises._common import FAIL_MARK, CheckResult, locate
+from impala_lab.exercises._spec import judge
 
 DEFAULT_TIMEOUT_S = 120.0
 DEFAULT_MEMORY_MB = 2048
@@ -170,8 +171,8 @@ class _TraceUnpickler(pickle.Unpickler):
         for n in ("_reconstruct", "scalar")} | {
         (m, "_frombuffer") for m in ("numpy.core.numeric", "numpy._core.numeric")} | {
         ("numpy", "ndarray"), ("numpy", "dtype")} | {
-        ("impala_lab.exercises._common", n) for n in ("Mismatch", "Raised", "Opaque",
-                                                       "_Verbatim")}
+        ("impala_lab.exercises._common", n) for n in ("Mismatch", "_Verbatim")} | {
+        ("impala_lab.exercises._guard", n) for n in ("Raised", "Opaque")}
 
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) not in self.ALLOWED and not (
@@ -258,7 +259,7 @@ def grade_notebook(path: str | os.PathLike, *, timeout: float = DEFAULT_TIMEOUT_
                         f"a result ({type(exc).__name__}); out of memory (the limit is "
                         f"{memory_mb} MB)? look at {ex.culprit}."
                         + (f"\n  its last output: {tail}" if tail else ""))
-    from impala_lab.exercises._common import AnswerReport
+    from impala_lab.exercises._spec import AnswerReport
 
     return judge(spec_of(ex), label, AnswerReport(report["flagged"], report["traces"]),
                  show=show)

@@ -30,13 +30,12 @@ from impala_lab.exercises._common import (
     Case,
     CheckResult,
     Mismatch,
-    Spec,
     call_answer,
     loaded,
-    portable,
-    run_check,
     verbatim,
 )
+from impala_lab.exercises._guard import portable
+from impala_lab.exercises._spec import Spec, run_check
 
 EXERCISE = "replay_mix"
 

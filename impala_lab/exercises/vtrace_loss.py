@@ -28,15 +28,13 @@ from impala_lab.exercises._common import (
     Case,
     CheckResult,
     Mismatch,
-    Raised,
-    Spec,
     call_answer,
     first_difference,
     loaded,
-    portable,
-    run_check,
     verbatim,
 )
+from impala_lab.exercises._guard import Raised, portable
+from impala_lab.exercises._spec import Spec, run_check
 
 EXERCISE = "vtrace_loss"
 RTOL, ATOL = 1e-4, 1e-4

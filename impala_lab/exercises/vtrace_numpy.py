@@ -22,13 +22,12 @@ from impala_lab.exercises._common import (
     Case,
     CheckResult,
     Mismatch,
-    Spec,
     as_array,
     call_answer,
     first_difference,
     loaded,
-    run_check,
 )
+from impala_lab.exercises._spec import Spec, run_check
 
 EXERCISE = "vtrace_numpy"
 RTOL, ATOL = 1e-5, 1e-6
