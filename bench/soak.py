@@ -35,6 +35,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -58,9 +59,9 @@ def rss_mb(pid: int) -> float | None:
     return None if kb is None else kb * 1024 / 1e6
 
 
-def child_pids(pid: int) -> list[int]:
-    """Live (non-zombie) child processes of ``pid``."""
-    out = []
+def live_processes() -> Iterator[tuple[int, list[str]]]:
+    """``(pid, stat fields after the command)`` of every live (non-zombie) process: the fields
+    are state, ppid, pgrp, session, ... as /proc/PID/stat lists them."""
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -69,9 +70,13 @@ def child_pids(pid: int) -> list[int]:
                 fields = fh.read().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if int(fields[1]) == pid and fields[0] not in ("Z", "X"):
-            out.append(int(entry))
-    return out
+        if fields[0] not in ("Z", "X"):
+            yield int(entry), fields
+
+
+def child_pids(pid: int) -> list[int]:
+    """Live (non-zombie) child processes of ``pid``."""
+    return [child for child, fields in live_processes() if int(fields[1]) == pid]
 
 
 def resource_tracker_pids() -> set[int]:

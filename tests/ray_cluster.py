@@ -30,6 +30,8 @@ from pathlib import Path
 
 from packaging.version import Version
 
+from bench.soak import live_processes
+
 RAY = str(Path(sys.executable).with_name("ray"))
 START_TIMEOUT_S = 180.0
 START_ATTEMPTS = 3
@@ -61,19 +63,7 @@ def free_port() -> int:
 
 def session_pids(sid: int) -> list[int]:
     """Processes in session ``sid`` (the ``ray start`` that led it has exited)."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        # fields after the command: state, ppid, pgrp, session, ...
-        if int(fields[3]) == sid and fields[0] not in ("Z", "X"):
-            pids.append(int(entry))
-    return pids
+    return [pid for pid, fields in live_processes() if int(fields[3]) == sid]
 
 
 def cmdline(pid: int) -> str:

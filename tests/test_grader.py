@@ -21,6 +21,7 @@ from impala_lab.exercises import EXERCISES, MARK_END, MARK_START
 from impala_lab.exercises.__main__ import main as cli_main
 from impala_lab.exercises.notebook import grade_notebook, load_answer, source, tags
 from impala_lab.minibatch_buffer import MinibatchBuffer
+from tests.leaks import alive
 
 ROOT = Path(__file__).resolve().parent.parent
 STUBS = ROOT / "notebooks" / "exercises"
@@ -58,14 +59,6 @@ def write(tmp_path: Path, folder: str, name: str, nb: dict) -> str:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(nb), encoding="utf-8")
     return str(path)
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def group_alive(pgid: int) -> bool:
