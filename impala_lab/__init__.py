@@ -18,7 +18,8 @@ Reading order, following one batch through the pipeline:
 5. `vtrace.from_importance_weights`: the V-trace targets and policy-gradient advantages.
 
 Importing the package is cheap: TensorFlow is imported only by the learner-side modules
-(`policy`, `vtrace`, `impala`), never by what actor processes import.
+(`policy`, `vtrace`, `impala`), never by what actor processes import. It registers the
+package's memory task with gymnasium, ``impala_lab/StatelessCartPole-v1``.
 """
 
 from __future__ import annotations
@@ -35,8 +36,11 @@ from impala_lab.errors import (
     StageError,
     WorkerError,
 )
+from impala_lab.stateless_cartpole import register as _register_envs
 
 __version__ = "0.1.0"
+
+_register_envs()  # impala_lab/StatelessCartPole-v1, in every process that imports the package
 
 _LAZY = {
     "Impala": "impala_lab.impala",
