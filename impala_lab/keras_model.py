@@ -167,7 +167,7 @@ def lstm_unroll(model: keras.Model, trunk: keras.Model, obs: tf.Tensor, state_in
     Args:
       model: a recurrent model from `build_keras_model`.
       trunk: `trunk_model(model)`.
-      obs: [T, B, *obs_shape], T static (the loop over time is unrolled in the graph).
+      obs: [T, B, *obs_shape].
       state_in: float32 [B, 2, C], the state before step 0.
       dones: float32 [T, B], 1 where the episode ended at this step (terminated or truncated).
       bootstrap_obs: [B, *obs_shape], the observation after the last step.
@@ -178,10 +178,7 @@ def lstm_unroll(model: keras.Model, trunk: keras.Model, obs: tf.Tensor, state_in
     """
     import tensorflow as tf
 
-    T = obs.shape[0]
-    if T is None:
-        raise ValueError("lstm_unroll needs a static unroll length T (obs.shape[0])")
-    B = tf.shape(obs)[1]
+    T, B = tf.shape(obs)[0], tf.shape(obs)[1]
     flat_obs = tf.reshape(obs, tf.concat([[T * B], tf.shape(obs)[2:]], axis=0))
     # The trunk and the input half of the gates for every step at once: one gemm each.
     features = trunk(tf.concat([flat_obs, bootstrap_obs], axis=0))
@@ -189,20 +186,22 @@ def lstm_unroll(model: keras.Model, trunk: keras.Model, obs: tf.Tensor, state_in
     cell = lstm.units
     gates_x = tf.matmul(features, lstm.kernel) + lstm.bias
     gates_x = tf.reshape(gates_x, [T + 1, B, 4 * cell])
-    keep = 1.0 - tf.cast(dones, tf.float32)[:, :, None]  # [T, B, 1]
-    h, c = state_in[:, 0], state_in[:, 1]
-    outputs = []
-    for t in range(T + 1):
-        if t > 0:
-            h, c = h * keep[t - 1], c * keep[t - 1]
-        if t == T:
-            state_out = tf.stack([h, c], axis=1)
-        z = gates_x[t] + tf.matmul(h, lstm.recurrent_kernel)
-        i, f, g, o = tf.split(z, 4, axis=-1)
+    # keep[t] = 0 where the state is zeroed before step t: where an episode ended at t - 1.
+    ended = tf.cast(dones, tf.float32)[:, :, None]  # [T, B, 1]
+    keep = tf.concat([tf.ones_like(ended[:1]), 1.0 - ended], axis=0)  # [T + 1, B, 1]
+
+    def step(carry: tuple[tf.Tensor, tf.Tensor], inputs: tuple[tf.Tensor, tf.Tensor]
+             ) -> tuple[tf.Tensor, tf.Tensor]:
+        (h, c), (gates, keep_t) = carry, inputs
+        h, c = h * keep_t, c * keep_t
+        i, f, g, o = tf.split(gates + tf.matmul(h, lstm.recurrent_kernel), 4, axis=-1)
         c = tf.sigmoid(f) * c + tf.sigmoid(i) * tf.tanh(g)
-        h = tf.sigmoid(o) * tf.tanh(c)
-        outputs.append(h)
-    flat_h = tf.reshape(tf.stack(outputs), [(T + 1) * B, cell])
+        return tf.sigmoid(o) * tf.tanh(c), c
+
+    # A graph loop (tf.scan), not a Python one: the trace stays small for any T.
+    hs, cs = tf.scan(step, (gates_x, keep), initializer=(state_in[:, 0], state_in[:, 1]))
+    state_out = tf.stack([hs[T - 1], cs[T - 1]], axis=1) * keep[T][:, None]
+    flat_h = tf.reshape(hs, [(T + 1) * B, cell])
     logits = model.get_layer("logits_head")(flat_h)
     values = tf.reshape(model.get_layer("value_head")(flat_h), [-1])
     num_actions = tf.shape(logits)[-1]
