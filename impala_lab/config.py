@@ -42,6 +42,15 @@ TUNED_PRESETS: dict[str, dict[str, Any]] = {
     # step a burst can take: no seed fell below 400 in the minute after solving.
     "CartPole-v1": {"num_envs_per_worker": 8, "opt_type": "rmsprop", "lr": 0.003,
                     "grad_clip": 10.0, "vf_loss_coeff": 0.1, "entropy_coeff": 0.0},
+    # The memory task, for a recurrent policy (--use-lstm true). With use_lstm the value head
+    # shares the LSTM core, and a value loss of order 10^4 (returns of tens to hundreds)
+    # drowned the policy's gradient in the core: at vf_loss_coeff 0.5 or 0.1 the return fell
+    # below a random policy's; at 0.01 it climbed. Larger train batches amortise the
+    # learner's step along T, its cost, and entropy_coeff 0.01 keeps the early policy from
+    # settling on one action while the memory is still useless.
+    "impala_lab/StatelessCartPole-v1": {
+        "num_envs_per_worker": 8, "train_batch_size": 1600, "opt_type": "rmsprop", "lr": 0.001,
+        "grad_clip": 10.0, "vf_loss_coeff": 0.01, "entropy_coeff": 0.01},
 }
 
 
