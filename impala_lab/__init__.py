@@ -21,6 +21,7 @@ Importing the package is cheap: TensorFlow is imported only by the learner-side 
 (`policy`, `vtrace`, `impala`), never by what actor processes import. Importing it sets
 TensorFlow's logging up once, before TensorFlow loads (`impala_lab._quiet_tf`): no C++ start-up
 lines and no retracing warnings; ``TF_CPP_MIN_LOG_LEVEL=0`` in the environment shows them.
+It registers the package's memory task with gymnasium, ``impala_lab/StatelessCartPole-v1``.
 """
 
 from __future__ import annotations
@@ -38,10 +39,12 @@ from impala_lab.errors import (
     StageError,
     WorkerError,
 )
+from impala_lab.stateless_cartpole import register as _register_envs
 
 __version__ = "0.1.0"
 
 _quiet_tf.install()
+_register_envs()  # impala_lab/StatelessCartPole-v1, in every process that imports the package
 
 _LAZY = {
     "Impala": "impala_lab.impala",

@@ -22,6 +22,12 @@ Fields (time-major; A = number of actions, K = episodes that ended in the fragme
     policy_versions   [B]         int64, weights version that produced each column
     episode_returns   [K]         float64
     episode_lengths   [K]         int64
+    state_in          [B, 2, C]   float32, recurrent policies only (None otherwise): each
+                                  column's LSTM state (h, c) before step 0, as the actor
+                                  held it (zeros at an episode's start); C = lstm_cell_size
+
+``state_in`` is optional: `to_dict` leaves it out when it is None, concatenating needs it in
+all batches or in none, and slicing takes its columns.
 
 This module imports numpy only: actor processes import it.
 """
@@ -33,7 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["SampleBatch", "concat_samples", "FIELDS"]
+__all__ = ["SampleBatch", "concat_samples", "FIELDS", "OPTIONAL_FIELDS"]
 
 # Fields laid out [T, B, ...]: concatenated along axis 1, sliced along axis 1.
 _TIME_MAJOR = (
@@ -52,6 +58,8 @@ _EPISODES = ("episode_returns", "episode_lengths")
 
 # Every field, in declaration order.
 FIELDS: tuple[str, ...] = _TIME_MAJOR + _PER_COLUMN + _EPISODES
+# Fields that may be None (laid out [B, ...], like _PER_COLUMN).
+OPTIONAL_FIELDS: tuple[str, ...] = ("state_in",)
 
 # Fixed dtypes; obs/bootstrap_obs may be float32 or uint8 (checked separately).
 _DTYPES = {
@@ -87,6 +95,7 @@ class SampleBatch:
     policy_versions: np.ndarray
     episode_returns: np.ndarray
     episode_lengths: np.ndarray
+    state_in: np.ndarray | None = None
 
     # ------------------------------------------------------------------ sizes
     @property
@@ -118,11 +127,15 @@ class SampleBatch:
     @property
     def nbytes(self) -> int:
         """Total bytes held by the arrays (what a pickle or an ``.npz`` roughly costs)."""
-        return int(sum(getattr(self, name).nbytes for name in FIELDS))
+        return int(sum(getattr(self, name).nbytes for name in self._present()))
+
+    def _present(self) -> tuple[str, ...]:
+        """FIELDS, then the optional fields that are not None."""
+        return FIELDS + tuple(n for n in OPTIONAL_FIELDS if getattr(self, n) is not None)
 
     def __repr__(self) -> str:
         parts = [f"T={self.T}", f"B={self.B}"]
-        for name in FIELDS:
+        for name in self._present():
             a = getattr(self, name)
             parts.append(f"{name}={a.dtype}{list(a.shape)}")
         return "SampleBatch(" + ", ".join(parts) + ")"
@@ -142,7 +155,7 @@ class SampleBatch:
         Raises:
           ValueError: naming the field, its shape or dtype, and what was expected.
         """
-        for name in FIELDS:
+        for name in self._present():
             a = getattr(self, name)
             if not isinstance(a, np.ndarray):
                 raise ValueError(
@@ -204,14 +217,28 @@ class SampleBatch:
                 f"SampleBatch field 'bootstrap_obs' has dtype {self.bootstrap_obs.dtype} but "
                 f"'obs' has {self.obs.dtype}; they must match."
             )
+        state = self.state_in
+        if state is not None:
+            if state.ndim != 3 or state.shape[:2] != (B, 2):
+                raise ValueError(
+                    f"SampleBatch field 'state_in' has shape {state.shape}, expected [B, 2, C] "
+                    f"with B={B} (each column's LSTM h and c)."
+                )
+            if state.dtype != np.float32:
+                raise ValueError(
+                    f"SampleBatch field 'state_in' has dtype {state.dtype}, expected float32; "
+                    "convert it with .astype(np.float32)."
+                )
         if check_values:
             self._check_values()
         return self
 
     def _check_values(self) -> None:
         for name in ("obs", "bootstrap_obs", "rewards", "truncation_values",
-                     "behaviour_logits", "episode_returns"):
+                     "behaviour_logits", "episode_returns", "state_in"):
             a = getattr(self, name)
+            if a is None:
+                continue
             if a.dtype.kind == "f" and not np.isfinite(a).all():
                 t_b = tuple(int(i) for i in np.argwhere(~np.isfinite(a))[0])
                 raise ValueError(f"SampleBatch field {name!r} is not finite at index {t_b}.")
@@ -268,6 +295,9 @@ class SampleBatch:
         for name in _EPISODES:
             a = getattr(self, name)
             values[name] = a if start == 0 else a[:0]
+        for name in OPTIONAL_FIELDS:
+            a = getattr(self, name)
+            values[name] = None if a is None else a[cols]
         return SampleBatch(**values)
 
     def split_columns(self, n: int) -> list[SampleBatch]:
@@ -292,9 +322,9 @@ class SampleBatch:
 
     # ------------------------------------------------------------------ transport
     def to_dict(self) -> dict[str, np.ndarray]:
-        """Returns ``{field: array}`` (the arrays themselves, no copy); ``np.savez(path,
-        **batch.to_dict())`` saves a batch."""
-        return {name: getattr(self, name) for name in FIELDS}
+        """Returns ``{field: array}`` (the arrays themselves, no copy; optional fields only
+        when not None); ``np.savez(path, **batch.to_dict())`` saves a batch."""
+        return {name: getattr(self, name) for name in self._present()}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, np.ndarray]) -> SampleBatch:
@@ -305,13 +335,14 @@ class SampleBatch:
         """
         keys = set(data.keys())
         missing = [name for name in FIELDS if name not in keys]
-        unknown = sorted(keys - set(FIELDS))
+        unknown = sorted(keys - set(FIELDS) - set(OPTIONAL_FIELDS))
         if missing or unknown:
             raise ValueError(
                 f"SampleBatch.from_dict: missing fields {missing}, unknown fields {unknown}; "
-                f"expected exactly {list(FIELDS)}."
+                f"expected exactly {list(FIELDS)}, and optionally {list(OPTIONAL_FIELDS)}."
             )
-        return cls(**{name: np.asarray(data[name]) for name in FIELDS}).validate()
+        present = FIELDS + tuple(n for n in OPTIONAL_FIELDS if n in keys)
+        return cls(**{name: np.asarray(data[name]) for name in present}).validate()
 
 
 def concat_samples(batches: Sequence[SampleBatch]) -> SampleBatch:
@@ -349,13 +380,25 @@ def concat_samples(batches: Sequence[SampleBatch]) -> SampleBatch:
         values[name] = np.concatenate([getattr(b, name) for b in batches], axis=1)
     for name in _PER_COLUMN + _EPISODES:
         values[name] = np.concatenate([getattr(b, name) for b in batches], axis=0)
+    for name in OPTIONAL_FIELDS:
+        if getattr(first, name) is not None:
+            values[name] = np.concatenate([getattr(b, name) for b in batches], axis=0)
     return SampleBatch(**values)
 
 
 def _check_compatible(batches: list[SampleBatch]) -> None:
     """Raises ValueError unless every batch matches batch 0 outside the concatenated axis."""
     first = batches[0]
-    for name in FIELDS:
+    for name in OPTIONAL_FIELDS:
+        has = [getattr(b, name) is not None for b in batches]
+        if any(has) and not all(has):
+            i = has.index(not has[0])
+            raise ValueError(
+                f"concat_samples: batch 0 {'has' if has[0] else 'has no'} {name!r} but batch "
+                f"{i} {'has' if has[i] else 'has none'}; batches of a recurrent and a "
+                f"feed-forward policy (use_lstm) cannot be joined."
+            )
+    for name in first._present():
         ref = getattr(first, name, None)
         if ref is None:
             raise ValueError(f"concat_samples: batch 0 is missing field {name!r} (it is None).")

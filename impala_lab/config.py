@@ -42,6 +42,15 @@ TUNED_PRESETS: dict[str, dict[str, Any]] = {
     # step a burst can take: no seed fell below 400 in the minute after solving.
     "CartPole-v1": {"num_envs_per_worker": 8, "opt_type": "rmsprop", "lr": 0.003,
                     "grad_clip": 10.0, "vf_loss_coeff": 0.1, "entropy_coeff": 0.0},
+    # The memory task, for a recurrent policy (--use-lstm true). With use_lstm the value head
+    # shares the LSTM core, and a value loss of order 10^4 (returns of tens to hundreds)
+    # drowned the policy's gradient in the core: at vf_loss_coeff 0.5 or 0.1 the return fell
+    # below a random policy's; at 0.01 it climbed. Larger train batches amortise the
+    # learner's step along T, its cost, and entropy_coeff 0.01 keeps the early policy from
+    # settling on one action while the memory is still useless.
+    "impala_lab/StatelessCartPole-v1": {
+        "num_envs_per_worker": 8, "train_batch_size": 1600, "opt_type": "rmsprop", "lr": 0.001,
+        "grad_clip": 10.0, "vf_loss_coeff": 0.01, "entropy_coeff": 0.01},
 }
 
 
@@ -69,7 +78,17 @@ class ImpalaConfig:
     vf_share_layers: bool = _f(
         False, "One trunk under the policy and value heads (True), or a value network of its "
         "own with the same layer sizes (False, RLlib's default: a value-loss spike cannot "
-        "wreck the policy's features).")
+        "wreck the policy's features). With use_lstm both heads read the one LSTM core, "
+        "whatever this says (see use_lstm).")
+    use_lstm: bool = _f(
+        False, "Recurrent policy: an LSTM of lstm_cell_size units after the MLP (or CNN) trunk, "
+        "under both heads (RLlib's LSTM wrapper: one core, so the value also sees the history "
+        "it needs on a partially observed task; a value LSTM of its own would double the "
+        "actors' per-step cost). The value loss then trains the core too: keep vf_loss_coeff "
+        "small (0.01 in the StatelessCartPole preset). Batches carry each column's start "
+        "state as state_in.")
+    lstm_cell_size: int = _f(64, "Units of the LSTM (its h and c are each this wide); used "
+                             "with use_lstm.")
     max_sample_requests_in_flight_per_worker: int = _f(
         2, "Sample requests each worker has queued at once (the task pool's depth).")
     restart_failed_workers: bool = _f(
@@ -151,7 +170,7 @@ class ImpalaConfig:
         for name in ("num_envs_per_worker", "sample_batch_size", "train_batch_size",
                      "max_sample_requests_in_flight_per_worker", "broadcast_interval",
                      "num_sgd_iter", "minibatch_buffer_size", "learner_queue_size",
-                     "num_data_loader_buffers", "tf_intra_op_threads"):
+                     "num_data_loader_buffers", "tf_intra_op_threads", "lstm_cell_size"):
             if getattr(self, name) < 1:
                 _bad(name, getattr(self, name), "it must be a positive integer (>= 1)")
         for name in ("lr", "grad_clip", "learner_queue_timeout", "epsilon"):

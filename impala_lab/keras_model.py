@@ -5,6 +5,13 @@ module docstring describes both (layers, weight order, initialisation).
 so a learner and actors built with the same seed start from the same weights;
 `keras_forward` runs it eagerly. Keras is imported inside the functions: importing this
 module stays cheap.
+
+A recurrent model (``use_lstm=True``) is one time step: inputs (obs [N, *obs_shape],
+state_in [N, 2, C]) and outputs (logits [N, A], value [N], state_out [N, 2, C]), the LSTM a
+Keras ``LSTMCell`` named ``"lstm"`` on the trunk's output (the ``"features"`` layer). The
+learner does not call it step by step: `lstm_unroll` runs the trunk once over all T x B
+observations, then the cell's recurrence along T with the episode resets (as scalable_agent's
+``_unroll`` does), then the heads once over all outputs.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from impala_lab.models import CONV_LAYERS, HIDDEN_GAIN, POLICY_GAIN, VALUE_GAIN,
 
 if TYPE_CHECKING:  # for annotations only
     import keras
+    import tensorflow as tf
 
 
 def build_keras_model(
@@ -26,6 +34,8 @@ def build_keras_model(
     hiddens: Sequence[int] = (64, 64),
     seed: int | None = None,
     vf_share_layers: bool = False,
+    use_lstm: bool = False,
+    lstm_cell_size: int = 64,
 ) -> keras.Model:
     """Builds the Keras network (the learner's) for these spaces.
 
@@ -39,16 +49,20 @@ def build_keras_model(
       hiddens: sizes of the dense hidden layers (after the convs, for images).
       seed: seed of the initial weights; None draws fresh ones.
       vf_share_layers: one trunk under both heads (True) or a value trunk of its own.
+      use_lstm: an LSTM of ``lstm_cell_size`` units after the trunk, under both heads.
+      lstm_cell_size: the LSTM's units C.
 
     Returns:
-      A functional `keras.Model` with outputs [logits, value].
+      A functional `keras.Model` with outputs [logits, value]; a recurrent one takes
+      [obs, state_in] and also returns state_out (see the module docstring).
 
     Raises:
       ValueError: unsupported spaces or hiddens.
     """
     import keras  # learner only: actors must not pay for TensorFlow
 
-    numpy_model = NumpyModel(observation_space, action_space, hiddens, vf_share_layers)
+    numpy_model = NumpyModel(observation_space, action_space, hiddens, vf_share_layers,
+                             use_lstm, lstm_cell_size)
     kind, hiddens = numpy_model.kind, numpy_model.hiddens
     input_dtype = "uint8" if numpy_model.obs_dtype == np.uint8 else "float32"
     obs = keras.Input(shape=numpy_model.obs_shape, dtype=input_dtype, name="obs")
@@ -59,6 +73,15 @@ def build_keras_model(
     features = _keras_trunk(x, kind, hiddens, hidden_init, "")
     value_features = (_keras_trunk(x, kind, hiddens, hidden_init, "value_")
                       if numpy_model.separate_value_trunk else features)
+    inputs: Any = obs
+    if use_lstm:
+        cell_size = numpy_model.lstm_cell_size
+        state_in = keras.Input(shape=(2, cell_size), dtype="float32", name="state_in")
+        features = keras.layers.Identity(name="features")(features)
+        lstm = keras.layers.LSTMCell(cell_size, name="lstm")
+        features, (h, c) = lstm(features, [state_in[:, 0], state_in[:, 1]])
+        value_features = features
+        inputs = [obs, state_in]
     logits = keras.layers.Dense(
         numpy_model.num_actions,
         kernel_initializer=keras.initializers.Orthogonal(gain=POLICY_GAIN, seed=seed),
@@ -73,7 +96,10 @@ def build_keras_model(
     # [..., logits_head, value_head] order (Keras orders layers by depth).
     logits = keras.layers.Identity(name="logits")(logits)
     value = keras.layers.Reshape((), name="value")(value)
-    model = keras.Model(obs, [logits, value], name=f"impala_{kind}")
+    outputs = [logits, value]
+    if use_lstm:
+        outputs.append(keras.ops.stack([h, c], axis=1))
+    model = keras.Model(inputs, outputs, name=f"impala_{kind}{'_lstm' if use_lstm else ''}")
     model.set_weights(numpy_model.initial_weights(seed))
     return model
 
@@ -117,3 +143,67 @@ def keras_forward(model: keras.Model, obs: np.ndarray) -> tuple[np.ndarray, np.n
     """
     logits, values = model(obs, training=False)
     return np.asarray(logits), np.asarray(values)
+
+
+def trunk_model(model: keras.Model) -> keras.Model:
+    """The trunk of a recurrent model from `build_keras_model`, sharing its layers: obs
+    [N, *obs_shape] -> the LSTM's input features [N, F]."""
+    import keras
+
+    return keras.Model(model.inputs[0], model.get_layer("features").output,
+                       name=f"{model.name}_trunk")
+
+
+def lstm_unroll(model: keras.Model, trunk: keras.Model, obs: tf.Tensor, state_in: tf.Tensor,
+                dones: tf.Tensor, bootstrap_obs: tf.Tensor
+                ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor]:
+    """A recurrent model over a [T, B] batch, resetting the state where an episode ended.
+
+    Before step t the state is zeroed wherever ``dones[t - 1]`` (the actor reset it there), so
+    each column's trajectory is what its actor computed, given the same weights. After the
+    last step one more step on ``bootstrap_obs`` (zeroed first where ``dones[T - 1]``) gives
+    the bootstrap value: the state after the last step, as the next unroll's ``state_in``.
+
+    Args:
+      model: a recurrent model from `build_keras_model`.
+      trunk: `trunk_model(model)`.
+      obs: [T, B, *obs_shape].
+      state_in: float32 [B, 2, C], the state before step 0.
+      dones: float32 [T, B], 1 where the episode ended at this step (terminated or truncated).
+      bootstrap_obs: [B, *obs_shape], the observation after the last step.
+
+    Returns:
+      (logits [T, B, A], values [T, B], bootstrap_value [B], state_out [B, 2, C]); state_out
+      is the state after the last step (before the bootstrap step).
+    """
+    import tensorflow as tf
+
+    T, B = tf.shape(obs)[0], tf.shape(obs)[1]
+    flat_obs = tf.reshape(obs, tf.concat([[T * B], tf.shape(obs)[2:]], axis=0))
+    # The trunk and the input half of the gates for every step at once: one gemm each.
+    features = trunk(tf.concat([flat_obs, bootstrap_obs], axis=0))
+    lstm = model.get_layer("lstm")
+    cell = lstm.units
+    gates_x = tf.matmul(features, lstm.kernel) + lstm.bias
+    gates_x = tf.reshape(gates_x, [T + 1, B, 4 * cell])
+    # keep[t] = 0 where the state is zeroed before step t: where an episode ended at t - 1.
+    ended = tf.cast(dones, tf.float32)[:, :, None]  # [T, B, 1]
+    keep = tf.concat([tf.ones_like(ended[:1]), 1.0 - ended], axis=0)  # [T + 1, B, 1]
+
+    def step(carry: tuple[tf.Tensor, tf.Tensor], inputs: tuple[tf.Tensor, tf.Tensor]
+             ) -> tuple[tf.Tensor, tf.Tensor]:
+        (h, c), (gates, keep_t) = carry, inputs
+        h, c = h * keep_t, c * keep_t
+        i, f, g, o = tf.split(gates + tf.matmul(h, lstm.recurrent_kernel), 4, axis=-1)
+        c = tf.sigmoid(f) * c + tf.sigmoid(i) * tf.tanh(g)
+        return tf.sigmoid(o) * tf.tanh(c), c
+
+    # A graph loop (tf.scan), not a Python one: the trace stays small for any T.
+    hs, cs = tf.scan(step, (gates_x, keep), initializer=(state_in[:, 0], state_in[:, 1]))
+    state_out = tf.stack([hs[T - 1], cs[T - 1]], axis=1) * keep[T][:, None]
+    flat_h = tf.reshape(hs, [(T + 1) * B, cell])
+    logits = model.get_layer("logits_head")(flat_h)
+    values = tf.reshape(model.get_layer("value_head")(flat_h), [-1])
+    num_actions = tf.shape(logits)[-1]
+    return (tf.reshape(logits[: T * B], [T, B, num_actions]),
+            tf.reshape(values[: T * B], [T, B]), values[T * B:], state_out)

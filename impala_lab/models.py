@@ -26,6 +26,16 @@ With separate trunks every layer is followed by its value twin (Keras orders lay
 depth): ``[conv_0, value_conv_0, ..., hidden_0, value_hidden_0, ..., logits_head,
 value_head]``, each as kernel then bias.
 
+With ``use_lstm=True`` (RLlib's model option) an LSTM of ``lstm_cell_size`` units C sits
+after the trunk and both heads read its output h (one trunk, one core: RLlib's LSTM wrapper).
+Its weights come between the trunk and the heads, as Keras's ``LSTMCell`` holds them::
+
+    ..., lstm/kernel [F, 4C], lstm/recurrent_kernel [C, 4C], lstm/bias [4C], logits_head/...
+
+gates in Keras's order (input, forget, cell, output); the state of N envs is one float32
+array [N, 2, C] (h, then c), zeros at an episode's start. `NumpyModel.step` is one time step,
+`NumpyModel.unroll` a [T, B] sequence with the resets at episode ends.
+
 The numpy forward fuses the two trunks into one network of twice the width (the first layer's
 kernels side by side, later kernels block-diagonal), so the actors still run one gemm per
 layer.
@@ -33,7 +43,9 @@ layer.
 Initialisation (`NumpyModel.initial_weights`, also what ``keras_model.build_keras_model``
 loads):
 orthogonal kernels with gain sqrt(2) for hidden/conv layers, 0.01 for the policy head (a
-near-uniform first policy) and 1.0 for the value head; zero biases.
+near-uniform first policy) and 1.0 for the value head; zero biases. The LSTM's kernels are
+orthogonal with gain 1, its bias zero but for the forget gate's 1 (Keras's
+``unit_forget_bias``: the cell keeps its memory at first).
 
 Actor processes import this module for `NumpyModel` and `sample_actions`; it must never
 import TensorFlow or Keras (a test holds that).
@@ -53,8 +65,10 @@ __all__ = [
     "HIDDEN_GAIN",
     "POLICY_GAIN",
     "VALUE_GAIN",
+    "LSTM_GAIN",
     "check_spaces",
     "NumpyModel",
+    "lstm_step",
     "sample_actions",
 ]
 
@@ -63,10 +77,11 @@ CONV_LAYERS: tuple[tuple[int, int, int], ...] = ((16, 8, 4), (32, 4, 2))
 
 _SUPPORTED_OBS = "supported: Box observations of rank 1 (MLP) or rank 3 (HxWxC images, CNN)"
 # Orthogonal-init gains: hidden and conv layers, the policy head (a near-uniform first
-# policy), the value head.
+# policy), the value head, the LSTM's kernels.
 HIDDEN_GAIN = math.sqrt(2.0)
 POLICY_GAIN = 0.01
 VALUE_GAIN = 1.0
+LSTM_GAIN = 1.0
 _UINT8_SCALE = np.float32(1.0 / 255.0)
 
 
@@ -239,6 +254,11 @@ class NumpyModel:
         logits, values = model(obs)                      # obs [N, *obs_shape]
         actions = sample_actions(logits, rng)
 
+    A recurrent model (``use_lstm=True``) carries its state instead::
+
+        state = model.initial_state(N)                   # [N, 2, C] zeros
+        logits, values, state = model.step(obs, state)
+
     `__call__` reuses no output buffers, but is meant for one thread at a time (like an
     actor's env loop).
     """
@@ -249,11 +269,20 @@ class NumpyModel:
         action_space: Any,
         hiddens: Sequence[int] = (64, 64),
         vf_share_layers: bool = False,
+        use_lstm: bool = False,
+        lstm_cell_size: int = 64,
     ) -> None:
         self.kind = check_spaces(observation_space, action_space)
         self.hiddens = _check_hiddens(hiddens)
+        if use_lstm and (isinstance(lstm_cell_size, bool) or not isinstance(lstm_cell_size, int)
+                         or lstm_cell_size < 1):
+            raise ValueError(f"lstm_cell_size={lstm_cell_size!r} is not supported: give a "
+                             "positive integer, e.g. 64")
+        self.use_lstm = bool(use_lstm)
+        self.lstm_cell_size = int(lstm_cell_size) if use_lstm else 0
         # Without hidden layers (an MLP with hiddens=()) both heads read the input: one trunk.
-        self.separate_value_trunk = not vf_share_layers and (
+        # A recurrent model has one core (trunk and LSTM) under both heads.
+        self.separate_value_trunk = not vf_share_layers and not self.use_lstm and (
             self.kind == "cnn" or bool(self.hiddens))
         self.obs_shape: tuple[int, ...] = tuple(int(d) for d in observation_space.shape)
         self.obs_dtype = np.dtype(observation_space.dtype)
@@ -281,6 +310,11 @@ class NumpyModel:
             shapes += [(features, size), (size,)] * copies
             gains += [HIDDEN_GAIN, 0.0] * copies
             features = size
+        if self.use_lstm:
+            cell = self.lstm_cell_size
+            shapes += [(features, 4 * cell), (cell, 4 * cell), (4 * cell,)]
+            gains += [LSTM_GAIN, LSTM_GAIN, 0.0]
+            features = cell
         shapes += [(features, self.num_actions), (self.num_actions,), (features, 1), (1,)]
         gains += [POLICY_GAIN, 0.0, VALUE_GAIN, 0.0]
         return shapes, gains
@@ -300,7 +334,14 @@ class NumpyModel:
                 weights.append(np.zeros(shape, dtype=np.float32))
             else:
                 weights.append(_orthogonal(rng, shape, gain))
+        if self.use_lstm:  # forget-gate bias 1 (Keras's unit_forget_bias)
+            cell = self.lstm_cell_size
+            weights[-5][cell: 2 * cell] = 1.0
         return weights
+
+    def initial_state(self, n: int) -> np.ndarray:
+        """The state of ``n`` envs at an episode's start: float32 zeros [n, 2, C] (h, c)."""
+        return np.zeros((n, 2, self.lstm_cell_size), np.float32)
 
     def set_weights(self, weights: Sequence[np.ndarray]) -> None:
         """Loads weights in `weight_shapes()` order (e.g. the learner's broadcast).
@@ -327,9 +368,12 @@ class NumpyModel:
                 )
             arrays.append(arr)
         self._weights = arrays
+        trunk_end = len(arrays) - 4 - (3 if self.use_lstm else 0)
+        # kernel [F, 4C], recurrent kernel [C, 4C], bias [4C].
+        self._lstm = tuple(arrays[trunk_end: trunk_end + 3]) if self.use_lstm else None
         # (kernel, bias) of each layer as one trunk would hold them; a separate value trunk is
         # fused in: the layer and its value twin become one layer of twice the width.
-        layers = [(arrays[i], arrays[i + 1]) for i in range(0, len(arrays) - 4, 2)]
+        layers = [(arrays[i], arrays[i + 1]) for i in range(0, trunk_end, 2)]
         # The policy's own path, for `logits` (the actors' per-step forward needs no value).
         pi_layers = layers[0::2] if self.separate_value_trunk else layers
         self._pi_conv = self._conv_layers(pi_layers)
@@ -386,7 +430,11 @@ class NumpyModel:
         Returns:
           (logits, values): float32 arrays of shape [N, A] and [N]; both are views into
           one fresh [N, A + 1] array (the heads share a gemm), never into obs or weights.
+
+        Raises:
+          RuntimeError: the model is recurrent (it needs its state: use `step`).
         """
+        self._check_feed_forward("__call__")
         x = self._features(self._input(obs), self._conv, self._dense)
         out = x @ self._head_w
         out += self._head_b
@@ -398,11 +446,69 @@ class NumpyModel:
         With a value trunk of its own this runs only the policy's half of the network (an
         actor needs values only for the rare truncated step), as fast as a shared trunk.
         """
+        self._check_feed_forward("logits")
         x = self._features(self._input(obs), self._pi_conv, self._pi_dense)
         kernel, bias = self._pi_head
         out = x @ kernel
         out += bias
         return out
+
+    def _check_feed_forward(self, method: str) -> None:
+        if self.use_lstm:
+            raise RuntimeError(
+                f"NumpyModel.{method} needs no state, but this model is recurrent "
+                "(use_lstm=True): call step(obs, state) with state [N, 2, C], e.g. "
+                "model.initial_state(N) at an episode's start")
+
+    def step(self, obs: np.ndarray, state: np.ndarray
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """One time step of the recurrent model (``use_lstm=True``).
+
+        Args:
+          obs: An array of shape [N, *obs_shape].
+          state: float32 [N, 2, C], each env's (h, c) before this step; never written to.
+
+        Returns:
+          (logits, values, next_state): float32 [N, A], [N] and a fresh [N, 2, C].
+        """
+        if not self.use_lstm:
+            raise RuntimeError("NumpyModel.step is for a recurrent model (use_lstm=True); "
+                               "call model(obs) or model.logits(obs) on this one")
+        x = self._features(self._input(obs), self._conv, self._dense)
+        if state.shape != (x.shape[0], 2, self.lstm_cell_size):
+            raise ValueError(
+                f"state has shape {state.shape} but {x.shape[0]} observations with "
+                f"lstm_cell_size={self.lstm_cell_size} need [N, 2, C] = "
+                f"[{x.shape[0]}, 2, {self.lstm_cell_size}]")
+        next_state = lstm_step(x, state, *self._lstm)
+        out = next_state[:, 0] @ self._head_w
+        out += self._head_b
+        return out[:, : self.num_actions], out[:, self.num_actions], next_state
+
+    def unroll(self, obs: np.ndarray, state_in: np.ndarray, dones: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The recurrent model over a time-major sequence, reset where an episode ended.
+
+        The state is zeroed before step t wherever ``dones[t - 1]`` (the actor resets an env's
+        state when its episode ends), and after the last step where ``dones[T - 1]``.
+
+        Args:
+          obs: [T, B, *obs_shape].
+          state_in: float32 [B, 2, C], the state before step 0 (a batch's ``state_in``).
+          dones: bool [T, B], the episode ended at this step (terminated or truncated).
+
+        Returns:
+          (logits, values, state_out): float32 [T, B, A], [T, B] and [B, 2, C], the state
+          after the last step (what the next unroll starts from).
+        """
+        T, B = dones.shape
+        logits = np.empty((T, B, self.num_actions), np.float32)
+        values = np.empty((T, B), np.float32)
+        state = state_in
+        for t in range(T):
+            logits[t], values[t], state = self.step(obs[t], state)
+            state[dones[t]] = 0.0
+        return logits, values, state
 
     def _input(self, obs: np.ndarray) -> np.ndarray:
         """obs [N, *obs_shape] as float32 (uint8 scaled by 1/255), after the checks."""
@@ -453,6 +559,44 @@ class NumpyModel:
             x += b
             np.tanh(x, out=x)
         return x
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    """Logistic sigmoid without overflow: 0.5 * (1 + tanh(x / 2)), float32 in, float32 out."""
+    y = np.tanh(x * np.float32(0.5))
+    y += np.float32(1.0)
+    y *= np.float32(0.5)
+    return y
+
+
+def lstm_step(x: np.ndarray, state: np.ndarray, kernel: np.ndarray,
+              recurrent_kernel: np.ndarray, bias: np.ndarray) -> np.ndarray:
+    """One step of Keras's ``LSTMCell`` (sigmoid gates, tanh activation) in numpy.
+
+    Args:
+      x: float32 [N, F], the step's input.
+      state: float32 [N, 2, C], (h, c) before the step.
+      kernel, recurrent_kernel, bias: [F, 4C], [C, 4C] and [4C], gates in Keras's order
+        (input, forget, cell, output).
+
+    Returns:
+      A fresh float32 [N, 2, C]: (h, c) after the step; h is the step's output.
+    """
+    cell = recurrent_kernel.shape[0]
+    h, c = state[:, 0], state[:, 1]
+    z = x @ kernel
+    z += h @ recurrent_kernel
+    z += bias
+    i = _sigmoid(z[:, :cell])
+    f = _sigmoid(z[:, cell: 2 * cell])
+    g = np.tanh(z[:, 2 * cell: 3 * cell])
+    o = _sigmoid(z[:, 3 * cell:])
+    out = np.empty_like(state)
+    new_c = out[:, 1]
+    np.multiply(f, c, out=new_c)
+    new_c += i * g
+    np.multiply(o, np.tanh(new_c), out=out[:, 0])
+    return out
 
 
 def sample_actions(logits: np.ndarray, rng: np.random.Generator) -> np.ndarray:

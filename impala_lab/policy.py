@@ -14,6 +14,11 @@ observation; the actor stores that value as ``truncation_values`` and the learne
 which belongs to a new episode). The value comes from the behaviour policy's weights, one
 broadcast old at most, as in Stable-Baselines3's treatment of time limits.
 
+Recurrent policies (``use_lstm``): the learner runs the LSTM over each column from the batch's
+``state_in`` with `keras_model.lstm_unroll`, zeroing the state after every step where an
+episode ended (terminated or truncated, as the actor did), and bootstraps from one more step
+on ``bootstrap_obs`` with the state after the last step; the V-trace loss is the same.
+
 `learn_on_batch` is one compiled ``tf.function`` that does not retrace between batches of the
 same shape. The live knobs ``lr`` and ``entropy_coeff`` are TF variables, so changing them from
 the dashboard does not retrace either.
@@ -38,7 +43,7 @@ from impala_lab import vtrace
 from impala_lab.batch import SampleBatch
 from impala_lab.config import ImpalaConfig
 from impala_lab.errors import NonFiniteLossError
-from impala_lab.keras_model import build_keras_model
+from impala_lab.keras_model import build_keras_model, lstm_unroll, trunk_model
 from impala_lab.models import check_spaces
 from impala_lab.optimizers import Adam, TF1RMSprop
 
@@ -65,8 +70,9 @@ def configure_tf_threads(intra_op: int) -> None:
 
 
 def batch_to_tensors(batch: SampleBatch) -> dict[str, np.ndarray]:
-    """The arrays of a `SampleBatch` the loss needs, with fixed dtypes (so no retracing)."""
-    return {
+    """The arrays of a `SampleBatch` the loss needs, with fixed dtypes (so no retracing);
+    ``state_in`` [B, 2, C] only for a recurrent policy's batch."""
+    tensors = {
         "obs": batch.obs,
         "actions": batch.actions.astype(np.int32, copy=False),
         "rewards": batch.rewards.astype(np.float32, copy=False),
@@ -76,6 +82,9 @@ def batch_to_tensors(batch: SampleBatch) -> dict[str, np.ndarray]:
         "behaviour_logits": batch.behaviour_logits.astype(np.float32, copy=False),
         "bootstrap_obs": batch.bootstrap_obs,
     }
+    if batch.state_in is not None:
+        tensors["state_in"] = batch.state_in.astype(np.float32, copy=False)
+    return tensors
 
 
 class VTracePolicy:
@@ -95,7 +104,10 @@ class VTracePolicy:
         self.action_space = action_space
         self.model = build_keras_model(observation_space, action_space,
                                        hiddens=tuple(config.model), seed=config.seed,
-                                       vf_share_layers=config.vf_share_layers)
+                                       vf_share_layers=config.vf_share_layers,
+                                       use_lstm=config.use_lstm,
+                                       lstm_cell_size=config.lstm_cell_size)
+        self.trunk = trunk_model(self.model) if config.use_lstm else None
         self.lr = tf.Variable(config.lr, dtype=tf.float32, trainable=False, name="lr")
         self.entropy_coeff = tf.Variable(config.entropy_coeff, dtype=tf.float32,
                                          trainable=False, name="entropy_coeff")
@@ -149,7 +161,7 @@ class VTracePolicy:
         Args:
           t: tensors of `batch_to_tensors`: obs [T, B, ...], actions/rewards/terminateds/
             truncateds/truncation_values [T, B], behaviour_logits [T, B, A],
-            bootstrap_obs [B, ...].
+            bootstrap_obs [B, ...]; a recurrent policy's also state_in [B, 2, C].
 
         Returns:
           total loss (scalar) and a dict of scalar stats (STAT_KEYS without the norms).
@@ -157,15 +169,20 @@ class VTracePolicy:
         c = self.config
         obs = t["obs"]
         T, B = tf.shape(obs)[0], tf.shape(obs)[1]
-        flat_obs = tf.reshape(obs, tf.concat([[T * B], tf.shape(obs)[2:]], axis=0))
-        # One forward pass over the unroll and the bootstrap observations.
-        logits, values = self.model(tf.concat([flat_obs, t["bootstrap_obs"]], axis=0))
-        num_actions = tf.shape(logits)[-1]
-        target_logits = tf.reshape(logits[: T * B], [T, B, num_actions])
-        values_tb = tf.reshape(values[: T * B], [T, B])
-        bootstrap_value = values[T * B:]
-
         terminated = t["terminateds"]
+        if self.trunk is not None:
+            target_logits, values_tb, bootstrap_value, _ = lstm_unroll(
+                self.model, self.trunk, obs, t["state_in"],
+                tf.maximum(terminated, t["truncateds"]), t["bootstrap_obs"])
+        else:
+            flat_obs = tf.reshape(obs, tf.concat([[T * B], tf.shape(obs)[2:]], axis=0))
+            # One forward pass over the unroll and the bootstrap observations.
+            logits, values = self.model(tf.concat([flat_obs, t["bootstrap_obs"]], axis=0))
+            num_actions = tf.shape(logits)[-1]
+            target_logits = tf.reshape(logits[: T * B], [T, B, num_actions])
+            values_tb = tf.reshape(values[: T * B], [T, B])
+            bootstrap_value = values[T * B:]
+
         truncated = t["truncateds"] * (1.0 - terminated)
         discounts = c.gamma * (1.0 - tf.maximum(terminated, truncated))
         rewards = t["rewards"] + c.gamma * truncated * t["truncation_values"]
@@ -309,8 +326,14 @@ class VTracePolicy:
                 self.version = int(version)
 
     def compute_logits_and_values(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Keras forward pass (for checks; the actors use the numpy model)."""
-        logits, values = self.model(np.asarray(obs), training=False)
+        """Keras forward pass (for checks; the actors use the numpy model); a recurrent
+        policy's from zero states (an episode's first step)."""
+        obs = np.asarray(obs)
+        if self.trunk is not None:
+            state = np.zeros((len(obs), 2, self.config.lstm_cell_size), np.float32)
+            logits, values, _ = self.model([obs, state], training=False)
+        else:
+            logits, values = self.model(obs, training=False)
         return np.asarray(logits), np.asarray(values)
 
     # ------------------------------------------------------------------ checkpoints

@@ -19,6 +19,12 @@ the moment it reports ``terminated`` or ``truncated`` (faster than
   worker stores ``truncation_values[t, b]`` = V(final obs) under its current numpy model
   and the learner bootstraps from it.
 
+Recurrent policies (``use_lstm``). The worker keeps each env's LSTM state (h, c) across
+`sample` calls, stores the state before row 0 as the batch's ``state_in`` [B, 2, C], and
+zeroes an env's state after the step that ended its episode (terminated or truncated), so the
+next episode starts from zeros; a truncated episode's ``truncation_values`` use the state
+after its final step, before that reset.
+
 The checks of what an env returns (shapes, dtypes, finite values) are in
 `impala_lab.env_checks`. This module imports numpy and gymnasium only (no TensorFlow):
 actor processes import it.
@@ -119,6 +125,8 @@ class RolloutWorker:
       sample_batch_size: unroll length T of each `sample`.
       hiddens: hidden layer sizes of the policy network (must match the learner's model).
       vf_share_layers: whether the value head shares the policy's trunk (as the learner's).
+      use_lstm: a recurrent policy (an LSTM after the trunk); batches carry ``state_in``.
+      lstm_cell_size: the LSTM's units C.
       seed: seeds envs, action sampling and the initial weights; None = random. Env ``i`` is
         seeded from ``SeedSequence(seed, spawn_key=(worker_index,))``'s child ``i + 1``,
         action sampling from child 0, so equal (seed, worker_index) give equal batches.
@@ -138,6 +146,8 @@ class RolloutWorker:
         vf_share_layers: bool = False,
         seed: int | None = None,
         worker_index: int = 0,
+        use_lstm: bool = False,
+        lstm_cell_size: int = 64,
     ) -> None:
         if not isinstance(num_envs, int) or num_envs < 1:
             raise ValueError(f"RolloutWorker: num_envs={num_envs!r} must be an int >= 1.")
@@ -172,7 +182,8 @@ class RolloutWorker:
         try:
             self._build_envs(num_envs)
             init_seed = seed if seed is not None else int(seq.entropy % (2**63))
-            self._build_model(tuple(hiddens), vf_share_layers, init_seed)
+            self._build_model(tuple(hiddens), vf_share_layers, init_seed, use_lstm,
+                              lstm_cell_size)
             self._obs = np.empty((num_envs, *self._obs_shape), self._obs_dtype)
             for i, (e, s) in enumerate(zip(self._envs, env_seeds, strict=True)):
                 self._obs[i] = self._reset_env(i, e, seed=s)
@@ -216,12 +227,15 @@ class RolloutWorker:
         self._num_actions = int(self._action_space.n)
 
     def _build_model(self, hiddens: tuple[int, ...], vf_share_layers: bool,
-                     init_seed: int) -> None:
-        """The numpy policy, with initial weights drawn from ``init_seed`` (version -1)."""
+                     init_seed: int, use_lstm: bool, lstm_cell_size: int) -> None:
+        """The numpy policy, with initial weights drawn from ``init_seed`` (version -1), and
+        for a recurrent one each env's state (zeros)."""
         self._model = models.NumpyModel(
             self._observation_space, self._action_space, hiddens=hiddens,
-            vf_share_layers=vf_share_layers,
+            vf_share_layers=vf_share_layers, use_lstm=use_lstm, lstm_cell_size=lstm_cell_size,
         )
+        # Each env's (h, c) [num_envs, 2, C]; None for a feed-forward policy.
+        self._state = self._model.initial_state(self._num_envs) if use_lstm else None
         self._weights: list[np.ndarray] = list(self._model.initial_weights(init_seed))
         self._model.set_weights(self._weights)
         self._version = -1
@@ -289,6 +303,12 @@ class RolloutWorker:
         return self._version
 
     @property
+    def state(self) -> np.ndarray | None:
+        """Each env's LSTM state [num_envs, 2, C] that the next step starts from (a copy);
+        None for a feed-forward policy."""
+        return None if self._state is None else self._state.copy()
+
+    @property
     def model(self) -> models.NumpyModel:
         """The numpy policy the worker acts with (read it; change it with `set_weights`)."""
         return self._model
@@ -326,13 +346,14 @@ class RolloutWorker:
         frag = _Fragment(self._T, self._num_envs, self._obs_shape, self._obs_dtype,
                          self._num_actions)
         frag.obs[0] = self._obs
+        state_in = None if self._state is None else self._state.copy()
         first_step = self._steps_per_env + 1  # the env step of row 0
         self._step_all(frag, first_step)
         # Rewards are checked once per fragment, for the cast to float32 that the batch
         # holds (NaN, inf and |r| > 3.4e38 all fail the comparison).
         if not (np.abs(frag.rewards64) <= FLOAT32_MAX).all():
             self._checks.check_rewards(frag.rewards64, first_step)
-        return self._finish(frag)
+        return self._finish(frag, state_in)
 
     def _step_all(self, frag: _Fragment, first_step: int) -> None:
         """Fills ``frag``: T rows, each one policy forward and one step of every env.
@@ -352,11 +373,15 @@ class RolloutWorker:
         checked_obs = self._checks.checked_obs
         obs_buf = frag.obs
         r_row = [0.0] * self._num_envs
+        state = self._state  # None: a feed-forward policy
         i = -1
         t = 0
         try:
             for t in range(self._T):
-                logits = model.logits(obs_buf[t])  # values only at truncations
+                if state is None:
+                    logits = model.logits(obs_buf[t])  # values only at truncations
+                else:
+                    logits, _, state = model.step(obs_buf[t], state)
                 acts = sample_actions(logits, rng)
                 frag.logits[t] = logits
                 frag.actions[t] = acts
@@ -379,7 +404,8 @@ class RolloutWorker:
                                                       first_step)
                     nxt[i] = o
                 i = -1
-                self._end_row(frag, t, r_row, finals)
+                self._end_row(frag, t, r_row, finals, state)
+            self._state = state
         except Exception as err:
             self._locate(err, i, t)
             raise
@@ -411,9 +437,11 @@ class RolloutWorker:
         return o, finals
 
     def _end_row(self, frag: _Fragment, t: int, r_row: list[Any],
-                 finals: list[tuple[int, Any]] | None) -> None:
+                 finals: list[tuple[int, Any]] | None, state: np.ndarray | None) -> None:
         """Every env stepped once: stores the row's rewards, checks the next observations
-        and computes the bootstrap values of the truncated episodes."""
+        and computes the bootstrap values of the truncated episodes; a recurrent policy's
+        ``state`` (after this row's step) is zeroed, in place, for the envs whose episode
+        ended."""
         self._steps_per_env += 1
         frag.rewards64[t] = r_row
         nxt = frag.obs[t + 1]
@@ -421,7 +449,11 @@ class RolloutWorker:
             self._checks.check_row(nxt, t, self._steps_per_env, frag.terminateds,
                                     frag.truncateds)
         if finals is not None:
-            self._fill_truncation_values(finals, frag.truncation_values[t])
+            self._fill_truncation_values(finals, frag.truncation_values[t], state)
+        if state is not None:
+            ended = frag.terminateds[t] | frag.truncateds[t]
+            if ended.any():
+                state[ended] = 0.0
 
     def _locate(self, err: Exception, i: int, t: int) -> None:
         """Adds where ``err`` happened (env index ``i``, or the policy if -1; row ``t``)."""
@@ -433,7 +465,7 @@ class RolloutWorker:
             f"{where}, at step {t} of the fragment, env step {self._steps_per_env + 1})"
         )
 
-    def _finish(self, frag: _Fragment) -> SampleBatch:
+    def _finish(self, frag: _Fragment, state_in: np.ndarray | None) -> SampleBatch:
         """The `SampleBatch` of a filled fragment; the worker moves on past it."""
         T, n = self._T, self._num_envs
         rewards = frag.rewards64.astype(np.float32)
@@ -452,12 +484,14 @@ class RolloutWorker:
             policy_versions=np.full(n, self._version, np.int64),
             episode_returns=np.asarray(frag.done_returns, np.float64),
             episode_lengths=np.asarray(frag.done_lengths, np.int64),
+            state_in=state_in,
         )
 
     def _fill_truncation_values(
-        self, finals: list[tuple[int, Any]], out_row: np.ndarray
+        self, finals: list[tuple[int, Any]], out_row: np.ndarray, state: np.ndarray | None
     ) -> None:
-        """out_row[i] = V(final obs of env i) for every truncated env i of this step."""
+        """out_row[i] = V(final obs of env i) for every truncated env i of this step; a
+        recurrent policy reads it with env i's ``state`` after the step (before its reset)."""
         idx = [i for i, _ in finals]
         final_obs = np.stack([o for _, o in finals]).astype(self._obs_dtype, copy=False)
         if self._check_obs and not np.isfinite(final_obs).all():
@@ -467,7 +501,10 @@ class RolloutWorker:
                 f"at env step {self._steps_per_env} (the final observation of a truncated "
                 "episode, needed for its bootstrap value)",
             )
-        _, values = self._model(final_obs)
+        if state is None:
+            _, values = self._model(final_obs)
+        else:
+            _, values, _ = self._model.step(final_obs, state[idx])
         out_row[idx] = values
 
     # ------------------------------------------------------------------ lifetime

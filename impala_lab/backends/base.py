@@ -57,7 +57,8 @@ class Backend(abc.ABC):
         c = self.config
         return dict(env=self.env, num_envs=c.num_envs_per_worker,
                     sample_batch_size=c.sample_batch_size, hiddens=tuple(c.model),
-                    vf_share_layers=c.vf_share_layers, seed=c.seed, worker_index=index)
+                    vf_share_layers=c.vf_share_layers, seed=c.seed, worker_index=index,
+                    use_lstm=c.use_lstm, lstm_cell_size=c.lstm_cell_size)
 
     def prepare(self) -> None:
         """Checks that can fail before TensorFlow loads or any process starts (default: none)."""

@@ -1,0 +1,55 @@
+"""`StatelessCartPole`: CartPole-v1 without the velocities, a task that needs memory.
+
+The observation keeps the cart's position and the pole's angle and drops the two velocities
+(RLlib's ``StatelessCartPole`` example env): a feed-forward policy sees where the pole is but
+not where it is going, while a recurrent policy (``use_lstm=True``) can infer the velocities
+from consecutive observations. Rewards, termination and the 500-step time limit are
+CartPole-v1's.
+
+Importing `impala_lab` registers it with gymnasium as ``impala_lab/StatelessCartPole-v1``
+(`register`), so worker processes, which import the package, can make it too::
+
+    gymnasium.make("impala_lab/StatelessCartPole-v1")
+
+Imports numpy and gymnasium only (actor processes make it).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.envs.classic_control.cartpole import CartPoleEnv
+
+__all__ = ["ENV_ID", "StatelessCartPole", "register"]
+
+ENV_ID = "impala_lab/StatelessCartPole-v1"
+# The observation entries kept: cart position and pole angle (CartPole's indices 0 and 2).
+_KEPT = np.array([0, 2])
+
+
+class StatelessCartPole(CartPoleEnv):
+    """CartPole whose observation is float32 [2]: (cart position, pole angle)."""
+
+    def __init__(self, render_mode: str | None = None) -> None:
+        super().__init__(render_mode=render_mode)
+        high = self.observation_space.high[_KEPT]
+        self.observation_space = gym.spaces.Box(-high, high, dtype=np.float32)
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
+        obs, reward, terminated, truncated, info = super().step(action)
+        return obs[_KEPT], reward, terminated, truncated, info
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None
+              ) -> tuple[np.ndarray, dict]:
+        obs, info = super().reset(seed=seed, options=options)
+        return obs[_KEPT], info
+
+
+def register() -> None:
+    """Registers ``impala_lab/StatelessCartPole-v1`` (500 steps, like CartPole-v1) with
+    gymnasium, once per process."""
+    if ENV_ID not in gym.registry:
+        gym.register(id=ENV_ID, entry_point=StatelessCartPole, max_episode_steps=500,
+                     reward_threshold=475.0)
