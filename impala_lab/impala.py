@@ -499,11 +499,22 @@ def shutdown_all() -> None:
 atexit.register(shutdown_all)
 
 
+# How long the last cleanup waits for a learner still inside a train step (its first one
+# traces the graph: seconds on a loaded machine).
+LEARNER_EXIT_WAIT_S = 120.0
+
+
 def _cleanup(backend: Any, learner: Any) -> None:  # finalizer: must not hold the Impala object
     try:
         learner.stop(timeout=2.0)
     finally:
-        backend.shutdown()
+        try:
+            backend.shutdown()
+        finally:
+            # Wait for a step in flight: this also runs at interpreter exit, and a thread
+            # still inside TensorFlow then crashes the process (SIGSEGV, or "FATAL: exception
+            # not rethrown") where the run had ended cleanly.
+            learner.stop(timeout=LEARNER_EXIT_WAIT_S)
 
 
 def _run_clock(ref: weakref.ref) -> Callable[[], float]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import numpy as np
@@ -108,3 +109,34 @@ def test_num_sgd_iter_can_change_between_steps():
     with pytest.raises(ValueError, match="num_sgd_iter=0"):
         learner.set_num_sgd_iter(0)
     assert np.isfinite(learner.timers()["learner_grad_time_ms"].mean)
+
+
+def test_the_runs_cleanup_waits_for_a_train_step_in_flight():
+    # A run's cleanup also runs at interpreter exit, and a learner thread still inside a
+    # TensorFlow call then crashes the process: the cleanup waits until the step is over.
+    from impala_lab import impala
+
+    class SlowPolicy:
+        def __init__(self) -> None:
+            self.started = threading.Event()
+
+        def learn_on_batch(self, batch: Batch) -> dict:
+            self.started.set()
+            time.sleep(3.0)  # longer than stop()'s first 2 s wait
+            return {}
+
+    class Backend:
+        shut_down = False
+
+        def shutdown(self) -> None:
+            self.shut_down = True
+
+    policy, backend = SlowPolicy(), Backend()
+    learner = LearnerThread(policy)
+    learner.start()
+    learner.inqueue.put(Batch(1))
+    assert policy.started.wait(5)
+    impala._cleanup(backend, learner)
+    assert backend.shut_down
+    assert not learner.is_alive()
+    assert learner.num_steps == 1
