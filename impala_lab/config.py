@@ -138,9 +138,9 @@ class ImpalaConfig:
         1, "TensorFlow intra-op threads for the learner (1 leaves the other core to the actors).")
     # --- off-policy corrections and policy lag ---------------------------------------
     vtrace: bool = _f(
-        True, "RLlib's switch: True trains with V-trace; False with RLlib's loss without "
-        "V-trace (no importance weights: off_policy_correction='none'). Must agree with "
-        "off_policy_correction.")
+        True, "RLlib's switch: True trains with V-trace; False without it (RLlib's loss is "
+        "off_policy_correction='none'; 'is1' and 'epsilon' are the other choices). Must agree "
+        "with off_policy_correction.")
     off_policy_correction: str = _f(
         "vtrace", "How the loss treats lagged data (IMPALA paper, section 5.2.2): 'vtrace', "
         "'is1' (policy gradient weighted by the clipped importance weight, value target "
