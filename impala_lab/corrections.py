@@ -22,6 +22,9 @@ them, the uncorrected n-step return (V-trace with every weight set to 1; no GAE,
     v_t = G_t
     g_t = log pi(a_t|x_t) * (G_t - V(x_t))
 
+(RLlib's non-V-trace loss, its A3C loss with lambda = 1, computes the same return on the
+actor with the behaviour policy's values; here V is the learner's, as in the paper.)
+
 ``"epsilon"`` (GA3C's epsilon-correction, epsilon = 1e-6 inside the log, so an action that
 ``pi`` has all but ruled out cannot give an unbounded gradient)::
 
