@@ -27,6 +27,7 @@ from impala_lab.knobs import LIVE_KNOBS as LIVE_KNOBS  # re-exported: the live c
 
 BACKENDS = ("process", "inline", "ray")
 OPTIMIZERS = ("adam", "rmsprop")
+OFF_POLICY_CORRECTIONS = ("vtrace", "is1", "epsilon", "none")
 
 
 # Values tuned on a 2-core laptop (see the README's Performance section), applied by the CLI
@@ -135,6 +136,23 @@ class ImpalaConfig:
         1.0, "Clip of importance weights in the policy-gradient advantage; None disables.")
     tf_intra_op_threads: int = _f(
         1, "TensorFlow intra-op threads for the learner (1 leaves the other core to the actors).")
+    # --- off-policy corrections and policy lag ---------------------------------------
+    vtrace: bool = _f(
+        True, "RLlib's switch: True trains with V-trace; False without it (RLlib's loss is "
+        "off_policy_correction='none'; 'is1' and 'epsilon' are the other choices). Must agree "
+        "with off_policy_correction.")
+    off_policy_correction: str = _f(
+        "vtrace", "How the loss treats lagged data (IMPALA paper, section 5.2.2): 'vtrace', "
+        "'is1' (policy gradient weighted by the clipped importance weight, value target "
+        "uncorrected), 'epsilon' (log(pi + 1e-6) in the policy gradient) or 'none' (as if "
+        "on-policy); the equations are in impala_lab/corrections.py.")
+    max_policy_lag: int = _f(
+        1000, "Drop a new sample batch that reaches the driver more than this many learner "
+        "updates behind (Sample Factory's knob); counted in stats() as "
+        "num_samples_dropped_for_lag.")
+    extra_policy_lag: int = _f(
+        0, "Hold weight broadcasts back so the actors act with weights at least this many "
+        "learner updates old (a dial for policy lag; 0 broadcasts the newest weights).")
     # --- resources --------------------------------------------------------------------
     max_memory_gb: float | None = _f(
         None, "Refuse a config whose estimated memory (learner queue, batch buffer, minibatch "
@@ -199,6 +217,11 @@ class ImpalaConfig:
             _bad("model", self.model, "give one or more positive hidden sizes, e.g. [64, 64]")
         _check_choice("backend", self.backend, BACKENDS)
         _check_choice("opt_type", self.opt_type, OPTIMIZERS)
+        _check_choice("off_policy_correction", self.off_policy_correction,
+                      OFF_POLICY_CORRECTIONS)
+        for name in ("max_policy_lag", "extra_policy_lag"):
+            if getattr(self, name) < 0:
+                _bad(name, getattr(self, name), "it must be a non-negative integer (>= 0)")
 
     def _check_combinations(self) -> None:
         """Values that are fine alone but cannot work together."""
@@ -229,6 +252,26 @@ class ImpalaConfig:
                      f"multiple of num_gpus")
         if self.fake_gpus and self.num_gpus < 1:
             _bad("fake_gpus", self.fake_gpus, "set num_gpus >= 1 to say how many fake devices")
+        self._check_correction_and_lag()
+
+    def _check_correction_and_lag(self) -> None:
+        """``vtrace`` must agree with ``off_policy_correction``; lag limits must leave work."""
+        if not self.vtrace and self.off_policy_correction == "vtrace":
+            raise ConfigError(
+                "vtrace=False and off_policy_correction='vtrace' conflict: vtrace=False is "
+                "RLlib's loss without V-trace; set off_policy_correction='none' (that loss), "
+                "'is1' or 'epsilon', or set vtrace=True")
+        if self.vtrace and self.off_policy_correction != "vtrace":
+            raise ConfigError(
+                f"vtrace=True and off_policy_correction={self.off_policy_correction!r} "
+                f"conflict: vtrace=True trains with V-trace; set vtrace=False to train with "
+                f"{self.off_policy_correction!r}, or off_policy_correction='vtrace'")
+        if self.max_policy_lag <= self.extra_policy_lag:
+            _bad("max_policy_lag", self.max_policy_lag,
+                 f"with extra_policy_lag={self.extra_policy_lag} every batch arrives at least "
+                 f"that many updates behind and more than max_policy_lag would be dropped; set "
+                 f"max_policy_lag above extra_policy_lag (e.g. "
+                 f"{2 * self.extra_policy_lag + 10}) or lower extra_policy_lag")
 
     def _check_env(self) -> None:
         if callable(self.env):

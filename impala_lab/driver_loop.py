@@ -20,6 +20,13 @@ stand-in (`impala_lab.exercises.driver_step.StepDriver`) subclasses it and overr
 methods to script the workers and log every call, so the student's answer and the library
 run the same interface.
 
+Policy lag is a dial here (Sample Factory's and the IMPALA paper's appendix E's): a new batch
+more than ``max_policy_lag`` learner updates behind is dropped where it arrives, in
+`DriverLoop.completed_samples` (its worker still gets weights and a new request), and
+``extra_policy_lag`` = K holds broadcasts back, in `DriverLoop.broadcast`: the weights published
+are the newest ones at least K updates older than the learner's, so once the learner has made
+K updates every batch is sampled at least K updates behind.
+
 One deliberate difference from RLlib: RLlib forgot the published weights and the broadcast
 counter at the end of every ``_step`` call, so broadcast_interval only counted the returns
 within one call. Here both persist across turns, so broadcast_interval means what its name
@@ -30,6 +37,7 @@ from __future__ import annotations
 
 import queue
 import time
+from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
@@ -58,6 +66,8 @@ class DriverLoop:
       batch_buffer_steps: their env steps (``batch.count`` each; the dashboard shows it).
       num_sent: new batches answered since the last broadcast.
       weights_ref: the published weights that ``send_weights_and_request`` sends.
+      weights_history: ``(weights, version)`` read from the learner and not yet published,
+        oldest first (only while ``extra_policy_lag`` > 0 holds broadcasts back).
       queue_blocked: True while the driver waits on the full learner queue.
     """
 
@@ -76,6 +86,7 @@ class DriverLoop:
         self.batch_buffer_steps = 0
         self.num_sent = 0
         self.weights_ref: Any = None
+        self.weights_history: deque[tuple[Any, int]] = deque()
         self.queue_blocked = False
 
     def step(self, timeout: float) -> tuple[int, int]:
@@ -120,17 +131,37 @@ class DriverLoop:
     def completed_samples(self, timeout: float) -> Iterator[tuple[Any, SampleBatch]]:
         """The finished samples, ``(worker, batch)``, in completion order (the task pool).
 
-        A failed worker is replaced (`replace_failed`) and the others' samples follow.
+        A failed worker is replaced (`replace_failed`) and the others' samples follow. A
+        batch more than ``max_policy_lag`` updates behind is dropped here (`drop_for_lag`).
         """
         blocking = True
         while True:
             try:
-                yield from self.tasks.completed_prefetch(blocking_wait=blocking,
-                                                         timeout=timeout)
+                for worker, batch in self.tasks.completed_prefetch(blocking_wait=blocking,
+                                                                   timeout=timeout):
+                    if self.lag_of(batch) > self.config.max_policy_lag:
+                        self.drop_for_lag(worker, batch)
+                    else:
+                        yield worker, batch
                 return
             except WorkerError as err:
                 self.replace_failed(err)
                 blocking = False
+
+    def lag_of(self, batch: SampleBatch) -> int:
+        """Learner updates between the oldest column's weights and the learner's now."""
+        return int(self.policy.version - batch.policy_versions.min())
+
+    def drop_for_lag(self, worker: Any, batch: SampleBatch) -> None:
+        """A new batch too far behind: its env steps, episodes and lag are counted, it goes
+        neither to replay nor to the learner, and its worker is answered as for any batch."""
+        self.stats.count_step(batch.count, 0)
+        self.stats.num_samples_dropped_for_lag += batch.count
+        self.record_sample(batch)
+        if self.learner.weights_updated and self.num_sent >= self.config.broadcast_interval:
+            self.broadcast()
+        self.num_sent += 1
+        self.send_weights_and_request(worker)
 
     def put_on_learner_queue(self, train_batch: SampleBatch) -> None:
         """Put a train batch on the learner's bounded queue: back-pressure, but never a hang
@@ -158,13 +189,38 @@ class DriverLoop:
 
     def broadcast(self) -> None:
         """Publish the learner's current weights once (a new reference every worker reads);
-        resets ``learner.weights_updated`` and `num_sent`."""
+        resets ``learner.weights_updated`` and `num_sent`.
+
+        With ``extra_policy_lag`` = K > 0 the weights published are the newest read so far
+        whose version is at most the learner's minus K (`held_back_weights`); when none is
+        that old yet, the workers keep the weights they have.
+        """
         with self.stats.broadcast_timer:
             weights, version = self.policy.get_weights()
-            self.weights_ref = self.backend.put_weights(weights, version)
+            chosen = self.held_back_weights(weights, version)
+            if chosen is not None:
+                self.weights_ref = self.backend.put_weights(*chosen)
         self.learner.weights_updated = False
         self.num_sent = 0
-        self.stats.num_broadcasts += 1
+        if chosen is not None:
+            self.stats.num_broadcasts += 1
+
+    def held_back_weights(self, weights: Any, version: int) -> tuple[Any, int] | None:
+        """The ``(weights, version)`` to publish now, or None to keep the published ones.
+
+        Args:
+          weights, version: the learner's weights now (``policy.get_weights()``).
+        """
+        lag = self.config.extra_policy_lag
+        if lag == 0 and not self.weights_history:
+            return weights, version
+        self.weights_history.append((weights, version))
+        chosen = None
+        while self.weights_history and self.weights_history[0][1] <= version - lag:
+            chosen = self.weights_history.popleft()
+        if chosen is None and self.weights_ref is None:  # the first broadcast: the oldest
+            chosen = self.weights_history.popleft()
+        return chosen
 
     def send_weights_and_request(self, worker: Any, initial: bool = False) -> None:
         """Send ``worker`` the published weights and ask it for another sample (``initial``:

@@ -70,6 +70,10 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          apply=_set_lr),
     Knob("entropy_coeff", "float", 0.0, 0.05, 0.001, "weight of the entropy bonus",
          readout=".3f", apply=_set_entropy_coeff),
+    Knob("extra_policy_lag", "int", 0, 64, 1,
+         "hold broadcasts back: actors act this many learner updates behind"),
+    Knob("max_policy_lag", "int", 1, 1000, 1,
+         "drop new batches more than this many learner updates behind"),
 )}
 
 #: The live knobs' names, in the dashboard's order.

@@ -25,6 +25,7 @@ from __future__ import annotations
 import queue
 import threading
 import traceback
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -50,7 +51,8 @@ class LearnerThread(threading.Thread):
         50; ``stats()["learner_queue"]``).
       train_lag_stat: a `WindowStat` of the mean policy lag of each batch trained on, taken
         just before the update (the last 100); max_train_lag: the largest lag of any column
-        trained on so far.
+        trained on so far; recent_train_lags: the lag of the oldest column of each of the
+        last 1000 batches trained on.
     """
 
     stage = "learner thread"
@@ -62,6 +64,7 @@ class LearnerThread(threading.Thread):
         self.learner_queue_stat = WindowStat("size", 50)
         self.train_lag_stat = WindowStat("policy_lag_at_training", 100)
         self.max_train_lag = 0
+        self.recent_train_lags: deque[int] = deque(maxlen=1000)
         self.inqueue: queue.Queue = queue.Queue(maxsize=learner_queue_size)
         self.outqueue: queue.Queue = queue.Queue()
         self.minibatch_buffer = MinibatchBuffer(self.inqueue, minibatch_buffer_size,
@@ -125,6 +128,7 @@ class LearnerThread(threading.Thread):
         lag = int(version) - np.asarray(versions)
         self.train_lag_stat.push(float(lag.mean()))
         self.max_train_lag = max(self.max_train_lag, int(lag.max()))
+        self.recent_train_lags.append(int(lag.max()))
 
     def _report_step(self, count: int) -> None:
         """After an update: tell the driver (env steps trained) and the health monitor."""

@@ -7,6 +7,10 @@ The loss is RLlib's (and scalable_agent's) IMPALA loss, summed over the batch::
     entropy     = sum(H(pi(.|x_t)))
     total_loss  = policy_loss + vf_loss_coeff * vf_loss - entropy_coeff * entropy
 
+That is ``off_policy_correction="vtrace"`` (the default). The config's ``off_policy_correction``
+chooses how the loss treats lagged data: "vtrace", "is1", "epsilon" or "none" (the IMPALA
+paper's section 5.2.2); `impala_lab.corrections` writes each one's targets and advantages out.
+
 Episode ends: the discount is 0 only on *termination*. On *truncation* (a time limit) the
 episode did not end in the MDP, so the target bootstraps from the value of the final
 observation; the actor stores that value as ``truncation_values`` and the learner adds
@@ -39,9 +43,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras
 import tensorflow as tf
 
-from impala_lab import vtrace
 from impala_lab.batch import SampleBatch
 from impala_lab.config import ImpalaConfig
+from impala_lab.corrections import correction_terms
 from impala_lab.errors import NonFiniteLossError
 from impala_lab.keras_model import build_keras_model, lstm_unroll, trunk_model
 from impala_lab.models import check_spaces
@@ -88,7 +92,7 @@ def batch_to_tensors(batch: SampleBatch) -> dict[str, np.ndarray]:
 
 
 class VTracePolicy:
-    """A Keras actor-critic trained with the V-trace loss.
+    """A Keras actor-critic trained with the V-trace loss (or another off-policy correction).
 
     Args:
       observation_space: the env's observation space (Box, rank 1 or 3).
@@ -156,7 +160,7 @@ class VTracePolicy:
 
     # ------------------------------------------------------------------ loss
     def loss_and_stats(self, t: dict[str, tf.Tensor]) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
-        """V-trace loss of one batch.
+        """The loss of one batch, with the config's off-policy correction.
 
         Args:
           t: tensors of `batch_to_tensors`: obs [T, B, ...], actions/rewards/terminateds/
@@ -187,14 +191,14 @@ class VTracePolicy:
         discounts = c.gamma * (1.0 - tf.maximum(terminated, truncated))
         rewards = t["rewards"] + c.gamma * truncated * t["truncation_values"]
 
-        vt = vtrace.from_logits(
-            behaviour_policy_logits=t["behaviour_logits"], target_policy_logits=target_logits,
-            actions=t["actions"], discounts=discounts, rewards=rewards, values=values_tb,
-            bootstrap_value=bootstrap_value,
+        vt = correction_terms(
+            c.off_policy_correction, behaviour_logits=t["behaviour_logits"],
+            target_logits=target_logits, actions=t["actions"], discounts=discounts,
+            rewards=rewards, values=values_tb, bootstrap_value=bootstrap_value,
             clip_rho_threshold=c.vtrace_clip_rho_threshold,
             clip_pg_rho_threshold=c.vtrace_clip_pg_rho_threshold)
 
-        policy_loss = -tf.reduce_sum(vt.target_action_log_probs * vt.pg_advantages)
+        policy_loss = -tf.reduce_sum(vt.log_probs * vt.pg_advantages)
         vf_loss = 0.5 * tf.reduce_sum(tf.square(vt.vs - values_tb))
         log_pi = tf.nn.log_softmax(target_logits)
         entropy = tf.reduce_sum(-tf.reduce_sum(tf.exp(log_pi) * log_pi, axis=-1))

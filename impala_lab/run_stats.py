@@ -31,6 +31,16 @@ from impala_lab.health import flag_codes
 from impala_lab.knobs import LIVE_KNOBS
 from impala_lab.stats import ThroughputMeter, TimerStat, WindowStat, flatten
 
+#: New batches (and trained batches) whose lags ``stats()["policy_lag_distribution"]`` counts.
+LAG_WINDOW = 1000
+
+
+def lag_counts(lags: Any) -> dict[str, int]:
+    """How many of ``lags`` (ints) have each value: ``{"3": 10, "4": 2}``, sorted by lag
+    (string keys, as JSON writes them)."""
+    values, counts = np.unique(np.asarray(list(lags), dtype=np.int64), return_counts=True)
+    return {str(int(v)): int(c) for v, c in zip(values, counts, strict=True)}
+
 
 def _ms(timer: TimerStat) -> float:
     return round(1000.0 * timer.mean, 3)
@@ -50,9 +60,14 @@ class RunStats:
       sample_meter, train_meter: env steps sampled / trained, per second.
       queue_wait_meter: seconds the driver waited on the full learner queue, per second.
       episode_returns, episode_lengths: the last 100 episodes.
-      policy_lag: mean lag of each new batch (last 100); max_policy_lag: the largest lag of
-        any column so far; recent_policy_lags: each new batch's mean lag until
-        `take_policy_lags` (TensorBoard's histogram), at most the last 100,000.
+      policy_lag: mean lag of each new batch (last 100); largest_policy_lag: the largest lag
+        of any column so far (the config's ``max_policy_lag`` is the limit, not this);
+        recent_policy_lags: each new batch's mean lag until
+        `take_policy_lags` (TensorBoard's histogram), at most the last 100,000;
+        arrival_lags: the lag of each of the last `LAG_WINDOW` new batches (its oldest
+        column), dropped ones too (``stats()["policy_lag_distribution"]``).
+      num_samples_dropped_for_lag: env steps of the new batches dropped for being more than
+        ``max_policy_lag`` updates behind.
     """
 
     def __init__(self) -> None:
@@ -71,7 +86,9 @@ class RunStats:
         self.episode_returns: deque[float] = deque(maxlen=100)
         self.episode_lengths: deque[int] = deque(maxlen=100)
         self.policy_lag = WindowStat("policy_lag", 100)
-        self.max_policy_lag = 0
+        self.largest_policy_lag = 0
+        self.num_samples_dropped_for_lag = 0
+        self.arrival_lags: deque[int] = deque(maxlen=LAG_WINDOW)
         self.recent_policy_lags: deque[float] = deque(maxlen=100_000)
         self._start_time = time.monotonic()
         self._elapsed_before_restore = 0.0
@@ -100,7 +117,8 @@ class RunStats:
         mean_lag = float(lag.mean())
         self.policy_lag.push(mean_lag)
         self.recent_policy_lags.append(mean_lag)
-        self.max_policy_lag = max(self.max_policy_lag, int(lag.max()))
+        self.largest_policy_lag = max(self.largest_policy_lag, int(lag.max()))
+        self.arrival_lags.append(int(lag.max()))
 
     def take_policy_lags(self) -> list[float]:
         """Each new batch's mean policy lag since the previous call, oldest first."""
@@ -171,10 +189,14 @@ class RunStats:
             "episode_return_count": len(returns),
             "last_error": last_error,
             "episodes_total": self.episodes_total,
-            "policy_lag": {"mean": lag_mean, "max": self.max_policy_lag},
+            "policy_lag": {"mean": lag_mean, "max": self.largest_policy_lag},
             "policy_lag_at_training": {
                 "mean": train_lag["mean"] if train_lag["count"] else math.nan,
                 "max": getattr(learner, "max_train_lag", 0)},
+            "num_samples_dropped_for_lag": self.num_samples_dropped_for_lag,
+            "policy_lag_distribution": {
+                "at_arrival": lag_counts(self.arrival_lags),
+                "at_training": lag_counts(getattr(learner, "recent_train_lags", ()))},
             "weights_version": policy.version,
             "seconds_since_sample": seconds_since_sample,
             "workers": workers,
@@ -243,10 +265,11 @@ def history_row(snapshot: Mapping[str, Any]) -> dict[str, Any]:
     """A ``stats()`` snapshot as one flat row of ``history`` and metrics.csv.
 
     ``health`` becomes two columns: ``health.status`` and ``health.flags`` (the active flags'
-    codes joined with ``;``); ``pipeline`` and ``workers`` stay out of it.
+    codes joined with ``;``); ``pipeline``, ``workers`` and ``policy_lag_distribution`` stay
+    out of it.
     """
     row = flatten({k: v for k, v in snapshot.items()
-                   if k not in ("pipeline", "health", "workers")})
+                   if k not in ("pipeline", "health", "workers", "policy_lag_distribution")})
     row.pop("learner_queue.count", None)
     health = snapshot.get("health") or {}
     row["health.status"] = health.get("status")

@@ -53,7 +53,10 @@ STATS = {
                  "learner_queue_size": 16, "minibatch_slots": [[True, 2], [False, 0]],
                  "num_sgd_iter": 2, "broadcast_interval": 1, "num_train_batches": 37},
     "knobs": {"broadcast_interval": 3, "replay_proportion": 0.5, "num_sgd_iter": 2,
-              "lr": 0.0005, "entropy_coeff": 0.01},
+              "lr": 0.0005, "entropy_coeff": 0.01, "extra_policy_lag": 2, "max_policy_lag": 40},
+    "num_samples_dropped_for_lag": 500,
+    "policy_lag_distribution": {"at_arrival": {"2": 30, "3": 12, "41": 1},
+                                "at_training": {"3": 20, "5": 7}},
 }
 
 
@@ -718,3 +721,28 @@ def test_train_with_dashboard_prints_the_text_view_without_a_frontend(run, capsy
     assert len([line for line in out if " steps " in line and "queue" in line]) >= 1
     assert run._background is None and not run.is_training
     run.train(max_env_steps=run.num_steps_sampled + 40)  # the run is usable afterwards
+
+
+def test_the_lag_histogram_draws_both_distributions_the_limits_and_the_drops():
+    from impala_lab.dashboard.lag_histogram import lag_histogram_svg
+
+    run = FakeRun()
+    board = Dashboard(run, poll_hz=0)
+    board.refresh()
+    svg = board.lag_histogram.value
+    assert svg == lag_histogram_svg(STATS, width=470)
+    root = ET.fromstring(svg)
+    bars = {r.get("class"): float(r.get("height"))
+            for r in root.iter("{http://www.w3.org/2000/svg}rect") if r.get("class")}
+    # fractions of each series, scaled so the tallest (20 of 27 at training) is 110 px high
+    peak = 20 / 27
+    expected = {"impala-lag-at-arrival-2": 30 / 43, "impala-lag-at-arrival-3": 12 / 43,
+                "impala-lag-at-arrival-41": 1 / 43, "impala-lag-at-training-3": 20 / 27,
+                "impala-lag-at-training-5": 7 / 27}
+    assert bars == pytest.approx({k: 110 * v / peak for k, v in expected.items()}, abs=0.06)
+    assert svg_texts(svg, "impala-lag-dropped") == ["dropped 500 env steps"]
+    texts = [t.text for t in root.iter("{http://www.w3.org/2000/svg}text")]
+    assert "extra_policy_lag 2" in texts and "max_policy_lag 40" in texts
+    # an empty run draws the axes and no bars
+    empty = ET.fromstring(lag_histogram_svg({}))
+    assert not [r for r in empty.iter("{http://www.w3.org/2000/svg}rect") if r.get("class")]

@@ -10,7 +10,8 @@ a warning badge per active flag with its one-sentence explanation, else "ok" and
 earlier); the headline figures; the pipeline diagram
 (`impala_lab.dashboard.diagram`); gauges for the queues with a bottleneck hint; start, pause
 and stop buttons and the live knobs; plots of throughput, return, learner queue and policy
-lag, the timing breakdown and the learner stats (`impala_lab.dashboard.plots`).
+lag, the timing breakdown and the learner stats (`impala_lab.dashboard.plots`), and the
+policy-lag histogram (`impala_lab.dashboard.lag_histogram`).
 
 The parts live in their own modules: the HTML of each widget in `markup` (pure functions of a
 snapshot), the sliders and buttons in `controls`, which plot to draw when in `plot_schedule`.
@@ -55,6 +56,7 @@ from impala_lab.dashboard.controls import KnobSliders, button
 from impala_lab.dashboard.diagram import PipelineDiagram, timing_svg
 from impala_lab.dashboard.format import fmt_knob
 from impala_lab.dashboard.labels import QUEUES
+from impala_lab.dashboard.lag_histogram import lag_histogram_svg
 from impala_lab.dashboard.plot_schedule import PlotScheduler
 from impala_lab.dashboard.plots import LIVE_VIEWS as VIEWS
 from impala_lab.dashboard.poller import Poller
@@ -242,6 +244,8 @@ class Dashboard:
             self.plots[view] = img
         self.timing = W.HTML(layout=W.Layout(width="470px", margin="4px 4px 4px 0"))
         self.timing.add_class("impala-timing")
+        self.lag_histogram = W.HTML(layout=W.Layout(width="470px", margin="4px 4px 4px 0"))
+        self.lag_histogram.add_class("impala-lag-histogram")
         learner = W.HBox([self.plots[v] for v in VIEWS if v.startswith("learner.")],
                          layout=W.Layout(flex_flow="row wrap"))
         learner.add_class("impala-plot-learner")
@@ -249,6 +253,7 @@ class Dashboard:
                               layout=W.Layout(flex_flow="row wrap")),
                        W.HBox([self.timing, self.plots["queues"]],
                               layout=W.Layout(flex_flow="row wrap")),
+                       self.lag_histogram,
                        learner])
 
     def _show_plot(self, view: str, png: bytes) -> None:
@@ -392,7 +397,7 @@ class Dashboard:
         self.last_stats = dict(s)
         state = self._state(run)
         widgets = [self.header, self.health, self.diagram, self.timing, self.hint, self.message,
-                   self.knob_log,
+                   self.knob_log, self.lag_histogram,
                    *self.cards.values(), *self.gauges.values(), *self.gauge_labels.values(),
                    *self.knobs.values(), self.start_button, self.pause_button,
                    self.stop_button]
@@ -405,6 +410,7 @@ class Dashboard:
                 card.value = markup.card_html(name, s)
             self.diagram.value = self._diagram.render(s)
             self.timing.value = timing_svg(s, width=470)
+            self.lag_histogram.value = lag_histogram_svg(s, width=470)
             self._apply_gauges(s)
             self._apply_knobs(s)
             self._set_buttons(run, state)
