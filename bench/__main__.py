@@ -2,11 +2,13 @@
 tree, a table, ``bench/results.json``, ``bench/results.md`` (the README's Performance table)
 and ``bench/results.png``.
 
-    python -m bench                         # all, about 50 minutes on 2 cores (40 of
-                                            # them the solve checks' 2 x 20 seeds)
+    python -m bench                         # all, about 90 minutes on 2 cores (40 of
+                                            # them the solve checks' 2 x 20 seeds, up to
+                                            # 50 the memory task's 5 x 2 runs)
     python -m bench --quick                 # every duration short, 2 solve seeds (CI)
     python -m bench --only sampling,solve   # some of them
     python -m bench --only solve --solve-seeds 5
+    python -m bench --only recurrent,recurrent_speed --out bench/recurrent_results
 
 Benchmarks (names for ``--only``):
 
@@ -33,6 +35,16 @@ Benchmarks (names for ``--only``):
   memory     peak RSS of the 2-worker run: total (<= 1.2 GB) and per actor (<= 150 MB);
              measured during the sampling benchmark
   scaling    env steps/s for 1, 2 and 4 workers, sampling-only and end to end
+  recurrent  the memory task: `impala-lab train --env impala_lab/StatelessCartPole-v1
+             --use-lstm true --stop-return 350 --max-seconds 300 --seed S` on 5 seeds
+             (``--recurrent-seeds N``) drawn at random per bench run and printed, and the
+             feed-forward policy (``--use-lstm false``) on the same seeds for the same 300 s.
+             Targets: the LSTM reaches 350 on every seed; the feed-forward policy's best
+             trailing-100 mean stays below 175 (half of 350) on every seed. Also reported:
+             median and worst seconds and env steps to 350 (bench.recurrent)
+  recurrent_speed  what the memory costs: the actor's numpy forward per env step, LSTM
+             against MLP (8 envs), and the learner's samples/s for both on the task's train
+             batches, each side by side in alternating windows (no targets)
 
 A ratio's two sides run side by side in one process tree, in alternating windows after a
 warm-up, so that slow drifts of the machine touch both; other processes on the machine still
@@ -61,7 +73,8 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 from bench import pipeline
 from impala_lab.stats import jsonable
 
-NAMES = ("sampling", "learner", "solve", "solve_loaded", "dashboard", "memory", "scaling")
+NAMES = ("sampling", "learner", "solve", "solve_loaded", "dashboard", "memory", "scaling",
+         "recurrent", "recurrent_speed")
 HERE = Path(__file__).resolve().parent
 
 # Seconds per measurement: (full, quick).
@@ -70,6 +83,8 @@ DURATIONS = {
     "solve_max_s": (120.0, 45.0), "solve_after_s": (60.0, 5.0), "solve_limit_s": (60.0, 60.0),
     "dashboard_s": (20.0, 3.0), "dashboard_phase_s": (2.5, 1.0),
     "scaling_sampling_s": (6.0, 1.5), "scaling_e2e_s": (8.0, 2.0), "scaling_warmup_s": (4.0, 1.5),
+    "recurrent_max_s": (300.0, 20.0), "forward_window_s": (1.0, 0.2),
+    "learner_window_s": (3.0, 0.5),
 }
 # The solve check: seeds drawn at random per run (full, quick), and its targets.
 SOLVE_SEEDS = {False: 20, True: 2}
@@ -80,6 +95,10 @@ MEDIAN_ENV_STEPS_TARGET = 1_000_000
 # the actors must deliver a quarter of the learner's rate, about 0.8 of a core here, and the
 # two cores run short; 8 halves that. The figure at 4 is measured too (learner_sgd4).
 LEARNER_SGD_ITER = 8
+# The memory task: seeds drawn at random per run (full, quick), and the feed-forward policy's
+# ceiling: "well below" 350 is under half of it, on every seed.
+RECURRENT_SEEDS = {False: 5, True: 1}
+FEED_FORWARD_CEILING = 175.0
 
 
 def _target(name: str, value: float | None, op: str, limit: float, unit: str = "",
@@ -145,6 +164,87 @@ def solve_targets(s: dict[str, Any]) -> list[dict]:
                     short="stays solved")]
 
 
+def recurrent_targets(r: dict[str, Any]) -> list[dict]:
+    """The memory task's target rows: the LSTM's solve rate, the feed-forward policy's best."""
+    s, ff = r["lstm"], r["feed_forward"]
+    n, limit, stop = s["num_runs"], r["max_s"], r["stop_return"]
+    return [_target(f"recurrent: LSTM seeds reaching {stop:g} within {limit:g} s "
+                    f"({s['num_solved']}/{n})", s["solve_rate"], ">=", 1.0,
+                    short="LSTM solve rate"),
+            _target(f"recurrent: feed-forward's best trailing-100 mean, worst seed "
+                    f"({limit:g} s each)", ff["max_best_return_mean"], "<=",
+                    FEED_FORWARD_CEILING, short="feed-forward best")]
+
+
+def recurrent_lines(b: dict[str, Any]) -> list[str]:
+    """The printed lines of the recurrent benchmarks."""
+    lines = []
+    if "recurrent" in b:
+        r = b["recurrent"]
+        s, ff = r["lstm"], r["feed_forward"]
+        stop = r["stop_return"]
+        for lr, fr in zip(s["runs"], ff["runs"]):
+            lstm = (f"{lr['seconds_to_target']:.1f} s, {lr['env_steps_to_target']:,} env steps"
+                    if lr["reached"] else "never")
+            lines.append(f"recurrent: seed {lr['seed']}: LSTM to {stop:g}: {lstm}; "
+                         f"feed-forward best mean {fr['best_return_mean']}")
+        lines.append(f"recurrent: LSTM {s['num_solved']}/{s['num_runs']} seeds reached "
+                     f"{stop:g} within {r['max_s']:g} s; seconds median {_sec(s['median_s'])}, "
+                     f"worst {_sec(s['max_s'])}; env steps median "
+                     f"{_steps(s['median_env_steps'])}, worst {_steps(s['max_env_steps'])}; "
+                     f"feed-forward best trailing mean median {ff['median_best_return_mean']}, "
+                     f"highest {ff['max_best_return_mean']} ({ff['num_reached']} reached "
+                     f"{stop:g})")
+    if "actor_forward" in b:
+        a = b["actor_forward"]
+        lines.append(f"actor forward per env step ({a['num_envs']} envs): MLP "
+                     f"{a['mlp_us_per_env_step']:.2f} us, LSTM {a['lstm_us_per_env_step']:.2f} "
+                     f"us, LSTM / MLP {a['ratio']} (windows {a['rounds']})")
+    if "learner_lstm" in b:
+        ll = b["learner_lstm"]
+        lines.append(f"learner on {ll['batch_shape']} batches: MLP "
+                     f"{ll['mlp_samples_per_s']:,.0f} samples/s, LSTM "
+                     f"{ll['lstm_samples_per_s']:,.0f} samples/s, LSTM / MLP {ll['ratio']} "
+                     f"(windows {ll['rounds']})")
+    return lines
+
+
+def recurrent_markdown(b: dict[str, Any]) -> list[str]:
+    """The memory task's table and the speed rows, for results.md."""
+    lines = []
+    if "recurrent" in b:
+        r = b["recurrent"]
+        s, ff = r["lstm"], r["feed_forward"]
+        stop, limit = r["stop_return"], r["max_s"]
+        lines += ["", f"| StatelessCartPole-v1, {limit:g} s per run | reached {stop:g} | "
+                  "median s | worst s | median env steps | worst env steps | best trailing-100 "
+                  "mean (median, lowest-highest) |", "| --- | --- | --- | --- | --- | --- | --- |",
+                  f"| LSTM (`--use-lstm true`) | {s['num_solved']}/{s['num_runs']} | "
+                  f"{_sec(s['median_s'])} | {_sec(s['max_s'])} | "
+                  f"{_steps(s['median_env_steps'])} | {_steps(s['max_env_steps'])} | "
+                  f"{stop:g} at the stop |",
+                  f"| feed-forward (`--use-lstm false`) | {ff['num_reached']}/{len(ff['runs'])} "
+                  f"| never | never | never | never | {ff['median_best_return_mean']} "
+                  f"({ff['min_best_return_mean']}-{ff['max_best_return_mean']}) |",
+                  "", "Seeds, drawn at random for this run: " + ", ".join(map(str, s["seeds"]))
+                  + "."]
+    rows = []
+    if "actor_forward" in b:
+        a = b["actor_forward"]
+        rows.append(f"| actor forward per env step ({a['num_envs']} envs) | "
+                    f"{a['mlp_us_per_env_step']:.2f} us | {a['lstm_us_per_env_step']:.2f} us | "
+                    f"{a['ratio']} |")
+    if "learner_lstm" in b:
+        ll = b["learner_lstm"]
+        rows.append(f"| learner samples/s ({ll['batch_shape'][0]} x {ll['batch_shape'][1]} "
+                    f"batches) | {ll['mlp_samples_per_s']:,.0f} | "
+                    f"{ll['lstm_samples_per_s']:,.0f} | {ll['ratio']} |")
+    if rows:
+        lines += ["", "| what memory costs | MLP | LSTM | LSTM / MLP |",
+                  "| --- | --- | --- | --- |", *rows]
+    return lines
+
+
 def _solve_run_line(r: dict[str, Any]) -> str:
     """One run of the solve check in words."""
     def num(x: Any) -> str:
@@ -164,11 +264,13 @@ def _solve_run_line(r: dict[str, Any]) -> str:
 
 
 def run_benchmarks(names: list[str], quick: bool, log: Any = print,
-                   solve_seeds: int | None = None, load_procs: int = 1) -> dict[str, Any]:
+                   solve_seeds: int | None = None, load_procs: int = 1,
+                   recurrent_seeds: int | None = None) -> dict[str, Any]:
     """Runs the named benchmarks; returns the results dict written to results.json.
 
     ``solve_seeds``: how many seeds the solve checks draw (20, or 2 with ``quick``);
-    ``load_procs``: busy processes beside the loaded solve check."""
+    ``load_procs``: busy processes beside the loaded solve check; ``recurrent_seeds``: how
+    many seeds the memory task draws (5, or 1 with ``quick``)."""
     d = {k: v[1 if quick else 0] for k, v in DURATIONS.items()}
     results: dict[str, Any] = {"machine": pipeline.machine_info(), "quick": quick,
                                "durations": d, "benchmarks": {}, "targets": [], "errors": {}}
@@ -268,6 +370,31 @@ def run_benchmarks(names: list[str], quick: bool, log: Any = print,
                          "end_to_end_trained_per_s": e and e["trained_per_s"]})
         bench["scaling"] = rows
 
+    if "recurrent" in names:
+        from bench import recurrent
+
+        seeds = pipeline.draw_seeds(recurrent_seeds or RECURRENT_SEEDS[quick])
+        results["recurrent_seeds"] = seeds
+        log(f"[bench] recurrent: {len(seeds)} seeds drawn at random for this run: "
+            f"{', '.join(map(str, seeds))}", flush=True)
+        r = step(f"memory task, LSTM and feed-forward, {d['recurrent_max_s']:g} s each",
+                 lambda: recurrent.memory_task(seeds, d["recurrent_max_s"], log))
+        if r:
+            bench["recurrent"] = r
+            targets.extend(recurrent_targets(r))
+
+    if "recurrent_speed" in names:
+        from bench import recurrent
+
+        r = step("actor forward per env step, LSTM and MLP, side by side",
+                 lambda: recurrent.actor_forward(8, d["rounds"], d["forward_window_s"]))
+        if r:
+            bench["actor_forward"] = r
+        r = step("learner samples/s, LSTM and MLP, side by side",
+                 lambda: recurrent.learner_rates(d["rounds"], d["learner_window_s"]))
+        if r:
+            bench["learner_lstm"] = r
+
     results["total_s"] = round(time.perf_counter() - t_all, 1)
     results["loadavg_at_end"] = list(os.getloadavg())
     results["all_passed"] = bool(targets) and all(t["passed"] for t in targets) \
@@ -326,6 +453,7 @@ def format_table(results: dict[str, Any]) -> str:
             lines.append(f"{r['num_workers']:>8} {f(r['sampling_env_steps_per_s']):>22} "
                          f"{f(r['end_to_end_env_steps_per_s']):>24} "
                          f"{f(r['end_to_end_trained_per_s']):>10}")
+    lines += recurrent_lines(b)
     for name, err in results["errors"].items():
         lines.append(f"ERROR in {name}: {err}")
     lines.append(f"\ntotal {results['total_s']} s; "
@@ -395,6 +523,7 @@ def format_markdown(results: dict[str, Any]) -> str:
         lines.append(f"| {t['name']} | {num(t['value'], t['unit'])} | {goal} | "
                      f"{'met' if t['passed'] else 'MISSED'} |")
     lines += solve_markdown(results["benchmarks"])
+    lines += recurrent_markdown(results["benchmarks"])
     rows = results["benchmarks"].get("scaling")
     if rows:
         lines += ["", "| process workers (x 8 envs) | sampling only, env steps/s | "
@@ -504,11 +633,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--solve-seeds", type=int, default=None, metavar="N",
                         help="seeds drawn at random for the solve checks (default "
                         f"{SOLVE_SEEDS[False]}; {SOLVE_SEEDS[True]} with --quick)")
+    parser.add_argument("--recurrent-seeds", type=int, default=None, metavar="N",
+                        help="seeds drawn at random for the memory task (default "
+                        f"{RECURRENT_SEEDS[False]}; {RECURRENT_SEEDS[True]} with --quick)")
     parser.add_argument("--load-procs", type=int, default=1, metavar="K",
                         help="busy processes beside the solve_loaded check (default 1)")
     args = parser.parse_args(argv)
     if args.solve_seeds is not None and args.solve_seeds < 1:
         parser.error(f"--solve-seeds={args.solve_seeds}: it must be >= 1")
+    if args.recurrent_seeds is not None and args.recurrent_seeds < 1:
+        parser.error(f"--recurrent-seeds={args.recurrent_seeds}: it must be >= 1")
     if args.load_procs < 1:
         parser.error(f"--load-procs={args.load_procs}: it must be >= 1")
     names = [n.strip() for n in args.only.split(",") if n.strip()]
@@ -517,7 +651,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--only={args.only!r}: unknown benchmark(s) {unknown}; choose among "
                      f"{', '.join(NAMES)}")
     results = run_benchmarks(names, args.quick, solve_seeds=args.solve_seeds,
-                             load_procs=args.load_procs)
+                             load_procs=args.load_procs, recurrent_seeds=args.recurrent_seeds)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(jsonable(results), indent=2))
     try:

@@ -421,7 +421,8 @@ def draw_seeds(n: int, rng: random.Random | None = None) -> list[int]:
 def time_to_solve(seed: int, max_seconds: float = 150.0, stop_return: float = 475.0,
                   extra_args: tuple[str, ...] = (), *, train_after_target: float | None = None,
                   solve_limit_s: float | None = None) -> dict[str, Any]:
-    """``impala-lab train --env CartPole-v1 --stop-return 475`` in a fresh process.
+    """``impala-lab train --env CartPole-v1 --stop-return 475`` in a fresh process
+    (``extra_args`` come last: ``("--env", ...)`` there trains another env).
 
     Wall seconds are measured around the subprocess (interpreter start, TensorFlow import and
     the shutdown after solving included); ``seconds_to_target`` and ``env_steps_to_target``
@@ -463,7 +464,8 @@ def time_to_solve(seed: int, max_seconds: float = 150.0, stop_return: float = 47
             "seconds_after_target": result.get("seconds_after_target"),
             "stop_reason": result.get("stop_reason"),
             "final_return_mean": final.get("episode_return_mean"),
-            "final_env_steps": final.get("num_steps_sampled")}
+            "final_env_steps": final.get("num_steps_sampled"),
+            "best_return_mean": result.get("best_return_mean")}
 
 
 def _window_complete(r: dict[str, Any], after_s: float) -> bool:

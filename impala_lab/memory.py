@@ -33,6 +33,8 @@ PART_FIELDS: dict[str, tuple[str, ...]] = {
                           "sample_batch_size", "num_envs_per_worker"),
     "learner working set": ("train_batch_size", "model"),
 }
+# With use_lstm, lstm_cell_size also sizes every part: the batches' state_in, and the learner's
+# per-step activations and the LSTM's weights.
 
 
 def memory_estimate(config: ImpalaConfig, observation_space: Any = None,
@@ -54,8 +56,15 @@ def memory_estimate(config: ImpalaConfig, observation_space: Any = None,
     hidden or conv unit per trunk, 12 per observation element, 400 for the loss, measured
     on TensorFlow 2.16-2.20 to within 1.1x for 16- to 256-unit MLPs). Not counted: the
     fixed costs (TensorFlow about 0.6 GB, each worker process about 45 MB).
+
+    A recurrent policy (``use_lstm``, C = ``lstm_cell_size``) adds to every batch its
+    ``state_in`` (float32 [B, 2, C]: 8 C bytes per column), to the learner's working set
+    `LSTM_STEP_BYTES_PER_UNIT` bytes per env step and unit of C (the unroll keeps each step's
+    gates and state for the backward pass) and the LSTM's weights with their gradient and
+    two optimizer slots (`lstm_weight_count` floats, 4 copies). Its trunk is one MLP under
+    both heads (no value trunk of its own).
     """
-    obs_elements, obs_itemsize, conv_units = 1, 4, 0
+    obs_elements, obs_itemsize, conv_units, conv_out = 1, 4, 0, 0
     shape = getattr(observation_space, "shape", None)
     if shape is not None:
         obs_elements = math.prod(int(d) for d in shape)
@@ -67,6 +76,7 @@ def memory_estimate(config: ImpalaConfig, observation_space: Any = None,
             for filters, kernel, stride in CONV_LAYERS:
                 h, w = max(0, (h - kernel) // stride + 1), max(0, (w - kernel) // stride + 1)
                 conv_units += h * w * filters
+                conv_out = h * w * filters
     num_actions = int(getattr(action_space, "n", 2)) if action_space is not None else 2
     obs_bytes = obs_elements * obs_itemsize
     # per env step: obs, action (int64), reward, terminated, truncated, truncation value,
@@ -74,13 +84,22 @@ def memory_estimate(config: ImpalaConfig, observation_space: Any = None,
     step_bytes = obs_bytes + 8 + 4 + 1 + 1 + 4 + 4 * num_actions
     column_bytes = obs_bytes + 8
     c = config
+    lstm = c.use_lstm
+    if lstm:
+        column_bytes += 2 * c.lstm_cell_size * 4  # state_in: (h, c) float32
     T, B = c.sample_batch_size, c.num_envs_per_worker
     sample = T * B * step_bytes + B * column_bytes
     columns = c.train_batch_columns
     train = columns * T * step_bytes + columns * column_bytes
-    trunks = 1 if c.vf_share_layers else 2
+    trunks = 1 if c.vf_share_layers or lstm else 2
     units = sum(c.model) + conv_units
     learner_per_step = 400 + 8 * trunks * units + 12 * obs_elements
+    lstm_weights = 0
+    if lstm:
+        learner_per_step += LSTM_STEP_BYTES_PER_UNIT * c.lstm_cell_size
+        # the LSTM's input: the trunk's last layer (or the conv stack's, or the observation)
+        features = c.model[-1] if c.model else conv_out or obs_elements
+        lstm_weights = 4 * 4 * lstm_weight_count(features, c.lstm_cell_size)
     parts = {
         "learner queue": c.learner_queue_size * train,
         "batch buffer": 2 * train,
@@ -89,10 +108,21 @@ def memory_estimate(config: ImpalaConfig, observation_space: Any = None,
         "replay": c.replay_buffer_num_slots * sample,
         "samples in flight": (2 * c.num_workers
                               * c.max_sample_requests_in_flight_per_worker * sample),
-        "learner working set": columns * T * learner_per_step + train,
+        "learner working set": columns * T * learner_per_step + train + lstm_weights,
     }
     parts["total"] = sum(parts.values())
     return parts
+
+
+# Learner bytes per env step and LSTM unit: forward, each step's four gates, c, tanh(c) and h
+# and the reset mask's products, kept for the backward pass, and their gradients (float32).
+LSTM_STEP_BYTES_PER_UNIT = 96
+
+
+def lstm_weight_count(features: int, cell_size: int) -> int:
+    """Floats of an LSTM of ``cell_size`` units on ``features`` inputs: its kernel
+    [F, 4C], recurrent kernel [C, 4C] and bias [4C] (Keras's LSTMCell)."""
+    return 4 * cell_size * (features + cell_size + 1)
 
 
 def check_memory(config: ImpalaConfig, observation_space: Any = None,
@@ -129,6 +159,8 @@ def check_memory(config: ImpalaConfig, observation_space: Any = None,
 def part_fields(config: ImpalaConfig, part: str) -> tuple[str, ...]:
     """The fields that size a part of the memory estimate, for this config."""
     names = PART_FIELDS[part]
+    if config.use_lstm:
+        names = (*names, "lstm_cell_size")
     if "train_batch_size" in names and config.sample_steps > config.train_batch_size:
         # one worker sample is larger than train_batch_size: the sample sets the batch
         sample = ("sample_batch_size", "num_envs_per_worker")

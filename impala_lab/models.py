@@ -69,6 +69,7 @@ __all__ = [
     "check_spaces",
     "NumpyModel",
     "lstm_step",
+    "lstm_sequence",
     "sample_actions",
 ]
 
@@ -597,6 +598,35 @@ def lstm_step(x: np.ndarray, state: np.ndarray, kernel: np.ndarray,
     new_c += i * g
     np.multiply(o, np.tanh(new_c), out=out[:, 0])
     return out
+
+
+def lstm_sequence(xs: np.ndarray, state_in: np.ndarray, dones: np.ndarray,
+                  kernel: np.ndarray, recurrent_kernel: np.ndarray, bias: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """`lstm_step` over a time-major sequence, with the state zeroed where an episode ended.
+
+    Before step t the state is zeroed wherever ``dones[t - 1]``; after the last step
+    wherever ``dones[T - 1]`` (what the next sequence starts from). This is the recurrence of
+    the learner's ``keras_model.lstm_unroll`` and of the actors' `NumpyModel.unroll`.
+
+    Args:
+      xs: float32 [T, N, F], each step's input (the trunk's features).
+      state_in: float32 [N, 2, C], (h, c) before step 0.
+      dones: bool [T, N], the episode ended at this step.
+      kernel, recurrent_kernel, bias: the LSTM's weights, as `lstm_step`'s.
+
+    Returns:
+      (hs, state_out): float32 [T, N, C], each step's output h, and [N, 2, C], the state
+      after the last step.
+    """
+    T = len(xs)
+    hs = np.empty((T, *state_in.shape[::2]), np.float32)
+    state = state_in
+    for t in range(T):
+        state = lstm_step(xs[t], state, kernel, recurrent_kernel, bias)
+        hs[t] = state[:, 0]
+        state[dones[t]] = 0.0
+    return hs, state
 
 
 def sample_actions(logits: np.ndarray, rng: np.random.Generator) -> np.ndarray:

@@ -406,3 +406,55 @@ def test_make_bench_peers_runs_bench_peers_and_is_not_part_of_make_test(tmp_path
     assert f"{tmp_path}/venv/bin/python -m bench.peers" in dry("bench-peers")
     assert "bench.peers" not in dry("test") and "bench.peers" not in dry("bench")
     assert "bench/.peers-venv/" in (root / ".gitignore").read_text().splitlines()
+
+
+def test_memory_task_runs_both_policies_on_each_seed_and_counts_a_miss_as_a_failure(monkeypatch):
+    from bench import recurrent
+
+    calls = []
+
+    def fake(seed, max_s, stop, extra, solve_limit_s):
+        calls.append((seed, max_s, stop, extra, solve_limit_s))
+        lstm = extra[-1] == "true"
+        reached = lstm and seed != 3
+        return {"seed": seed, "reached": reached, "solved": reached, "wall_s": 100.0,
+                "seconds_to_target": 60.0 + seed if reached else None,
+                "env_steps_to_target": 1_000_000 * seed if reached else None,
+                "best_return_mean": 350.0 if reached else 40.0 + seed}
+
+    monkeypatch.setattr(pipeline, "time_to_solve", fake)
+    lines = []
+    r = recurrent.memory_task([1, 2, 3], 300.0, log=lambda *a, **k: lines.append(a[0]))
+    env = ("--env", "impala_lab/StatelessCartPole-v1")
+    assert calls == [(s, 300.0, 350.0, (*env, "--use-lstm", flag), 300.0)
+                     for s in (1, 2, 3) for flag in ("true", "false")]
+    s, ff = r["lstm"], r["feed_forward"]
+    assert (s["num_solved"], s["solve_rate"], s["median_s"], s["max_s"]) == (
+        2, pytest.approx(2 / 3, abs=1e-4), 62.0, None)  # seed 3 never: infinitely slow
+    assert (s["median_env_steps"], s["max_env_steps"]) == (2_000_000, None)
+    assert (ff["num_reached"], ff["median_best_return_mean"], ff["min_best_return_mean"],
+            ff["max_best_return_mean"]) == (0, 42.0, 41.0, 43.0)
+    assert len(lines) == 6 and "seed 3 (3/3), LSTM: did not reach 350" in lines[4]
+    rows = bench_main.recurrent_targets(r)
+    assert [t["passed"] for t in rows] == [False, True]
+    assert rows[0]["name"] == "recurrent: LSTM seeds reaching 350 within 300 s (2/3)"
+    md = "\n".join(bench_main.recurrent_markdown({"recurrent": r}))
+    assert "| LSTM (`--use-lstm true`) | 2/3 | 62.0 s | never | 2,000,000 | never |" in md
+    assert "| feed-forward (`--use-lstm false`) | 0/3 | never | never | never | never | " \
+           "42.0 (41.0-43.0) |" in md
+
+
+def test_recurrent_speed_sides_alternate_and_ratios_are_of_the_windows():
+    from bench import recurrent
+
+    a = recurrent.actor_forward(num_envs=4, rounds=2, seconds=0.05)
+    assert a["num_envs"] == 4 and len(a["rounds"]) == 2
+    assert all(_positive(x) for pair in a["rounds"] for x in pair)
+    assert a["ratio"] == pytest.approx(
+        sum(lstm / mlp for mlp, lstm in a["rounds"]) / 2, abs=1e-3)  # median of two = mean
+    ll = recurrent.learner_rates(rounds=1, seconds=0.2, warmup_steps=1)
+    assert ll["batch_shape"] == [50, 32]  # the preset's 1600-sample batches of [50, 8] samples
+    (mlp, lstm), = ll["rounds"]
+    assert (ll["mlp_samples_per_s"], ll["lstm_samples_per_s"]) == (mlp, lstm)
+    assert _positive(mlp) and _positive(lstm)
+    assert ll["ratio"] == pytest.approx(lstm / mlp, abs=5e-4)  # rounded to 3 decimals

@@ -362,3 +362,25 @@ def test_minibatch_internal_state_is_not_graded(solutions):
             return out
 
     assert ex.check_minibatch_get(OwnCounters, show=False)
+
+
+def test_the_library_lstm_is_no_answer(tmp_path):
+    from impala_lab import models
+
+    def lstm_unroll(xs, state_in, dones, kernel, recurrent_kernel, bias):
+        return models.lstm_sequence(xs, state_in, dones, kernel, recurrent_kernel, bias)
+
+    result = ex.check_lstm_unroll(lstm_unroll, show=False)
+    assert not result.passed and (
+        "lstm_unroll calls the library's lstm_sequence (at ") in result.message
+    nb = with_region(add_cell(notebook("lstm_unroll"), "from impala_lab.models import "
+                              "lstm_step\n", before_check=False),
+                     "state, hs = state_in, []\n"
+                     "for t in range(len(xs)):\n"
+                     "    state = lstm_step(xs[t], state, kernel, recurrent_kernel, bias)\n"
+                     "    hs.append(state[:, 0])\n"
+                     "    state[dones[t]] = 0.0\n"
+                     "return np.stack(hs), state\n")
+    result = grade_notebook(write(tmp_path, "a", "lstm_unroll", nb), show=False)
+    assert not result.passed and ("lstm_unroll calls the library's "
+                                  "models.lstm_step") in result.message

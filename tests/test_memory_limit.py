@@ -24,7 +24,7 @@ from impala_lab import Impala, ImpalaConfig
 from impala_lab.batch import SampleBatch, concat_samples
 from impala_lab.errors import ConfigError
 from impala_lab.memory import CONV_LAYERS as ESTIMATE_CONV_LAYERS
-from impala_lab.memory import available_memory_bytes
+from impala_lab.memory import LSTM_STEP_BYTES_PER_UNIT, available_memory_bytes, lstm_weight_count
 from tests.leaks import no_leaks
 
 REPO = Path(__file__).resolve().parents[1]
@@ -128,6 +128,34 @@ def test_the_queue_and_replay_parts_are_the_bytes_of_real_batches(space, actions
     assert parts["batch buffer"] == 2 * train.nbytes
     assert parts["samples in flight"] == 2 * 2 * 2 * sample.nbytes
     assert parts["total"] == sum(v for k, v in parts.items() if k != "total")
+
+
+def test_a_recurrent_policys_batches_count_their_state_in_and_its_learner_the_lstm():
+    space, actions = gym.spaces.Box(-1, 1, (2,), np.float32), gym.spaces.Discrete(2)
+    kw = dict(num_envs_per_worker=3, sample_batch_size=20, train_batch_size=130,
+              learner_queue_size=5, replay_buffer_num_slots=7, model=(32,),
+              max_memory_gb=1000)
+    c = ImpalaConfig(use_lstm=True, lstm_cell_size=16, **kw)
+    parts = c.memory_estimate(space, actions)
+    sample = batch(20, 3, space.shape, actions.n)
+    sample.state_in = np.zeros((3, 2, 16), np.float32)
+    train = concat_samples([sample] * (c.train_batch_columns // 3))
+    assert sample.nbytes == batch(20, 3, space.shape, actions.n).nbytes + 3 * 2 * 16 * 4
+    assert parts["learner queue"] == 5 * train.nbytes
+    assert parts["replay"] == 7 * sample.nbytes
+    assert parts["samples in flight"] == 2 * 2 * 2 * sample.nbytes
+    # The learner: one trunk (the LSTM core is under both heads), per env step the LSTM's
+    # activations, and its kernel [32, 64], recurrent kernel [16, 64] and bias [64] four times
+    # (weights, gradients, two optimizer slots).
+    shared = ImpalaConfig(vf_share_layers=True, **kw).memory_estimate(space, actions)
+    steps = c.train_batch_columns * 20
+    assert lstm_weight_count(32, 16) == 32 * 64 + 16 * 64 + 64
+    assert parts["learner working set"] - shared["learner working set"] == (
+        steps * LSTM_STEP_BYTES_PER_UNIT * 16 + 16 * lstm_weight_count(32, 16)
+        + 3 * 2 * 16 * 4 * (c.train_batch_columns // 3))
+    message = error_of(use_lstm=True, lstm_cell_size=10**6, max_memory_gb=1)
+    assert message.startswith("lstm_cell_size=1000000 is invalid: this config would need")
+    assert "learner working set" in message and "lstm_cell_size" in message.split("lower")[1]
 
 
 def test_validation_counts_one_float_per_observation_a_lower_bound():

@@ -442,3 +442,19 @@ def test_the_cli_trains_a_recurrent_policy_on_stateless_cartpole(tmp_path):
     assert code == 0
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert config["use_lstm"] is True and config["env"] == ENV_ID
+
+
+def test_every_backend_builds_its_workers_recurrent_from_the_config():
+    from impala_lab.backends import backend_class
+    from impala_lab.backends.base import Backend
+
+    config = ImpalaConfig(**_run_config("inline"))
+    for name in ("inline", "process", "ray"):
+        # No backend overrides the arguments its workers are built from (a Ray backend is
+        # not started here: that would start Ray).
+        assert backend_class(name).worker_kwargs is Backend.worker_kwargs, name
+    kwargs = backend_class("inline")(config).worker_kwargs(1)
+    assert (kwargs["use_lstm"], kwargs["lstm_cell_size"]) == (True, CELL)
+    with RolloutWorker(**kwargs) as worker:
+        batch = worker.sample()
+    assert batch.state_in.shape == (2, 2, CELL) and batch.obs.shape == (10, 2, 2)

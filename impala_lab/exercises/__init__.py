@@ -27,6 +27,8 @@ Exercise, the answer the student writes, its checker and the reference it is com
 - ``driver_step``: ``driver_step(driver, timeout)``; `check_driver_step`; ``DriverLoop.step``.
 - ``vtrace_loss``: ``vtrace_loss(target_logits, values, bootstrap_value, batch, config)``;
   `check_vtrace_loss`; ``VTracePolicy.loss_and_stats``.
+- ``lstm_unroll``: ``lstm_unroll(xs, state_in, dones, kernel, recurrent_kernel, bias)``;
+  `check_lstm_unroll`; ``models.lstm_sequence``.
 
 ``python -m impala_lab.exercises NOTEBOOK.ipynb ...`` checks handed-in notebooks (see
 `impala_lab.exercises.notebook`). Importing this package does not import TensorFlow; the
@@ -44,6 +46,7 @@ from impala_lab.exercises._common import (
     fast_mode,
 )
 from impala_lab.exercises.driver_step import check_driver_step
+from impala_lab.exercises.lstm_unroll import check_lstm_unroll
 from impala_lab.exercises.minibatch_get import check_minibatch_get
 from impala_lab.exercises.replay_mix import check_replay_mix
 from impala_lab.exercises.vtrace_loss import check_vtrace_loss
@@ -51,7 +54,7 @@ from impala_lab.exercises.vtrace_numpy import check_vtrace_numpy
 
 __all__ = ["CheckResult", "Exercise", "EXERCISES", "MARK_START", "MARK_END", "fast_mode",
            "check_minibatch_get", "check_replay_mix", "check_vtrace_numpy",
-           "check_driver_step", "check_vtrace_loss"]
+           "check_driver_step", "check_vtrace_loss", "check_lstm_unroll"]
 
 
 @dataclass(frozen=True)
@@ -89,4 +92,8 @@ EXERCISES: dict[str, Exercise] = {e.name: e for e in (
     Exercise("vtrace_loss", "the V-trace loss", "ex5_vtrace_loss.ipynb", "vtrace_loss",
              "check_vtrace_loss",
              "the loops in vtrace_loss (V-trace needs none: vtrace.from_logits does it)"),
+    Exercise("lstm_unroll", "the masked LSTM unroll", "ex6_lstm_unroll.ipynb", "lstm_unroll",
+             "check_lstm_unroll",
+             "the loop over the time steps: it runs T times (for t in range(T)), one cell "
+             "step each"),
 )}
