@@ -94,9 +94,16 @@ def _parse_value(name: str, text: str) -> Any:
             raise ValueError(text)
         if base == "model":
             return tuple(int(x) for x in text.replace(",", " ").split())
+        if base == "filters":  # 16x3x1,32x3x1: (filters, kernel, stride) per layer
+            layers = tuple(tuple(int(v) for v in layer.split("x"))
+                           for layer in text.replace(",", " ").split())
+            if not layers or any(len(layer) != 3 for layer in layers):
+                raise ValueError(text)
+            return layers
     except ValueError:
         expected = {"int": "an integer", "float": "a number", "bool": "true or false",
-                    "model": "hidden sizes such as 64,64"}[base]
+                    "model": "hidden sizes such as 64,64",
+                    "filters": "conv layers FILTERSxKERNELxSTRIDE such as 16x3x1,32x3x1"}[base]
         raise ConfigError(f"--{name.replace('_', '-')}={text!r} is invalid: it must be "
                           f"{expected}") from None
     return text
