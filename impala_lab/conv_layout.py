@@ -83,7 +83,8 @@ def conv_units(obs_shape: Sequence[int], conv_net: str = "cnn",
         for c in impala_channels:
             total += h * w * c  # the stack's conv
             h, w = _pooled(h), _pooled(w)
-            total += h * w * c * (1 + 4 * RESIDUAL_BLOCKS)  # pool, then 2 convs + 2 relus each
+            # the pool, then per block two relus, two convs and the sum
+            total += h * w * c * (1 + 5 * RESIDUAL_BLOCKS)
         return total
     filters = conv_filters if conv_filters is not None else default_conv_filters(h, w)
     return sum(a * b * c for a, b, c in small_cnn_shapes(obs_shape, filters))

@@ -52,7 +52,8 @@ layer.
 Initialisation (`NumpyModel.initial_weights`, also what ``keras_model.build_keras_model``
 loads):
 orthogonal kernels with gain sqrt(2) for hidden/conv layers, 0.01 for the policy head (a
-near-uniform first policy) and 1.0 for the value head; zero biases. The LSTM's kernels are
+near-uniform first policy) and 1.0 for the value head; zero biases. The IMPALA network's
+residual blocks start as the identity: the last conv of each is zero. The LSTM's kernels are
 orthogonal with gain 1, its bias zero but for the forget gate's 1 (Keras's
 ``unit_forget_bias``: the cell keeps its memory at first).
 
@@ -94,6 +95,10 @@ HIDDEN_GAIN = math.sqrt(2.0)
 POLICY_GAIN = 0.01
 VALUE_GAIN = 1.0
 LSTM_GAIN = 1.0
+# The last conv of each residual block starts at zero, so each block starts as the identity
+# (Goyal et al. 2017; Fixup): with sqrt(2) there too, six blocks in a row blew the first
+# values up to about 19 on MinAtar's images.
+RESIDUAL_GAIN = 0.0
 _UINT8_SCALE = np.float32(1.0 / 255.0)
 
 
@@ -405,9 +410,10 @@ class NumpyModel:
             for c_in, c_out in zip((self.obs_shape[-1], *self.impala_channels),
                                    self.impala_channels):
                 shapes += [(3, 3, c_in, c_out), (c_out,)] * copies
-                shapes += [(3, 3, c_out, c_out), (c_out,)] * copies * 2 * (
-                    conv_layout.RESIDUAL_BLOCKS)
-                gains += [HIDDEN_GAIN, 0.0] * copies * (1 + 2 * conv_layout.RESIDUAL_BLOCKS)
+                gains += [HIDDEN_GAIN, 0.0] * copies
+                for _ in range(conv_layout.RESIDUAL_BLOCKS):
+                    shapes += [(3, 3, c_out, c_out), (c_out,)] * copies * 2
+                    gains += [HIDDEN_GAIN, 0.0] * copies + [RESIDUAL_GAIN, 0.0] * copies
             height, width, channels = conv_layout.impala_shapes(
                 self.obs_shape, self.impala_channels)[-1]
             features = height * width * channels
