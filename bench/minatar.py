@@ -5,6 +5,7 @@ Not part of the default ``make bench`` (the solve runs take up to 15 minutes per
     python -m bench --only minatar                  # one random seed per game
     python -m bench.minatar --seeds 3               # three per game
     python -m bench.minatar --skip-solve            # the timings alone (about a minute)
+    python -m bench.minatar --games Breakout        # one game
 
 It measures, per game (Breakout-v1, SpaceInvaders-v1):
 
@@ -125,9 +126,10 @@ def solve_run(env_id: str, target: float, seed: int) -> dict[str, Any]:
     return r
 
 
-def run(seeds: int, skip_solve: bool, log: Any = print) -> dict[str, Any]:
+def run(seeds: int, skip_solve: bool, log: Any = print,
+        games: dict[str, float] | None = None) -> dict[str, Any]:
     results: dict[str, Any] = {"machine": pipeline.machine_info(), "games": {}, "targets": []}
-    for env_id, target in GAMES.items():
+    for env_id, target in (games or GAMES).items():
         game: dict[str, Any] = {"stop_return": target}
         step = env_step_us(env_id)
         game["env_step_us"] = round(step, 2)
@@ -200,11 +202,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=1, metavar="N",
                         help="seeds per game for the solve runs, drawn at random (default 1)")
     parser.add_argument("--skip-solve", action="store_true", help="timings only")
+    parser.add_argument("--games", default="Breakout,SpaceInvaders",
+                        help="comma-separated games among Breakout, SpaceInvaders")
     parser.add_argument("--out", type=Path, default=HERE, help="directory for the results")
     args = parser.parse_args(argv)
     if args.seeds < 1:
         parser.error(f"--seeds={args.seeds}: it must be >= 1")
-    results = run(args.seeds, args.skip_solve)
+    wanted = [g.strip() for g in args.games.split(",") if g.strip()]
+    games = {f"MinAtar/{g}-v1": GAMES[f"MinAtar/{g}-v1"] for g in wanted
+             if f"MinAtar/{g}-v1" in GAMES}
+    if len(games) != len(wanted) or not games:
+        parser.error(f"--games={args.games!r}: choose among Breakout, SpaceInvaders")
+    results = run(args.seeds, args.skip_solve, games=games)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "minatar_results.json").write_text(json.dumps(jsonable(results), indent=2))
     (args.out / "minatar_results.md").write_text(markdown(results) + "\n")

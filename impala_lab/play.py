@@ -22,7 +22,7 @@ import numpy as np
 from impala_lab.config import ImpalaConfig
 from impala_lab.models import NumpyModel, sample_actions
 
-__all__ = ["load_policy", "record_episodes", "write_gif", "frame_strip", "play_checkpoint"]
+__all__ = ["load_policy", "policy_model", "record_episodes", "write_gif", "play_checkpoint"]
 
 
 def load_policy(checkpoint: str | Path) -> tuple[ImpalaConfig, NumpyModel]:
@@ -144,16 +144,6 @@ def write_gif(frames: Sequence[np.ndarray], path: str | Path, fps: float = 15.0,
     images[0].save(path, save_all=True, append_images=images[1:], loop=0,
                    duration=round(1000 / fps), optimize=False)
     return path
-
-
-def frame_strip(frames: Sequence[np.ndarray], gap: int = 2) -> np.ndarray:
-    """Frames side by side, left to right, with ``gap`` white pixels between them: uint8
-    [H, n * W + (n - 1) * gap, 3] (the dashboard's frame strip)."""
-    height, width = frames[0].shape[:2]
-    strip = np.full((height, len(frames) * (width + gap) - gap, 3), 255, np.uint8)
-    for i, frame in enumerate(frames):
-        strip[:, i * (width + gap): i * (width + gap) + width] = frame
-    return strip
 
 
 def play_checkpoint(checkpoint: str | Path, out: str | Path, episodes: int = 1,
