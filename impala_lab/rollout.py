@@ -127,6 +127,9 @@ class RolloutWorker:
       vf_share_layers: whether the value head shares the policy's trunk (as the learner's).
       use_lstm: a recurrent policy (an LSTM after the trunk); batches carry ``state_in``.
       lstm_cell_size: the LSTM's units C.
+      conv_net, conv_filters, impala_channels: the conv trunk for image observations
+        (`impala_lab.conv_layout`): "cnn" with its layers (None: by image size) or "impala"
+        with its stack widths.
       seed: seeds envs, action sampling and the initial weights; None = random. Env ``i`` is
         seeded from ``SeedSequence(seed, spawn_key=(worker_index,))``'s child ``i + 1``,
         action sampling from child 0, so equal (seed, worker_index) give equal batches.
