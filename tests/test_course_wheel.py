@@ -122,9 +122,10 @@ def test_the_wheel_carries_the_course_without_outputs(wheel):
         prefix = "impala_lab/course/"
         shipped = sorted(n[len(prefix):] for n in names if n.startswith(prefix))
         assert shipped == _course_paths(NOTEBOOKS)
-        assert len(shipped) == 23 and "00_quickstart.ipynb" in shipped
+        assert len(shipped) == 24 and "00_quickstart.ipynb" in shipped
         assert "impala_lab/exercises/__main__.py" in names  # the grader and its checkers
         assert "impala_lab/data/collapse_cartpole_metrics.csv" in names  # notebook 06 reads it
+        assert "impala_lab/data/breakout_policy.gif" in names  # notebook 11 shows it
         for name in shipped:
             nb = json.loads(whl.read(prefix + name))
             for cell in nb["cells"]:
