@@ -9,6 +9,7 @@ and ``bench/results.png``.
     python -m bench --only sampling,solve   # some of them
     python -m bench --only solve --solve-seeds 5
     python -m bench --only recurrent,recurrent_speed --out bench/recurrent_results
+    python -m bench --only minatar          # not in the default list: bench/minatar.py
 
 Benchmarks (names for ``--only``):
 
@@ -624,6 +625,13 @@ def plot(results: dict[str, Any], path: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--only" in argv and argv[argv.index("--only") + 1:][:1] == ["minatar"]:
+        # MinAtar's benchmark (not in the default list): bench.minatar, its own results files
+        from bench import minatar
+
+        rest = argv[:argv.index("--only")] + argv[argv.index("--only") + 2:]
+        return minatar.main(["--seeds" if a == "--solve-seeds" else a for a in rest])
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="short durations (CI)")
     parser.add_argument("--only", default=",".join(NAMES),

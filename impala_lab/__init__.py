@@ -21,7 +21,8 @@ Importing the package is cheap: TensorFlow is imported only by the learner-side 
 (`policy`, `vtrace`, `impala`), never by what actor processes import. Importing it sets
 TensorFlow's logging up once, before TensorFlow loads (`impala_lab._quiet_tf`): no C++ start-up
 lines and no retracing warnings; ``TF_CPP_MIN_LOG_LEVEL=0`` in the environment shows them.
-It registers the package's memory task with gymnasium, ``impala_lab/StatelessCartPole-v1``.
+It registers the package's memory task with gymnasium, ``impala_lab/StatelessCartPole-v1``,
+and, when MinAtar is installed, its games (``MinAtar/Breakout-v1`` ...; `impala_lab.minatar_env`).
 """
 
 from __future__ import annotations
@@ -39,12 +40,14 @@ from impala_lab.errors import (
     StageError,
     WorkerError,
 )
+from impala_lab.minatar_env import register as _register_minatar
 from impala_lab.stateless_cartpole import register as _register_envs
 
 __version__ = "0.1.0"
 
 _quiet_tf.install()
 _register_envs()  # impala_lab/StatelessCartPole-v1, in every process that imports the package
+_register_minatar()  # MinAtar/<Game>-v0/v1 when minatar is installed (importing it adds none)
 
 _LAZY = {
     "Impala": "impala_lab.impala",

@@ -53,9 +53,18 @@ def check_env(config: ImpalaConfig) -> tuple[Any, Any]:
     except Exception as exc:
         raise ConfigError(f"env={config.env_id!r} is invalid: it could not be made "
                           f"({type(exc).__name__}: {exc})") from exc
+    filters = config.conv_filters if config.conv_net == "cnn" else None
     try:
-        check_spaces(observation_space, action_space)
+        check_spaces(observation_space, action_space, filters)
     except ValueError as exc:
+        if filters is not None:
+            try:  # the env is fine, the layers do not fit its images
+                check_spaces(observation_space, action_space)
+            except ValueError:
+                pass
+            else:
+                raise ConfigError(f"conv_filters={[list(f) for f in filters]!r} is invalid for "
+                                  f"env={config.env_id!r}: its {exc}") from None
         raise ConfigError(f"env={config.env_id!r} is invalid: its {exc}") from None
     # Validation counted one float per observation; now the env's real observation size
     # and action count are known (still before TensorFlow loads or any process starts).

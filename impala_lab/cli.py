@@ -3,6 +3,7 @@
     impala-lab train --env CartPole-v1 --stop-return 475 --out runs/cartpole
     impala-lab train --num-workers 4 --num-envs-per-worker 8 --lr 0.001
     impala-lab config                      # the config table
+    impala-lab play --checkpoint runs/breakout/checkpoint --episodes 3 --out breakout.gif
     impala-lab notebooks my-course         # copy the course's notebooks (--solutions too)
 
 Every `ImpalaConfig` field is an option (``--field-name value``). Bad input exits with code 2
@@ -13,7 +14,9 @@ panel, and a log one progress line per report (`impala_lab.progress`).
 
 At the end the output directory holds ``config.json``, ``metrics.csv`` (a row per report
 interval), ``result.json`` (solved, seconds_to_target, env_steps_to_target, the health
-monitor's findings, final stats), ``report.png``, ``checkpoint/`` (and with ``--tensorboard``
+monitor's findings, final stats), ``report.png``, ``policy.gif`` (one episode of the final
+policy, at most 300 frames, when the env renders ``rgb_array``), ``checkpoint/`` (and with
+``--tensorboard``
 ``tensorboard/``, written at every report), and the last line says
 whether the target was reached, where the results are and, if not, what the health monitor
 saw. Ctrl-C or SIGTERM ends the run within seconds and still writes all of them (exit code
@@ -94,9 +97,16 @@ def _parse_value(name: str, text: str) -> Any:
             raise ValueError(text)
         if base == "model":
             return tuple(int(x) for x in text.replace(",", " ").split())
+        if base == "filters":  # 16x3x1,32x3x1: (filters, kernel, stride) per layer
+            layers = tuple(tuple(int(v) for v in layer.split("x"))
+                           for layer in text.replace(",", " ").split())
+            if not layers or any(len(layer) != 3 for layer in layers):
+                raise ValueError(text)
+            return layers
     except ValueError:
         expected = {"int": "an integer", "float": "a number", "bool": "true or false",
-                    "model": "hidden sizes such as 64,64"}[base]
+                    "model": "hidden sizes such as 64,64",
+                    "filters": "conv layers FILTERSxKERNELxSTRIDE such as 16x3x1,32x3x1"}[base]
         raise ConfigError(f"--{name.replace('_', '-')}={text!r} is invalid: it must be "
                           f"{expected}") from None
     return text
@@ -110,6 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train_parser(sub)
     sub.add_parser("config", help="print the config table (markdown)")
     _add_notebooks_parser(sub)
+    _add_play_parser(sub)
     return parser
 
 
@@ -154,6 +165,21 @@ def _add_notebooks_parser(sub: Any) -> None:
     course.add_argument("dir", type=Path, metavar="DIR", help="destination folder")
     course.add_argument("--solutions", action="store_true", help="copy the solutions too")
     course.add_argument("--force", action="store_true", help="overwrite files already there")
+
+
+def _add_play_parser(sub: Any) -> None:
+    play = sub.add_parser("play", help="render episodes of a trained policy as a GIF",
+                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    play.add_argument("--checkpoint", type=Path, required=True,
+                      help="a checkpoint directory (train's OUT/checkpoint)")
+    play.add_argument("--episodes", type=int, default=1, help="episodes to play")
+    play.add_argument("--out", type=Path, default=Path("play.gif"), help="the GIF to write")
+    play.add_argument("--max-frames", type=int, default=2000,
+                      help="frames at most over all episodes")
+    play.add_argument("--seed", type=int, default=None, help="env and action seed")
+    play.add_argument("--greedy", action="store_true",
+                      help="the most likely action instead of a sampled one")
+    play.add_argument("--fps", type=float, default=15.0, help="frames per second of the GIF")
 
 
 def config_from_args(args: argparse.Namespace) -> ImpalaConfig:
@@ -367,6 +393,7 @@ def _save_outputs(impala: Impala, config: ImpalaConfig, out: Path, result: dict[
         print(f"impala-lab: could not save the checkpoint: {exc}", file=sys.stderr)
     write_metrics_csv(out / "metrics.csv", impala.history.rows())
     (out / "result.json").write_text(json.dumps(jsonable(result), indent=2))
+    _save_policy_gif(impala, config, out / "policy.gif")
     try:
         from impala_lab.dashboard.plots import save_report
 
@@ -374,6 +401,26 @@ def _save_outputs(impala: Impala, config: ImpalaConfig, out: Path, result: dict[
                     title=f"{config.env_id} ({config.backend}, {config.num_workers} workers)")
     except Exception as exc:  # a plot must never cost the run's results
         print(f"impala-lab: could not draw report.png: {exc}", file=sys.stderr)
+
+
+def _save_policy_gif(impala: Impala, config: ImpalaConfig, path: Path) -> None:
+    """One episode of the final policy (at most 300 frames) as ``path``, when the env renders
+    rgb_array frames; the numpy policy plays it, so it costs a MinAtar run well under a
+    second. An env that cannot render (a factory, CartPole without pygame) writes none."""
+    if not isinstance(config.env, str):
+        return
+    from impala_lab.play import policy_model, record_episodes, write_gif
+
+    try:
+        weights, _ = impala.policy.get_weights()
+        space, actions = impala.observation_space, impala.action_space
+        model = policy_model(config, space, actions)
+        model.set_weights(weights)
+        frames, _ = record_episodes(config.env, model, episodes=1, max_frames=300,
+                                    seed=config.seed)
+        write_gif(frames, path)
+    except Exception as exc:  # a GIF must never cost the run's results
+        print(f"impala-lab: no {path.name}: {exc}", file=sys.stderr)
 
 
 def final_line(result: dict[str, Any], args: argparse.Namespace, out: Path,
@@ -452,8 +499,28 @@ def config_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def play_command(args: argparse.Namespace) -> int:
+    """``impala-lab play``: episodes of a checkpoint's policy as a GIF."""
+    if args.episodes < 1 or args.max_frames < 1 or not args.fps > 0:
+        raise ConfigError(f"--episodes={args.episodes}, --max-frames={args.max_frames} and "
+                          f"--fps={args.fps} are invalid: each must be positive")
+    from impala_lab.play import play_checkpoint
+
+    try:
+        path, returns, frames = play_checkpoint(args.checkpoint, args.out, args.episodes,
+                                                args.max_frames, args.seed, args.greedy,
+                                                args.fps)
+    except (OSError, ValueError) as exc:
+        print(f"impala-lab: error: {exc}", file=sys.stderr)
+        return 2
+    shown = ", ".join(f"{r:g}" for r in returns) or "none finished"
+    print(f"impala-lab: wrote {path} ({frames} frames; episode returns: {shown})")
+    return 0
+
+
 #: What each subcommand runs (``build_parser`` builds their options).
-COMMANDS = {"train": train_command, "config": config_command, "notebooks": notebooks_command}
+COMMANDS = {"train": train_command, "config": config_command, "notebooks": notebooks_command,
+            "play": play_command}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,7 +4,7 @@ A built wheel carries the repository's ``notebooks/`` as the package data
 ``impala_lab/course/`` (``setup.py`` copies them at build time); a checkout, or an editable
 install of one, reads ``notebooks/`` in place. `copy_course` writes them into a folder::
 
-    DIR/00_quickstart.ipynb ... 10_recurrent_state.ipynb         lecture notebooks
+    DIR/00_quickstart.ipynb ... 12_off_policy_corrections.ipynb  lecture notebooks
     DIR/exercises/ex1_minibatch_buffer_get.ipynb ...             stubs to fill in
     DIR/solutions/ex1_minibatch_buffer_get.ipynb ...             only when asked
 

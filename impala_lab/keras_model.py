@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from impala_lab.models import CONV_LAYERS, HIDDEN_GAIN, POLICY_GAIN, VALUE_GAIN, NumpyModel
+from impala_lab import conv_layout
+from impala_lab.models import HIDDEN_GAIN, POLICY_GAIN, VALUE_GAIN, NumpyModel
 
 if TYPE_CHECKING:  # for annotations only
     import keras
@@ -36,6 +37,9 @@ def build_keras_model(
     vf_share_layers: bool = False,
     use_lstm: bool = False,
     lstm_cell_size: int = 64,
+    conv_net: str = "cnn",
+    conv_filters: Sequence[Sequence[int]] | None = None,
+    impala_channels: Sequence[int] = conv_layout.IMPALA_CHANNELS,
 ) -> keras.Model:
     """Builds the Keras network (the learner's) for these spaces.
 
@@ -51,6 +55,9 @@ def build_keras_model(
       vf_share_layers: one trunk under both heads (True) or a value trunk of its own.
       use_lstm: an LSTM of ``lstm_cell_size`` units after the trunk, under both heads.
       lstm_cell_size: the LSTM's units C.
+      conv_net: for images, "cnn" (the small CNN) or "impala" (the IMPALA paper's network).
+      conv_filters: the small CNN's (filters, kernel, stride) layers; None picks by size.
+      impala_channels: the IMPALA network's stack widths.
 
     Returns:
       A functional `keras.Model` with outputs [logits, value]; a recurrent one takes
@@ -62,16 +69,19 @@ def build_keras_model(
     import keras  # learner only: actors must not pay for TensorFlow
 
     numpy_model = NumpyModel(observation_space, action_space, hiddens, vf_share_layers,
-                             use_lstm, lstm_cell_size)
-    kind, hiddens = numpy_model.kind, numpy_model.hiddens
-    input_dtype = "uint8" if numpy_model.obs_dtype == np.uint8 else "float32"
+                             use_lstm, lstm_cell_size, conv_net, conv_filters, impala_channels)
+    # Images (uint8 frames, and bool ones that batches hold as uint8 0/1) come in as uint8.
+    image = numpy_model.obs_dtype in (np.uint8, np.bool_)
+    input_dtype = "uint8" if image else "float32"
     obs = keras.Input(shape=numpy_model.obs_shape, dtype=input_dtype, name="obs")
     x = obs
-    if input_dtype == "uint8":
+    if numpy_model.obs_dtype == np.uint8:
         x = keras.layers.Rescaling(1.0 / 255.0, name="scale_uint8")(x)
+    elif image:
+        x = keras.layers.Rescaling(1.0, name="bool_to_float")(x)  # 0/1 -> 0.0/1.0
     hidden_init = keras.initializers.Orthogonal(gain=HIDDEN_GAIN, seed=seed)
-    features = _keras_trunk(x, kind, hiddens, hidden_init, "")
-    value_features = (_keras_trunk(x, kind, hiddens, hidden_init, "value_")
+    features = _keras_trunk(x, numpy_model, hidden_init, "")
+    value_features = (_keras_trunk(x, numpy_model, hidden_init, "value_")
                       if numpy_model.separate_value_trunk else features)
     inputs: Any = obs
     if use_lstm:
@@ -99,19 +109,24 @@ def build_keras_model(
     outputs = [logits, value]
     if use_lstm:
         outputs.append(keras.ops.stack([h, c], axis=1))
+    kind = numpy_model.kind
     model = keras.Model(inputs, outputs, name=f"impala_{kind}{'_lstm' if use_lstm else ''}")
     model.set_weights(numpy_model.initial_weights(seed))
     return model
 
 
-def _keras_trunk(x: Any, kind: str, hiddens: Sequence[int], init: Any, prefix: str) -> Any:
-    """The hidden layers of one trunk on the Keras tensor ``x``: for ``"cnn"`` the convs and a
-    flatten, then the dense layers; layer names start with ``prefix`` (``"value_"`` for the
-    value trunk)."""
+def _keras_trunk(x: Any, spec: NumpyModel, init: Any, prefix: str) -> Any:
+    """The hidden layers of one trunk on the Keras tensor ``x``: for images the conv trunk
+    and a flatten, then the dense layers; layer names start with ``prefix`` (``"value_"`` for
+    the value trunk). ``spec`` is the `NumpyModel` twin that says which layers."""
     import keras
 
+    kind, hiddens = spec.kind, spec.hiddens
+    if kind == "impala":
+        x = _keras_impala_stacks(x, spec.impala_channels, init, prefix)
+        x = keras.layers.Flatten(name=f"{prefix}flatten")(x)
     if kind == "cnn":
-        for i, (filters, kernel, stride) in enumerate(CONV_LAYERS):
+        for i, (filters, kernel, stride) in enumerate(spec.conv_filters):
             x = keras.layers.Conv2D(
                 filters,
                 kernel,
@@ -123,12 +138,34 @@ def _keras_trunk(x: Any, kind: str, hiddens: Sequence[int], init: Any, prefix: s
                 name=f"{prefix}conv_{i}",
             )(x)
         x = keras.layers.Flatten(name=f"{prefix}flatten")(x)
-    activation = "relu" if kind == "cnn" else "tanh"
+    activation = "tanh" if kind == "mlp" else "relu"
     for i, size in enumerate(hiddens):
         x = keras.layers.Dense(
             size, activation=activation, kernel_initializer=init, name=f"{prefix}hidden_{i}",
         )(x)
     return x
+
+
+def _keras_impala_stacks(x: Any, channels: Sequence[int], init: Any, prefix: str) -> Any:
+    """The IMPALA network's stacks (conv, max-pool, two residual blocks) and the final relu."""
+    import keras
+
+    def conv(name: str, width: int) -> Any:
+        return keras.layers.Conv2D(width, 3, padding="same", kernel_initializer=init,
+                                   name=f"{prefix}{name}")
+
+    for s, width in enumerate(channels):
+        x = conv(f"stack_{s}_conv", width)(x)
+        x = keras.layers.MaxPooling2D(3, strides=2, padding="same",
+                                      name=f"{prefix}stack_{s}_pool")(x)
+        for r in range(conv_layout.RESIDUAL_BLOCKS):
+            name = f"stack_{s}_res_{r}"
+            y = keras.layers.ReLU(name=f"{prefix}{name}_relu_0")(x)
+            y = conv(f"{name}_conv_0", width)(y)
+            y = keras.layers.ReLU(name=f"{prefix}{name}_relu_1")(y)
+            y = conv(f"{name}_conv_1", width)(y)
+            x = keras.layers.Add(name=f"{prefix}{name}_add")([x, y])
+    return keras.layers.ReLU(name=f"{prefix}stacks_relu")(x)
 
 
 def keras_forward(model: keras.Model, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -7,7 +7,7 @@ to lower. ``ImpalaConfig.memory_estimate`` and ``ImpalaConfig.check_memory`` cal
 validation calls the check without an env (one float per observation, a lower bound) and
 ``Impala`` again with the env's spaces.
 
-Pure Python: imports nothing of the package but its errors.
+Pure Python: imports nothing of the package but its errors and the conv layouts.
 """
 
 from __future__ import annotations
@@ -15,14 +15,15 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+from impala_lab import conv_layout
 from impala_lab.errors import ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
     from impala_lab.config import ImpalaConfig
 
-# The CNN's conv layers (filters, kernel, stride), as models.CONV_LAYERS (this module imports
-# nothing of the floors above it; a test keeps the two equal).
-CONV_LAYERS: tuple[tuple[int, int, int], ...] = ((16, 8, 4), (32, 4, 2))
+# The small CNN's conv layers (filters, kernel, stride) for images of 20x20 and more, as
+# models.CONV_LAYERS (a test keeps the two equal).
+CONV_LAYERS: tuple[tuple[int, int, int], ...] = conv_layout.ATARI_FILTERS
 # The fields that size each part of the estimate.
 PART_FIELDS: dict[str, tuple[str, ...]] = {
     "learner queue": ("learner_queue_size", "train_batch_size"),
@@ -68,15 +69,18 @@ def memory_estimate(config: ImpalaConfig, observation_space: Any = None,
     shape = getattr(observation_space, "shape", None)
     if shape is not None:
         obs_elements = math.prod(int(d) for d in shape)
-        # batches keep uint8 images as they are and every other observation as float32
+        # batches keep uint8 images as they are, bool ones as uint8, and every other
+        # observation as float32
         dtype = str(getattr(observation_space, "dtype", "float32"))
-        obs_itemsize = 1 if dtype == "uint8" else 4
+        obs_itemsize = 1 if dtype in ("uint8", "bool") else 4
         if len(shape) == 3:
-            h, w = int(shape[0]), int(shape[1])
-            for filters, kernel, stride in CONV_LAYERS:
-                h, w = max(0, (h - kernel) // stride + 1), max(0, (w - kernel) // stride + 1)
-                conv_units += h * w * filters
-                conv_out = h * w * filters
+            conv_units = conv_layout.conv_units(shape, config.conv_net, config.conv_filters,
+                                                config.impala_channels)
+            maps = (conv_layout.impala_shapes(shape, config.impala_channels)
+                    if config.conv_net == "impala" else conv_layout.small_cnn_shapes(
+                        shape, config.conv_filters if config.conv_filters is not None
+                        else conv_layout.default_conv_filters(int(shape[0]), int(shape[1]))))
+            conv_out = math.prod(maps[-1]) if maps else obs_elements
     num_actions = int(getattr(action_space, "n", 2)) if action_space is not None else 2
     obs_bytes = obs_elements * obs_itemsize
     # per env step: obs, action (int64), reward, terminated, truncated, truncation value,

@@ -1,15 +1,21 @@
 """Policy/value networks in numpy, for actors; `impala_lab.keras_model` builds the same network
 in Keras for the learner.
 
-Two networks, chosen by the observation space (`check_spaces`):
+Three networks, chosen by the observation space (`check_spaces`) and ``conv_net``:
 
   * ``"mlp"`` for Box observations of rank 1: ``hiddens`` dense layers with tanh
     (RLlib's default fcnet activation; bounded features keep the value head tame);
-  * ``"cnn"`` for Box observations of rank 3 (HxWxC images): conv 16 8x8 stride 4, conv 32
-    4x4 stride 2 ('valid' padding, NHWC), flatten, then ``hiddens`` dense layers, all relu.
+  * ``"cnn"`` for Box observations of rank 3 (HxWxC images), the small CNN: the
+    ``conv_filters`` layers ('valid' padding, NHWC; by default conv 16 8x8 stride 4, conv 32
+    4x4 stride 2 for images of at least 20x20, and MinAtar's conv 16 3x3 stride 1 for smaller
+    ones), flatten, then ``hiddens`` dense layers, all relu;
+  * ``"impala"`` for images with ``conv_net="impala"``: the IMPALA paper's deep residual
+    network (`impala_lab.conv_layout` has the layers and their shapes), then ``hiddens``
+    dense layers (relu; the paper's is one of 256).
 
-uint8 observations are scaled by 1/255 inside the network (both versions), so actors ship
-raw uint8 frames. Both networks end in two heads: policy logits [N, A] (Discrete actions)
+uint8 observations are scaled by 1/255 inside the network (all versions), so actors ship
+raw uint8 frames; boolean images (MinAtar's) travel as uint8 0/1 and are read as 0.0/1.0.
+All networks end in two heads: policy logits [N, A] (Discrete actions)
 and a value [N]. With ``vf_share_layers=True`` (RLlib's model option) both heads sit on one
 trunk; with ``False`` (RLlib's default, and impala_lab's) the value head has a trunk of its own
 with the same layer sizes, so a value-loss spike cannot wreck the policy's features.
@@ -21,6 +27,9 @@ Weights are a ``list[np.ndarray]`` in ``keras_model.get_weights()`` order, which
           logits_head/bias [A], value_head/kernel [Hk, 1], value_head/bias [1]]
     cnn: [conv_0/kernel [8, 8, C, 16], conv_0/bias [16], conv_1/kernel [4, 4, 16, 32],
           conv_1/bias [32], hidden_0/kernel [F, H0], ..., then the two heads as above]
+    impala: for each stack s, its conv ``stack_s_conv`` [3, 3, C_in, C_s] and bias, then
+          ``stack_s_res_r_conv_0`` and ``_1`` [3, 3, C_s, C_s] (and biases) of residual blocks
+          r = 0, 1; then hidden_0/kernel [F, H0], ..., and the heads
 
 With separate trunks every layer is followed by its value twin (Keras orders layers by
 depth): ``[conv_0, value_conv_0, ..., hidden_0, value_hidden_0, ..., logits_head,
@@ -43,7 +52,8 @@ layer.
 Initialisation (`NumpyModel.initial_weights`, also what ``keras_model.build_keras_model``
 loads):
 orthogonal kernels with gain sqrt(2) for hidden/conv layers, 0.01 for the policy head (a
-near-uniform first policy) and 1.0 for the value head; zero biases. The LSTM's kernels are
+near-uniform first policy) and 1.0 for the value head; zero biases. The IMPALA network's
+residual blocks start as the identity: the last conv of each is zero. The LSTM's kernels are
 orthogonal with gain 1, its bias zero but for the forget gate's 1 (Keras's
 ``unit_forget_bias``: the cell keeps its memory at first).
 
@@ -60,6 +70,8 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
+from impala_lab import conv_layout
+
 __all__ = [
     "CONV_LAYERS",
     "HIDDEN_GAIN",
@@ -73,8 +85,9 @@ __all__ = [
     "sample_actions",
 ]
 
-# (filters, kernel size, stride) of the CNN's conv layers, 'valid' padding.
-CONV_LAYERS: tuple[tuple[int, int, int], ...] = ((16, 8, 4), (32, 4, 2))
+# (filters, kernel size, stride) of the small CNN's conv layers for images of at least 20x20,
+# 'valid' padding (`impala_lab.conv_layout` picks the layers for smaller images).
+CONV_LAYERS: tuple[tuple[int, int, int], ...] = conv_layout.ATARI_FILTERS
 
 _SUPPORTED_OBS = "supported: Box observations of rank 1 (MLP) or rank 3 (HxWxC images, CNN)"
 # Orthogonal-init gains: hidden and conv layers, the policy head (a near-uniform first
@@ -83,27 +96,26 @@ HIDDEN_GAIN = math.sqrt(2.0)
 POLICY_GAIN = 0.01
 VALUE_GAIN = 1.0
 LSTM_GAIN = 1.0
+# The last conv of each residual block starts at zero, so each block starts as the identity
+# (Goyal et al. 2017; Fixup): with sqrt(2) there too, six blocks in a row blew the first
+# values up to about 19 on MinAtar's images.
+RESIDUAL_GAIN = 0.0
 _UINT8_SCALE = np.float32(1.0 / 255.0)
-
-
-def _min_image_size() -> int:
-    """Smallest H (and W) for which every conv layer has at least one output row."""
-    size = 1
-    for _, kernel, stride in reversed(CONV_LAYERS):
-        size = (size - 1) * stride + kernel
-    return size
 
 
 def _conv_out(size: int, kernel: int, stride: int) -> int:
     return (size - kernel) // stride + 1
 
 
-def check_spaces(observation_space: Any, action_space: Any) -> str:
+def check_spaces(observation_space: Any, action_space: Any,
+                 conv_filters: Sequence[Sequence[int]] | None = None) -> str:
     """Checks that the spaces are supported and says which network they get.
 
     Args:
       observation_space: a gymnasium space; Box of rank 1 (vector) or rank 3 (HxWxC image).
       action_space: a gymnasium space; Discrete(n) with start 0.
+      conv_filters: the small CNN's layers (filters, kernel, stride) the image must fit;
+        None: the layers `conv_layout.default_conv_filters` picks for its size.
 
     Returns:
       ``"mlp"`` for rank-1 observations, ``"cnn"`` for rank-3 observations.
@@ -134,12 +146,14 @@ def check_spaces(observation_space: Any, action_space: Any) -> str:
         return "mlp"
     if len(shape) == 3:
         height, width, _ = shape
-        need = _min_image_size()
+        layers = (tuple(tuple(f) for f in conv_filters) if conv_filters is not None
+                  else conv_layout.default_conv_filters(height, width))
+        need = conv_layout.min_image_size(layers)
         if height < need or width < need:
             raise ValueError(
                 f"observation space {observation_space} is not supported: images must be at "
-                f"least {need}x{need} (HxWxC) for the CNN's conv layers {CONV_LAYERS}; resize "
-                "with gymnasium.wrappers.ResizeObservation"
+                f"least {need}x{need} (HxWxC) for the CNN's conv layers {layers}; resize "
+                "with gymnasium.wrappers.ResizeObservation, or choose smaller conv_filters"
             )
         return "cnn"
     raise ValueError(
@@ -200,6 +214,75 @@ def _sliding_patches(x: np.ndarray, kernel: int, stride: int) -> np.ndarray:
         writeable=False,
     )
     return view.reshape(n * ho * wo, kernel * kernel * c)  # copies: one gemm per layer
+
+
+def _conv3x3_same(x: np.ndarray, kernel2d: np.ndarray, bias: np.ndarray) -> np.ndarray:
+    """A 3x3 stride-1 convolution with 'same' (zero) padding, as one gemm.
+
+    Args:
+      x: float32 [N, H, W, C]; never written to.
+      kernel2d: float32 [9 * C, F], a Keras kernel [3, 3, C, F] reshaped.
+      bias: float32 [F].
+
+    Returns:
+      A fresh float32 [N, H, W, F].
+    """
+    n, h, w, c = x.shape
+    padded = np.zeros((n, h + 2, w + 2, c), np.float32)
+    padded[:, 1:-1, 1:-1] = x
+    y = _sliding_patches(padded, 3, 1) @ kernel2d
+    y += bias
+    return y.reshape(n, h, w, -1)
+
+
+def _max_pool_same(x: np.ndarray) -> np.ndarray:
+    """Max-pool 3x3 stride 2 with 'same' padding (TensorFlow's: the padding never wins).
+
+    Args:
+      x: float32 [N, H, W, C].
+
+    Returns:
+      A fresh float32 [N, ceil(H / 2), ceil(W / 2), C]: the max of the nine strided views
+      of the padded map (no loop over pixels).
+    """
+    n, h, w, c = x.shape
+    ho, wo = -(-h // 2), -(-w // 2)
+    # TensorFlow pads (total // 2) before and the rest after.
+    top, left = max(2 * ho + 1 - h, 0) // 2, max(2 * wo + 1 - w, 0) // 2
+    padded = np.full((n, 2 * ho + 1, 2 * wo + 1, c), -np.inf, np.float32)
+    padded[:, top: top + h, left: left + w] = x
+    out = padded[:, 0: 2 * ho: 2, 0: 2 * wo: 2].copy()
+    for i in range(3):
+        for j in range(3):
+            if i or j:
+                np.maximum(out, padded[:, i: i + 2 * ho: 2, j: j + 2 * wo: 2], out=out)
+    return out
+
+
+def _impala_trunk(x: np.ndarray, convs: list[tuple[np.ndarray, np.ndarray]],
+                  stacks: int) -> np.ndarray:
+    """The IMPALA network's conv stacks (`impala_lab.conv_layout`), before the dense layers.
+
+    Args:
+      x: float32 [N, H, W, C]; never written to.
+      convs: (kernel [9 * C_in, C_out], bias [C_out]) of the 5 * ``stacks`` convs, in weight
+        order: per stack its conv, then each residual block's two convs.
+      stacks: the number of stacks.
+
+    Returns:
+      A fresh float32 [N, F]: relu of the last stack's map, flattened in (h, w, c) order.
+    """
+    per_stack = 1 + 2 * conv_layout.RESIDUAL_BLOCKS
+    for s in range(stacks):
+        layer = convs[s * per_stack: (s + 1) * per_stack]
+        x = _max_pool_same(_conv3x3_same(x, *layer[0]))
+        for r in range(conv_layout.RESIDUAL_BLOCKS):
+            y = _conv3x3_same(np.maximum(x, 0.0), *layer[1 + 2 * r])
+            np.maximum(y, 0.0, out=y)
+            y = _conv3x3_same(y, *layer[2 + 2 * r])
+            x = x + y
+    np.maximum(x, 0.0, out=x)
+    return x.reshape(len(x), -1)
 
 
 def _fuse_pair(
@@ -272,8 +355,27 @@ class NumpyModel:
         vf_share_layers: bool = False,
         use_lstm: bool = False,
         lstm_cell_size: int = 64,
+        conv_net: str = "cnn",
+        conv_filters: Sequence[Sequence[int]] | None = None,
+        impala_channels: Sequence[int] = conv_layout.IMPALA_CHANNELS,
     ) -> None:
-        self.kind = check_spaces(observation_space, action_space)
+        if conv_net not in conv_layout.CONV_NETS:
+            raise ValueError(f"conv_net={conv_net!r} is not supported: choose one of "
+                             f"{', '.join(map(repr, conv_layout.CONV_NETS))}")
+        self.conv_net = conv_net
+        self.impala_channels = tuple(int(c) for c in impala_channels)
+        if not self.impala_channels or min(self.impala_channels) < 1:
+            raise ValueError(f"impala_channels={impala_channels!r} is not supported: give one "
+                             "or more positive channel widths, e.g. (16, 32, 32)")
+        kind = check_spaces(observation_space, action_space,
+                            conv_filters if conv_net == "cnn" else None)
+        self.kind = "impala" if kind == "cnn" and conv_net == "impala" else kind
+        self.conv_filters: tuple[tuple[int, int, int], ...] = ()
+        if kind == "cnn":
+            height, width = observation_space.shape[:2]
+            self.conv_filters = (tuple(tuple(int(v) for v in f) for f in conv_filters)
+                                 if conv_filters is not None
+                                 else conv_layout.default_conv_filters(height, width))
         self.hiddens = _check_hiddens(hiddens)
         if use_lstm and (isinstance(lstm_cell_size, bool) or not isinstance(lstm_cell_size, int)
                          or lstm_cell_size < 1):
@@ -284,11 +386,11 @@ class NumpyModel:
         # Without hidden layers (an MLP with hiddens=()) both heads read the input: one trunk.
         # A recurrent model has one core (trunk and LSTM) under both heads.
         self.separate_value_trunk = not vf_share_layers and not self.use_lstm and (
-            self.kind == "cnn" or bool(self.hiddens))
+            self.kind != "mlp" or bool(self.hiddens))
         self.obs_shape: tuple[int, ...] = tuple(int(d) for d in observation_space.shape)
         self.obs_dtype = np.dtype(observation_space.dtype)
         self.num_actions = int(action_space.n)
-        self._scale_uint8 = self.obs_dtype == np.uint8
+        self._scale_uint8 = self.obs_dtype == np.uint8  # bool images are read as 0.0/1.0
         self._shapes, self._gains = self._layout()
         self._weights: list[np.ndarray] | None = None
 
@@ -299,11 +401,22 @@ class NumpyModel:
         copies = 2 if self.separate_value_trunk else 1  # each layer, then its value twin
         if self.kind == "cnn":
             height, width, channels = self.obs_shape
-            for filters, kernel, stride in CONV_LAYERS:
+            for filters, kernel, stride in self.conv_filters:
                 shapes += [(kernel, kernel, channels, filters), (filters,)] * copies
                 gains += [HIDDEN_GAIN, 0.0] * copies
                 height, width = _conv_out(height, kernel, stride), _conv_out(width, kernel, stride)
                 channels = filters
+            features = height * width * channels
+        elif self.kind == "impala":
+            for c_in, c_out in zip((self.obs_shape[-1], *self.impala_channels),
+                                   self.impala_channels):
+                shapes += [(3, 3, c_in, c_out), (c_out,)] * copies
+                gains += [HIDDEN_GAIN, 0.0] * copies
+                for _ in range(conv_layout.RESIDUAL_BLOCKS):
+                    shapes += [(3, 3, c_out, c_out), (c_out,)] * copies * 2
+                    gains += [HIDDEN_GAIN, 0.0] * copies + [RESIDUAL_GAIN, 0.0] * copies
+            height, width, channels = conv_layout.impala_shapes(
+                self.obs_shape, self.impala_channels)[-1]
             features = height * width * channels
         else:
             features = self.obs_shape[0]
@@ -396,7 +509,8 @@ class NumpyModel:
             head_w = np.concatenate([pw, vw], axis=1)
         if self.separate_value_trunk and self._conv:
             # The layer after the convs reads the flattened (h, w, [policy C | value C]) map.
-            channels = CONV_LAYERS[-1][0]
+            channels = (self.conv_filters[-1][0] if self.kind == "cnn"
+                        else self.impala_channels[-1])
             if self._dense:
                 kernel, bias = self._dense[0]
                 self._dense[0] = (_fuse_after_flatten(kernel, channels), bias)
@@ -406,12 +520,18 @@ class NumpyModel:
         self._head_b = np.concatenate([pb, vb])
 
     def _conv_layers(self, layers: list[tuple[np.ndarray, np.ndarray]]) -> list[tuple]:
-        """(kernel [kh*kw*C, F], bias, size, stride) of the conv layers among ``layers``."""
-        if self.kind != "cnn":
-            return []
+        """The conv layers among ``layers``: (kernel [kh*kw*C, F], bias, size, stride) for the
+        small CNN, (kernel [9*C, F], bias) for the IMPALA network's."""
         # [kh, kw, C, F] -> [kh*kw*C, F], rows in the (kh, kw, C) order of the patches.
-        return [(kernel.reshape(-1, kernel.shape[-1]), bias, size, stride)
-                for (kernel, bias), (_, size, stride) in zip(layers, CONV_LAYERS, strict=False)]
+        if self.kind == "cnn":
+            return [(kernel.reshape(-1, kernel.shape[-1]), bias, size, stride)
+                    for (kernel, bias), (_, size, stride)
+                    in zip(layers, self.conv_filters, strict=False)]
+        if self.kind == "impala":
+            count = len(self.impala_channels) * (1 + 2 * conv_layout.RESIDUAL_BLOCKS)
+            return [(kernel.reshape(-1, kernel.shape[-1]), bias)
+                    for kernel, bias in layers[:count]]
+        return []
 
     def get_weights(self) -> list[np.ndarray]:
         """Copies of the loaded weights, in `weight_shapes()` order."""
@@ -540,6 +660,13 @@ class NumpyModel:
         Returns:
           A fresh float32 array [N, F] of the last layer's features.
         """
+        if self.kind == "impala":
+            x = _impala_trunk(x, conv, len(self.impala_channels))
+            for w, b in dense:
+                x = x @ w
+                x += b
+                np.maximum(x, 0.0, out=x)
+            return x
         if conv:
             n = x.shape[0]
             for kernel2d, bias, size, stride in conv:

@@ -102,7 +102,8 @@ class VTracePolicy:
 
     def __init__(self, observation_space: Any, action_space: Any, config: ImpalaConfig) -> None:
         configure_tf_threads(config.tf_intra_op_threads)
-        check_spaces(observation_space, action_space)
+        check_spaces(observation_space, action_space,
+                     config.conv_filters if config.conv_net == "cnn" else None)
         self.config = config
         self.observation_space = observation_space
         self.action_space = action_space
@@ -110,7 +111,10 @@ class VTracePolicy:
                                        hiddens=tuple(config.model), seed=config.seed,
                                        vf_share_layers=config.vf_share_layers,
                                        use_lstm=config.use_lstm,
-                                       lstm_cell_size=config.lstm_cell_size)
+                                       lstm_cell_size=config.lstm_cell_size,
+                                       conv_net=config.conv_net,
+                                       conv_filters=config.conv_filters,
+                                       impala_channels=config.impala_channels)
         self.trunk = trunk_model(self.model) if config.use_lstm else None
         self.lr = tf.Variable(config.lr, dtype=tf.float32, trainable=False, name="lr")
         self.entropy_coeff = tf.Variable(config.entropy_coeff, dtype=tf.float32,

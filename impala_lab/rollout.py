@@ -127,6 +127,9 @@ class RolloutWorker:
       vf_share_layers: whether the value head shares the policy's trunk (as the learner's).
       use_lstm: a recurrent policy (an LSTM after the trunk); batches carry ``state_in``.
       lstm_cell_size: the LSTM's units C.
+      conv_net, conv_filters, impala_channels: the conv trunk for image observations
+        (`impala_lab.conv_layout`): "cnn" with its layers (None: by image size) or "impala"
+        with its stack widths.
       seed: seeds envs, action sampling and the initial weights; None = random. Env ``i`` is
         seeded from ``SeedSequence(seed, spawn_key=(worker_index,))``'s child ``i + 1``,
         action sampling from child 0, so equal (seed, worker_index) give equal batches.
@@ -148,6 +151,9 @@ class RolloutWorker:
         worker_index: int = 0,
         use_lstm: bool = False,
         lstm_cell_size: int = 64,
+        conv_net: str = "cnn",
+        conv_filters: Sequence[Sequence[int]] | None = None,
+        impala_channels: Sequence[int] = (16, 32, 32),
     ) -> None:
         if not isinstance(num_envs, int) or num_envs < 1:
             raise ValueError(f"RolloutWorker: num_envs={num_envs!r} must be an int >= 1.")
@@ -180,10 +186,11 @@ class RolloutWorker:
         env_seeds = [int(c.generate_state(1, np.uint32)[0]) for c in children[1:]]
 
         try:
-            self._build_envs(num_envs)
+            self._build_envs(num_envs, conv_filters if conv_net == "cnn" else None)
             init_seed = seed if seed is not None else int(seq.entropy % (2**63))
             self._build_model(tuple(hiddens), vf_share_layers, init_seed, use_lstm,
-                              lstm_cell_size)
+                              lstm_cell_size, dict(conv_net=conv_net, conv_filters=conv_filters,
+                                                   impala_channels=impala_channels))
             self._obs = np.empty((num_envs, *self._obs_shape), self._obs_dtype)
             for i, (e, s) in enumerate(zip(self._envs, env_seeds, strict=True)):
                 self._obs[i] = self._reset_env(i, e, seed=s)
@@ -192,7 +199,7 @@ class RolloutWorker:
             raise
 
     # ------------------------------------------------------------------ construction
-    def _build_envs(self, num_envs: int) -> None:
+    def _build_envs(self, num_envs: int, conv_filters: Sequence[Sequence[int]] | None) -> None:
         """Builds the envs, checks that they share supported spaces, and sets the batch's
         observation layout from them."""
         for i in range(num_envs):
@@ -210,7 +217,7 @@ class RolloutWorker:
                     "worker need the same spaces."
                 )
         try:
-            models.check_spaces(self._observation_space, self._action_space)
+            models.check_spaces(self._observation_space, self._action_space, conv_filters)
         except ValueError as err:
             raise ValueError(f"RolloutWorker: env {self._env_id!r}: {err}") from err
 
@@ -219,7 +226,8 @@ class RolloutWorker:
         # and dtype (the dtype object compared by identity; any other passes or fails in
         # `EnvOutputChecks.checked_obs`).
         self._space_dtype = np.dtype(self._observation_space.dtype)
-        is_image = self._space_dtype == np.uint8
+        # uint8 frames, and bool images (MinAtar's) as uint8 0/1: a quarter of float32's bytes.
+        is_image = self._space_dtype in (np.uint8, np.bool_)
         self._obs_dtype = np.dtype(np.uint8 if is_image else np.float32)
         self._check_obs = self._obs_dtype.kind == "f"
         self._checks = EnvOutputChecks(self._env_id, self.worker_index,
@@ -227,13 +235,14 @@ class RolloutWorker:
         self._num_actions = int(self._action_space.n)
 
     def _build_model(self, hiddens: tuple[int, ...], vf_share_layers: bool,
-                     init_seed: int, use_lstm: bool, lstm_cell_size: int) -> None:
+                     init_seed: int, use_lstm: bool, lstm_cell_size: int,
+                     conv: dict[str, Any]) -> None:
         """The numpy policy, with initial weights drawn from ``init_seed`` (version -1), and
         for a recurrent one each env's state (zeros)."""
         self._model = models.NumpyModel(
             self._observation_space, self._action_space, hiddens=hiddens,
             vf_share_layers=vf_share_layers, use_lstm=use_lstm, lstm_cell_size=lstm_cell_size,
-        )
+            **conv)
         # Each env's (h, c) [num_envs, 2, C]; None for a feed-forward policy.
         self._state = self._model.initial_state(self._num_envs) if use_lstm else None
         self._weights: list[np.ndarray] = list(self._model.initial_weights(init_seed))

@@ -111,7 +111,7 @@ def course(venv, tmp_path_factory) -> Path:
     where = tmp_path_factory.mktemp("student")
     proc = _run([venv / "impala-lab", "notebooks", "my-course", "--solutions"], cwd=where)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "copied 15 lecture notebooks, 6 in exercises/, 6 in solutions/ to my-course/" \
+    assert "copied 16 lecture notebooks, 6 in exercises/, 6 in solutions/ to my-course/" \
         in proc.stdout
     return where / "my-course"
 
@@ -122,9 +122,10 @@ def test_the_wheel_carries_the_course_without_outputs(wheel):
         prefix = "impala_lab/course/"
         shipped = sorted(n[len(prefix):] for n in names if n.startswith(prefix))
         assert shipped == _course_paths(NOTEBOOKS)
-        assert len(shipped) == 27 and "00_quickstart.ipynb" in shipped
+        assert len(shipped) == 28 and "00_quickstart.ipynb" in shipped
         assert "impala_lab/exercises/__main__.py" in names  # the grader and its checkers
         assert "impala_lab/data/collapse_cartpole_metrics.csv" in names  # notebook 06 reads it
+        assert "impala_lab/data/breakout_policy.gif" in names  # notebook 11 shows it
         for name in shipped:
             nb = json.loads(whl.read(prefix + name))
             for cell in nb["cells"]:

@@ -67,12 +67,16 @@ def test_unsupported_observation_spaces(observation_space, message: str) -> None
 
 
 def test_too_small_image() -> None:
+    # Explicit layers that need 20x20; without them a 19x30 image gets the small-image layers.
     with pytest.raises(
         ValueError,
         match=r"images must be at least 20x20 \(HxWxC\) .* resize with "
-        r"gymnasium.wrappers.ResizeObservation",
+        r"gymnasium.wrappers.ResizeObservation, or choose smaller conv_filters",
     ):
-        check_spaces(spaces.Box(0, 255, (19, 30, 3), np.uint8), TWO)
+        check_spaces(spaces.Box(0, 255, (19, 30, 3), np.uint8), TWO, ((16, 8, 4), (32, 4, 2)))
+    assert check_spaces(spaces.Box(0, 255, (19, 30, 3), np.uint8), TWO) == "cnn"
+    with pytest.raises(ValueError, match=r"images must be at least 3x3 .* \(\(16, 3, 1\),\)"):
+        check_spaces(spaces.Box(0, 255, (2, 30, 3), np.uint8), TWO)
 
 
 def test_spaces_are_checked_by_both_builders() -> None:

@@ -67,7 +67,7 @@ def test_pyproject_declares_package_script_and_python() -> None:
     assert project["requires-python"] == ">=3.11"
     assert project["scripts"] == {"impala-lab": "impala_lab.cli:main"}
     assert data["tool"]["setuptools"]["packages"]["find"]["include"] == ["impala_lab*"]
-    assert set(project["optional-dependencies"]) == {"ray", "dev"}
+    assert set(project["optional-dependencies"]) == {"ray", "dev", "minatar"}
     dev = {canonicalize_name(Requirement(r).name): Requirement(r)
            for r in project["optional-dependencies"]["dev"]}
     assert {"pytest", "pytest-timeout", "ruff", "hypothesis", "nbclient", "nbformat",

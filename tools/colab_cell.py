@@ -49,6 +49,8 @@ INSTALL_CELL_ID = "colab-install"
 SOURCE_VARIABLE = "IMPALA_LAB_SOURCE"
 # a cell that uses Ray needs the ray extra
 RAY_USE = re.compile(r"^\s*(import ray|from ray\b)|backend=[\"']ray[\"']", re.MULTILINE)
+# a cell that makes a MinAtar game needs the minatar extra
+MINATAR_USE = re.compile(r"[\"']MinAtar/")
 
 
 def colab_url(rel_path: str) -> str:
@@ -110,10 +112,12 @@ if importlib.util.find_spec("impala_lab") is None:
 
 
 def notebook_extras(nb: dict[str, Any]) -> list[str]:
-    """The extras a notebook needs: ``ray`` if a code cell (other than ours) uses Ray."""
+    """The extras a notebook needs: ``ray`` if a code cell (other than ours) uses Ray,
+    ``minatar`` if one makes a MinAtar game."""
     code = "\n".join(_text(c) for c in nb["cells"]
                      if c["cell_type"] == "code" and c.get("id") != INSTALL_CELL_ID)
-    return ["ray"] if RAY_USE.search(code) else []
+    return [name for name, use in (("ray", RAY_USE), ("minatar", MINATAR_USE))
+            if use.search(code)]
 
 
 def _text(cell: dict[str, Any]) -> str:

@@ -58,7 +58,9 @@ class Backend(abc.ABC):
         return dict(env=self.env, num_envs=c.num_envs_per_worker,
                     sample_batch_size=c.sample_batch_size, hiddens=tuple(c.model),
                     vf_share_layers=c.vf_share_layers, seed=c.seed, worker_index=index,
-                    use_lstm=c.use_lstm, lstm_cell_size=c.lstm_cell_size)
+                    use_lstm=c.use_lstm, lstm_cell_size=c.lstm_cell_size,
+                    conv_net=c.conv_net, conv_filters=c.conv_filters,
+                    impala_channels=c.impala_channels)
 
     def prepare(self) -> None:
         """Checks that can fail before TensorFlow loads or any process starts (default: none)."""

@@ -1,0 +1,227 @@
+"""``python -m bench --only minatar`` (or ``python -m bench.minatar``): MinAtar from pixels.
+
+Not part of the default ``make bench`` (the solve runs take up to 15 minutes per game).
+
+    python -m bench --only minatar                  # one random seed per game
+    python -m bench.minatar --seeds 3               # three per game
+    python -m bench.minatar --skip-solve            # the timings alone (about a minute)
+    python -m bench.minatar --games Breakout        # one game
+
+It measures, per game (Breakout-v1, SpaceInvaders-v1):
+
+  forward    the env's own step (one env, random actions) against the actors' numpy forward
+             per env step (`NumpyModel.logits` on B = 8 and 16 observations, divided by B),
+             for the small CNN and the IMPALA network as the game's tuned preset builds them.
+             Target: the small CNN's at most a third of the env step.
+  learner    the learner's samples/s: `VTracePolicy.learn_on_batch` on pre-made train batches
+             of the preset's size, for both networks.
+  solve      ``impala-lab train --env MinAtar/<Game>-v1 --stop-return R --max-seconds 900
+             --seed S`` (the tuned preset) in a fresh process, on seeds drawn at random per run
+             and printed. Targets: the trailing-100 mean reaches 15 (Breakout) / 100
+             (SpaceInvaders) within 15 minutes of the process's start on every seed. Reported:
+             seconds and env steps to the target, and frames/s end to end (env steps sampled
+             over the run's training seconds).
+
+Results go to ``bench/minatar_results.json`` and ``bench/minatar_results.md`` (the README's
+MinAtar table); the CartPole results of ``python -m bench`` are left alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import timeit
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+os.environ.setdefault("MPLBACKEND", "Agg")
+
+from bench import pipeline
+from impala_lab.stats import jsonable
+
+HERE = Path(__file__).resolve().parent
+GAMES = {"MinAtar/Breakout-v1": 15.0, "MinAtar/SpaceInvaders-v1": 100.0}
+MAX_SECONDS = 900.0  # 15 minutes from process start
+FORWARD_SHARE_TARGET = 1 / 3  # the small CNN's forward per env step, over the env step
+
+
+def env_step_us(env_id: str, steps: int = 20_000, seed: int = 0) -> float:
+    """Microseconds per step of one env under random actions (resets included)."""
+    import gymnasium as gym
+    import numpy as np
+
+    env = gym.make(env_id, disable_env_checker=True).unwrapped
+    env.reset(seed=seed)
+    actions = np.random.default_rng(seed).integers(env.action_space.n, size=steps)
+    t0 = time.perf_counter()
+    for a in actions:
+        _, _, terminated, _, _ = env.step(a)
+        if terminated:
+            env.reset()
+    return (time.perf_counter() - t0) / steps * 1e6
+
+
+def forward_us_per_step(env_id: str, conv_net: str, batch: int) -> float:
+    """Microseconds of the numpy policy forward (`NumpyModel.logits`) per env step at B."""
+    import gymnasium as gym
+    import numpy as np
+
+    from impala_lab.config import ImpalaConfig
+    from impala_lab.play import policy_model
+
+    config = ImpalaConfig.tuned(env_id, conv_net=conv_net)
+    env = gym.make(env_id)
+    model = policy_model(config, env.observation_space, env.action_space)
+    model.set_weights(model.initial_weights(0))
+    obs = np.random.default_rng(0).random((batch, *env.observation_space.shape)) < 0.2
+    obs = obs.astype(np.uint8)  # as the batch holds them
+    number = max(20, 20_000 // batch)
+    best = min(timeit.repeat(lambda: model.logits(obs), number=number, repeat=5)) / number
+    return best / batch * 1e6
+
+
+def learner_samples_per_s(env_id: str, conv_net: str, seconds: float = 8.0) -> dict[str, Any]:
+    """The learner alone: learn_on_batch on pre-made batches of the preset's train size."""
+    from impala_lab.batch import concat_samples
+    from impala_lab.config import ImpalaConfig
+    from impala_lab.policy import VTracePolicy
+    from impala_lab.rollout import RolloutWorker
+
+    config = ImpalaConfig.tuned(env_id, conv_net=conv_net, seed=0)
+    worker = RolloutWorker(env_id, num_envs=config.num_envs_per_worker,
+                           sample_batch_size=config.sample_batch_size,
+                           hiddens=tuple(config.model), vf_share_layers=config.vf_share_layers,
+                           seed=0, conv_net=conv_net, conv_filters=config.conv_filters,
+                           impala_channels=config.impala_channels)
+    try:
+        samples = []
+        while sum(s.count for s in samples) < config.train_batch_size:
+            samples.append(worker.sample())
+        batch = concat_samples(samples)
+        space, actions = worker.observation_space, worker.action_space
+    finally:
+        worker.close()
+    policy = VTracePolicy(space, actions, config)
+    for _ in range(3):  # the first call traces the step
+        policy.learn_on_batch(batch)
+    steps, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        policy.learn_on_batch(batch)
+        steps += 1
+    elapsed = time.perf_counter() - t0
+    return {"train_batch_size": batch.count, "steps": steps,
+            "samples_per_s": round(steps * batch.count / elapsed, 1),
+            "ms_per_step": round(elapsed / steps * 1e3, 2)}
+
+
+def solve_run(env_id: str, target: float, seed: int) -> dict[str, Any]:
+    """One tuned run to ``target`` in a fresh process (`bench.pipeline.time_to_solve`)."""
+    r = pipeline.time_to_solve(seed, MAX_SECONDS, target, ("--env", env_id),
+                               solve_limit_s=MAX_SECONDS)
+    return r
+
+
+def run(seeds: int, skip_solve: bool, log: Any = print,
+        games: dict[str, float] | None = None) -> dict[str, Any]:
+    results: dict[str, Any] = {"machine": pipeline.machine_info(), "games": {}, "targets": []}
+    for env_id, target in (games or GAMES).items():
+        game: dict[str, Any] = {"stop_return": target}
+        step = env_step_us(env_id)
+        game["env_step_us"] = round(step, 2)
+        log(f"[minatar] {env_id}: env step {step:.1f} us", flush=True)
+        for conv_net in ("cnn", "impala"):
+            for batch in (8, 16):
+                us = forward_us_per_step(env_id, conv_net, batch)
+                game[f"forward_{conv_net}_b{batch}_us_per_step"] = round(us, 2)
+                log(f"[minatar]   {conv_net} forward, B={batch}: {us:.2f} us per env step "
+                    f"({us / step:.2f} of the env step)", flush=True)
+            share = max(game[f"forward_cnn_b{b}_us_per_step"] for b in (8, 16)) / step
+        results["targets"].append({"name": f"{env_id}: small CNN forward / env step "
+                                   "(worse of B=8, 16)", "value": round(share, 3),
+                                   "op": "<=", "limit": round(FORWARD_SHARE_TARGET, 3),
+                                   "ok": share <= FORWARD_SHARE_TARGET})
+        for conv_net in ("cnn", "impala"):
+            r = learner_samples_per_s(env_id, conv_net)
+            game[f"learner_{conv_net}"] = r
+            log(f"[minatar]   learner, {conv_net}: {r['samples_per_s']:,.0f} samples/s "
+                f"({r['ms_per_step']} ms per batch of {r['train_batch_size']})", flush=True)
+        if not skip_solve:
+            drawn = pipeline.draw_seeds(seeds)
+            log(f"[minatar]   solve: seeds drawn at random for this run: {drawn}", flush=True)
+            runs = []
+            for seed in drawn:
+                r = solve_run(env_id, target, seed)
+                steps, secs = r["final_env_steps"], r.get("wall_s")
+                r["frames_per_s"] = round(steps / secs, 1) if steps and secs else None
+                runs.append(r)
+                log(f"[minatar]   seed {seed}: reached {target:g}: {r['solved']} "
+                    f"({r['seconds_to_target']} s, {r['env_steps_to_target']} env steps; "
+                    f"final mean {r['final_return_mean']}; {r['frames_per_s']} frames/s)",
+                    flush=True)
+            game["solve"] = {"seeds": drawn, "runs": runs,
+                             "num_solved": sum(r["solved"] for r in runs)}
+            results["targets"].append({"name": f"{env_id}: seeds reaching {target:g} within "
+                                       f"{MAX_SECONDS:g} s", "value": game["solve"]["num_solved"],
+                                       "op": ">=", "limit": len(runs),
+                                       "ok": game["solve"]["num_solved"] == len(runs)})
+        results["games"][env_id] = game
+    return results
+
+
+def markdown(results: dict[str, Any]) -> str:
+    lines = ["| game | env step | small CNN fwd / step (B=8, 16) | IMPALA net fwd / step "
+             "(B=8, 16) | learner samples/s (CNN, IMPALA) |", "| --- | --- | --- | --- | --- |"]
+    for env_id, g in results["games"].items():
+        lines.append(
+            f"| {env_id} | {g['env_step_us']} µs | {g['forward_cnn_b8_us_per_step']}, "
+            f"{g['forward_cnn_b16_us_per_step']} µs | {g['forward_impala_b8_us_per_step']}, "
+            f"{g['forward_impala_b16_us_per_step']} µs | "
+            f"{g['learner_cnn']['samples_per_s']:,.0f}, "
+            f"{g['learner_impala']['samples_per_s']:,.0f} |")
+    solves = [(e, g["solve"]) for e, g in results["games"].items() if "solve" in g]
+    if solves:
+        lines += ["", "| game | seed | reached | seconds to target | env steps to target | "
+                  "final mean | frames/s end to end |",
+                  "| --- | --- | --- | --- | --- | --- | --- |"]
+        for env_id, s in solves:
+            for r in s["runs"]:
+                lines.append(f"| {env_id} | {r['seed']} | {r['solved']} | "
+                             f"{r['seconds_to_target']} | {r['env_steps_to_target']} | "
+                             f"{r['final_return_mean']} | {r['frames_per_s']} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.minatar",
+                                     description=__doc__.split("\n")[0])
+    parser.add_argument("--seeds", type=int, default=1, metavar="N",
+                        help="seeds per game for the solve runs, drawn at random (default 1)")
+    parser.add_argument("--skip-solve", action="store_true", help="timings only")
+    parser.add_argument("--games", default="Breakout,SpaceInvaders",
+                        help="comma-separated games among Breakout, SpaceInvaders")
+    parser.add_argument("--out", type=Path, default=HERE, help="directory for the results")
+    args = parser.parse_args(argv)
+    if args.seeds < 1:
+        parser.error(f"--seeds={args.seeds}: it must be >= 1")
+    wanted = [g.strip() for g in args.games.split(",") if g.strip()]
+    games = {f"MinAtar/{g}-v1": GAMES[f"MinAtar/{g}-v1"] for g in wanted
+             if f"MinAtar/{g}-v1" in GAMES}
+    if len(games) != len(wanted) or not games:
+        parser.error(f"--games={args.games!r}: choose among Breakout, SpaceInvaders")
+    results = run(args.seeds, args.skip_solve, games=games)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "minatar_results.json").write_text(json.dumps(jsonable(results), indent=2))
+    (args.out / "minatar_results.md").write_text(markdown(results) + "\n")
+    print(markdown(results))
+    for t in results["targets"]:
+        print(f"{'PASS' if t['ok'] else 'FAIL'}  {t['name']}: {t['value']} {t['op']} {t['limit']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

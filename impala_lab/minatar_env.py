@@ -1,0 +1,166 @@
+"""MinAtar's games (Young & Tian 2019) as gymnasium envs that an actor process can afford.
+
+MinAtar (``pip install minatar``, or ``pip install impala_lab[minatar]``) is a miniature
+Atari: five games on a 10x10 grid whose observation is a boolean image [10, 10, C], one
+channel per kind of object (paddle, ball, trail, brick for Breakout). Importing `impala_lab`
+registers the same ids as MinAtar's own ``minatar.gym.register_envs()``::
+
+    gymnasium.make("MinAtar/Breakout-v1")       # v1: the game's minimal action set
+    gymnasium.make("MinAtar/SpaceInvaders-v1")  # v0: all 6 actions
+
+with `MinAtarEnv` as the entry point instead of ``minatar.gym.BaseEnv``, because under
+gymnasium 1.2 the package's own registration misbehaves inside impala_lab:
+
+* importing ``minatar`` registers nothing (``register_envs()`` must be called in every
+  process, workers included), and it imports matplotlib's pyplot, seaborn, pandas and scipy:
+  2.1 s and 176 MB per actor process here, against 0.25 s and 40 MB for numpy and gymnasium.
+  `MinAtarEnv` loads only the game's own module (numpy alone) from the installed package;
+* its ``rgb_array`` render is a float64 [10, 10, 3] array, which video and GIF writers
+  (and gymnasium's ``RecordVideo``) reject: here it is uint8 [10 * scale, 10 * scale, 3] in
+  MinAtar's colours (cubehelix, black background), and ``render_fps`` is declared;
+* ``reset(seed=None)`` does not reseed, as gymnasium asks, and nothing else seeds the sticky
+  actions: here ``reset(seed=s)`` seeds the game and its sticky actions from ``s``.
+
+The games keep MinAtar's defaults: sticky actions with probability 0.1 and the difficulty
+ramp. No time limit is added: an episode ends when the game ends (Freeway ends itself after
+2500 frames; the other games end when the agent loses).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+from types import ModuleType
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+__all__ = ["GAMES", "MinAtarEnv", "palette", "register", "to_rgb"]
+
+# Registered name -> MinAtar's module name.
+GAMES = {"Asterix": "asterix", "Breakout": "breakout", "Freeway": "freeway",
+         "Seaquest": "seaquest", "SpaceInvaders": "space_invaders"}
+_NUM_ACTIONS = 6  # all MinAtar games share the full action set (n, l, u, r, d, f)
+_MODULES: dict[str, ModuleType] = {}
+
+
+def _game_module(game: str) -> ModuleType:
+    """MinAtar's module for ``game``, loaded from the installed package's file without running
+    ``minatar/__init__.py`` (which imports pyplot and seaborn)."""
+    if game not in _MODULES:
+        spec = importlib.util.find_spec("minatar")  # finds the package without importing it
+        if spec is None or not spec.submodule_search_locations:
+            raise ModuleNotFoundError(
+                "MinAtar is not installed: pip install minatar (or impala_lab[minatar])")
+        path = pathlib.Path(next(iter(spec.submodule_search_locations)), "environments",
+                            f"{game}.py")
+        module_spec = importlib.util.spec_from_file_location(f"_impala_lab_minatar_{game}", path)
+        module = importlib.util.module_from_spec(module_spec)
+        module_spec.loader.exec_module(module)
+        _MODULES[game] = module
+    return _MODULES[game]
+
+
+def palette(channels: int) -> np.ndarray:
+    """MinAtar's colours: uint8 [channels + 1, 3], black for an empty cell, then channel i's
+    colour (seaborn's ``color_palette("cubehelix", channels)``: matplotlib's cubehelix map at
+    evenly spaced points strictly inside (0, 1))."""
+    from matplotlib import colormaps  # only when rendering
+
+    points = np.linspace(0.0, 1.0, channels + 2)[1:-1]
+    colours = colormaps["cubehelix"](points)[:, :3]
+    return np.round(np.vstack([np.zeros((1, 3)), colours]) * 255).astype(np.uint8)
+
+
+def to_rgb(obs: np.ndarray, colours: np.ndarray, scale: int = 1) -> np.ndarray:
+    """An observation as an image: each cell takes the colour of its last channel that is on.
+
+    Args:
+      obs: bool or 0/1 [H, W, C], or [N, H, W, C].
+      colours: uint8 [C + 1, 3] from `palette`.
+      scale: each cell becomes a ``scale`` x ``scale`` block.
+
+    Returns:
+      uint8 [H * scale, W * scale, 3] (or [N, H * scale, W * scale, 3]).
+    """
+    obs = np.asarray(obs)
+    channel_ids = np.arange(1, obs.shape[-1] + 1, dtype=np.int64)
+    index = np.max(obs.astype(np.int64) * channel_ids, axis=-1)  # 0 = empty
+    image = colours[index]
+    if scale > 1:
+        image = image.repeat(scale, axis=-3).repeat(scale, axis=-2)
+    return image
+
+
+class MinAtarEnv(gym.Env):
+    """One MinAtar game as a gymnasium env: observation bool [10, 10, C], Discrete actions.
+
+    Args:
+      game: MinAtar's module name ("breakout", "space_invaders", ...).
+      use_minimal_action_set: the game's minimal action set (the v1 ids) or all 6 (v0).
+      sticky_action_prob: probability that the previous action repeats (MinAtar's 0.1).
+      difficulty_ramping: MinAtar's difficulty ramp (Asterix, Seaquest, SpaceInvaders).
+      render_mode: None or "rgb_array" (uint8 [10 * render_scale, 10 * render_scale, 3]).
+      render_scale: pixels per cell of a rendered frame.
+    """
+
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 15}
+
+    def __init__(self, game: str, use_minimal_action_set: bool = True,
+                 sticky_action_prob: float = 0.1, difficulty_ramping: bool = True,
+                 render_mode: str | None = None, render_scale: int = 16) -> None:
+        if render_mode not in (None, "rgb_array"):
+            raise ValueError(f"render_mode={render_mode!r} is not supported: use None or "
+                             "'rgb_array'")
+        self.game_name = game
+        self.game = _game_module(game).Env(ramping=difficulty_ramping)
+        self.sticky_action_prob = float(sticky_action_prob)
+        self.render_mode = render_mode
+        self.render_scale = int(render_scale)
+        self.action_set = (list(self.game.minimal_action_set()) if use_minimal_action_set
+                           else list(range(_NUM_ACTIONS)))
+        self.action_space = gym.spaces.Discrete(len(self.action_set))
+        self.observation_space = gym.spaces.Box(0, 1, self.game.state_shape(), bool)
+        self._rng = np.random.RandomState()
+        self.game.random = self._rng
+        self._last_action = 0
+        self._colours: np.ndarray | None = None
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None
+              ) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        if seed is not None:  # one stream for the game and its sticky actions, as MinAtar's
+            self._rng = np.random.RandomState(seed)
+            self.game.random = self._rng
+        self.game.reset()
+        self._last_action = 0
+        return self.game.state(), {}
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
+        a = self.action_set[int(action)]
+        if self._rng.rand() < self.sticky_action_prob:
+            a = self._last_action
+        self._last_action = a
+        reward, terminal = self.game.act(a)
+        return self.game.state(), float(reward), bool(terminal), False, {}
+
+    def render(self) -> np.ndarray | None:
+        if self.render_mode is None:
+            return None
+        if self._colours is None:
+            self._colours = palette(self.observation_space.shape[-1])
+        return to_rgb(self.game.state(), self._colours, self.render_scale)
+
+
+def register() -> None:
+    """Registers ``MinAtar/<Game>-v0`` and ``-v1`` with `MinAtarEnv` (when MinAtar is
+    installed and the id is not registered yet), once per process."""
+    if importlib.util.find_spec("minatar") is None:
+        return
+    for name, game in GAMES.items():
+        for version, minimal in (("v0", False), ("v1", True)):
+            env_id = f"MinAtar/{name}-{version}"
+            if env_id not in gym.registry:
+                gym.register(id=env_id, entry_point=MinAtarEnv,
+                             kwargs={"game": game, "use_minimal_action_set": minimal})
