@@ -12,6 +12,7 @@ Imports numpy and gymnasium only (Pillow when writing).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -79,10 +80,17 @@ def record_episodes(env_id: str, model: NumpyModel, episodes: int = 1, max_frame
       ValueError: the env cannot render rgb_array frames (the message says why).
     """
     try:
-        env = gym.make(env_id, render_mode="rgb_array")
+        with warnings.catch_warnings():  # said below as the error, not as gymnasium's warning
+            warnings.filterwarnings("ignore", message=".*not in the possible render_modes")
+            env = gym.make(env_id, render_mode="rgb_array")
     except Exception as exc:
         raise ValueError(f"env {env_id!r} cannot render rgb_array frames "
                          f"({type(exc).__name__}: {exc})") from None
+    modes = env.metadata.get("render_modes") or []
+    if "rgb_array" not in modes:
+        env.close()
+        raise ValueError(f"env {env_id!r} cannot render rgb_array frames (its render_modes: "
+                         f"{list(modes)})")
     rng = np.random.default_rng(seed)
     frames: list[np.ndarray] = []
     returns: list[float] = []

@@ -276,3 +276,23 @@ def test_play_refuses_a_missing_checkpoint(tmp_path, capsys):
     assert main(["play", "--checkpoint", str(tmp_path / "nothing"), "--out",
                  str(tmp_path / "x.gif")]) == 2
     assert "state.json is missing" in capsys.readouterr().err
+
+
+def test_an_env_without_rgb_array_frames_is_refused_by_name_without_gymnasiums_warning():
+    import warnings
+
+    from impala_lab.play import record_episodes
+
+    class Silent(gym.Env):
+        observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+        action_space = gym.spaces.Discrete(2)
+
+    gym.register("impala_lab_test/NoRender-v0", entry_point=lambda **kw: Silent())
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # gymnasium's render_modes warning would fail here
+            with pytest.raises(ValueError, match=r"env 'impala_lab_test/NoRender-v0' cannot "
+                               r"render rgb_array frames \(its render_modes: \[\]\)"):
+                record_episodes("impala_lab_test/NoRender-v0", model=None)
+    finally:
+        gym.registry.pop("impala_lab_test/NoRender-v0")
