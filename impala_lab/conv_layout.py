@@ -23,7 +23,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 __all__ = ["ATARI_FILTERS", "CONV_NETS", "SMALL_IMAGE_FILTERS", "conv_units",
-           "default_conv_filters", "impala_shapes", "min_image_size", "small_cnn_shapes"]
+           "default_conv_filters", "impala_shapes", "min_image_size", "small_cnn_shapes",
+           "trunk_output_units"]
 
 CONV_NETS = ("cnn", "impala")
 # (filters, kernel, stride) of the small CNN's layers, 'valid' padding.
@@ -86,5 +87,22 @@ def conv_units(obs_shape: Sequence[int], conv_net: str = "cnn",
             # the pool, then per block two relus, two convs and the sum
             total += h * w * c * (1 + 5 * RESIDUAL_BLOCKS)
         return total
+    return sum(a * b * c for a, b, c in _small_cnn_maps(obs_shape, conv_filters))
+
+
+def trunk_output_units(obs_shape: Sequence[int], conv_net: str = "cnn",
+                       conv_filters: Sequence[Sequence[int]] | None = None,
+                       impala_channels: Sequence[int] = IMPALA_CHANNELS) -> int:
+    """Features the conv trunk's last map holds for one observation (H * W * C), what the
+    dense layers (or the LSTM) read."""
+    maps = (impala_shapes(obs_shape, impala_channels) if conv_net == "impala"
+            else _small_cnn_maps(obs_shape, conv_filters))
+    h, w, c = maps[-1]
+    return h * w * c
+
+
+def _small_cnn_maps(obs_shape: Sequence[int], conv_filters: Sequence[Sequence[int]] | None
+                    ) -> list[tuple[int, int, int]]:
+    h, w, _ = (int(d) for d in obs_shape)
     filters = conv_filters if conv_filters is not None else default_conv_filters(h, w)
-    return sum(a * b * c for a, b, c in small_cnn_shapes(obs_shape, filters))
+    return small_cnn_shapes(obs_shape, filters)

@@ -76,11 +76,9 @@ def memory_estimate(config: ImpalaConfig, observation_space: Any = None,
         if len(shape) == 3:
             conv_units = conv_layout.conv_units(shape, config.conv_net, config.conv_filters,
                                                 config.impala_channels)
-            maps = (conv_layout.impala_shapes(shape, config.impala_channels)
-                    if config.conv_net == "impala" else conv_layout.small_cnn_shapes(
-                        shape, config.conv_filters if config.conv_filters is not None
-                        else conv_layout.default_conv_filters(int(shape[0]), int(shape[1]))))
-            conv_out = math.prod(maps[-1]) if maps else obs_elements
+            conv_out = conv_layout.trunk_output_units(shape, config.conv_net,
+                                                      config.conv_filters,
+                                                      config.impala_channels)
     num_actions = int(getattr(action_space, "n", 2)) if action_space is not None else 2
     obs_bytes = obs_elements * obs_itemsize
     # per env step: obs, action (int64), reward, terminated, truncated, truncation value,

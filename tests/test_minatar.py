@@ -116,6 +116,10 @@ def test_the_memory_estimate_counts_a_byte_per_boolean_pixel_and_the_networks_un
     assert conv_layout.conv_units(shape, "impala") == (
         10 * 10 * 16 + 5 * 5 * 16 * 11 + 5 * 5 * 32 + 3 * 3 * 32 * 11 + 3 * 3 * 32
         + 2 * 2 * 32 * 11)
+    # what the dense layers (or an LSTM) read: the last map
+    assert conv_layout.trunk_output_units(shape) == 8 * 8 * 16
+    assert conv_layout.trunk_output_units(shape, "impala") == 2 * 2 * 32
+    assert conv_layout.trunk_output_units((84, 84, 4)) == 9 * 9 * 32  # 84 -> 20 -> 9
     small, deep = (ImpalaConfig(env=BREAKOUT, conv_net=n, max_memory_gb=1000)
                    for n in ("cnn", "impala"))
     with_replay = small.replace(replay_proportion=1.0, replay_buffer_num_slots=20)
