@@ -20,7 +20,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from impala_lab.backends.process import ProcessBackend, ProcessWorkerHandle
+from impala_lab.backends.process import (
+    ACTOR_THREAD_ENV,
+    ProcessBackend,
+    ProcessWorkerHandle,
+    single_threaded_blas,
+)
 from impala_lab.backends.shared_weights import (
     SharedWeightsReader,
     read_shared_weights,
@@ -133,6 +138,29 @@ def test_workers_never_import_tensorflow_and_ignore_sigint(pair):
     assert [b.count for b in batches] == [T * B, T * B]
     assert sorted(backend.worker_pids()) == sorted(h.pid for h in handles)
     assert all(h.is_alive() for h in handles)
+
+
+def _environ_of(pid: int) -> dict[str, str]:
+    entries = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(e.decode().split("=", 1) for e in entries if b"=" in e)
+
+
+def test_workers_start_with_one_blas_thread(pair):
+    _, handles = pair
+    for h in handles:
+        env = _environ_of(h.pid)
+        for name, value in ACTOR_THREAD_ENV.items():
+            assert env.get(name) == os.environ.get(name, value), name
+
+
+def test_single_threaded_blas_keeps_what_the_user_set_and_restores(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    with single_threaded_blas():
+        assert os.environ["OMP_NUM_THREADS"] == "3"
+        assert os.environ["OPENBLAS_NUM_THREADS"] == "1"
+    assert os.environ["OMP_NUM_THREADS"] == "3"
+    assert "OPENBLAS_NUM_THREADS" not in os.environ
 
 
 # ---------------------------------------------------------------------- env factories

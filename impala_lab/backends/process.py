@@ -50,7 +50,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import multiprocess
@@ -81,6 +81,32 @@ def _shutdown_live_backends() -> None:
 # atexit runs hooks last-in first-out: this one, registered after multiprocess's, stops the
 # workers in order before multiprocess terminates the daemonic ones.
 atexit.register(_shutdown_live_backends)
+
+
+# A worker's numpy steps one small batch at a time: a second BLAS thread buys nothing there,
+# and OpenBLAS's idle threads spin. On a 2-core machine a worker then burned about half its
+# CPU in a helper thread waiting for work, taken from the other worker and the learner.
+ACTOR_THREAD_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
+                    "MKL_NUM_THREADS": "1"}
+_environ_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def single_threaded_blas() -> Iterator[None]:
+    """While it lasts, processes started from here get `ACTOR_THREAD_ENV`'s variables
+    (except those the user set: theirs win); this process's environment is restored after.
+
+    A spawned child reads the environment when it starts, so this surrounds
+    ``Process.start()``; the BLAS already loaded in this process is not affected."""
+    with _environ_lock:
+        added = [name for name in ACTOR_THREAD_ENV if name not in os.environ]
+        for name in added:
+            os.environ[name] = ACTOR_THREAD_ENV[name]
+        try:
+            yield
+        finally:
+            for name in added:
+                os.environ.pop(name, None)
 
 
 class ProcessBackend(Backend):
@@ -131,7 +157,8 @@ class ProcessBackend(Backend):
             target=worker_main, args=(theirs, os.getpid(), index, blob, kwargs),
             name=f"impala_lab-worker-{index}", daemon=True)
         try:
-            process.start()
+            with single_threaded_blas():
+                process.start()
         finally:
             theirs.close()  # else the driver holds the worker's end and never sees EOF
         handle = ProcessWorkerHandle(self, index, process, ours, describe_env(self.env))
