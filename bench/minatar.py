@@ -11,8 +11,10 @@ It measures, per game (Breakout-v1, SpaceInvaders-v1):
 
   forward    the env's own step (one env, random actions) against the actors' numpy forward
              per env step (`NumpyModel.logits` on B = 8 and 16 observations, divided by B),
-             for the small CNN and the IMPALA network as the game's tuned preset builds them.
-             Target: the small CNN's at most a third of the env step.
+             for the small CNN and the IMPALA network as the game's tuned preset builds them;
+             both in one child process with the worker processes' environment (one BLAS
+             thread, `ACTOR_THREAD_ENV`). Target: the small CNN's at most a third of the env
+             step.
   learner    the learner's samples/s: `VTracePolicy.learn_on_batch` on pre-made train batches
              of the preset's size, for both networks.
   solve      ``impala-lab train --env MinAtar/<Game>-v1 --stop-return R --max-seconds 900
@@ -20,7 +22,9 @@ It measures, per game (Breakout-v1, SpaceInvaders-v1):
              and printed. Targets: the trailing-100 mean reaches 15 (Breakout) / 100
              (SpaceInvaders) within 15 minutes of the process's start on every seed. Reported:
              seconds and env steps to the target, and frames/s end to end (env steps sampled
-             over the run's training seconds).
+             over the run's wall seconds, process start included).
+  impala     the same command with ``--conv-net impala`` for IMPALA_SECONDS (no target): the
+             IMPALA network's frames/s end to end and the mean return it reached.
 
 Results go to ``bench/minatar_results.json`` and ``bench/minatar_results.md`` (the README's
 MinAtar table); the CartPole results of ``python -m bench`` are left alone.
@@ -31,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import time
 import timeit
@@ -47,6 +52,7 @@ from impala_lab.stats import jsonable
 HERE = Path(__file__).resolve().parent
 GAMES = {"MinAtar/Breakout-v1": 15.0, "MinAtar/SpaceInvaders-v1": 100.0}
 MAX_SECONDS = 900.0  # 15 minutes from process start
+IMPALA_SECONDS = 120.0  # the IMPALA network's end-to-end run
 FORWARD_SHARE_TARGET = 1 / 3  # the small CNN's forward per env step, over the env step
 
 
@@ -83,6 +89,21 @@ def forward_us_per_step(env_id: str, conv_net: str, batch: int) -> float:
     number = max(20, 20_000 // batch)
     best = min(timeit.repeat(lambda: model.logits(obs), number=number, repeat=5)) / number
     return best / batch * 1e6
+
+
+def actor_timings(env_id: str) -> dict[str, float]:
+    """`env_step_us` and `forward_us_per_step` (both networks, B = 8 and 16) measured side by
+    side in a child process started as the workers are (one BLAS thread)."""
+    from impala_lab.backends.process import ACTOR_THREAD_ENV
+
+    code = ("import json, sys; from bench.minatar import env_step_us, forward_us_per_step; "
+            "e = sys.argv[1]; t = {'env_step_us': env_step_us(e)}; "
+            "t.update({f'forward_{n}_b{b}_us_per_step': forward_us_per_step(e, n, b) "
+            "for n in ('cnn', 'impala') for b in (8, 16)}); print(json.dumps(t))")
+    env = {**os.environ, **ACTOR_THREAD_ENV, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    out = subprocess.run([sys.executable, "-c", code, env_id], cwd=HERE.parent, env=env,
+                         capture_output=True, text=True, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def learner_samples_per_s(env_id: str, conv_net: str, seconds: float = 8.0) -> dict[str, Any]:
@@ -126,17 +147,28 @@ def solve_run(env_id: str, target: float, seed: int) -> dict[str, Any]:
     return r
 
 
+def impala_run(env_id: str, target: float, seed: int) -> dict[str, Any]:
+    """The tuned preset with the IMPALA network for `IMPALA_SECONDS` (it stops early only if
+    it reaches ``target``): its frames/s end to end and the return it reached."""
+    r = pipeline.time_to_solve(seed, IMPALA_SECONDS, target,
+                               ("--env", env_id, "--conv-net", "impala"))
+    steps, secs = r["final_env_steps"], r.get("wall_s")
+    r["frames_per_s"] = round(steps / secs, 1) if steps and secs else None
+    return r
+
+
 def run(seeds: int, skip_solve: bool, log: Any = print,
         games: dict[str, float] | None = None) -> dict[str, Any]:
     results: dict[str, Any] = {"machine": pipeline.machine_info(), "games": {}, "targets": []}
     for env_id, target in (games or GAMES).items():
         game: dict[str, Any] = {"stop_return": target}
-        step = env_step_us(env_id)
+        timings = actor_timings(env_id)
+        step = timings["env_step_us"]
         game["env_step_us"] = round(step, 2)
         log(f"[minatar] {env_id}: env step {step:.1f} us", flush=True)
         for conv_net in ("cnn", "impala"):
             for batch in (8, 16):
-                us = forward_us_per_step(env_id, conv_net, batch)
+                us = timings[f"forward_{conv_net}_b{batch}_us_per_step"]
                 game[f"forward_{conv_net}_b{batch}_us_per_step"] = round(us, 2)
                 log(f"[minatar]   {conv_net} forward, B={batch}: {us:.2f} us per env step "
                     f"({us / step:.2f} of the env step)", flush=True)
@@ -169,6 +201,10 @@ def run(seeds: int, skip_solve: bool, log: Any = print,
                                        f"{MAX_SECONDS:g} s", "value": game["solve"]["num_solved"],
                                        "op": ">=", "limit": len(runs),
                                        "ok": game["solve"]["num_solved"] == len(runs)})
+            game["impala_run"] = impala_run(env_id, target, pipeline.draw_seeds(1)[0])
+            r = game["impala_run"]
+            log(f"[minatar]   IMPALA network, seed {r['seed']}, {IMPALA_SECONDS:g} s: "
+                f"{r['frames_per_s']} frames/s, final mean {r['final_return_mean']}", flush=True)
         results["games"][env_id] = game
     return results
 
@@ -193,6 +229,13 @@ def markdown(results: dict[str, Any]) -> str:
                 lines.append(f"| {env_id} | {r['seed']} | {r['solved']} | "
                              f"{r['seconds_to_target']} | {r['env_steps_to_target']} | "
                              f"{r['final_return_mean']} | {r['frames_per_s']} |")
+    impala = [(e, g["impala_run"]) for e, g in results["games"].items() if "impala_run" in g]
+    if impala:
+        lines += ["", f"| game, IMPALA network ({IMPALA_SECONDS:g} s) | seed | env steps | "
+                  "final mean | frames/s end to end |", "| --- | --- | --- | --- | --- |"]
+        for env_id, r in impala:
+            lines.append(f"| {env_id} | {r['seed']} | {r['final_env_steps']} | "
+                         f"{r['final_return_mean']} | {r['frames_per_s']} |")
     return "\n".join(lines)
 
 
