@@ -4,9 +4,10 @@
 lowest index (`impala_lab.frames`); this panel draws them side by side as a PNG in an
 ``Image`` widget, under a one-line caption: which worker and env, and the run's env steps when
 the newest frame arrived. A red gap between two frames marks an episode's end. The poller
-reads the frames at every tick and encodes a new PNG only when new ones arrived (a few
-hundred microseconds for MinAtar's 8 frames of 10x10). Observations that are not images
-(CartPole's four numbers) make no strip: the caption says so in one line.
+reads the frames at every tick and encodes a new PNG only when new ones arrived (under a
+millisecond for MinAtar's 8 frames of 10x10: at 4 Hz, well under 1 % of a core).
+Observations that are not images (CartPole's four numbers) make no strip: the caption says
+so in one line.
 
 Stable classes: ``impala-frame-strip`` (the panel), ``impala-frame-strip-image``,
 ``impala-frame-strip-caption``.
