@@ -29,7 +29,8 @@ core (`plot_schedule.PlotScheduler`). ``refresh()`` does one complete update in 
 thread: step-through cells and tests use it. ``python -m bench.dashboard_overhead`` measures
 what all of it costs the run.
 
-The dashboard only reads ``stats()``, ``history`` and ``knob_changes`` and calls
+The dashboard only reads ``stats()``, ``history``, ``knob_changes`` and, where the run has
+them, ``observation_space`` and ``latest_frames()`` (the frame strip), and calls
 ``start()``, ``pause()``, ``stop()`` and ``set_knobs()``; it never reaches into the pipeline.
 It holds the run weakly: re-running a cell that makes a new run lets the old one be collected
 (and its workers end); keep your own reference (``impala = Impala(...)``).
