@@ -43,6 +43,7 @@ from typing import Any
 
 from impala_lab.batch import SampleBatch, concat_samples
 from impala_lab.errors import ImpalaError, WorkerError
+from impala_lab.frames import LatestFrames
 
 
 class DriverLoop:
@@ -60,6 +61,8 @@ class DriverLoop:
         `SampleTaskPool`, the policy (``get_weights``, ``version``), the backend
         (``put_weights``) and the `WorkerSupervisor`. A stand-in that overrides the methods
         leaves them None.
+      frames: a `LatestFrames` that `completed_samples` shows every new batch (the
+        dashboard's frame strip), or None.
 
     Attributes:
       batch_buffer: the batches (new and replayed) waiting to become a train batch.
@@ -73,7 +76,7 @@ class DriverLoop:
 
     def __init__(self, config: Any, replay: Any, learner: Any, stats: Any, *,
                  tasks: Any = None, policy: Any = None, backend: Any = None,
-                 supervisor: Any = None) -> None:
+                 supervisor: Any = None, frames: LatestFrames | None = None) -> None:
         self.config = config
         self.replay = replay
         self.learner = learner
@@ -82,6 +85,7 @@ class DriverLoop:
         self.policy = policy
         self.backend = backend
         self.supervisor = supervisor
+        self.frames = frames
         self.batch_buffer: list[SampleBatch] = []
         self.batch_buffer_steps = 0
         self.num_sent = 0
@@ -133,12 +137,18 @@ class DriverLoop:
 
         A failed worker is replaced (`replace_failed`) and the others' samples follow. A
         batch more than ``max_policy_lag`` updates behind is dropped here (`drop_for_lag`).
+        Every new batch, dropped or not, is shown to ``frames`` (`show_frames`).
         """
         blocking = True
+        # The run's env steps before this turn: its new batches are counted at its end
+        # (dropped ones at once), so this plus their steps so far is the count after each.
+        steps_before, arrived = self.stats.num_steps_sampled, 0
         while True:
             try:
                 for worker, batch in self.tasks.completed_prefetch(blocking_wait=blocking,
                                                                    timeout=timeout):
+                    arrived += batch.count
+                    self.show_frames(worker, batch, steps_before + arrived)
                     if self.lag_of(batch) > self.config.max_policy_lag:
                         self.drop_for_lag(worker, batch)
                     else:
@@ -147,6 +157,14 @@ class DriverLoop:
             except WorkerError as err:
                 self.replace_failed(err)
                 blocking = False
+
+    def show_frames(self, worker: Any, batch: SampleBatch, env_steps: int) -> None:
+        """Let ``frames`` take the last frames of a new batch when ``worker`` is the live
+        worker with the lowest index; ``env_steps``: the run's, this batch included."""
+        if self.frames is None or self.frames.kind is None:
+            return
+        lowest = min((w.index for w in self.supervisor.workers), default=worker.index)
+        self.frames.observe(worker.index, batch, lowest_live_index=lowest, env_steps=env_steps)
 
     def lag_of(self, batch: SampleBatch) -> int:
         """Learner updates between the oldest column's weights and the learner's now."""

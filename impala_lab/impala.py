@@ -39,6 +39,7 @@ from impala_lab.build import as_config, build_learner, check_env
 from impala_lab.config import ImpalaConfig
 from impala_lab.driver_loop import DriverLoop
 from impala_lab.errors import ConfigError, ImpalaError
+from impala_lab.frames import Frames, LatestFrames
 from impala_lab.health import HealthMonitor
 from impala_lab.knobs import KNOBS, LIVE_KNOBS
 from impala_lab.replay import ReplayMixer
@@ -80,6 +81,7 @@ class Impala:
       policy, learner, replay, backend: the `VTracePolicy`, the learner thread, the
         `ReplayMixer` and where the workers live.
       health: the `HealthMonitor`; history: the `StatsHistory` of ``record()`` snapshots;
+      frames: the `LatestFrames` of one worker's env (``latest_frames()``);
       knob_changes: every live knob change, with its time and env step.
     """
 
@@ -163,9 +165,10 @@ class Impala:
         self.run_stats = RunStats()
         tasks = SampleTaskPool(wait_fn=self.backend.wait)
         self.supervisor = WorkerSupervisor(c, self.backend, tasks)
+        self.frames = LatestFrames(self.observation_space)
         self.loop = DriverLoop(c, self.replay, self.learner, self.run_stats, tasks=tasks,
                                policy=self.policy, backend=self.backend,
-                               supervisor=self.supervisor)
+                               supervisor=self.supervisor, frames=self.frames)
         # Learning health: fed every learner step from the learner thread, judged in stats().
         self.health = HealthMonitor(int(getattr(self.action_space, "n", 0)),
                                     c.learner_queue_size, clock=_run_clock(weakref.ref(self)))
@@ -236,6 +239,19 @@ class Impala:
             health=self.health, num_worker_failures=self.supervisor.num_worker_failures,
             liveness=self.supervisor.liveness(judging), judging_liveness=judging,
             pipeline=self._pipeline_view(), last_error=self.last_error)
+
+    def latest_frames(self) -> Frames | None:
+        """The last `impala_lab.frames.FRAME_STRIP_LENGTH` observations of one env, as new
+        batches brought them: column 0 of the live worker with the lowest index (replayed
+        batches never count). Safe to call from any thread while the run trains.
+
+        Returns:
+          a `Frames` (``obs`` uint8 [K, H, W, C], ``env_steps`` [K], ``ends`` [K],
+          ``worker_index``, ``column``; `impala_lab.frames.strip_rgb` draws them), or None:
+          no batch of that worker yet, or observations that are not images
+          (`impala_lab.frames.not_image_reason` says why).
+        """
+        return self.frames.latest()
 
     def _pipeline_view(self) -> dict[str, Any]:
         """Figures of every stage for the diagram. While another thread drives the run, other

@@ -746,3 +746,91 @@ def test_the_lag_histogram_draws_both_distributions_the_limits_and_the_drops():
     # an empty run draws the axes and no bars
     empty = ET.fromstring(lag_histogram_svg({}))
     assert not [r for r in empty.iter("{http://www.w3.org/2000/svg}rect") if r.get("class")]
+
+
+# ---------------------------------------------------------------------- the frame strip
+class FramesRun(FakeRun):
+    """A fake run with an observation space and frames to show."""
+
+    def __init__(self, space, frames=None) -> None:
+        super().__init__()
+        self.observation_space = space
+        self.frames = frames
+
+    def latest_frames(self):
+        return self.frames
+
+
+def _minatar_frames(version: int, seed: int):
+    from impala_lab.frames import Frames
+
+    obs = (np.random.default_rng(seed).random((3, 10, 10, 4)) < 0.3).astype(np.uint8)
+    return Frames(obs=obs, env_steps=np.array([1200, 1200, 1234]),
+                  ends=np.array([False, True, False]), worker_index=0, column=0,
+                  kind="channels", version=version)
+
+
+def _png_pixels(data: bytes) -> np.ndarray:
+    from PIL import Image
+
+    return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+
+
+def test_the_frame_strip_shows_new_frames_and_encodes_only_when_they_change():
+    import gymnasium as gym
+
+    from impala_lab.frames import strip_rgb
+
+    run = FramesRun(gym.spaces.Box(0, 1, (10, 10, 4), bool))
+    board = Dashboard(run, poll_hz=5, plot_process=False)
+    board.refresh(plots=False)
+    panel = next(w for w in _walk(board.widget) if "impala-frame-strip" in w._dom_classes)
+    assert panel.layout.display is None and board.frame_strip.layout.display == "none"
+    assert " ".join(visible(board.frame_caption.value)) == (
+        "frames appear when the first batch of the lowest-numbered worker arrives")
+
+    run.frames = _minatar_frames(1, seed=0)
+    board.refresh(plots=False)
+    np.testing.assert_array_equal(_png_pixels(board.frame_strip.value),
+                                  strip_rgb(run.frames))
+    assert board.frame_strip.layout.display is None
+    assert " ".join(visible(board.frame_caption.value)) == (
+        "frames : worker 0, env 0, its last 3 steps (newest at 1,234 env steps); "
+        "red gap: a new episode")
+    shown = board.frame_strip.value
+    board.refresh(plots=False)  # the same frames: no new PNG
+    assert board._frame_view.encodes == 1 and board.frame_strip.value is shown
+
+    board.start_polling()  # the poller shows newer frames at its cadence
+    try:
+        run.frames = _minatar_frames(2, seed=1)
+        deadline = time.monotonic() + 5
+        while board._frame_view.encodes < 2:
+            assert time.monotonic() < deadline, f"no new strip: {board.last_poll_error!r}"
+            time.sleep(0.02)
+        np.testing.assert_array_equal(_png_pixels(board.frame_strip.value),
+                                      strip_rgb(run.frames))
+    finally:
+        board.close()
+
+
+def test_the_frame_strip_says_in_one_line_when_observations_are_not_images():
+    import gymnasium as gym
+
+    from impala_lab.frames import not_image_reason
+
+    space = gym.spaces.Box(-1, 1, (4,), np.float32)
+    run = FramesRun(space)
+    board = Dashboard(run, poll_hz=0)
+    board.refresh(plots=False)
+    assert board.frame_caption.value.count("<span") == 1
+    assert " ".join(visible(board.frame_caption.value)) == " ".join(
+        not_image_reason(space).split())
+    assert board.frame_strip.layout.display == "none" and board._frame_view.encodes == 0
+    # a run without an observation space (this fake): no panel at all
+    fake = FakeRun()
+    plain = Dashboard(fake, poll_hz=0)
+    plain.refresh(plots=False)
+    assert plain.frame_strip.layout.display == "none" and plain.frame_caption.value == ""
+    panel = next(w for w in _walk(plain.widget) if "impala-frame-strip" in w._dom_classes)
+    assert panel.layout.display == "none"

@@ -242,12 +242,32 @@ def test_the_impala_network_trains_on_breakout_with_every_backend(backend):
                           sample_batch_size=10, train_batch_size=20, model=(16,),
                           conv_net="impala", impala_channels=(4, 4), seed=0)
     with Impala(config) as run:
+        new_frames = _spy_on_new_batches(run)
         run.train(stop={"num_steps_trained": 60}, max_seconds=120)
         stats = run.stats()
         assert stats["num_steps_trained"] >= 60 and run.policy.version >= 3
+        # the dashboard's frame strip: the last 8 observations of worker 0's first env
+        frames = run.latest_frames()
+        np.testing.assert_array_equal(frames.obs, new_frames[-1])
+        assert frames.obs.shape == (8, 10, 10, 4) and frames.worker_index == 0
+        assert frames.env_steps[-1] <= stats["num_steps_sampled"]
         weights, _ = run.policy.get_weights()
         assert [w.shape for w in weights] == NumpyModel(
             OBS, ACT, (16,), conv_net="impala", impala_channels=(4, 4)).weight_shapes()
+
+
+def _spy_on_new_batches(run) -> list:
+    """The last 8 observations of column 0 of each new batch, as the task pool hands them to
+    the driver (one worker)."""
+    seen, prefetch = [], run.loop.tasks.completed_prefetch
+
+    def spy(**kwargs):
+        for worker, batch in prefetch(**kwargs):
+            seen.append(batch.obs[-8:, 0].copy())
+            yield worker, batch
+
+    run.loop.tasks.completed_prefetch = spy
+    return seen
 
 
 def test_train_writes_a_gif_of_the_final_policy_and_play_renders_the_checkpoint(tmp_path):

@@ -19,6 +19,7 @@ Modules:
 - `poller`: the thread that updates the widgets a few times a second;
 - `plot_schedule`: which plot to draw next, where, within what CPU;
 - `diagram`: the pipeline SVG and the timing bars;
+- `frame_strip`: the last observations of one worker's env, when they are images;
 - `plots`: matplotlib figures from a live run or a ``metrics.csv`` (the CLI's ``report.png``);
 - `live_plots`: the same figures redrawn cheaply for the dashboard, in a child process;
 - `terminal`: the text view (the CLI's live panel; ``show()`` without a notebook frontend);

@@ -9,9 +9,11 @@ What it shows (top to bottom): the run's status; a learning-health badge (``stat
 a warning badge per active flag with its one-sentence explanation, else "ok" and what was seen
 earlier); the headline figures; the pipeline diagram
 (`impala_lab.dashboard.diagram`); gauges for the queues with a bottleneck hint; start, pause
-and stop buttons and the live knobs; plots of throughput, return, learner queue and policy
-lag, the timing breakdown and the learner stats (`impala_lab.dashboard.plots`), and the
-policy-lag histogram (`impala_lab.dashboard.lag_histogram`).
+and stop buttons and the live knobs; plots of throughput and return; the frame strip, the
+last observations of one worker's env when they are images
+(`impala_lab.dashboard.frame_strip`); plots of learner queue and policy lag, the timing
+breakdown and the learner stats (`impala_lab.dashboard.plots`), and the policy-lag histogram
+(`impala_lab.dashboard.lag_histogram`).
 
 The parts live in their own modules: the HTML of each widget in `markup` (pure functions of a
 snapshot), the sliders and buttons in `controls`, which plot to draw when in `plot_schedule`.
@@ -27,7 +29,8 @@ core (`plot_schedule.PlotScheduler`). ``refresh()`` does one complete update in 
 thread: step-through cells and tests use it. ``python -m bench.dashboard_overhead`` measures
 what all of it costs the run.
 
-The dashboard only reads ``stats()``, ``history`` and ``knob_changes`` and calls
+The dashboard only reads ``stats()``, ``history``, ``knob_changes`` and, where the run has
+them, ``observation_space`` and ``latest_frames()`` (the frame strip), and calls
 ``start()``, ``pause()``, ``stop()`` and ``set_knobs()``; it never reaches into the pipeline.
 It holds the run weakly: re-running a cell that makes a new run lets the old one be collected
 (and its workers end); keep your own reference (``impala = Impala(...)``).
@@ -55,6 +58,7 @@ from impala_lab.dashboard import markup
 from impala_lab.dashboard.controls import KnobSliders, button
 from impala_lab.dashboard.diagram import PipelineDiagram, timing_svg
 from impala_lab.dashboard.format import fmt_knob
+from impala_lab.dashboard.frame_strip import FrameStripView
 from impala_lab.dashboard.labels import QUEUES
 from impala_lab.dashboard.lag_histogram import lag_histogram_svg
 from impala_lab.dashboard.plot_schedule import PlotScheduler
@@ -133,6 +137,7 @@ class Dashboard:
         self._lock = threading.RLock()
         self._replay_off = False
         self._diagram = PipelineDiagram()
+        self._frame_view = FrameStripView(getattr(impala, "observation_space", None))
         self._scheduler = PlotScheduler(VIEWS, interval=self.plot_interval,
                                         budget=self.plot_budget,
                                         use_process=bool(plot_process), show=self._show_plot)
@@ -251,10 +256,26 @@ class Dashboard:
         learner.add_class("impala-plot-learner")
         return W.VBox([W.HBox([self.plots["throughput"], self.plots["return"]],
                               layout=W.Layout(flex_flow="row wrap")),
+                       self._build_frame_strip(),
                        W.HBox([self.timing, self.plots["queues"]],
                               layout=W.Layout(flex_flow="row wrap")),
                        self.lag_histogram,
                        learner])
+
+    def _build_frame_strip(self) -> W.VBox:
+        """The frame strip's caption and image (the image hidden until frames arrive; the
+        whole panel for a run without an observation space)."""
+        self.frame_caption = W.HTML()
+        self.frame_caption.add_class("impala-frame-strip-caption")
+        self.frame_strip = W.Image(value=b"", format="png",
+                                   layout=W.Layout(max_width="100%", height="auto",
+                                                   display="none"))
+        self.frame_strip.add_class("impala-frame-strip-image")
+        panel = W.VBox([self.frame_caption, self.frame_strip],
+                       layout=W.Layout(margin="4px 0",
+                                       display=None if self._frame_view.visible else "none"))
+        panel.add_class("impala-frame-strip")
+        return panel
 
     def _show_plot(self, view: str, png: bytes) -> None:
         self.plots[view].value = png
@@ -397,7 +418,7 @@ class Dashboard:
         self.last_stats = dict(s)
         state = self._state(run)
         widgets = [self.header, self.health, self.diagram, self.timing, self.hint, self.message,
-                   self.knob_log, self.lag_histogram,
+                   self.knob_log, self.lag_histogram, self.frame_caption, self.frame_strip,
                    *self.cards.values(), *self.gauges.values(), *self.gauge_labels.values(),
                    *self.knobs.values(), self.start_button, self.pause_button,
                    self.stop_button]
@@ -411,6 +432,7 @@ class Dashboard:
             self.diagram.value = self._diagram.render(s)
             self.timing.value = timing_svg(s, width=470)
             self.lag_histogram.value = lag_histogram_svg(s, width=470)
+            self._apply_frames(run)
             self._apply_gauges(s)
             self._apply_knobs(s)
             self._set_buttons(run, state)
@@ -420,6 +442,15 @@ class Dashboard:
                 note=self._note, note_error=self._note_error)
             changes = (getattr(run, "knob_changes", None) or []) if run is not None else []
             self.knob_log.value = markup.knob_log_html(changes)
+
+    def _apply_frames(self, run: Any) -> None:
+        """The frame strip: a new PNG only when new frames arrived."""
+        latest = getattr(run, "latest_frames", None) if run is not None else None
+        png, caption = self._frame_view.update(latest() if latest is not None else None)
+        self.frame_caption.value = caption
+        if png is not None:
+            self.frame_strip.value = png
+            self.frame_strip.layout.display = None
 
     def _state(self, run: Any) -> str:
         if run is None:
