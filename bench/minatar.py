@@ -23,6 +23,9 @@ It measures, per game (Breakout-v1, SpaceInvaders-v1):
              (SpaceInvaders) within 15 minutes of the process's start on every seed. Reported:
              seconds and env steps to the target, and frames/s end to end (env steps sampled
              over the run's wall seconds, process start included).
+  cpu        a tuned run of CPU_SECONDS with the small CNN: the cores its driver process
+             (driver loop and learner) and each worker process used over the middle of the
+             run (from /proc), which side is the bottleneck.
   impala     the same command with ``--conv-net impala`` for IMPALA_SECONDS (no target): the
              IMPALA network's frames/s end to end and the mean return it reached.
 
@@ -37,6 +40,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import timeit
 from pathlib import Path
@@ -53,6 +57,7 @@ HERE = Path(__file__).resolve().parent
 GAMES = {"MinAtar/Breakout-v1": 15.0, "MinAtar/SpaceInvaders-v1": 100.0}
 MAX_SECONDS = 900.0  # 15 minutes from process start
 IMPALA_SECONDS = 120.0  # the IMPALA network's end-to-end run
+CPU_SECONDS = 60.0  # the run whose processes' CPU use is sampled
 FORWARD_SHARE_TARGET = 1 / 3  # the small CNN's forward per env step, over the env step
 
 
@@ -104,6 +109,49 @@ def actor_timings(env_id: str) -> dict[str, float]:
     out = subprocess.run([sys.executable, "-c", code, env_id], cwd=HERE.parent, env=env,
                          capture_output=True, text=True, check=True).stdout
     return json.loads(out.strip().splitlines()[-1])
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _worker_pids(parent: int) -> list[int]:
+    """The worker processes among ``parent``'s children (not multiprocess's tracker)."""
+    pids = []
+    for task in Path(f"/proc/{parent}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ")
+            if b"spawn_main" in cmdline and b"resource_tracker" not in cmdline:
+                pids.append(int(child))
+    return sorted(pids)
+
+
+def actor_cpu_share(env_id: str, seconds: float = CPU_SECONDS) -> dict[str, Any]:
+    """Cores used by the driver process (driver loop + learner) and by each worker process
+    during a tuned run with the small CNN, sampled from 20 s after its start (TensorFlow
+    imported, steps traced) to 10 s before its end."""
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "MPLBACKEND": "Agg"}
+    with tempfile.TemporaryDirectory(prefix="bench-cpu-") as tmp:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "impala_lab.cli", "train", "--env", env_id, "--max-seconds",
+             str(seconds), "--quiet", "--out", tmp], cwd=HERE.parent, env=env,
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            time.sleep(20.0)
+            pids = [proc.pid, *_worker_pids(proc.pid)]
+            t0, before = time.perf_counter(), {p: _cpu_seconds(p) for p in pids}
+            time.sleep(seconds - 30.0)
+            elapsed, after = time.perf_counter() - t0, {p: _cpu_seconds(p) for p in pids}
+        finally:
+            _, err = proc.communicate(timeout=seconds + 120)
+        if proc.returncode != 0:
+            raise RuntimeError(f"actor_cpu_share({env_id}): impala-lab exited with "
+                               f"{proc.returncode}:\n{err[-2000:]}")
+    cores = {p: round((after[p] - before[p]) / elapsed, 2) for p in pids}
+    return {"window_s": round(elapsed, 1), "driver_learner_cores": cores[proc.pid],
+            "worker_cores": [cores[p] for p in pids[1:]]}
 
 
 def learner_samples_per_s(env_id: str, conv_net: str, seconds: float = 8.0) -> dict[str, Any]:
@@ -177,6 +225,10 @@ def run(seeds: int, skip_solve: bool, log: Any = print,
                                    "(worse of B=8, 16)", "value": round(share, 3),
                                    "op": "<=", "limit": round(FORWARD_SHARE_TARGET, 3),
                                    "ok": share <= FORWARD_SHARE_TARGET})
+        game["cpu"] = actor_cpu_share(env_id)
+        log(f"[minatar]   cores used in training (small CNN): driver + learner "
+            f"{game['cpu']['driver_learner_cores']}, workers {game['cpu']['worker_cores']}",
+            flush=True)
         for conv_net in ("cnn", "impala"):
             r = learner_samples_per_s(env_id, conv_net)
             game[f"learner_{conv_net}"] = r
@@ -211,14 +263,18 @@ def run(seeds: int, skip_solve: bool, log: Any = print,
 
 def markdown(results: dict[str, Any]) -> str:
     lines = ["| game | env step | small CNN fwd / step (B=8, 16) | IMPALA net fwd / step "
-             "(B=8, 16) | learner samples/s (CNN, IMPALA) |", "| --- | --- | --- | --- | --- |"]
+             "(B=8, 16) | learner samples/s (CNN, IMPALA) | cores in training: driver + "
+             "learner, each worker |", "| --- | --- | --- | --- | --- | --- |"]
     for env_id, g in results["games"].items():
+        cpu = g.get("cpu")
+        cores = (f"{cpu['driver_learner_cores']}; "
+                 f"{', '.join(map(str, cpu['worker_cores']))}" if cpu else "")
         lines.append(
             f"| {env_id} | {g['env_step_us']} µs | {g['forward_cnn_b8_us_per_step']}, "
             f"{g['forward_cnn_b16_us_per_step']} µs | {g['forward_impala_b8_us_per_step']}, "
             f"{g['forward_impala_b16_us_per_step']} µs | "
             f"{g['learner_cnn']['samples_per_s']:,.0f}, "
-            f"{g['learner_impala']['samples_per_s']:,.0f} |")
+            f"{g['learner_impala']['samples_per_s']:,.0f} | {cores} |")
     solves = [(e, g["solve"]) for e, g in results["games"].items() if "solve" in g]
     if solves:
         lines += ["", "| game | seed | reached | seconds to target | env steps to target | "
