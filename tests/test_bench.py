@@ -458,3 +458,41 @@ def test_recurrent_speed_sides_alternate_and_ratios_are_of_the_windows():
     assert (ll["mlp_samples_per_s"], ll["lstm_samples_per_s"]) == (mlp, lstm)
     assert _positive(mlp) and _positive(lstm)
     assert ll["ratio"] == pytest.approx(lstm / mlp, abs=5e-4)  # rounded to 3 decimals
+
+
+def test_minatar_cpu_share_finds_exactly_the_worker_processes_and_their_cpu():
+    from bench import minatar
+    from impala_lab.backends.process import ProcessBackend
+    from tests.backend_helpers import config
+
+    backend = ProcessBackend(config())
+    try:
+        handles = [backend.make_worker(i) for i in range(2)]
+        for h in handles:
+            h.info().result()
+        assert minatar._worker_pids(os.getpid()) == sorted(h.pid for h in handles)
+        before = minatar._cpu_seconds(os.getpid())
+        t0 = time.process_time()
+        while time.process_time() - t0 < 0.2:  # burn 0.2 s of this process's CPU
+            pass
+        assert minatar._cpu_seconds(os.getpid()) - before == pytest.approx(0.2, abs=0.05)
+    finally:
+        backend.shutdown()
+
+
+def test_minatar_markdown_shows_cores_solves_and_the_impala_run():
+    from bench import minatar
+
+    game = {"env_step_us": 3.0, "learner_cnn": {"samples_per_s": 50000.0},
+            "learner_impala": {"samples_per_s": 12000.0},
+            **{f"forward_{n}_b{b}_us_per_step": 1.0 for n in ("cnn", "impala") for b in (8, 16)},
+            "cpu": {"window_s": 30.0, "driver_learner_cores": 1.12, "worker_cores": [0.15, 0.27]},
+            "solve": {"runs": [{"seed": 7, "solved": True, "seconds_to_target": 95.8,
+                                "env_steps_to_target": 1858560, "final_return_mean": 15.4,
+                                "frames_per_s": 18945.6}]},
+            "impala_run": {"seed": 9, "final_env_steps": 653440, "final_return_mean": 8.1,
+                           "frames_per_s": 5078.0}}
+    text = minatar.markdown({"games": {"MinAtar/Breakout-v1": game}})
+    assert "| 50,000, 12,000 | 1.12; 0.15, 0.27 |" in text
+    assert "| MinAtar/Breakout-v1 | 7 | True | 95.8 | 1858560 | 15.4 | 18945.6 |" in text
+    assert "| MinAtar/Breakout-v1 | 9 | 653440 | 8.1 | 5078.0 |" in text
