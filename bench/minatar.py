@@ -51,6 +51,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("MPLBACKEND", "Agg")
 
 from bench import pipeline
+from bench.soak import child_pids
 from impala_lab.stats import jsonable
 
 HERE = Path(__file__).resolve().parent
@@ -120,11 +121,10 @@ def _cpu_seconds(pid: int) -> float:
 def _worker_pids(parent: int) -> list[int]:
     """The worker processes among ``parent``'s children (not multiprocess's tracker)."""
     pids = []
-    for task in Path(f"/proc/{parent}/task").iterdir():
-        for child in (task / "children").read_text().split():
-            cmdline = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ")
-            if b"spawn_main" in cmdline and b"resource_tracker" not in cmdline:
-                pids.append(int(child))
+    for child in child_pids(parent):
+        cmdline = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ")
+        if b"spawn_main" in cmdline and b"resource_tracker" not in cmdline:
+            pids.append(child)
     return sorted(pids)
 
 
