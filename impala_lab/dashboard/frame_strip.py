@@ -15,23 +15,12 @@ Stable classes: ``impala-frame-strip`` (the panel), ``impala-frame-strip-image``
 
 from __future__ import annotations
 
-import io
 from html import escape
 from typing import Any
 
-import numpy as np
-
 from impala_lab.dashboard.format import fmt_count
+from impala_lab.dashboard.live_plots import png_bytes
 from impala_lab.frames import Frames, image_kind, not_image_reason, strip_rgb
-
-
-def png_bytes(rgb: np.ndarray) -> bytes:
-    """uint8 [H, W, 3] as PNG bytes (a fast zlib level: a live image is soon replaced)."""
-    from PIL import Image
-
-    buf = io.BytesIO()
-    Image.fromarray(np.ascontiguousarray(rgb)).save(buf, format="png", compress_level=1)
-    return buf.getvalue()
 
 
 def caption_html(frames: Frames | None, reason: str = "") -> str:

@@ -22,14 +22,19 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from impala_lab.dashboard.plots import DPI, HasColumns, columns, new_figure, view_panels
 
 
-def encode_png(canvas: FigureCanvasAgg) -> bytes:
-    """The canvas as PNG bytes: RGB, a fast zlib level (a live PNG is replaced within seconds)."""
+def png_bytes(rgb: np.ndarray) -> bytes:
+    """uint8 [H, W, 3] as PNG bytes, at a fast zlib level (a live PNG is replaced within
+    seconds)."""
     from PIL import Image
 
-    rgba = np.asarray(canvas.buffer_rgba())
     buf = io.BytesIO()
-    Image.fromarray(rgba[..., :3]).save(buf, format="png", compress_level=1)
+    Image.fromarray(np.ascontiguousarray(rgb)).save(buf, format="png", compress_level=1)
     return buf.getvalue()
+
+
+def encode_png(canvas: FigureCanvasAgg) -> bytes:
+    """The canvas as PNG bytes (RGB)."""
+    return png_bytes(np.asarray(canvas.buffer_rgba())[..., :3])
 
 
 class LiveFigure:
