@@ -160,17 +160,6 @@ class LatestFrames:
             return self._frames
 
 
-_PALETTES: dict[int, np.ndarray] = {}
-
-
-def _palette(channels: int) -> np.ndarray:
-    if channels not in _PALETTES:
-        from impala_lab.minatar_env import palette
-
-        _PALETTES[channels] = palette(channels)
-    return _PALETTES[channels]
-
-
 def frame_scale(height: int, target: int = DEFAULT_HEIGHT) -> int:
     """The whole factor that scales an image of ``height`` pixels up towards ``target``."""
     return max(1, target // max(1, int(height)))
@@ -191,9 +180,9 @@ def strip_rgb(frames: Frames, *, scale: int | None = None, gap: int = 2) -> np.n
     K, H, W = obs.shape[:3]
     s = frame_scale(H) if scale is None else int(scale)
     if frames.kind == "channels":
-        from impala_lab.minatar_env import to_rgb
+        from impala_lab.minatar_env import palette, to_rgb
 
-        images = to_rgb(obs, _palette(obs.shape[-1]), s)
+        images = to_rgb(obs, palette(obs.shape[-1]), s)
     elif frames.kind in ("rgb", "grey"):
         images = obs if frames.kind == "rgb" else np.repeat(obs, 3, axis=-1)
         if s > 1:

@@ -28,6 +28,7 @@ ramp. No time limit is added: an episode ends when the game ends (Freeway ends i
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import pathlib
 from types import ModuleType
@@ -62,15 +63,19 @@ def _game_module(game: str) -> ModuleType:
     return _MODULES[game]
 
 
+@functools.cache
 def palette(channels: int) -> np.ndarray:
     """MinAtar's colours: uint8 [channels + 1, 3], black for an empty cell, then channel i's
     colour (seaborn's ``color_palette("cubehelix", channels)``: matplotlib's cubehelix map at
-    evenly spaced points strictly inside (0, 1))."""
+    evenly spaced points strictly inside (0, 1)). Computed once per ``channels`` and shared,
+    so read-only."""
     from matplotlib import colormaps  # only when rendering
 
     points = np.linspace(0.0, 1.0, channels + 2)[1:-1]
     colours = colormaps["cubehelix"](points)[:, :3]
-    return np.round(np.vstack([np.zeros((1, 3)), colours]) * 255).astype(np.uint8)
+    table = np.round(np.vstack([np.zeros((1, 3)), colours]) * 255).astype(np.uint8)
+    table.flags.writeable = False
+    return table
 
 
 def to_rgb(obs: np.ndarray, colours: np.ndarray, scale: int = 1) -> np.ndarray:
@@ -125,7 +130,6 @@ class MinAtarEnv(gym.Env):
         self._rng = np.random.RandomState()
         self.game.random = self._rng
         self._last_action = 0
-        self._colours: np.ndarray | None = None
 
     def reset(self, *, seed: int | None = None, options: dict | None = None
               ) -> tuple[np.ndarray, dict]:
@@ -148,9 +152,8 @@ class MinAtarEnv(gym.Env):
     def render(self) -> np.ndarray | None:
         if self.render_mode is None:
             return None
-        if self._colours is None:
-            self._colours = palette(self.observation_space.shape[-1])
-        return to_rgb(self.game.state(), self._colours, self.render_scale)
+        return to_rgb(self.game.state(), palette(self.observation_space.shape[-1]),
+                      self.render_scale)
 
 
 def register() -> None:
