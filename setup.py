@@ -1,9 +1,10 @@
-"""The wheel carries the course: notebooks/ becomes the package data ``impala_lab/course/``.
+"""The wheel carries the course: notebooks/ becomes the package data
+``impala_lab/classroom/notebooks/``.
 
 Everything else about the package is declared in pyproject.toml. The notebooks stay at the
 repository's top level (``make lab``, the tests and the README use ``notebooks/``), so
-build_py copies them into the built package, where `impala_lab.course` finds them. An
-editable install builds nothing: `impala_lab.course` then reads ``notebooks/`` in place.
+build_py copies them into the built package, where `impala_lab.classroom.course` finds them. An
+editable install builds nothing: `impala_lab.classroom.course` then reads ``notebooks/`` in place.
 """
 
 from pathlib import Path
@@ -17,13 +18,13 @@ COURSE_GLOBS = ("*.ipynb", "exercises/*.ipynb", "solutions/*.ipynb")
 
 
 class BuildPyWithCourse(build_py):
-    """build_py, plus the notebooks copied to ``<build_lib>/impala_lab/course/``."""
+    """build_py, plus the notebooks copied to ``<build_lib>/impala_lab/classroom/notebooks/``."""
 
     def run(self) -> None:
         super().run()
         if self.editable_mode:  # the editable finder maps impala_lab to the source tree
             return
-        dest = Path(self.build_lib) / "impala_lab" / "course"
+        dest = Path(self.build_lib) / "impala_lab" / "classroom" / "notebooks"
         for pattern in COURSE_GLOBS:
             for notebook in sorted(NOTEBOOKS.glob(pattern)):
                 target = dest / notebook.relative_to(NOTEBOOKS)

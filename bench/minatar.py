@@ -83,8 +83,8 @@ def forward_us_per_step(env_id: str, conv_net: str, batch: int) -> float:
     import gymnasium as gym
     import numpy as np
 
+    from impala_lab.cli.play import policy_model
     from impala_lab.config import ImpalaConfig
-    from impala_lab.play import policy_model
 
     config = ImpalaConfig.tuned(env_id, conv_net=conv_net)
     env = gym.make(env_id)
@@ -135,7 +135,7 @@ def actor_cpu_share(env_id: str, seconds: float = CPU_SECONDS) -> dict[str, Any]
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "MPLBACKEND": "Agg"}
     with tempfile.TemporaryDirectory(prefix="bench-cpu-") as tmp:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "impala_lab.cli", "train", "--env", env_id, "--max-seconds",
+            [sys.executable, "-m", "impala_lab.cli.main", "train", "--env", env_id, "--max-seconds",
              str(seconds), "--quiet", "--out", tmp], cwd=HERE.parent, env=env,
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         try:
@@ -156,10 +156,10 @@ def actor_cpu_share(env_id: str, seconds: float = CPU_SECONDS) -> dict[str, Any]
 
 def learner_samples_per_s(env_id: str, conv_net: str, seconds: float = 8.0) -> dict[str, Any]:
     """The learner alone: learn_on_batch on pre-made batches of the preset's train size."""
+    from impala_lab.actor.rollout_worker import RolloutWorker
     from impala_lab.batch import concat_samples
     from impala_lab.config import ImpalaConfig
-    from impala_lab.policy import VTracePolicy
-    from impala_lab.rollout import RolloutWorker
+    from impala_lab.learner.vtrace_policy import VTracePolicy
 
     config = ImpalaConfig.tuned(env_id, conv_net=conv_net, seed=0)
     worker = RolloutWorker(env_id, num_envs=config.num_envs_per_worker,

@@ -28,7 +28,7 @@ On a machine with real GPUs (``--real-gpus``) each tower has its own device.
 ``--mirrored`` adds the same step built with ``tf.distribute.MirroredStrategy`` (the policy
 built inside the strategy's scope, each replica computing the gradients of its column group,
 summed with an all-reduce, one optimizer step), for the design choice explained in
-`impala_lab.multi_gpu`.
+`impala_lab.learner.multi_gpu_learner`.
 """
 
 from __future__ import annotations
@@ -49,8 +49,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 def make_batches(config: Any, num_batches: int, seed: int) -> list:
     """``num_batches`` train batches [T, columns] of the config's shape, sampled once."""
+    from impala_lab.actor.rollout_worker import RolloutWorker
     from impala_lab.batch import concat_samples
-    from impala_lab.rollout import RolloutWorker
 
     per_batch = -(-config.train_batch_size // config.sample_steps)
     batches = []
@@ -146,7 +146,7 @@ def mirrored_step(config: Any, spaces: tuple, devices: list[str], batches: list)
     """The towers' step built with ``tf.distribute.MirroredStrategy``; (step, its inputs)."""
     import tensorflow as tf
 
-    from impala_lab.policy import VTracePolicy, batch_to_tensors
+    from impala_lab.learner.vtrace_policy import VTracePolicy, batch_to_tensors
 
     strategy = tf.distribute.MirroredStrategy(
         devices, cross_device_ops=tf.distribute.ReductionToOneDevice())
@@ -211,12 +211,12 @@ def main(argv: list[str] | None = None) -> int:
                             num_data_loader_buffers=args.num_data_loader_buffers)
 
     # Logical devices before anything initialises TensorFlow: the largest count serves all.
-    from impala_lab.multi_gpu import MultiGPULearner, configure_learner_devices
+    from impala_lab.learner.multi_gpu_learner import MultiGPULearner, configure_learner_devices
 
     configure_learner_devices(device_config(max(args.devices)))
-    from impala_lab.build import probe_spaces
-    from impala_lab.learner import LearnerThread
-    from impala_lab.policy import VTracePolicy
+    from impala_lab.driver.build import probe_spaces
+    from impala_lab.learner.learner_thread import LearnerThread
+    from impala_lab.learner.vtrace_policy import VTracePolicy
 
     spaces = probe_spaces(base.env)
     batches = make_batches(base, args.batches, seed=0)

@@ -3,7 +3,8 @@
 Four off-policy corrections (no correction, epsilon, 1-step importance sampling, V-trace) x
 {no replay, replay_proportion 1.0} on one env, the actors held ``--lag`` learner updates behind,
 ``--seeds`` seeds per cell (drawn at random per bench run and printed; every cell uses the same
-ones), then a sweep of the lag (no replay). The study is `impala_lab.offpolicy_study`; each run
+ones), then a sweep of the lag (no replay). The study is `impala_lab.classroom.offpolicy_study`;
+each run
 is cached in ``bench/out/offpolicy/<settings hash>/`` (git-ignored), so an interrupted bench
 continues. Writes ``bench/offpolicy_results.json`` (every run's curve and figures),
 ``bench/offpolicy_results.md`` (the tables, for the README) and ``bench/offpolicy_results.png``
@@ -30,7 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("MPLBACKEND", "Agg")
 
-from impala_lab.offpolicy_study import (
+from impala_lab.classroom.offpolicy_study import (
     StudySettings,
     plot_study,
     run_study,

@@ -122,8 +122,8 @@ class _SamplingWorkers:
     def __init__(self, num_workers: int, **overrides: Any) -> None:
         import gymnasium
 
+        from impala_lab.actor.numpy_model import NumpyModel
         from impala_lab.backends import make_backend
-        from impala_lab.models import NumpyModel
 
         self.config = tuned_config(num_workers=num_workers, **overrides)
         env = gymnasium.make(self.config.env)
@@ -209,7 +209,7 @@ def end_to_end(num_workers: int = 2, seconds: float = 15.0, warmup_s: float = 5.
       ``{"env_steps_per_s", "trained_per_s", "train_throughput", "timing_breakdown",
       "episode_return_mean", "memory" (if measured), ...}``.
     """
-    from impala_lab.impala import Impala
+    from impala_lab.driver.impala import Impala
 
     config = tuned_config(num_workers=num_workers, **overrides)
     impala = Impala(config)
@@ -264,7 +264,7 @@ def learner_ceiling(seconds: float = 8.0, warmup_steps: int = 5, **overrides: An
     import gymnasium
 
     from bench.multi_gpu import make_batches
-    from impala_lab.policy import VTracePolicy
+    from impala_lab.learner.vtrace_policy import VTracePolicy
 
     config = tuned_config(**overrides)
     env = gymnasium.make(config.env)
@@ -308,7 +308,7 @@ def sampling_side_by_side(num_workers: int = 2, rounds: int = 3, seconds: float 
       "trained_per_s", "rounds", "timing_breakdown", ...}, "ratio", "round_ratios",
       "memory" (if measured)}``.
     """
-    from impala_lab.impala import Impala
+    from impala_lab.driver.impala import Impala
 
     impala = Impala(tuned_config(num_workers=num_workers))
     bare = None
@@ -363,8 +363,8 @@ def learner_side_by_side(num_sgd_iter: int = 4, rounds: int = 3, seconds: float 
     import gymnasium
 
     from bench.multi_gpu import make_batches
-    from impala_lab.impala import Impala
-    from impala_lab.policy import VTracePolicy
+    from impala_lab.driver.impala import Impala
+    from impala_lab.learner.vtrace_policy import VTracePolicy
 
     config = tuned_config(num_sgd_iter=num_sgd_iter)
     impala = Impala(config)
@@ -438,7 +438,7 @@ def time_to_solve(seed: int, max_seconds: float = 150.0, stop_return: float = 47
     after = () if train_after_target is None else ("--train-after-target",
                                                    str(train_after_target))
     with tempfile.TemporaryDirectory(prefix="bench-solve-") as tmp:
-        cmd = [sys.executable, "-m", "impala_lab.cli", "train", "--env", ENV,
+        cmd = [sys.executable, "-m", "impala_lab.cli.main", "train", "--env", ENV,
                "--stop-return", str(stop_return), *after, "--max-seconds", str(max_seconds),
                "--seed", str(seed), "--quiet", "--out", tmp, *extra_args]
         env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "MPLBACKEND": "Agg"}

@@ -49,7 +49,7 @@ def _child(seconds: float, num_sgd_iter: int, num_workers: int) -> None:
     """The profiled run: prints its pids as one JSON line, then trains for ``seconds``."""
     sys.path.insert(0, str(REPO))
     from bench.pipeline import tuned_config
-    from impala_lab.impala import Impala
+    from impala_lab.driver.impala import Impala
 
     config = tuned_config(num_workers=num_workers, num_sgd_iter=num_sgd_iter)
     with Impala(config) as run:

@@ -64,8 +64,8 @@ def _models(num_envs: int) -> tuple[Any, Any, Any]:
     import numpy as np
 
     import impala_lab  # noqa: F401  (registers the env)
+    from impala_lab.actor.numpy_model import NumpyModel
     from impala_lab.config import ImpalaConfig
-    from impala_lab.models import NumpyModel
 
     env = gymnasium.make(ENV)
     c = ImpalaConfig.tuned(ENV)
@@ -131,7 +131,7 @@ def learner_rates(rounds: int = 3, seconds: float = 3.0, warmup_steps: int = 3
 
     from bench.multi_gpu import make_batches
     from impala_lab.config import ImpalaConfig
-    from impala_lab.policy import VTracePolicy
+    from impala_lab.learner.vtrace_policy import VTracePolicy
 
     env = gymnasium.make(ENV)
     sides = []

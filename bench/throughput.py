@@ -4,7 +4,8 @@ Env steps per second, learner training, for the architectures the paper compares
 side in one run on one env (CartPole-v1's tuned preset: the same model, the same learner, the
 same [50, 8] samples per worker):
 
-  sync A2C          `impala_lab.sync_loop.SyncLoop`: 2 process workers sample, the driver waits
+  sync A2C          `impala_lab.classroom.sync_loop.SyncLoop`: 2 process workers sample, the driver
+  waits
                     for both, the learner trains once, the weights go out, again (the paper's
                     "batched A2C, sync traj.": the actors wait for the learner every step)
   IMPALA, N procs   the asynchronous pipeline, process backend, N = 1, 2 and 4 workers
@@ -52,7 +53,7 @@ def measure(env: str, kind: str, overrides: dict[str, Any], warmup: float,
 
     config = ImpalaConfig.tuned(env, seed=0, **overrides)
     if kind == "sync":
-        from impala_lab.sync_loop import SyncLoop
+        from impala_lab.classroom.sync_loop import SyncLoop
 
         with SyncLoop(config) as loop:
             loop.run(warmup)
@@ -63,7 +64,7 @@ def measure(env: str, kind: str, overrides: dict[str, Any], warmup: float,
             # every env step sampled is trained on once, right away
             return {"env_steps_per_s": sampled, "trained_per_s": sampled,
                     "updates_per_s": (loop.num_updates - updates0) / dt, "policy_lag": 0.0}
-    from impala_lab.impala import Impala
+    from impala_lab.driver.impala import Impala
 
     with Impala(config) as run:
         run.train(max_seconds=warmup, report_interval=1.0)

@@ -77,7 +77,7 @@ def _worker(conn, busy_s: float) -> None:
 def _weights(hiddens: tuple[int, ...]) -> list:
     import gymnasium as gym
 
-    from impala_lab.models import NumpyModel
+    from impala_lab.actor.numpy_model import NumpyModel
 
     env = gym.make("CartPole-v1")
     return list(NumpyModel(env.observation_space, env.action_space, hiddens)

@@ -22,7 +22,7 @@ Importing the package is cheap: TensorFlow is imported only by the learner-side 
 TensorFlow's logging up once, before TensorFlow loads (`impala_lab._quiet_tf`): no C++ start-up
 lines and no retracing warnings; ``TF_CPP_MIN_LOG_LEVEL=0`` in the environment shows them.
 It registers the package's memory task with gymnasium, ``impala_lab/StatelessCartPole-v1``,
-and, when MinAtar is installed, its games (``MinAtar/Breakout-v1`` ...; `impala_lab.minatar_env`).
+and, when MinAtar is installed, its games (``MinAtar/Breakout-v1`` ...; `impala_lab.envs.minatar`).
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING, Any
 from impala_lab import _quiet_tf
 from impala_lab._lazy import lazy_getattr
 from impala_lab.config import ImpalaConfig
+from impala_lab.envs.minatar import register as _register_minatar
+from impala_lab.envs.stateless_cartpole import register as _register_envs
 from impala_lab.errors import (
     ConfigError,
     ImpalaError,
@@ -40,8 +42,6 @@ from impala_lab.errors import (
     StageError,
     WorkerError,
 )
-from impala_lab.minatar_env import register as _register_minatar
-from impala_lab.stateless_cartpole import register as _register_envs
 
 __version__ = "0.1.0"
 
@@ -50,23 +50,23 @@ _register_envs()  # impala_lab/StatelessCartPole-v1, in every process that impor
 _register_minatar()  # MinAtar/<Game>-v0/v1 when minatar is installed (importing it adds none)
 
 _LAZY = {
-    "Impala": "impala_lab.impala",
-    "shutdown_all": "impala_lab.impala",
+    "Impala": "impala_lab.driver.impala",
+    "shutdown_all": "impala_lab.driver.impala",
     "SampleBatch": "impala_lab.batch",
     "concat_samples": "impala_lab.batch",
-    "RolloutWorker": "impala_lab.rollout",
-    "VTracePolicy": "impala_lab.policy",
-    "LearnerThread": "impala_lab.learner",
-    "MinibatchBuffer": "impala_lab.minibatch_buffer",
-    "ReplayMixer": "impala_lab.replay",
-    "SampleTaskPool": "impala_lab.task_pool",
+    "RolloutWorker": "impala_lab.actor.rollout_worker",
+    "VTracePolicy": "impala_lab.learner.vtrace_policy",
+    "LearnerThread": "impala_lab.learner.learner_thread",
+    "MinibatchBuffer": "impala_lab.learner.minibatch_buffer",
+    "ReplayMixer": "impala_lab.driver.replay_mixer",
+    "SampleTaskPool": "impala_lab.driver.task_pool",
 }
 
 __all__ = ["ConfigError", "ImpalaConfig", "ImpalaError", "LearnerError", "NonFiniteLossError",
            "StageError", "WorkerError", *_LAZY]
 
 if TYPE_CHECKING:  # pragma: no cover
-    from impala_lab.impala import Impala, shutdown_all  # noqa: F401
+    from impala_lab.driver.impala import Impala, shutdown_all  # noqa: F401
 
 
 _lazy_getattr = lazy_getattr(__name__, _LAZY)
@@ -76,7 +76,7 @@ def __getattr__(name: str) -> Any:
     if name == "shutdown_all":
         import sys
 
-        module = sys.modules.get("impala_lab.impala")
+        module = sys.modules.get("impala_lab.driver.impala")
         if module is None:  # no run was ever created: nothing to end, and no TF import
             return lambda: None
         return module.shutdown_all

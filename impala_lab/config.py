@@ -21,9 +21,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from impala_lab import conv_layout, memory
+from impala_lab import conv_layout
+from impala_lab import memory_budget as memory
+from impala_lab.driver.knobs import LIVE_KNOBS as LIVE_KNOBS  # re-exported: the live config fields
 from impala_lab.errors import ConfigError
-from impala_lab.knobs import LIVE_KNOBS as LIVE_KNOBS  # re-exported: the live config fields
 
 BACKENDS = ("process", "inline", "ray")
 OPTIMIZERS = ("adam", "rmsprop")
@@ -168,7 +169,7 @@ class ImpalaConfig:
         "vtrace", "How the loss treats lagged data (IMPALA paper, section 5.2.2): 'vtrace', "
         "'is1' (policy gradient weighted by the clipped importance weight, value target "
         "uncorrected), 'epsilon' (log(pi + 1e-6) in the policy gradient) or 'none' (as if "
-        "on-policy); the equations are in impala_lab/corrections.py.")
+        "on-policy); the equations are in impala_lab/learner/corrections.py.")
     max_policy_lag: int = _f(
         1000, "Drop a new sample batch that reaches the driver more than this many learner "
         "updates behind (Sample Factory's knob); counted in stats() as "
@@ -353,7 +354,7 @@ class ImpalaConfig:
     def memory_estimate(self, observation_space: Any = None, action_space: Any = None
                         ) -> dict[str, int]:
         """Bytes this config needs for its data, by part (``"total"`` is their sum); the
-        parts and the arguments are `impala_lab.memory.memory_estimate`'s."""
+        parts and the arguments are `impala_lab.memory_budget.memory_estimate`'s."""
         return memory.memory_estimate(self, observation_space, action_space)
 
     def check_memory(self, observation_space: Any = None, action_space: Any = None) -> None:

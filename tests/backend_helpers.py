@@ -7,8 +7,8 @@ import functools
 import time
 from typing import Any
 
+from impala_lab.actor.numpy_model import NumpyModel
 from impala_lab.config import ImpalaConfig
-from impala_lab.models import NumpyModel
 from tests.envs import FixedLengthEnv
 
 HIDDENS = (8,)

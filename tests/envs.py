@@ -224,7 +224,8 @@ class HangOnceEnv(FixedLengthEnv):
 class ImageEnv(gym.Env):
     """Image observations ``Box(0, 255, (size, size, 3), uint8)`` for CNN tests.
 
-    ``size`` defaults to 20, the smallest image `impala_lab.models`' CNN accepts (its conv
+    ``size`` defaults to 20, the smallest image `impala_lab.actor.numpy_model`' CNN accepts (its
+    conv
     stack needs at least 20x20). The episode ends (terminated) after ``length`` steps.
     Pixel [0, 0, 0] holds the step in the episode, channel 1 is a fixed gradient, channel 2
     is the last action * 100 (0 after reset). Reward 1.0 when the action equals

@@ -14,12 +14,12 @@ import time
 import numpy as np
 import pytest
 
+from impala_lab.actor.rollout_worker import RolloutWorker
 from impala_lab.backends import BACKENDS, backend_class, make_backend
-from impala_lab.backends.remote import worker_info
+from impala_lab.backends.worker_info import worker_info
 from impala_lab.batch import SampleBatch
 from impala_lab.config import BACKENDS as CONFIG_BACKENDS
 from impala_lab.errors import WorkerError
-from impala_lab.rollout import RolloutWorker
 from tests.backend_helpers import ENV3, HIDDENS, B, T, config, model_for, results
 from tests.envs import FixedLengthEnv, RaisingEnv
 from tests.leaks import wait_gone

@@ -293,21 +293,22 @@ def test_profile_aggregates_self_and_inclusive_shares_of_py_spy_raw_output():
     from bench.profile import REPO, aggregate
 
     raw = "\n".join([
-        f"thread (1): MainThread;<module> (x.py:1);step ({REPO}/impala_lab/impala.py:10);"
+        f"thread (1): MainThread;<module> (x.py:1);step ({REPO}/impala_lab/driver/impala.py:10);"
         f"wait (/v/lib/python3.11/site-packages/multiprocess/connection.py:5) 3",
         f"thread (2): impala-learner;Thread._bootstrap (threading.py:1);"
-        f"learn ({REPO}/impala_lab/policy.py:7);learn ({REPO}/impala_lab/policy.py:9) 1",
+        f"learn ({REPO}/impala_lab/learner/vtrace_policy.py:7);"
+        f"learn ({REPO}/impala_lab/learner/vtrace_policy.py:9) 1",
         "",
     ])
     agg = aggregate(raw, top=10)
     assert agg["samples"] == 4
     assert agg["threads"] == {"MainThread": 0.75, "impala-learner": 0.25}
     assert agg["self"] == [("wait (multiprocess/connection.py:5)", 0.75),
-                           ("learn (impala_lab/policy.py:9)", 0.25)]
+                           ("learn (impala_lab/learner/vtrace_policy.py:9)", 0.25)]
     # Lines merge per function, a recursive call counts once, start-up frames are left out.
-    assert dict(agg["inclusive"]) == {"step (impala_lab/impala.py)": 0.75,
+    assert dict(agg["inclusive"]) == {"step (impala_lab/driver/impala.py)": 0.75,
                                       "wait (multiprocess/connection.py)": 0.75,
-                                      "learn (impala_lab/policy.py)": 0.25}
+                                      "learn (impala_lab/learner/vtrace_policy.py)": 0.25}
     assert [share for _, share in agg["inclusive"]] == [0.75, 0.75, 0.25]
     assert aggregate("", 5) == {"samples": 0, "threads": {}, "self": [], "inclusive": []}
 

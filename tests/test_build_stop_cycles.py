@@ -5,7 +5,7 @@ Measured on this machine (inline backend, 1 worker x 2 envs, a 16-unit model, 20
 per run): before, RSS grew 5.1 MB per run. 4.5 MB was each run's traced train step: Keras's
 optimizer all-reduces the gradients through ``ReplicaContext.all_reduce``, a
 ``tf.custom_gradient`` whose gradient function TensorFlow registers globally, so the graph never
-died with its run (now skipped outside a distribution strategy: `impala_lab.optimizers.
+died with its run (now skipped outside a distribution strategy: `impala_lab.learner.optimizers.
 SingleReplicaGradients`). 0.6 MB was the TensorFlow runtime's per-name state for the Adam
 slots, named ``adam_1/...``, ``adam_2/...`` by a process-wide counter (now always ``adam/...``).
 After both: 0.00-0.01 MB per run, with Adam and with TF1RMSprop, inline and process backends.

@@ -1,7 +1,8 @@
 """Checkpoints under faults: kills at random moments, a full disk, saves during training.
 
 `Impala.save` writes a new directory beside the target, fsyncs it and swaps it in with two
-renames (`impala_lab.checkpoint.write_checkpoint`); these tests hold that the previous checkpoint
+renames (`impala_lab.driver.checkpoint.write_checkpoint`); these tests hold that the previous
+checkpoint
 always survives, that a save during background training is one learner step's snapshot, that
 ``restore(path, lr=...)`` trains at the new lr, and that damaged counters are refused.
 """
@@ -25,7 +26,7 @@ import numpy as np
 import pytest
 
 from impala_lab import Impala, ImpalaConfig
-from impala_lab.checkpoint import prev_checkpoint_path, read_checkpoint
+from impala_lab.driver.checkpoint import prev_checkpoint_path, read_checkpoint
 from impala_lab.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -56,7 +57,7 @@ def checkpoint_value(path: Path) -> int:
 SAVE_LOOP = textwrap.dedent("""
     import sys
     import numpy as np
-    from impala_lab.checkpoint import read_checkpoint, write_checkpoint
+    from impala_lab.driver.checkpoint import read_checkpoint, write_checkpoint
 
     template, path, start = sys.argv[1], sys.argv[2], int(sys.argv[3])
     state, weights, opt_state = read_checkpoint(template)

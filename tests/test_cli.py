@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from impala_lab.cli import final_line, main
+from impala_lab.cli.main import final_line, main
 from impala_lab.config import ImpalaConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def run_cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    return subprocess.run([sys.executable, "-m", "impala_lab.cli", *args], cwd=REPO, env=env,
+    return subprocess.run([sys.executable, "-m", "impala_lab.cli.main", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -172,7 +172,7 @@ def test_config_command_prints_the_table(capsys):
 
 
 def test_the_tuned_preset_fills_only_fields_the_user_left_out():
-    from impala_lab.cli import build_parser, config_from_args
+    from impala_lab.cli.main import build_parser, config_from_args
     from impala_lab.config import TUNED_PRESETS
 
     tuned = config_from_args(build_parser().parse_args(["train", "--lr", "0.01"]))
@@ -218,13 +218,13 @@ def test_ctrl_c_while_the_run_is_built_exits_130_without_a_traceback(tmp_path, c
                                                                      monkeypatch):
     import signal
 
-    import impala_lab.impala
+    import impala_lab.driver.impala
 
     class Interrupted:
         def __init__(self, config):
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(impala_lab.impala, "Impala", Interrupted)
+    monkeypatch.setattr(impala_lab.driver.impala, "Impala", Interrupted)
     handler = signal.getsignal(signal.SIGTERM)
     code = main(["train", "--backend", "inline", "--out", str(tmp_path / "run")])
     assert code == 130

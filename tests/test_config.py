@@ -450,7 +450,7 @@ def test_from_dict_only_raises_value_or_type_errors(data: dict, stray_key) -> No
        gpus=st.integers(0, 8))
 def test_train_batch_columns_are_exact_for_any_size(train, sample, envs, gpus) -> None:
     try:  # with memory to spare: the memory estimate would refuse the huge sizes
-        with mock.patch("impala_lab.memory.available_memory_bytes", return_value=10**1000):
+        with mock.patch("impala_lab.memory_budget.available_memory_bytes", return_value=10**1000):
             c = ImpalaConfig(train_batch_size=train, sample_batch_size=sample,
                              num_envs_per_worker=envs, num_gpus=gpus)
     except ConfigError as e:

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from impala_lab import vtrace
 from impala_lab.config import ImpalaConfig
-from impala_lab.corrections import EPSILON, correction_terms
 from impala_lab.errors import ConfigError
+from impala_lab.learner import vtrace
+from impala_lab.learner.corrections import EPSILON, correction_terms
 
 CORRECTIONS = ("vtrace", "is1", "epsilon", "none")
 OBS = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
@@ -177,7 +177,7 @@ def _expected_losses(correction, t, logits, values, bootstrap, gamma, vf_coeff, 
 
 @pytest.mark.parametrize("correction", CORRECTIONS)
 def test_the_policy_loss_with_each_correction_matches_the_reference(correction):
-    from impala_lab.policy import VTracePolicy
+    from impala_lab.learner.vtrace_policy import VTracePolicy
 
     policy = VTracePolicy(OBS, ACT, _config(correction))
     t = _loss_inputs(np.random.default_rng(3))
@@ -194,8 +194,8 @@ def test_the_policy_loss_with_each_correction_matches_the_reference(correction):
 
 @pytest.mark.parametrize("correction", CORRECTIONS)
 def test_a_recurrent_policys_loss_with_each_correction_matches_the_reference(correction):
-    from impala_lab.keras_model import lstm_unroll
-    from impala_lab.policy import VTracePolicy
+    from impala_lab.learner.keras_model import lstm_unroll
+    from impala_lab.learner.vtrace_policy import VTracePolicy
 
     policy = VTracePolicy(OBS, ACT, _config(correction, model=(16,), use_lstm=True,
                                             lstm_cell_size=8))

@@ -1,6 +1,7 @@
 """The course installs with pip: a built wheel carries the notebooks, exercises and solutions;
 installed into a fresh virtualenv outside the repository, ``impala-lab notebooks DIR`` copies
-them, ``00_quickstart`` runs there in fast mode and ``python -m impala_lab.exercises`` grades
+them, ``00_quickstart`` runs there in fast mode and ``python -m impala_lab.classroom.exercises``
+grades
 a solution there.
 
 The fresh virtualenv gets the wheel with ``--no-deps`` and reaches the dev environment's
@@ -29,8 +30,8 @@ import nbformat
 import pytest
 from packaging.version import Version
 
-from impala_lab.cli import main
-from impala_lab.course import course_root
+from impala_lab.classroom.course import course_root
+from impala_lab.cli.main import main
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
@@ -119,11 +120,11 @@ def course(venv, tmp_path_factory) -> Path:
 def test_the_wheel_carries_the_course_without_outputs(wheel):
     with zipfile.ZipFile(wheel) as whl:
         names = whl.namelist()
-        prefix = "impala_lab/course/"
+        prefix = "impala_lab/classroom/notebooks/"
         shipped = sorted(n[len(prefix):] for n in names if n.startswith(prefix))
         assert shipped == _course_paths(NOTEBOOKS)
         assert len(shipped) == 28 and "00_quickstart.ipynb" in shipped
-        assert "impala_lab/exercises/__main__.py" in names  # the grader and its checkers
+        assert "impala_lab/classroom/exercises/__main__.py" in names  # the grader and its checkers
         assert "impala_lab/data/collapse_cartpole_metrics.csv" in names  # notebook 06 reads it
         assert "impala_lab/data/breakout_policy.gif" in names  # notebook 11 shows it
         for name in shipped:
@@ -133,13 +134,13 @@ def test_the_wheel_carries_the_course_without_outputs(wheel):
 
 
 def test_the_fresh_environment_imports_the_wheel_not_the_checkout(venv):
-    proc = _run([venv / "python", "-c", "import impala_lab, impala_lab.course as c; "
+    proc = _run([venv / "python", "-c", "import impala_lab, impala_lab.classroom.course as c; "
                  "print(impala_lab.__file__); print(c.course_root())"], cwd=venv.parent)
     assert proc.returncode == 0, proc.stderr[-3000:]
     module, root = proc.stdout.splitlines()
     site = venv.parent / "lib"
     assert Path(module).is_relative_to(site) and not Path(module).is_relative_to(ROOT)
-    assert Path(root) == Path(module).parent / "course"
+    assert Path(root) == Path(module).parent / "classroom" / "notebooks"
 
 
 def test_notebooks_copies_lectures_and_exercises_and_refuses_to_overwrite(venv, tmp_path):
@@ -165,13 +166,13 @@ def test_notebooks_copies_lectures_and_exercises_and_refuses_to_overwrite(venv, 
 
 
 def test_the_grader_grades_the_copied_exercises_there(venv, course):
-    proc = _run([venv / "python", "-m", "impala_lab.exercises", SOLUTION,
+    proc = _run([venv / "python", "-m", "impala_lab.classroom.exercises", SOLUTION,
                  "exercises/ex1_minibatch_buffer_get.ipynb"], cwd=course)
     assert proc.returncode == 1, proc.stderr[-3000:]  # the stub fails, the solution passes
     assert re.search(r"^✓ minibatch_get: all \d+ cases pass$", proc.stdout, re.M), proc.stdout
     assert "still raises NotImplementedError" in proc.stdout
     assert "1 of 2 notebooks pass" in proc.stdout
-    solved = _run([venv / "python", "-m", "impala_lab.exercises", SOLUTION], cwd=course)
+    solved = _run([venv / "python", "-m", "impala_lab.classroom.exercises", SOLUTION], cwd=course)
     assert solved.returncode == 0, solved.stdout[-3000:] + solved.stderr[-3000:]
 
 

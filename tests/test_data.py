@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 from impala_lab.config import ImpalaConfig
-from impala_lab.health import HealthMonitor, flag_codes
+from impala_lab.driver.health import HealthMonitor, flag_codes
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA_DIR = ROOT / "impala_lab" / "data"

@@ -16,13 +16,13 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-import impala_lab.exercises as ex
+import impala_lab.classroom.exercises as ex
 from impala_lab.batch import concat_samples
-from impala_lab.exercises import EXERCISES, MARK_END, MARK_START
-from impala_lab.exercises.__main__ import main as cli_main
-from impala_lab.exercises.driver_step import make_step_driver
-from impala_lab.exercises.notebook import check_notebook, load_answer, source, tags
-from impala_lab.minibatch_buffer import MinibatchBuffer
+from impala_lab.classroom.exercises import EXERCISES, MARK_END, MARK_START
+from impala_lab.classroom.exercises.__main__ import main as cli_main
+from impala_lab.classroom.exercises.driver_step import make_step_driver
+from impala_lab.classroom.exercises.notebook import check_notebook, load_answer, source, tags
+from impala_lab.learner.minibatch_buffer import MinibatchBuffer
 
 ROOT = Path(__file__).resolve().parent.parent
 STUBS = ROOT / "notebooks" / "exercises"
@@ -115,8 +115,8 @@ def test_stub_checks_do_not_import_tensorflow():
     stubs = [str(STUBS / e.notebook) for e in EXERCISES.values() if e.name != "vtrace_loss"]
     code = (
         "import sys\n"
-        "from impala_lab.exercises import check_vtrace_loss\n"
-        "from impala_lab.exercises.notebook import check_notebook\n"
+        "from impala_lab.classroom.exercises import check_vtrace_loss\n"
+        "from impala_lab.classroom.exercises.notebook import check_notebook\n"
         f"for nb in {stubs!r}:\n"
         "    assert check_notebook(nb, show=False).not_implemented\n"
         "def vtrace_loss(*args):\n"
@@ -129,7 +129,7 @@ def test_stub_checks_do_not_import_tensorflow():
 
 
 def test_importing_the_package_does_not_import_tensorflow():
-    code = "import sys, impala_lab.exercises; print('tensorflow' in sys.modules)"
+    code = "import sys, impala_lab.classroom.exercises; print('tensorflow' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=ROOT, check=True).stdout
     assert out.strip() == "False"
@@ -347,7 +347,7 @@ def test_driver_step_that_does_nothing():
 
 
 def test_step_driver_log_matches_the_library():
-    from impala_lab.driver_loop import DriverLoop
+    from impala_lab.driver.driver_loop import DriverLoop
 
     driver = make_step_driver(widths=(1, 2), train_batch_size=6, seed=0)
     assert DriverLoop.step(driver, 0.0) == (12, 0)
@@ -488,8 +488,8 @@ def _lstm_unroll_with(slip: str):
 
 
 def test_lstm_unroll_by_hand_passes_and_equals_the_numpy_models_unroll():
-    from impala_lab.exercises.lstm_unroll import make_inputs
-    from impala_lab.models import NumpyModel, lstm_sequence
+    from impala_lab.actor.numpy_model import NumpyModel, lstm_sequence
+    from impala_lab.classroom.exercises.lstm_unroll import make_inputs
 
     assert ex.check_lstm_unroll(_lstm_unroll_with(""), show=False).passed
     # The reference is the recurrence the actors run: NumpyModel.unroll's states.

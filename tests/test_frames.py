@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from impala_lab.batch import SampleBatch
-from impala_lab.driver_loop import DriverLoop
-from impala_lab.frames import (
+from impala_lab.driver.driver_loop import DriverLoop
+from impala_lab.driver.latest_frames import (
     FRAME_STRIP_LENGTH,
     Frames,
     LatestFrames,
@@ -23,9 +23,9 @@ from impala_lab.frames import (
     not_image_reason,
     strip_rgb,
 )
-from impala_lab.minatar_env import palette, to_rgb
-from impala_lab.replay import ReplayMixer
-from impala_lab.run_stats import RunStats
+from impala_lab.driver.replay_mixer import ReplayMixer
+from impala_lab.driver.run_stats import RunStats
+from impala_lab.envs.minatar import palette, to_rgb
 
 GREY_SPACE = gym.spaces.Box(0, 255, (2, 2, 1), np.uint8)
 T, B = 4, 2

@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import impala_lab.exercises as ex
-from impala_lab.exercises import EXERCISES, MARK_END, MARK_START
-from impala_lab.exercises.__main__ import main as cli_main
-from impala_lab.exercises.notebook import grade_notebook, load_answer, source, tags
-from impala_lab.minibatch_buffer import MinibatchBuffer
+import impala_lab.classroom.exercises as ex
+from impala_lab.classroom.exercises import EXERCISES, MARK_END, MARK_START
+from impala_lab.classroom.exercises.__main__ import main as cli_main
+from impala_lab.classroom.exercises.notebook import grade_notebook, load_answer, source, tags
+from impala_lab.learner.minibatch_buffer import MinibatchBuffer
 from tests.leaks import alive
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -117,8 +117,8 @@ def test_a_batch_survives_a_hand_in_that_loops_and_one_that_allocates(tmp_path, 
 
 def test_a_hand_in_that_replaces_the_checkers_poisons_nothing(tmp_path, capsys):
     poison = add_cell(notebook("minibatch_get", solution=False),
-                      "import impala_lab.exercises as _ex\n"
-                      "from impala_lab.exercises._common import CheckResult\n"
+                      "import impala_lab.classroom.exercises as _ex\n"
+                      "from impala_lab.classroom.exercises._common import CheckResult\n"
                       "for _name in dir(_ex):\n"
                       "    if _name.startswith('check_'):\n"
                       "        setattr(_ex, _name, lambda *a, **k: CheckResult('x', True, "
@@ -142,7 +142,8 @@ def test_a_hand_in_that_patches_the_reference_is_graded_against_the_real_one(tmp
                   "ReplayMixer.mix = lambda self, pairs: iter(list(pairs))\n")
     result = grade_notebook(write(tmp_path, "eve", "replay_mix", nb), show=False)
     assert not result.passed
-    assert "changes the grader's own code (impala_lab.replay.ReplayMixer.mix" in result.message
+    assert ("changes the grader's own code (impala_lab.driver.replay_mixer.ReplayMixer.mix"
+            in result.message)
 
 
 # ------------------------------------------------------------------ cheats fail, with why
@@ -172,7 +173,7 @@ def test_calling_replay_mixer_mix_is_flagged_in_the_region(tmp_path):
 
 
 def test_calling_replay_mixer_mix_outside_the_markers_is_trapped():
-    from impala_lab.replay import ReplayMixer
+    from impala_lab.driver.replay_mixer import ReplayMixer
 
     def mix(pairs, store, replay_proportion, replay_threshold, rng):
         mixer = ReplayMixer(replay_proportion, store.maxlen, replay_threshold, 1)
@@ -223,8 +224,8 @@ def _in_region(body: str, signature: str = "mix(pairs, store, replay_proportion,
 
 
 def test_the_static_look_tells_a_variable_from_the_library_call():
-    from impala_lab.exercises._guard import flag_region
-    from impala_lab.exercises.driver_step import SPEC
+    from impala_lab.classroom.exercises._guard import flag_region
+    from impala_lab.classroom.exercises.driver_step import SPEC
 
     honest = _in_region("step = 0\nmix = driver.replay.mix\nreturn step, step\n",
                         "driver_step(driver, timeout)")
@@ -235,7 +236,7 @@ def test_the_static_look_tells_a_variable_from_the_library_call():
 
 
 def test_the_library_vtrace_is_no_answer(tmp_path):
-    from impala_lab import vtrace as lib
+    from impala_lab.learner import vtrace as lib
 
     def vtrace(*args, **kwargs):
         out = lib.from_importance_weights_numpy(*args, **kwargs)
@@ -244,7 +245,7 @@ def test_the_library_vtrace_is_no_answer(tmp_path):
     result = ex.check_vtrace_numpy(vtrace, show=False)
     assert not result.passed and (
         "vtrace calls the library's from_importance_weights_numpy (at ") in result.message
-    nb = with_region(add_cell(notebook("vtrace_numpy"), "from impala_lab.vtrace import "
+    nb = with_region(add_cell(notebook("vtrace_numpy"), "from impala_lab.learner.vtrace import "
                               "from_importance_weights_numpy\n", before_check=False),
                      "out = from_importance_weights_numpy(log_rhos, discounts, rewards, "
                      "values, bootstrap_value, clip_rho_threshold, clip_pg_rho_threshold)\n"
@@ -257,8 +258,8 @@ def test_the_library_vtrace_is_no_answer(tmp_path):
 @pytest.mark.parametrize("call", ["DriverLoop.step(driver, timeout)", "driver.step(timeout)",
                                   "Impala._step(driver, timeout)"])
 def test_the_library_driver_step_is_no_answer(call):
-    from impala_lab.driver_loop import DriverLoop
-    from impala_lab.impala import Impala
+    from impala_lab.driver.driver_loop import DriverLoop
+    from impala_lab.driver.impala import Impala
 
     namespace = {"DriverLoop": DriverLoop, "Impala": Impala}
     exec(f"def driver_step(driver, timeout):\n    return {call}\n", namespace)
@@ -277,7 +278,7 @@ def test_the_library_driver_step_in_the_region_is_flagged(tmp_path):
 
 
 def test_the_checkers_own_reference_loss_is_no_answer():
-    from impala_lab.exercises.vtrace_loss import _Reference
+    from impala_lab.classroom.exercises.vtrace_loss import _Reference
 
     def vtrace_loss(target_logits, values, bootstrap_value, batch, config):
         out = _Reference.loss({"target_logits": target_logits, "values": values,
@@ -297,7 +298,7 @@ def solutions() -> dict[str, object]:
 
 
 def test_a_loss_whose_targets_carry_a_gradient_fails(solutions):
-    from impala_lab import vtrace
+    from impala_lab.learner import vtrace
 
     def vtrace_loss(target_logits, values, bootstrap_value, batch, config):
         total, pl, vf, ent = solutions["vtrace_loss"](target_logits, values, bootstrap_value,
@@ -365,7 +366,7 @@ def test_minibatch_internal_state_is_not_graded(solutions):
 
 
 def test_the_library_lstm_is_no_answer(tmp_path):
-    from impala_lab import models
+    from impala_lab.actor import numpy_model as models
 
     def lstm_unroll(xs, state_in, dones, kernel, recurrent_kernel, bias):
         return models.lstm_sequence(xs, state_in, dones, kernel, recurrent_kernel, bias)
@@ -373,7 +374,7 @@ def test_the_library_lstm_is_no_answer(tmp_path):
     result = ex.check_lstm_unroll(lstm_unroll, show=False)
     assert not result.passed and (
         "lstm_unroll calls the library's lstm_sequence (at ") in result.message
-    nb = with_region(add_cell(notebook("lstm_unroll"), "from impala_lab.models import "
+    nb = with_region(add_cell(notebook("lstm_unroll"), "from impala_lab.actor.numpy_model import "
                               "lstm_step\n", before_check=False),
                      "state, hs = state_in, []\n"
                      "for t in range(len(xs)):\n"

@@ -15,10 +15,10 @@ import weakref
 import numpy as np
 import pytest
 
-from impala_lab import health as H
 from impala_lab.batch import SampleBatch
 from impala_lab.dashboard import terminal
-from impala_lab.health import HealthMonitor, describe_seen, flag_codes, flag_labels
+from impala_lab.driver import health as H
+from impala_lab.driver.health import HealthMonitor, describe_seen, flag_codes, flag_labels
 
 
 class Clock:
@@ -162,7 +162,7 @@ def test_steady_growth_and_the_first_steps_are_no_spikes():
 # ---------------------------------------------------------------------- skipped updates
 @pytest.fixture(scope="module")
 def nan_batch() -> SampleBatch:
-    from impala_lab.rollout import RolloutWorker
+    from impala_lab.actor.rollout_worker import RolloutWorker
 
     with RolloutWorker("CartPole-v1", num_envs=2, sample_batch_size=10, seed=3) as worker:
         batch = worker.sample()
@@ -181,7 +181,7 @@ def test_a_nan_batch_through_a_real_policy_is_a_skipped_update_that_stays_flagge
 
     from impala_lab.config import ImpalaConfig
     from impala_lab.errors import NonFiniteLossError
-    from impala_lab.policy import VTracePolicy
+    from impala_lab.learner.vtrace_policy import VTracePolicy
 
     policy = VTracePolicy(gym.spaces.Box(-np.inf, np.inf, (4,), np.float32),
                           gym.spaces.Discrete(2), ImpalaConfig(seed=1))

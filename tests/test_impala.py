@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from impala_lab import Impala, ImpalaConfig
-from impala_lab.checkpoint import read_checkpoint
+from impala_lab.driver.checkpoint import read_checkpoint
 from impala_lab.errors import ConfigError, ImpalaError, LearnerError, WorkerError
 from tests.envs import FixedLengthEnv, RaisingEnv
 
@@ -197,7 +197,7 @@ def test_live_knobs_are_validated_applied_and_recorded():
 
 
 def test_set_knobs_lists_every_knob_of_the_table():
-    from impala_lab.knobs import KNOBS
+    from impala_lab.driver.knobs import KNOBS
 
     for knob in KNOBS.values():
         assert f"{knob.name} ({knob.kind}): {knob.help}" in Impala.set_knobs.__doc__

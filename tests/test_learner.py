@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from impala_lab.errors import LearnerError, NonFiniteLossError
-from impala_lab.learner import LearnerThread
+from impala_lab.learner.learner_thread import LearnerThread
 
 
 class Batch:
@@ -114,7 +114,7 @@ def test_num_sgd_iter_can_change_between_steps():
 def test_the_runs_cleanup_waits_for_a_train_step_in_flight():
     # A run's cleanup also runs at interpreter exit, and a learner thread still inside a
     # TensorFlow call then crashes the process: the cleanup waits until the step is over.
-    from impala_lab import impala
+    from impala_lab.driver import impala
 
     class SlowPolicy:
         def __init__(self) -> None:

@@ -23,8 +23,12 @@ import pytest
 from impala_lab import Impala, ImpalaConfig
 from impala_lab.batch import SampleBatch, concat_samples
 from impala_lab.errors import ConfigError
-from impala_lab.memory import CONV_LAYERS as ESTIMATE_CONV_LAYERS
-from impala_lab.memory import LSTM_STEP_BYTES_PER_UNIT, available_memory_bytes, lstm_weight_count
+from impala_lab.memory_budget import CONV_LAYERS as ESTIMATE_CONV_LAYERS
+from impala_lab.memory_budget import (
+    LSTM_STEP_BYTES_PER_UNIT,
+    available_memory_bytes,
+    lstm_weight_count,
+)
 from tests.leaks import no_leaks
 
 REPO = Path(__file__).resolve().parents[1]
@@ -48,7 +52,7 @@ def test_the_cli_refuses_a_train_batch_that_cannot_fit_before_anything_starts(
     out = tmp_path / "run"
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "impala_lab.cli", "train",
+    proc = subprocess.run([sys.executable, "-m", "impala_lab.cli.main", "train",
                            "--train-batch-size", str(train_batch_size), "--out", str(out)],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr[-2000:]
@@ -76,12 +80,12 @@ def test_max_memory_gb_moves_the_limit_and_is_named():
 
 def test_the_default_limit_is_half_the_available_memory():
     fits = ImpalaConfig(max_memory_gb=1000, train_batch_size=200_000).memory_estimate()["total"]
-    with mock.patch("impala_lab.memory.available_memory_bytes", return_value=2 * fits):
+    with mock.patch("impala_lab.memory_budget.available_memory_bytes", return_value=2 * fits):
         ImpalaConfig(train_batch_size=200_000)  # exactly half: fits
-    with mock.patch("impala_lab.memory.available_memory_bytes", return_value=2 * fits - 2):
+    with mock.patch("impala_lab.memory_budget.available_memory_bytes", return_value=2 * fits - 2):
         message = error_of(train_batch_size=200_000)
     assert "(max_memory_gb=None)" in message and "half of the" in message
-    with mock.patch("impala_lab.memory.available_memory_bytes", return_value=None):
+    with mock.patch("impala_lab.memory_budget.available_memory_bytes", return_value=None):
         ImpalaConfig(train_batch_size=10**9)  # unknown available memory: no limit
 
 
@@ -166,7 +170,7 @@ def test_validation_counts_one_float_per_observation_a_lower_bound():
 
 
 def test_the_conv_layers_are_the_models():
-    from impala_lab.models import CONV_LAYERS
+    from impala_lab.actor.numpy_model import CONV_LAYERS
 
     assert ESTIMATE_CONV_LAYERS == CONV_LAYERS
 
@@ -199,7 +203,7 @@ MEASURE = textwrap.dedent("""
     import json, resource, sys
     import gymnasium as gym
     from impala_lab.config import ImpalaConfig
-    from impala_lab.policy import VTracePolicy
+    from impala_lab.learner.vtrace_policy import VTracePolicy
     from tests.test_memory_limit import batch
 
     steps = int(sys.argv[1])

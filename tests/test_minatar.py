@@ -14,12 +14,12 @@ import pytest
 
 import impala_lab  # noqa: F401  (registers the MinAtar ids)
 from impala_lab import conv_layout
-from impala_lab.build import check_env
+from impala_lab.actor.numpy_model import NumpyModel, _max_pool_same
+from impala_lab.actor.rollout_worker import RolloutWorker
 from impala_lab.config import ImpalaConfig
+from impala_lab.driver.build import check_env
+from impala_lab.envs.minatar import palette, to_rgb
 from impala_lab.errors import ConfigError
-from impala_lab.minatar_env import palette, to_rgb
-from impala_lab.models import NumpyModel, _max_pool_same
-from impala_lab.rollout import RolloutWorker
 
 BREAKOUT = "MinAtar/Breakout-v1"
 OBS = gym.spaces.Box(0, 1, (10, 10, 4), bool)
@@ -165,7 +165,7 @@ def test_the_impala_network_has_the_papers_layers_for_10x10_images():
 @pytest.mark.parametrize("conv_net, hiddens", [("cnn", (32,)), ("impala", (64,))])
 @pytest.mark.parametrize("share", [True, False])
 def test_the_numpy_forward_equals_keras_on_boolean_images(conv_net, hiddens, share):
-    from impala_lab.keras_model import build_keras_model, keras_forward
+    from impala_lab.learner.keras_model import build_keras_model, keras_forward
 
     keras_model = build_keras_model(OBS, ACT, hiddens, seed=3, vf_share_layers=share,
                                     conv_net=conv_net)
@@ -219,7 +219,7 @@ def test_conv_filters_too_large_for_the_images_are_a_config_error_before_anythin
 
 
 def test_the_cli_parses_conv_filters_and_rejects_a_bad_one(capsys):
-    from impala_lab.cli import build_parser, config_from_args, main
+    from impala_lab.cli.main import build_parser, config_from_args, main
 
     args = build_parser().parse_args(["train", "--env", BREAKOUT, "--conv-filters",
                                       "16x3x1,32x3x2", "--conv-net", "cnn",
@@ -273,7 +273,7 @@ def _spy_on_new_batches(run) -> list:
 def test_train_writes_a_gif_of_the_final_policy_and_play_renders_the_checkpoint(tmp_path):
     from PIL import Image
 
-    from impala_lab.cli import main
+    from impala_lab.cli.main import main
 
     out = tmp_path / "run"
     assert main(["train", "--env", BREAKOUT, "--backend", "inline", "--num-workers", "1",
@@ -295,7 +295,7 @@ def test_train_writes_a_gif_of_the_final_policy_and_play_renders_the_checkpoint(
 
 
 def test_play_refuses_a_missing_checkpoint(tmp_path, capsys):
-    from impala_lab.cli import main
+    from impala_lab.cli.main import main
 
     assert main(["play", "--checkpoint", str(tmp_path / "nothing"), "--out",
                  str(tmp_path / "x.gif")]) == 2
@@ -305,7 +305,7 @@ def test_play_refuses_a_missing_checkpoint(tmp_path, capsys):
 def test_an_env_without_rgb_array_frames_is_refused_by_name_without_gymnasiums_warning():
     import warnings
 
-    from impala_lab.play import record_episodes
+    from impala_lab.cli.play import record_episodes
 
     class Silent(gym.Env):
         observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)

@@ -1,4 +1,4 @@
-"""Tests of impala_lab.minibatch_buffer.MinibatchBuffer."""
+"""Tests of impala_lab.learner.minibatch_buffer.MinibatchBuffer."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from impala_lab.minibatch_buffer import LearnerQueueTimeout, MinibatchBuffer
+from impala_lab.learner.minibatch_buffer import LearnerQueueTimeout, MinibatchBuffer
 
 T, F = True, False
 

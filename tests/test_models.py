@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from gymnasium import spaces
 
-from impala_lab.keras_model import build_keras_model, keras_forward
-from impala_lab.models import NumpyModel, check_spaces, sample_actions
+from impala_lab.actor.numpy_model import NumpyModel, check_spaces, sample_actions
+from impala_lab.learner.keras_model import build_keras_model, keras_forward
 
 REPO = Path(__file__).resolve().parents[1]
 CARTPOLE_OBS = spaces.Box(-np.inf, np.inf, (4,), np.float32)
@@ -306,7 +306,7 @@ def test_numpy_part_never_imports_tensorflow() -> None:
         import sys
         import numpy as np
         from gymnasium import spaces
-        from impala_lab import models
+        from impala_lab.actor import numpy_model as models
         m = models.NumpyModel(spaces.Box(-1, 1, (4,), np.float32), spaces.Discrete(2))
         m.set_weights(m.initial_weights(0))
         logits, values = m(np.zeros((8, 4), np.float32))

@@ -32,7 +32,7 @@ DEVICE_SCRIPT = r'''
 import json, threading, time
 import numpy as np
 from impala_lab.config import ImpalaConfig
-from impala_lab.multi_gpu import MultiGPULearner, configure_learner_devices
+from impala_lab.learner.multi_gpu_learner import MultiGPULearner, configure_learner_devices
 
 out = {}
 base = dict(num_envs_per_worker=8, sample_batch_size=20, seed=1, opt_type="rmsprop", lr=0.01,
@@ -43,8 +43,8 @@ import gymnasium as gym
 import tensorflow as tf
 from impala_lab.batch import SampleBatch
 from impala_lab.errors import NonFiniteLossError
-from impala_lab.policy import VTracePolicy, batch_to_tensors
-from impala_lab.rollout import RolloutWorker
+from impala_lab.learner.vtrace_policy import VTracePolicy, batch_to_tensors
+from impala_lab.actor.rollout_worker import RolloutWorker
 
 spaces = (gym.spaces.Box(-np.inf, np.inf, (4,), np.float32), gym.spaces.Discrete(2))
 with RolloutWorker("CartPole-v1", num_envs=8, sample_batch_size=20, seed=3) as worker:
@@ -235,8 +235,8 @@ def test_fewer_loader_buffers_than_minibatch_buffers_is_a_config_error():
 def test_more_gpus_than_tensorflow_sees_is_a_config_error_before_anything_starts():
     import tensorflow as tf
 
-    from impala_lab.impala import Impala
-    from impala_lab.multi_gpu import configure_learner_devices
+    from impala_lab.driver.impala import Impala
+    from impala_lab.learner.multi_gpu_learner import configure_learner_devices
 
     assert not tf.config.list_physical_devices("GPU")  # this machine: CPU only
     config = ImpalaConfig(num_gpus=2, backend="inline", num_envs_per_worker=2)
@@ -254,7 +254,7 @@ def test_more_gpus_than_tensorflow_sees_is_a_config_error_before_anything_starts
 def test_fake_devices_after_tensorflow_started_with_one_cpu_is_a_config_error():
     import tensorflow as tf
 
-    from impala_lab.multi_gpu import configure_learner_devices
+    from impala_lab.learner.multi_gpu_learner import configure_learner_devices
 
     have = len(tf.config.list_logical_devices("CPU"))  # initialises TF if nothing did yet
     n = have + 1  # (1 + 1 here, unless some test set up more)
@@ -274,15 +274,15 @@ def test_fake_devices_after_tensorflow_started_with_one_cpu_is_a_config_error():
 # ---------------------------------------------------------------------- one device, by hand
 @pytest.fixture(scope="module")
 def batches():
-    from impala_lab.rollout import RolloutWorker
+    from impala_lab.actor.rollout_worker import RolloutWorker
 
     with RolloutWorker("CartPole-v1", num_envs=8, sample_batch_size=20, seed=3) as worker:
         return [worker.sample() for _ in range(4)]
 
 
 def make_learner(**overrides):
-    from impala_lab.multi_gpu import MultiGPULearner
-    from impala_lab.policy import VTracePolicy
+    from impala_lab.learner.multi_gpu_learner import MultiGPULearner
+    from impala_lab.learner.vtrace_policy import VTracePolicy
 
     config = ImpalaConfig(num_envs_per_worker=8, sample_batch_size=20, seed=1,
                           learner_queue_timeout=30.0, **overrides)
@@ -378,8 +378,8 @@ def test_a_loader_error_is_raised_by_step_with_the_loader_named():
 
 
 def test_the_driver_runs_it_reports_devices_and_buffers_and_raises_a_loader_failure():
-    from impala_lab.impala import Impala
-    from impala_lab.multi_gpu import BUFFER_STATES, MultiGPULearner
+    from impala_lab.driver.impala import Impala
+    from impala_lab.learner.multi_gpu_learner import BUFFER_STATES, MultiGPULearner
 
     before = threading.active_count()
     impala = Impala(backend="inline", num_envs_per_worker=4, num_data_loader_buffers=2,
@@ -420,7 +420,7 @@ def test_cli_with_two_fake_gpus_solves_cartpole_within_bounded_env_steps(tmp_pat
     max_steps = 1_000_000  # it takes 330k-440k (five seeds); the bound leaves 2x margin
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     proc = subprocess.run(
-        [sys.executable, "-m", "impala_lab.cli", "train", "--num-gpus", "2", "--fake-gpus",
+        [sys.executable, "-m", "impala_lab.cli.main", "train", "--num-gpus", "2", "--fake-gpus",
          "true", "--backend", "inline", "--num-envs-per-worker", "8", "--lr", "0.003",
          "--vf-loss-coeff", "0.25", "--stop-return", "195", "--max-env-steps", str(max_steps),
          "--seed", "0", "--quiet", "--out", str(out)],

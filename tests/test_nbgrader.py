@@ -1,4 +1,5 @@
-"""``python -m impala_lab.exercises export --nbgrader DIR`` writes source notebooks that nbgrader
+"""``python -m impala_lab.classroom.exercises export --nbgrader DIR`` writes source notebooks that
+nbgrader
 turns into a student version and grades with the same checkers.
 
 The structure of all five exports is checked here, with nbgrader's own metadata validator; the
@@ -18,9 +19,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from impala_lab.exercises import EXERCISES, MARK_END, MARK_START
-from impala_lab.exercises.__main__ import main as exercises_main
-from impala_lab.exercises.nbgrader_export import (
+from impala_lab.classroom.exercises import EXERCISES, MARK_END, MARK_START
+from impala_lab.classroom.exercises.__main__ import main as exercises_main
+from impala_lab.classroom.exercises.nbgrader_export import (
     BEGIN_SOLUTION,
     END_SOLUTION,
     ExportError,
@@ -115,7 +116,7 @@ def test_export_writes_each_exercise_as_an_nbgrader_source_notebook(tmp_path, ca
         code = _src(check)
         (original,) = [c for c in solution["cells"] if "check" in c["metadata"].get("tags", [])]
         assert _src(original).rstrip() + "\nassert result.passed, result.message" in code
-        assert f"from impala_lab.exercises import {ex.checker}\n" in code
+        assert f"from impala_lab.classroom.exercises import {ex.checker}\n" in code
         assert f"result = {ex.checker}({ex.answer})\n" in code
         # Cells a student runs to try the answer stay editable; the set-up before it is not.
         cells = nb["cells"]
@@ -261,7 +262,7 @@ def test_generate_assignment_then_autograde_a_solution_and_a_stub(tmp_path, monk
 
     # The markers and tags survive nbgrader, so the package's own grader reads the hand-ins.
     ex1 = EXERCISES["minibatch_get"].notebook
-    grader = [sys.executable, "-m", "impala_lab.exercises"]
+    grader = [sys.executable, "-m", "impala_lab.classroom.exercises"]
     ok = subprocess.run([*grader, str(course / "submitted" / "alice" / assignment / ex1)],
                         env=env, capture_output=True, text=True, timeout=120)
     assert ok.returncode == 0, ok.stdout + ok.stderr

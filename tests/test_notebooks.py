@@ -20,7 +20,7 @@ import nbclient
 import nbformat
 import pytest
 
-from impala_lab.exercises import EXERCISES, MARK_END, MARK_START
+from impala_lab.classroom.exercises import EXERCISES, MARK_END, MARK_START
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK_DIR = ROOT / "notebooks"

@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from impala_lab.offpolicy_study import (
+from impala_lab.classroom.offpolicy_study import (
     StudySettings,
     _runs,
     cell,
@@ -93,8 +93,8 @@ def test_a_study_reads_finished_runs_from_its_directory_and_summarises_them(tmp_
 
 
 def test_the_synchronous_loop_trains_on_policy_once_per_round():
+    from impala_lab.classroom.sync_loop import SyncLoop
     from impala_lab.config import ImpalaConfig
-    from impala_lab.sync_loop import SyncLoop
 
     config = ImpalaConfig(backend="inline", num_workers=2, num_envs_per_worker=2,
                           sample_batch_size=5, seed=0)

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from impala_lab.config import ImpalaConfig
-from impala_lab.optimizers import TF1RMSprop
-from impala_lab.policy import VTracePolicy
+from impala_lab.learner.optimizers import TF1RMSprop
+from impala_lab.learner.vtrace_policy import VTracePolicy
 
 tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
@@ -113,7 +113,7 @@ def test_slots_start_as_tf1s_and_the_config_round_trips():
 
 @pytest.mark.parametrize("momentum", [0.0, 0.9])
 def test_rmsprop_state_round_trips_through_the_policys_checkpoint_helpers(momentum):
-    from impala_lab.rollout import RolloutWorker
+    from impala_lab.actor.rollout_worker import RolloutWorker
 
     with RolloutWorker("CartPole-v1", num_envs=4, sample_batch_size=20, seed=3) as worker:
         batches = [worker.sample() for _ in range(3)]
@@ -142,8 +142,8 @@ def test_rmsprop_state_round_trips_through_the_policys_checkpoint_helpers(moment
 
 
 def test_the_policys_first_rmsprop_step_is_tf1s_formula():
-    from impala_lab.policy import batch_to_tensors
-    from impala_lab.rollout import RolloutWorker
+    from impala_lab.actor.rollout_worker import RolloutWorker
+    from impala_lab.learner.vtrace_policy import batch_to_tensors
 
     with RolloutWorker("CartPole-v1", num_envs=4, sample_batch_size=20, seed=3) as worker:
         batch = worker.sample()

@@ -65,7 +65,7 @@ def test_pyproject_declares_package_script_and_python() -> None:
     project = data["project"]
     assert project["name"] == "impala_lab"
     assert project["requires-python"] == ">=3.11"
-    assert project["scripts"] == {"impala-lab": "impala_lab.cli:main"}
+    assert project["scripts"] == {"impala-lab": "impala_lab.cli.main:main"}
     assert data["tool"]["setuptools"]["packages"]["find"]["include"] == ["impala_lab*"]
     assert set(project["optional-dependencies"]) == {"ray", "dev", "minatar"}
     dev = {canonicalize_name(Requirement(r).name): Requirement(r)

@@ -6,12 +6,12 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
+from impala_lab.actor.numpy_model import NumpyModel
+from impala_lab.actor.rollout_worker import RolloutWorker
 from impala_lab.batch import SampleBatch
 from impala_lab.config import ImpalaConfig
 from impala_lab.errors import NonFiniteLossError
-from impala_lab.models import NumpyModel
-from impala_lab.policy import STAT_KEYS, VTracePolicy
-from impala_lab.rollout import RolloutWorker
+from impala_lab.learner.vtrace_policy import STAT_KEYS, VTracePolicy
 
 OBS = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
 ACT = gym.spaces.Discrete(2)
@@ -89,7 +89,7 @@ def test_set_weights_rejects_wrong_shapes():
 def test_rmsprop_uses_rllibs_settings():
     policy = make_policy(opt_type="rmsprop")
     opt = policy.optimizer
-    assert type(opt).__name__ == "TF1RMSprop"  # TF1's semantics: see impala_lab.optimizers
+    assert type(opt).__name__ == "TF1RMSprop"  # TF1's semantics: see impala_lab.learner.optimizers
     assert opt.rho == pytest.approx(0.99) and opt.momentum == 0.0
     assert opt.epsilon == pytest.approx(0.1)
 
@@ -130,7 +130,7 @@ def _one_step_batch(terminated: bool, truncated: bool, truncation_value: float) 
 def test_episode_ends_set_the_value_target(terminated, truncated, expected):
     import tensorflow as tf
 
-    from impala_lab.policy import batch_to_tensors
+    from impala_lab.learner.vtrace_policy import batch_to_tensors
 
     policy = make_policy(gamma=0.9)
     batch = _one_step_batch(terminated, truncated, truncation_value=5.0)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from impala_lab import Impala, ImpalaConfig
-from impala_lab.driver_loop import DriverLoop
+from impala_lab.driver.driver_loop import DriverLoop
 from impala_lab.errors import ConfigError
 
 ONE_WORKER = dict(backend="inline", num_workers=1, num_envs_per_worker=1, sample_batch_size=10,
@@ -122,7 +122,7 @@ def test_both_lag_knobs_are_live_and_validated_against_each_other():
 
 
 def test_the_distribution_counts_lags_and_stays_out_of_the_history_rows():
-    from impala_lab.run_stats import history_row, lag_counts
+    from impala_lab.driver.run_stats import history_row, lag_counts
 
     assert lag_counts([3, 0, 3, 12]) == {"0": 1, "3": 2, "12": 1}
     assert lag_counts([]) == {}

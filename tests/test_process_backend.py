@@ -373,7 +373,7 @@ PARENT_SCRIPT = textwrap.dedent("""
     sys.path.insert(0, {root!r})
     from impala_lab.backends.process import ProcessBackend
     from impala_lab.config import ImpalaConfig
-    from impala_lab.models import NumpyModel
+    from impala_lab.actor.numpy_model import NumpyModel
     from tests.envs import SlowEnv
 
     mode = {mode!r}
@@ -454,7 +454,7 @@ THREAD_SCRIPT = textwrap.dedent("""
     from impala_lab.backends.process import ProcessBackend
     from impala_lab.config import ImpalaConfig
     from impala_lab.errors import WorkerError
-    from impala_lab.models import NumpyModel
+    from impala_lab.actor.numpy_model import NumpyModel
     from tests.envs import FixedLengthEnv
 
     env = functools.partial(FixedLengthEnv, length=3)

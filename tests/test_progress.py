@@ -7,8 +7,7 @@ import io
 
 import pytest
 
-from impala_lab.dashboard import terminal
-from impala_lab.progress import (
+from impala_lab.cli.progress import (
     Progress,
     ProgressView,
     StopGoal,
@@ -16,6 +15,7 @@ from impala_lab.progress import (
     goal_progress,
     return_progress,
 )
+from impala_lab.dashboard import terminal
 
 STATS = {
     "sample_throughput": 7323.68, "train_throughput": 19093.798,

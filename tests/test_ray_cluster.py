@@ -105,7 +105,7 @@ def test_a_driver_without_the_token_is_told_to_set_ray_auth_mode(cluster, tmp_pa
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
     start = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "impala_lab.cli", "train", "--backend", "ray",
+        [sys.executable, "-m", "impala_lab.cli.main", "train", "--backend", "ray",
          "--ray-address", cluster.address, "--max-env-steps", "1000", "--out", str(tmp_path)],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
     took = time.monotonic() - start
@@ -123,7 +123,7 @@ def test_the_cli_trains_on_the_cluster_and_leaves_it_as_it_found_it(cluster, tmp
     total = ray.cluster_resources()["CPU"]
     assert total == 3 and live_actors() == []
     proc = subprocess.run(
-        [sys.executable, "-m", "impala_lab.cli", "train", "--backend", "ray",
+        [sys.executable, "-m", "impala_lab.cli.main", "train", "--backend", "ray",
          "--ray-address", cluster.address, "--num-workers", "2", "--max-env-steps", "3000",
          "--quiet", "--out", str(tmp_path)],
         cwd=REPO, env=os.environ, capture_output=True, text=True, timeout=240)

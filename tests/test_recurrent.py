@@ -20,14 +20,14 @@ import numpy as np
 import pytest
 
 from impala_lab import Impala, ImpalaConfig
+from impala_lab.actor.numpy_model import NumpyModel, lstm_step
+from impala_lab.actor.rollout_worker import RolloutWorker
 from impala_lab.batch import SampleBatch, concat_samples
-from impala_lab.checkpoint import read_checkpoint
+from impala_lab.driver.checkpoint import read_checkpoint
+from impala_lab.driver.replay_mixer import ReplayMixer
+from impala_lab.envs.stateless_cartpole import ENV_ID
 from impala_lab.errors import ConfigError
-from impala_lab.minibatch_buffer import MinibatchBuffer
-from impala_lab.models import NumpyModel, lstm_step
-from impala_lab.replay import ReplayMixer
-from impala_lab.rollout import RolloutWorker
-from impala_lab.stateless_cartpole import ENV_ID
+from impala_lab.learner.minibatch_buffer import MinibatchBuffer
 from tests.envs import FixedLengthEnv
 
 REPO = Path(__file__).resolve().parents[1]
@@ -116,7 +116,7 @@ def test_numpy_lstm_step_equals_keras_lstm_cell_over_a_sequence_with_resets():
 
 @pytest.mark.parametrize("kind", ["mlp", "cnn"])
 def test_numpy_model_step_equals_the_keras_model_step(kind):
-    from impala_lab.keras_model import build_keras_model
+    from impala_lab.learner.keras_model import build_keras_model
 
     obs_space = OBS if kind == "mlp" else gym.spaces.Box(0, 255, (20, 20, 2), np.uint8)
     numpy_model = NumpyModel(obs_space, ACT, (16,), use_lstm=True, lstm_cell_size=CELL)
@@ -264,7 +264,7 @@ def test_the_replay_mixer_and_the_minibatch_ring_hand_on_state_in(batches):
 
 # ---------------------------------------------------------------------- learner
 def _policy(**overrides):
-    from impala_lab.policy import VTracePolicy
+    from impala_lab.learner.vtrace_policy import VTracePolicy
 
     config = ImpalaConfig(model=(16,), use_lstm=True, lstm_cell_size=CELL, seed=0,
                           **overrides)
@@ -274,8 +274,8 @@ def _policy(**overrides):
 def test_the_learner_unroll_equals_the_actors_forward_on_a_batch_with_resets(batches):
     import tensorflow as tf
 
-    from impala_lab.keras_model import lstm_unroll
-    from impala_lab.policy import batch_to_tensors
+    from impala_lab.learner.keras_model import lstm_unroll
+    from impala_lab.learner.vtrace_policy import batch_to_tensors
 
     policy = _policy()
     with _recurrent_worker(seed=5) as worker:
@@ -307,7 +307,7 @@ def test_the_learner_unroll_equals_the_actors_forward_on_a_batch_with_resets(bat
 def test_learn_on_batch_trains_a_recurrent_policy_and_its_loss_uses_state_in(batches):
     import tensorflow as tf
 
-    from impala_lab.policy import batch_to_tensors
+    from impala_lab.learner.vtrace_policy import batch_to_tensors
 
     policy = _policy(opt_type="rmsprop", lr=0.01)
     batch = concat_samples(batches)
@@ -328,7 +328,7 @@ TOWER_SCRIPT = r'''
 import json
 import numpy as np
 from impala_lab.config import ImpalaConfig
-from impala_lab.multi_gpu import MultiGPULearner, configure_learner_devices
+from impala_lab.learner.multi_gpu_learner import MultiGPULearner, configure_learner_devices
 cfg = ImpalaConfig(num_gpus=2, fake_gpus=True, num_envs_per_worker=4, sample_batch_size=6,
                    train_batch_size=48, model=[16], use_lstm=True, lstm_cell_size=8, seed=1,
                    opt_type="rmsprop", lr=0.01, num_data_loader_buffers=2)
@@ -336,7 +336,7 @@ configure_learner_devices(cfg)
 import gymnasium as gym
 import tensorflow as tf
 from impala_lab.batch import concat_samples
-from impala_lab.policy import VTracePolicy, batch_to_tensors
+from impala_lab.learner.vtrace_policy import VTracePolicy, batch_to_tensors
 from tests.test_recurrent import _recurrent_worker
 with _recurrent_worker(seed=5) as worker:
     weights = worker.get_weights()[0]
@@ -434,7 +434,7 @@ def test_stateless_cartpole_is_cartpole_without_the_velocities():
 
 
 def test_the_cli_trains_a_recurrent_policy_on_stateless_cartpole(tmp_path):
-    from impala_lab.cli import main
+    from impala_lab.cli.main import main
 
     code = main(["train", "--env", ENV_ID, "--use-lstm", "true", "--lstm-cell-size", "8",
                  "--backend", "inline", "--max-env-steps", "2000", "--quiet",

@@ -339,7 +339,7 @@ def test_a_truncated_or_tampered_checkpoint_is_a_clear_error_naming_the_file(
 # ---------------------------------------------------------------------- 3. bad input
 def cli_options() -> list[str]:
     """Every option of ``impala-lab train`` but --help and --out (the test sets --out)."""
-    from impala_lab.cli import build_parser
+    from impala_lab.cli.main import build_parser
 
     sub = next(a for a in build_parser()._actions if a.dest == "command")
     return [o for a in sub.choices["train"]._actions for o in a.option_strings
@@ -389,14 +389,14 @@ class _NoTraining:
 def test_the_cli_turns_any_argv_into_exit_2_with_a_message_or_a_valid_run(
         arguments: list[list[str]], malformed: list[str],
         tmp_path_factory: pytest.TempPathFactory) -> None:
-    from impala_lab import cli
+    from impala_lab.cli import main as cli
 
     argv = ["train", *[token for arg in arguments for token in arg], *malformed,
             "--out", str(tmp_path_factory.getbasetemp() / "cli-fuzz")]
     err, out = io.StringIO(), io.StringIO()
     handler = signal.getsignal(signal.SIGTERM)
     started = None
-    with mock.patch("impala_lab.impala.Impala", _NoTraining), \
+    with mock.patch("impala_lab.driver.impala.Impala", _NoTraining), \
             contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
         try:
             code = cli.main(argv)
@@ -422,7 +422,7 @@ def test_the_cli_turns_any_argv_into_exit_2_with_a_message_or_a_valid_run(
 ])
 def test_an_unsupported_env_space_exits_2_naming_it_before_anything_starts(
         env, space, tmp_path, capsys):
-    from impala_lab.cli import main
+    from impala_lab.cli.main import main
 
     with no_leaks():
         code = main(["train", "--env", env, "--out", str(tmp_path / "run")])

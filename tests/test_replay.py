@@ -1,4 +1,4 @@
-"""Tests of impala_lab.replay.ReplayMixer."""
+"""Tests of impala_lab.driver.replay_mixer.ReplayMixer."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import pytest
 
+from impala_lab.driver.replay_mixer import ReplayMixer
 from impala_lab.errors import ConfigError
-from impala_lab.replay import ReplayMixer
 
 
 @dataclass(frozen=True)

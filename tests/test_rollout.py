@@ -1,4 +1,4 @@
-"""Tests for impala_lab.rollout.RolloutWorker (and the test envs in tests/envs.py)."""
+"""Tests for impala_lab.actor.rollout_worker.RolloutWorker (and the test envs in tests/envs.py)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from impala_lab import models
+from impala_lab.actor import numpy_model as models
+from impala_lab.actor.rollout_worker import RolloutWorker, env_description
 from impala_lab.batch import FIELDS, concat_samples
-from impala_lab.rollout import RolloutWorker, env_description
 from tests.envs import FixedLengthEnv, ImageEnv, NaNEnv, RaisingEnv, SlowEnv, WrongObsEnv
 
 
@@ -507,7 +507,7 @@ def test_env_description():
 
 def test_rollout_does_not_import_tensorflow():
     code = (
-        "import sys, impala_lab.rollout, impala_lab.batch; "
+        "import sys, impala_lab.actor.rollout_worker, impala_lab.batch; "
         "bad = [m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'keras')]; "
         "assert not bad, bad"
     )
@@ -563,7 +563,7 @@ def test_test_envs_behaviour():
 
 
 def test_int64_discrete_answers_every_contains_like_discrete():
-    from impala_lab.rollout import Int64Discrete, fast_int64_action_check
+    from impala_lab.actor.rollout_worker import Int64Discrete, fast_int64_action_check
 
     values = [np.int64(v) for v in (-3, -1, 0, 1, 2, 3, 4, 5, 2**62)] + [
         0, 1, 4, -1, 2.0, np.int32(1), np.int8(3), np.uint64(2), np.float64(1.0),

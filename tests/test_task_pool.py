@@ -1,4 +1,4 @@
-"""Tests of impala_lab.task_pool.SampleTaskPool and poll_wait."""
+"""Tests of impala_lab.driver.task_pool.SampleTaskPool and poll_wait."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from impala_lab.task_pool import SampleFuture, SampleTaskPool, poll_wait
+from impala_lab.driver.task_pool import SampleFuture, SampleTaskPool, poll_wait
 
 
 class FakeFuture:
@@ -309,7 +309,7 @@ def test_same_worker_many_requests_and_hashable_workers():
 
 
 def test_owed_since_counts_from_the_later_of_the_request_and_the_last_answer(monkeypatch):
-    import impala_lab.task_pool as task_pool
+    import impala_lab.driver.task_pool as task_pool
 
     clock = [100.0]
     monkeypatch.setattr(task_pool.time, "monotonic", lambda: clock[0])

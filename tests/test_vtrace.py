@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from impala_lab import vtrace
+from impala_lab.learner import vtrace
 
 CLIPS = [(1.0, 1.0), (None, None), (0.5, 2.0), (3.7, None)]
 

@@ -19,11 +19,11 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-import impala_lab.health as health
-import impala_lab.impala
-import impala_lab.supervisor
+import impala_lab.driver.health as health
+import impala_lab.driver.impala
+import impala_lab.driver.supervisor
 from impala_lab import Impala, ImpalaConfig
-from impala_lab.cli import main
+from impala_lab.cli.main import main
 from impala_lab.dashboard import diagram, terminal
 from impala_lab.errors import ImpalaError, WorkerError
 from tests.envs import HangOnceEnv, SlowEnv, WrongObsEnv
@@ -128,7 +128,7 @@ def test_the_same_failure_after_samples_ends_an_inline_run_with_that_error():
         returned = spy_on_returns(run)
         run.train(max_seconds=20)
     text = str(info.value)
-    limit = impala_lab.supervisor.MAX_REPEATED_WORKER_FAILURES
+    limit = impala_lab.driver.supervisor.MAX_REPEATED_WORKER_FAILURES
     assert text.startswith(f"the same worker failure came back {limit} times within 600 s "
                            "(env WrongObsEnv)")
     assert "returned an observation of shape (1, 4)" in text and "env step 15" in text
@@ -138,7 +138,8 @@ def test_the_same_failure_after_samples_ends_an_inline_run_with_that_error():
 
 
 def test_the_same_failure_after_samples_ends_a_process_run_with_that_error(monkeypatch):
-    monkeypatch.setattr(impala_lab.supervisor, "MAX_REPEATED_WORKER_FAILURES", 6)  # a short test
+    # a short test
+    monkeypatch.setattr(impala_lab.driver.supervisor, "MAX_REPEATED_WORKER_FAILURES", 6)
     cfg = ImpalaConfig(env=WRONG_AFTER_FIRST_SAMPLE, backend="process", **SMALL)
     with no_leaks(), Impala(cfg) as run, pytest.raises(ImpalaError) as info:
         returned = spy_on_returns(run)
@@ -160,10 +161,11 @@ def test_different_failures_and_old_ones_do_not_add_up(monkeypatch):
         assert [fail("RuntimeError: boom at step 25 (pid 123)") for _ in range(2)] == [1, 2]
         assert fail("RuntimeError: boom at step 50 (pid 4567)") == 3
         assert fail("KeyError: 'x'") == 1 and fail("RuntimeError: boom at step 1", "F") == 1
-        clock = [impala_lab.supervisor.time.monotonic()]
-        monkeypatch.setattr(impala_lab.supervisor.time, "monotonic", lambda: clock[0])
+        clock = [impala_lab.driver.supervisor.time.monotonic()]
+        monkeypatch.setattr(impala_lab.driver.supervisor.time, "monotonic", lambda: clock[0])
         assert fail("KeyError: 'x'") == 2
-        clock[0] += impala_lab.supervisor.REPEATED_FAILURE_WINDOW_S + 1  # the window slides on
+        # the window slides on
+        clock[0] += impala_lab.driver.supervisor.REPEATED_FAILURE_WINDOW_S + 1
         assert fail("KeyError: 'x'") == 1
 
 
@@ -192,8 +194,8 @@ def test_the_cli_exits_1_with_the_repeated_error_in_result_json(tmp_path, capsys
 def test_a_cli_run_that_sampled_nothing_exits_1_and_says_so(tmp_path, capsys, monkeypatch):
     # Every env hangs in its first step: before, --max-seconds ended the run with exit code 0
     # and "error": null.
-    real = impala_lab.impala.Impala
-    monkeypatch.setattr(impala_lab.impala, "Impala", lambda config: real(
+    real = impala_lab.driver.impala.Impala
+    monkeypatch.setattr(impala_lab.driver.impala, "Impala", lambda config: real(
         config, env_creator=functools.partial(SlowEnv, delay_s=3600.0)))
     monkeypatch.setattr(health, "NO_SAMPLES_S", 1.0)  # flag it within the short run
     out = tmp_path / "run"

@@ -1,11 +1,12 @@
 """What a backend provides: where rollout workers live and how the driver talks to them.
 
-The driver (`impala_lab.impala.Impala`) only ever uses this interface, so the same loop runs
+The driver (`impala_lab.driver.impala.Impala`) only ever uses this interface, so the same loop runs
 with workers in its own process (``inline``), in spawned processes (``process``) or as Ray
 actors (``ray``).
 
 A worker handle turns each call into a message: ``sample()`` returns a future (the
-`impala_lab.task_pool.SampleFuture` protocol) and ``set_weights(ref)`` is applied by the worker
+`impala_lab.driver.task_pool.SampleFuture` protocol) and ``set_weights(ref)`` is applied by the
+worker
 before its next sample, in order. ``put_weights`` is called once per broadcast and returns a
 reference that every worker can read (a shared-memory block, a Ray object ref, or the arrays
 themselves inline), so weights move once per broadcast, not once per request.

@@ -12,10 +12,10 @@ import traceback
 from collections.abc import Sequence
 from typing import Any
 
+from impala_lab.actor.rollout_worker import RolloutWorker
 from impala_lab.backends.base import Backend, WorkerHandle
 from impala_lab.config import ImpalaConfig
 from impala_lab.errors import WorkerError
-from impala_lab.rollout import RolloutWorker
 
 
 class DoneFuture:

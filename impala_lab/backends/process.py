@@ -2,7 +2,7 @@
 
 Each `RolloutWorker` lives in its own process, started with the ``spawn`` method of the
 `multiprocess` package (TensorFlow is not fork-safe). Worker processes import numpy,
-gymnasium and `impala_lab.rollout` only, never TensorFlow (tens of MB each instead of
+gymnasium and `impala_lab.actor.rollout_worker` only, never TensorFlow (tens of MB each instead of
 hundreds). Three modules hold its parts:
 
 - `impala_lab.backends.worker_process`: the worker process's loop and its commands;
@@ -32,7 +32,7 @@ that worker completes and raises `WorkerError` naming the exit code or signal, s
 restarts the worker or raises instead of hanging.
 
 What travels to a worker: the env (an id, or a zero-argument factory), pickled once with
-cloudpickle before the first process starts (see `impala_lab.backends.remote`). Not dill,
+cloudpickle before the first process starts (see `impala_lab.backends.worker_info`). Not dill,
 although ``multiprocess`` is built on it: dill 0.4 either leaves a notebook-defined env class
 behind (``NameError`` in the worker) or, with ``recurse=True``, rebuilds a subclass of
 ``gymnasium.Env`` on the wrong bases (the ``__orig_bases__`` inherited from ``Env``'s
@@ -59,8 +59,8 @@ import multiprocess.util  # registers multiprocess's exit hook before ours (see 
 
 from impala_lab.backends.base import Backend, WorkerHandle
 from impala_lab.backends.process_handle import ProcessFuture, ProcessWorkerHandle
-from impala_lab.backends.remote import describe_env, pickled_env
 from impala_lab.backends.shared_weights import SharedWeights, WeightBlocks
+from impala_lab.backends.worker_info import describe_env, pickled_env
 from impala_lab.backends.worker_process import worker_main
 from impala_lab.config import ImpalaConfig
 

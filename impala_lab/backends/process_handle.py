@@ -120,7 +120,7 @@ class ProcessWorkerHandle(WorkerHandle):
         return self._request(("sample",))
 
     def info(self) -> ProcessFuture:
-        """Queues a request for the worker's state (`impala_lab.backends.remote.worker_info`'s
+        """Queues a request for the worker's state (`impala_lab.backends.worker_info.worker_info`'s
         dict), answered after the queued samples."""
         return self._request(("info",))
 

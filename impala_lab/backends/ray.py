@@ -74,7 +74,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from impala_lab.backends.base import Backend, WorkerHandle
-from impala_lab.backends.remote import describe_env, pickled_env, worker_info
+from impala_lab.backends.worker_info import describe_env, pickled_env, worker_info
 from impala_lab.config import ImpalaConfig
 from impala_lab.errors import ConfigError, WorkerError
 
@@ -99,7 +99,7 @@ class RolloutActor:
     """The body of a worker actor: a `RolloutWorker` behind Ray method calls."""
 
     def __init__(self, kwargs: dict[str, Any]) -> None:
-        from impala_lab.rollout import RolloutWorker
+        from impala_lab.actor.rollout_worker import RolloutWorker
 
         self.worker = RolloutWorker(**kwargs)
 
@@ -199,7 +199,8 @@ class RayWorkerHandle(WorkerHandle):
         return RayFuture(self.actor.sample.remote(), self)
 
     def info(self) -> RayFuture:
-        """Submits a task returning the actor's state: `impala_lab.backends.remote.worker_info`'s
+        """Submits a task returning the actor's state:
+        `impala_lab.backends.worker_info.worker_info`'s
         dict and the ``node_id`` of the node it runs on."""
         return RayFuture(self.actor.info.remote(), self)
 

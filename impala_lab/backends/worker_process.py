@@ -23,7 +23,7 @@ Faults: an env that raises (or cannot be built) is answered with an error record
 type and message, formatted traceback, env id) and the worker exits: a broken env is not
 reused; the driver restarts the worker.
 
-This module imports numpy, gymnasium and `impala_lab.rollout` only, never TensorFlow.
+This module imports numpy, gymnasium and `impala_lab.actor.rollout_worker` only, never TensorFlow.
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ import traceback
 from collections import deque
 from typing import Any
 
-from impala_lab.backends.remote import describe_env, worker_info
 from impala_lab.backends.shared_weights import SharedWeights, SharedWeightsReader
+from impala_lab.backends.worker_info import describe_env, worker_info
 
 __all__ = ["worker_main"]
 
@@ -98,7 +98,7 @@ def _send_error(conn: Any, exc: BaseException, what: str, env_id: str) -> None:
 def _build_worker(conn: Any, index: int, env_blob: bytes, kwargs: dict[str, Any]) -> Any:
     """The `RolloutWorker`; if it cannot be built, the error record goes to the driver (as the
     answer to its first request) and the process exits with code 1."""
-    from impala_lab.rollout import RolloutWorker
+    from impala_lab.actor.rollout_worker import RolloutWorker
 
     env_id = f"<env of worker {index}>"
     try:

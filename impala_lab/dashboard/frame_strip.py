@@ -1,7 +1,7 @@
 """The frame strip: the last observations of one worker's env, as the driver received them.
 
 `Impala.latest_frames()` gives the last K observations of column 0 of the live worker with the
-lowest index (`impala_lab.frames`); this panel draws them side by side as a PNG in an
+lowest index (`impala_lab.driver.latest_frames`); this panel draws them side by side as a PNG in an
 ``Image`` widget, under a one-line caption: which worker and env, and the run's env steps when
 the newest frame arrived. A red gap between two frames marks an episode's end. The poller
 reads the frames at every tick and encodes a new PNG only when new ones arrived (under a
@@ -20,7 +20,7 @@ from typing import Any
 
 from impala_lab.dashboard.format import fmt_count
 from impala_lab.dashboard.live_plots import png_bytes
-from impala_lab.frames import Frames, image_kind, not_image_reason, strip_rgb
+from impala_lab.driver.latest_frames import Frames, image_kind, not_image_reason, strip_rgb
 
 
 def caption_html(frames: Frames | None, reason: str = "") -> str:

@@ -1,0 +1,540 @@
+"""`RolloutWorker`: gymnasium envs stepped by a numpy policy, returning `SampleBatch`es.
+
+This is IMPALA's actor (RLlib's ``PolicyEvaluator``). It holds
+``num_envs`` envs and a numpy copy of the policy network, and each `sample` call steps
+every env ``sample_batch_size`` (T) times, giving one time-major [T, num_envs] batch with
+the behaviour logits and the weights version used, which V-trace needs to correct for the
+policy lag between this actor and the learner.
+
+Episode boundaries. The worker loops over a plain list of envs and resets an env itself
+the moment it reports ``terminated`` or ``truncated`` (faster than
+``gymnasium.vector.SyncVectorEnv`` for small envs such as CartPole). So:
+
+- ``obs[t, b]`` is always the observation the action ``actions[t, b]`` was taken in; a
+  final observation is never recorded as ``obs`` and the reset is never an action.
+- At an episode's last step ``terminateds[t, b]`` (discount 0) or ``truncateds[t, b]``
+  is set and ``obs[t + 1, b]`` is the first observation of the next episode (the learner
+  cuts the trace there). A step that is both terminated and truncated counts as terminated.
+- At a truncated step the final observation is lost to the next ``obs`` row, so the
+  worker stores ``truncation_values[t, b]`` = V(final obs) under its current numpy model
+  and the learner bootstraps from it.
+
+Recurrent policies (``use_lstm``). The worker keeps each env's LSTM state (h, c) across
+`sample` calls, stores the state before row 0 as the batch's ``state_in`` [B, 2, C], and
+zeroes an env's state after the step that ended its episode (terminated or truncated), so the
+next episode starts from zeros; a truncated episode's ``truncation_values`` use the state
+after its final step, before that reset.
+
+The checks of what an env returns (shapes, dtypes, finite values) are in
+`impala_lab.actor.env_checks`. This module imports numpy and gymnasium only (no TensorFlow):
+actor processes import it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from impala_lab.actor import numpy_model as models
+from impala_lab.actor.env_checks import FLOAT32_MAX, EnvOutputChecks
+from impala_lab.batch import SampleBatch
+
+__all__ = ["RolloutWorker", "env_description"]
+
+EnvSpec = str | Callable[[], gym.Env]
+
+
+def env_description(env: EnvSpec) -> str:
+    """A short name for an env id or factory: the id itself, or the factory's __qualname__
+    (for a ``functools.partial``, that of the wrapped callable)."""
+    if isinstance(env, str):
+        return env
+    name = getattr(env, "__qualname__", None)
+    if name is None and hasattr(env, "func"):  # functools.partial
+        name = getattr(env.func, "__qualname__", None)
+    return name if name is not None else type(env).__name__
+
+
+class Int64Discrete(gym.spaces.Discrete):
+    """A `Discrete` space whose ``contains`` answers an ``np.int64`` scalar directly.
+
+    Envs such as CartPole assert ``action_space.contains(action)`` on every step, and
+    gymnasium's check spends microseconds on dtype tests: a large share of a CartPole
+    worker's CPU. The worker's actions are np.int64 scalars, for which the answer is the
+    range test alone, as in `Discrete.contains`; any other value goes to `Discrete.contains`.
+    """
+
+    def contains(self, x: Any) -> bool:
+        if type(x) is np.int64:
+            return bool(self.start <= x < self.start + self.n)
+        return super().contains(x)
+
+    @classmethod
+    def like(cls, space: gym.spaces.Discrete) -> Int64Discrete:
+        """An `Int64Discrete` equal to ``space`` that draws from ``space``'s generator."""
+        return cls(int(space.n), seed=space.np_random, start=int(space.start))
+
+
+def fast_int64_action_check(env: gym.Env) -> None:
+    """Replaces ``env``'s own int64 `Discrete` action space by an equal `Int64Discrete`
+    (which answers every ``contains`` the same, faster); wrappers that do not set a space of
+    their own pass the new one on. Any other action space is left alone."""
+    unwrapped = env.unwrapped
+    space = getattr(unwrapped, "action_space", None)
+    if type(space) is gym.spaces.Discrete and space.dtype == np.int64:
+        unwrapped.action_space = Int64Discrete.like(space)
+
+
+class _Fragment:
+    """The arrays one `RolloutWorker.sample` fills, time-major.
+
+    ``obs`` [T + 1, B, *obs_shape] (row T: the observations after the last step),
+    ``actions`` [T, B] int64, ``logits`` [T, B, num_actions] float32, ``rewards64`` [T, B]
+    float64 (checked before the cast to float32), ``terminateds`` and ``truncateds`` [T, B]
+    bool, ``truncation_values`` [T, B] float32; ``done_returns`` and ``done_lengths``: the
+    episodes that ended, in order of (step, env index).
+    """
+
+    __slots__ = ("actions", "done_lengths", "done_returns", "logits", "obs", "rewards64",
+                 "terminateds", "truncateds", "truncation_values")
+
+    def __init__(self, T: int, n: int, obs_shape: tuple[int, ...], obs_dtype: np.dtype,
+                 num_actions: int) -> None:
+        self.obs = np.empty((T + 1, n, *obs_shape), obs_dtype)
+        self.actions = np.empty((T, n), np.int64)
+        self.logits = np.empty((T, n, num_actions), np.float32)
+        self.rewards64 = np.empty((T, n), np.float64)
+        self.terminateds = np.zeros((T, n), np.bool_)
+        self.truncateds = np.zeros((T, n), np.bool_)
+        self.truncation_values = np.zeros((T, n), np.float32)
+        self.done_returns: list[float] = []
+        self.done_lengths: list[int] = []
+
+
+class RolloutWorker:
+    """Steps ``num_envs`` gymnasium envs with a numpy policy; `sample` returns [T, num_envs].
+
+    Args:
+      env: a gymnasium env id (built with ``gymnasium.make``) or a zero-argument callable
+        returning a ``gymnasium.Env`` (called ``num_envs`` times).
+      num_envs: envs stepped side by side; the batch's B.
+      sample_batch_size: unroll length T of each `sample`.
+      hiddens: hidden layer sizes of the policy network (must match the learner's model).
+      vf_share_layers: whether the value head shares the policy's trunk (as the learner's).
+      use_lstm: a recurrent policy (an LSTM after the trunk); batches carry ``state_in``.
+      lstm_cell_size: the LSTM's units C.
+      conv_net, conv_filters, impala_channels: the conv trunk for image observations
+        (`impala_lab.conv_layout`): "cnn" with its layers (None: by image size) or "impala"
+        with its stack widths.
+      seed: seeds envs, action sampling and the initial weights; None = random. Env ``i`` is
+        seeded from ``SeedSequence(seed, spawn_key=(worker_index,))``'s child ``i + 1``,
+        action sampling from child 0, so equal (seed, worker_index) give equal batches.
+      worker_index: this worker's index in the run (seeding and error messages).
+
+    Raises:
+      ValueError: if an env cannot be built (naming the env), the spaces are unsupported,
+        the envs disagree on their spaces, or an argument is out of range.
+    """
+
+    def __init__(
+        self,
+        env: EnvSpec,
+        num_envs: int = 1,
+        sample_batch_size: int = 50,
+        hiddens: Sequence[int] = (64, 64),
+        vf_share_layers: bool = False,
+        seed: int | None = None,
+        worker_index: int = 0,
+        use_lstm: bool = False,
+        lstm_cell_size: int = 64,
+        conv_net: str = "cnn",
+        conv_filters: Sequence[Sequence[int]] | None = None,
+        impala_channels: Sequence[int] = (16, 32, 32),
+    ) -> None:
+        if not isinstance(num_envs, int) or num_envs < 1:
+            raise ValueError(f"RolloutWorker: num_envs={num_envs!r} must be an int >= 1.")
+        if not isinstance(sample_batch_size, int) or sample_batch_size < 1:
+            raise ValueError(
+                f"RolloutWorker: sample_batch_size={sample_batch_size!r} must be an int >= 1."
+            )
+        if not (isinstance(env, str) or callable(env)):
+            raise TypeError(
+                f"RolloutWorker: env={env!r} must be a gymnasium env id (str) or a "
+                "zero-argument callable returning a gymnasium.Env."
+            )
+        self._env_spec = env
+        self._env_id = env_description(env)
+        self._num_envs = num_envs
+        self._T = sample_batch_size
+        self.worker_index = int(worker_index)
+        self.seed = seed
+        self._envs: list[gym.Env] = []
+        self._closed = False
+        self._ep_returns = [0.0] * num_envs  # running return of each env's episode
+        self._ep_lengths = [0] * num_envs
+        self._steps_per_env = 0  # step() calls each env has had (they step in lockstep)
+        self.num_env_steps = 0
+        self.num_episodes = 0
+
+        seq = np.random.SeedSequence(seed, spawn_key=(self.worker_index,))
+        children = seq.spawn(num_envs + 1)
+        self._rng = np.random.default_rng(children[0])
+        env_seeds = [int(c.generate_state(1, np.uint32)[0]) for c in children[1:]]
+
+        try:
+            self._build_envs(num_envs, conv_filters if conv_net == "cnn" else None)
+            init_seed = seed if seed is not None else int(seq.entropy % (2**63))
+            self._build_model(tuple(hiddens), vf_share_layers, init_seed, use_lstm,
+                              lstm_cell_size, dict(conv_net=conv_net, conv_filters=conv_filters,
+                                                   impala_channels=impala_channels))
+            self._obs = np.empty((num_envs, *self._obs_shape), self._obs_dtype)
+            for i, (e, s) in enumerate(zip(self._envs, env_seeds, strict=True)):
+                self._obs[i] = self._reset_env(i, e, seed=s)
+        except BaseException:
+            self.close()
+            raise
+
+    # ------------------------------------------------------------------ construction
+    def _build_envs(self, num_envs: int, conv_filters: Sequence[Sequence[int]] | None) -> None:
+        """Builds the envs, checks that they share supported spaces, and sets the batch's
+        observation layout from them."""
+        for i in range(num_envs):
+            self._envs.append(self._make_env(i))
+        self._observation_space = self._envs[0].observation_space
+        self._action_space = self._envs[0].action_space
+        for i, e in enumerate(self._envs[1:], start=1):
+            if e.observation_space != self._observation_space or (
+                e.action_space != self._action_space
+            ):
+                raise ValueError(
+                    f"RolloutWorker: env index {i} of {self._env_id!r} has spaces "
+                    f"({e.observation_space}, {e.action_space}) but env 0 has "
+                    f"({self._observation_space}, {self._action_space}); all envs of a "
+                    "worker need the same spaces."
+                )
+        try:
+            models.check_spaces(self._observation_space, self._action_space, conv_filters)
+        except ValueError as err:
+            raise ValueError(f"RolloutWorker: env {self._env_id!r}: {err}") from err
+
+        self._obs_shape = tuple(self._observation_space.shape)
+        # The fast path of the observation check: an ndarray of exactly the space's shape
+        # and dtype (the dtype object compared by identity; any other passes or fails in
+        # `EnvOutputChecks.checked_obs`).
+        self._space_dtype = np.dtype(self._observation_space.dtype)
+        # uint8 frames, and bool images (MinAtar's) as uint8 0/1: a quarter of float32's bytes.
+        is_image = self._space_dtype in (np.uint8, np.bool_)
+        self._obs_dtype = np.dtype(np.uint8 if is_image else np.float32)
+        self._check_obs = self._obs_dtype.kind == "f"
+        self._checks = EnvOutputChecks(self._env_id, self.worker_index,
+                                       self._observation_space, self._obs_dtype)
+        self._num_actions = int(self._action_space.n)
+
+    def _build_model(self, hiddens: tuple[int, ...], vf_share_layers: bool,
+                     init_seed: int, use_lstm: bool, lstm_cell_size: int,
+                     conv: dict[str, Any]) -> None:
+        """The numpy policy, with initial weights drawn from ``init_seed`` (version -1), and
+        for a recurrent one each env's state (zeros)."""
+        self._model = models.NumpyModel(
+            self._observation_space, self._action_space, hiddens=hiddens,
+            vf_share_layers=vf_share_layers, use_lstm=use_lstm, lstm_cell_size=lstm_cell_size,
+            **conv)
+        # Each env's (h, c) [num_envs, 2, C]; None for a feed-forward policy.
+        self._state = self._model.initial_state(self._num_envs) if use_lstm else None
+        self._weights: list[np.ndarray] = list(self._model.initial_weights(init_seed))
+        self._model.set_weights(self._weights)
+        self._version = -1
+
+    def _make_env(self, index: int) -> gym.Env:
+        spec = self._env_spec
+        where = f"env index {index} of worker {self.worker_index}"
+        try:
+            # A registered env has passed gymnasium's checks; its passive checker is one more
+            # wrapper call per step (and the NaN checks here are stricter).
+            e = gym.make(spec, disable_env_checker=True) if isinstance(spec, str) else spec()
+        except Exception as err:
+            kind = "gymnasium.make" if isinstance(spec, str) else "the env factory"
+            raise ValueError(
+                f"RolloutWorker could not build env {self._env_id!r} ({where}): {kind} raised "
+                f"{type(err).__name__}: {err}"
+            ) from err
+        if not isinstance(e, gym.Env):
+            raise TypeError(
+                f"RolloutWorker: env factory {self._env_id!r} returned {type(e).__name__}, "
+                "expected a gymnasium.Env."
+            )
+        fast_int64_action_check(e)
+        return e
+
+    def _reset_env(self, index: int, env: gym.Env, seed: int | None = None) -> np.ndarray:
+        obs, _ = env.reset(seed=seed)
+        after = f"after env step {self._steps_per_env}" if self._steps_per_env else (
+            "before any step"
+        )
+        obs = self._checks.checked_obs(index, obs, f"from reset() {after}")
+        if self._check_obs and not np.isfinite(obs).all():
+            self._checks.raise_nonfinite(index, "observation", obs, f"from reset() {after}")
+        return obs
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def observation_space(self) -> gym.Space:
+        return self._observation_space
+
+    @property
+    def action_space(self) -> gym.Space:
+        return self._action_space
+
+    @property
+    def num_actions(self) -> int:
+        return self._num_actions
+
+    @property
+    def num_envs(self) -> int:
+        return self._num_envs
+
+    @property
+    def sample_batch_size(self) -> int:
+        return self._T
+
+    @property
+    def env_id(self) -> str:
+        """The env id, or the factory's __qualname__."""
+        return self._env_id
+
+    @property
+    def weights_version(self) -> int:
+        """Version of the weights in use; -1 until the first `set_weights`."""
+        return self._version
+
+    @property
+    def state(self) -> np.ndarray | None:
+        """Each env's LSTM state [num_envs, 2, C] that the next step starts from (a copy);
+        None for a feed-forward policy."""
+        return None if self._state is None else self._state.copy()
+
+    @property
+    def model(self) -> models.NumpyModel:
+        """The numpy policy the worker acts with (read it; change it with `set_weights`)."""
+        return self._model
+
+    # ------------------------------------------------------------------ weights
+    def set_weights(self, weights: list[np.ndarray], version: int) -> None:
+        """Installs the learner's weights (``keras_model.get_weights()`` order).
+
+        The arrays are used as given, not copied: do not mutate them afterwards.
+        """
+        self._model.set_weights(weights)
+        self._weights = list(weights)
+        self._version = int(version)
+
+    def get_weights(self) -> tuple[list[np.ndarray], int]:
+        """Returns ``(weights, version)``."""
+        return self._weights, self._version
+
+    # ------------------------------------------------------------------ sampling
+    def sample(self) -> SampleBatch:
+        """Steps every env T times with the current weights.
+
+        Returns:
+          A `SampleBatch` of shape [T, num_envs]; ``policy_versions`` is the current
+          `weights_version` for every column; the episode arrays hold the episodes that
+          ended during this call, in order of (step, env index).
+
+        Raises:
+          ValueError: if an env returns a non-finite observation or reward (naming the env,
+            its index, the step and the quantity).
+          Exception: whatever an env raises, with a note naming the env and step.
+        """
+        if self._closed:
+            raise RuntimeError(f"RolloutWorker {self.worker_index} is closed; build a new one.")
+        frag = _Fragment(self._T, self._num_envs, self._obs_shape, self._obs_dtype,
+                         self._num_actions)
+        frag.obs[0] = self._obs
+        state_in = None if self._state is None else self._state.copy()
+        first_step = self._steps_per_env + 1  # the env step of row 0
+        self._step_all(frag, first_step)
+        # Rewards are checked once per fragment, for the cast to float32 that the batch
+        # holds (NaN, inf and |r| > 3.4e38 all fail the comparison).
+        if not (np.abs(frag.rewards64) <= FLOAT32_MAX).all():
+            self._checks.check_rewards(frag.rewards64, first_step)
+        return self._finish(frag, state_in)
+
+    def _step_all(self, frag: _Fragment, first_step: int) -> None:
+        """Fills ``frag``: T rows, each one policy forward and one step of every env.
+
+        The actor's hot path: everything the inner loop uses is a local; only an episode's
+        end (`_end_episode`) and a row's end (`_end_row`) cost a method call.
+        """
+        model = self._model
+        sample_actions = models.sample_actions
+        rng = self._rng
+        steps = [e.step for e in self._envs]
+        ep_ret = self._ep_returns
+        ep_len = self._ep_lengths
+        ndarray = np.ndarray
+        shape = self._obs_shape
+        space_dtype = self._space_dtype
+        checked_obs = self._checks.checked_obs
+        obs_buf = frag.obs
+        r_row = [0.0] * self._num_envs
+        state = self._state  # None: a feed-forward policy
+        i = -1
+        t = 0
+        try:
+            for t in range(self._T):
+                if state is None:
+                    logits = model.logits(obs_buf[t])  # values only at truncations
+                else:
+                    logits, _, state = model.step(obs_buf[t], state)
+                acts = sample_actions(logits, rng)
+                frag.logits[t] = logits
+                frag.actions[t] = acts
+                nxt = obs_buf[t + 1]
+                finals: list[tuple[int, Any]] | None = None
+                # np.int64 scalars, as a vector env passes them: `Int64Discrete` answers
+                # those with the range test alone.
+                for i, a in enumerate(acts):
+                    o, r, term, trunc, _ = steps[i](a)
+                    # Numpy would broadcast a wrong-shaped observation into the batch (a
+                    # scalar, or (1, 4) into (4,)) and cast a wrong dtype: checked here, with
+                    # the common case (the space's exact shape and dtype) as one cheap test.
+                    if type(o) is not ndarray or o.shape != shape or o.dtype is not space_dtype:
+                        o = checked_obs(i, o, f"from step() at env step {first_step + t}")
+                    r_row[i] = r
+                    ep_ret[i] += float(r)  # float64 sum, whatever r's type
+                    ep_len[i] += 1
+                    if term or trunc:
+                        o, finals = self._end_episode(frag, t, i, o, bool(term), finals,
+                                                      first_step)
+                    nxt[i] = o
+                i = -1
+                self._end_row(frag, t, r_row, finals, state)
+            self._state = state
+        except Exception as err:
+            self._locate(err, i, t)
+            raise
+
+    def _end_episode(self, frag: _Fragment, t: int, i: int, final_obs: Any, terminated: bool,
+                     finals: list[tuple[int, Any]] | None, first_step: int
+                     ) -> tuple[Any, list[tuple[int, Any]] | None]:
+        """Env ``i``'s episode ended at row ``t``: records it and resets the env.
+
+        Returns the reset observation (the next row's) and ``finals`` with ``(i, final
+        observation)`` added if the episode was truncated (its value is bootstrapped).
+        """
+        if terminated:
+            frag.terminateds[t, i] = True
+        else:
+            frag.truncateds[t, i] = True
+            if finals is None:
+                finals = []
+            # Copied: reset() may reuse the env's obs buffer.
+            finals.append((i, np.array(final_obs, copy=True)))
+        frag.done_returns.append(float(self._ep_returns[i]))
+        frag.done_lengths.append(self._ep_lengths[i])
+        self._ep_returns[i] = 0.0
+        self._ep_lengths[i] = 0
+        o, _ = self._envs[i].reset()
+        if (type(o) is not np.ndarray or o.shape != self._obs_shape
+                or o.dtype is not self._space_dtype):
+            o = self._checks.checked_obs(i, o, f"from reset() after env step {first_step + t}")
+        return o, finals
+
+    def _end_row(self, frag: _Fragment, t: int, r_row: list[Any],
+                 finals: list[tuple[int, Any]] | None, state: np.ndarray | None) -> None:
+        """Every env stepped once: stores the row's rewards, checks the next observations
+        and computes the bootstrap values of the truncated episodes; a recurrent policy's
+        ``state`` (after this row's step) is zeroed, in place, for the envs whose episode
+        ended."""
+        self._steps_per_env += 1
+        frag.rewards64[t] = r_row
+        nxt = frag.obs[t + 1]
+        if self._check_obs and not np.isfinite(nxt).all():
+            self._checks.check_row(nxt, t, self._steps_per_env, frag.terminateds,
+                                    frag.truncateds)
+        if finals is not None:
+            self._fill_truncation_values(finals, frag.truncation_values[t], state)
+        if state is not None:
+            ended = frag.terminateds[t] | frag.truncateds[t]
+            if ended.any():
+                state[ended] = 0.0
+
+    def _locate(self, err: Exception, i: int, t: int) -> None:
+        """Adds where ``err`` happened (env index ``i``, or the policy if -1; row ``t``)."""
+        if getattr(err, "_impala_lab_located", False):
+            return
+        where = f"stepping env index {i}" if i >= 0 else "computing the policy's actions"
+        err.add_note(
+            f"(RolloutWorker {self.worker_index}, env {self._env_id!r}: raised while "
+            f"{where}, at step {t} of the fragment, env step {self._steps_per_env + 1})"
+        )
+
+    def _finish(self, frag: _Fragment, state_in: np.ndarray | None) -> SampleBatch:
+        """The `SampleBatch` of a filled fragment; the worker moves on past it."""
+        T, n = self._T, self._num_envs
+        rewards = frag.rewards64.astype(np.float32)
+        self._obs = frag.obs[T].copy()
+        self.num_env_steps += T * n
+        self.num_episodes += len(frag.done_returns)
+        return SampleBatch(
+            obs=frag.obs[:T],
+            actions=frag.actions,
+            rewards=rewards,
+            terminateds=frag.terminateds,
+            truncateds=frag.truncateds,
+            truncation_values=frag.truncation_values,
+            behaviour_logits=frag.logits,
+            bootstrap_obs=self._obs.copy(),
+            policy_versions=np.full(n, self._version, np.int64),
+            episode_returns=np.asarray(frag.done_returns, np.float64),
+            episode_lengths=np.asarray(frag.done_lengths, np.int64),
+            state_in=state_in,
+        )
+
+    def _fill_truncation_values(
+        self, finals: list[tuple[int, Any]], out_row: np.ndarray, state: np.ndarray | None
+    ) -> None:
+        """out_row[i] = V(final obs of env i) for every truncated env i of this step; a
+        recurrent policy reads it with env i's ``state`` after the step (before its reset)."""
+        idx = [i for i, _ in finals]
+        final_obs = np.stack([o for _, o in finals]).astype(self._obs_dtype, copy=False)
+        if self._check_obs and not np.isfinite(final_obs).all():
+            k = int(np.argwhere(~np.isfinite(final_obs).reshape(len(idx), -1).all(1))[0, 0])
+            self._checks.raise_nonfinite(
+                idx[k], "observation", final_obs[k],
+                f"at env step {self._steps_per_env} (the final observation of a truncated "
+                "episode, needed for its bootstrap value)",
+            )
+        if state is None:
+            _, values = self._model(final_obs)
+        else:
+            _, values, _ = self._model.step(final_obs, state[idx])
+        out_row[idx] = values
+
+    # ------------------------------------------------------------------ lifetime
+    def close(self) -> None:
+        """Closes the envs (idempotent)."""
+        self._closed = True
+        envs, self._envs = self._envs, []
+        for e in envs:
+            # Closing must not mask the error that brought us here.
+            with contextlib.suppress(Exception):
+                e.close()
+
+    def __enter__(self) -> RolloutWorker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"RolloutWorker(env={self._env_id!r}, num_envs={self._num_envs}, "
+            f"sample_batch_size={self._T}, worker_index={self.worker_index}, "
+            f"weights_version={getattr(self, '_version', None)})"
+        )

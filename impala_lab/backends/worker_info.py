@@ -1,0 +1,87 @@
+"""What the process and Ray backends share: sending the env to another process, and a
+worker's report about itself.
+
+The env (an id, or a zero-argument factory) is pickled with cloudpickle (a gymnasium
+dependency), as Ray does: functions, lambdas and classes defined in a notebook or a script
+travel by value, with the variables and notebook-defined classes they use; functions and
+classes of importable modules travel by reference. Objects holding operating-system or
+C-extension state (locks, queues, files, sockets, ``sqlite3.Connection``, generators,
+``mmap``, ctypes pointers, SSL contexts, hash objects, weak references) cannot travel, so a
+factory holding one is refused with a ValueError before any worker starts.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["describe_env", "pickled_env", "rss_bytes", "worker_info"]
+
+
+def describe_env(env: Any) -> str:
+    """The env's name for messages: its id, or its factory's ``__qualname__``."""
+    from impala_lab.actor.rollout_worker import env_description
+
+    try:
+        return env_description(env)
+    except Exception:
+        return type(env).__name__
+
+
+def pickled_env(env: Any, backend: str, destination: str, importable: str,
+                dumps: Callable[[Any], bytes] | None = None) -> bytes:
+    """``env`` pickled with cloudpickle, or a ValueError that says why it cannot travel.
+
+    Args:
+      env: a gymnasium env id or a zero-argument env factory.
+      backend: the backend's name, for the message (``"process"``, ``"ray"``).
+      destination: where the env goes, for the message (``"a worker process"``).
+      importable: where an importable factory must live (``"a .py file on sys.path"``).
+      dumps: the pickler (default: ``cloudpickle.dumps`` with protocol 5).
+    """
+    if dumps is None:
+        import cloudpickle
+
+        def dumps(obj: Any) -> bytes:
+            return cloudpickle.dumps(obj, protocol=5)
+
+    try:
+        return dumps(env)
+    except Exception as exc:
+        raise ValueError(
+            f"backend={backend!r} cannot send the env factory {describe_env(env)!r} to "
+            f"{destination}: cloudpickle could not pickle it ({type(exc).__name__}: {exc}). "
+            "It probably holds or closes over an open handle (lock, file, socket, database "
+            "connection, generator, C-extension object). Create such objects inside the "
+            f"factory, or define the factory in an importable module ({importable}) and pass "
+            "that function; backend='inline' needs no pickling."
+        ) from exc
+
+
+def rss_bytes() -> int | None:
+    """This process's resident memory in bytes (Linux ``/proc``; None elsewhere)."""
+    try:
+        with open("/proc/self/status") as fh:
+            return next(int(line.split()[1]) * 1024 for line in fh if line.startswith("VmRSS:"))
+    except (OSError, StopIteration):
+        return None
+
+
+def worker_info(worker: Any) -> dict[str, Any]:
+    """What a worker reports about itself (a `RolloutWorker` in this process).
+
+    Keys: ``pid``, ``ppid``, ``index`` (the worker's index in the run), ``env_id``,
+    ``weights_version``, ``num_env_steps``, ``rss_bytes``, ``tensorflow_imported`` and
+    ``keras_imported`` (actors must import neither), ``sigint_ignored``.
+    """
+    return {
+        "pid": os.getpid(), "ppid": os.getppid(), "index": worker.worker_index,
+        "env_id": worker.env_id, "weights_version": worker.weights_version,
+        "num_env_steps": worker.num_env_steps, "rss_bytes": rss_bytes(),
+        "tensorflow_imported": "tensorflow" in sys.modules,
+        "keras_imported": "keras" in sys.modules,
+        "sigint_ignored": signal.getsignal(signal.SIGINT) is signal.SIG_IGN,
+    }

@@ -1,0 +1,86 @@
+"""The course as files a student can copy: lecture notebooks, exercises and their solutions.
+
+A built wheel carries the repository's ``notebooks/`` as the package data
+``impala_lab/classroom/notebooks/`` (``setup.py`` copies them at build time); a checkout, or an
+editable
+install of one, reads ``notebooks/`` in place. `copy_course` writes them into a folder::
+
+    DIR/00_quickstart.ipynb ... 12_off_policy_corrections.ipynb  lecture notebooks
+    DIR/exercises/ex1_minibatch_buffer_get.ipynb ...             stubs to fill in
+    DIR/solutions/ex1_minibatch_buffer_get.ipynb ...             only when asked
+
+The notebooks need nothing but the installed package (recorded runs come from
+``importlib.resources``), so the folder works anywhere; ``python -m impala_lab.classroom.exercises
+exercises/ex1_minibatch_buffer_get.ipynb`` grades an answer there.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+_PACKAGE = Path(__file__).resolve().parent
+
+# relative to the course's root; the solutions only when asked
+LECTURES = "*.ipynb"
+EXERCISES = "exercises/*.ipynb"
+SOLUTIONS = "solutions/*.ipynb"
+
+
+class CourseExistsError(FileExistsError):
+    """The destination already holds some of the course's files (`paths`, relative to it)."""
+
+    def __init__(self, dest: Path, paths: list[Path]):
+        self.dest = dest
+        self.paths = paths
+        shown = ", ".join(str(p) for p in paths[:3])
+        more = f" and {len(paths) - 3} more" if len(paths) > 3 else ""
+        super().__init__(f"{dest} already holds {shown}{more}")
+
+
+def course_root() -> Path:
+    """Where the course's notebooks are: the wheel's ``impala_lab/classroom/notebooks/``, else the
+    checkout's ``notebooks/`` (an editable install)."""
+    for root in (_PACKAGE / "notebooks", _PACKAGE.parents[1] / "notebooks"):
+        if (root / "exercises").is_dir():
+            return root
+    raise FileNotFoundError(f"no course notebooks in {_PACKAGE / 'notebooks'} or "
+                            f"{_PACKAGE.parents[1] / 'notebooks'}: this impala_lab was installed "
+                            "without them; install it from a wheel or a clone")
+
+
+def course_files(*, solutions: bool = False) -> list[Path]:
+    """The course's notebooks, relative to `course_root`, lectures first."""
+    root = course_root()
+    patterns = (LECTURES, EXERCISES, SOLUTIONS) if solutions else (LECTURES, EXERCISES)
+    return [p.relative_to(root) for pattern in patterns for p in sorted(root.glob(pattern))]
+
+
+def copy_course(dest: str | os.PathLike, *, solutions: bool = False,
+                force: bool = False) -> list[Path]:
+    """Copies the course into `dest` (created if missing); returns the copied paths.
+
+    Args:
+      dest: the folder; existing files in it that are not the course's are left alone.
+      solutions: also copy ``solutions/``.
+      force: overwrite the course's files where `dest` already has them.
+
+    Raises:
+      CourseExistsError: `dest` already holds some of the files and `force` is False;
+        nothing was copied.
+    """
+    dest = Path(dest)
+    root = course_root()
+    files = course_files(solutions=solutions)
+    if not force:
+        existing = [f for f in files if (dest / f).exists()]
+        if existing:
+            raise CourseExistsError(dest, existing)
+    copied = []
+    for rel in files:
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(root / rel, target)
+        copied.append(target)
+    return copied

@@ -1,0 +1,99 @@
+"""Checkers for the classroom exercises in ``notebooks/exercises/``.
+
+Each exercise notebook has one cell where the student's code goes between the markers::
+
+    # ---- YOUR CODE STARTS HERE ----
+    raise NotImplementedError("...")
+    # ---- YOUR CODE ENDS HERE ----
+
+and a last cell that calls the exercise's checker on the answer. A checker runs the answer
+and the library's reference on seeded cases and prints either the pass line::
+
+    ✓ minibatch_get: all 7 cases pass
+
+or the first case that differs: its inputs, where it differs, the expected and the actual
+value, and a hint. It returns a `CheckResult` (truthy when passed) and never raises for a
+wrong answer, so a student always sees the message.
+
+Exercise, the answer the student writes, its checker and the reference it is compared with:
+
+- ``minibatch_get``: a ``MinibatchBuffer`` subclass with ``get()``; `check_minibatch_get`;
+  ``MinibatchBuffer.get``.
+- ``replay_mix``: ``mix(pairs, store, replay_proportion, replay_threshold, rng)``;
+  `check_replay_mix`; ``ReplayMixer.mix``.
+- ``vtrace_numpy``: ``vtrace(log_rhos, discounts, rewards, values, bootstrap_value,
+  clip_rho_threshold, clip_pg_rho_threshold)``; `check_vtrace_numpy`;
+  ``vtrace.from_importance_weights_numpy``.
+- ``driver_step``: ``driver_step(driver, timeout)``; `check_driver_step`; ``DriverLoop.step``.
+- ``vtrace_loss``: ``vtrace_loss(target_logits, values, bootstrap_value, batch, config)``;
+  `check_vtrace_loss`; ``VTracePolicy.loss_and_stats``.
+- ``lstm_unroll``: ``lstm_unroll(xs, state_in, dones, kernel, recurrent_kernel, bias)``;
+  `check_lstm_unroll`; ``models.lstm_sequence``.
+
+``python -m impala_lab.classroom.exercises NOTEBOOK.ipynb ...`` checks handed-in notebooks (see
+`impala_lab.classroom.exercises.notebook`). Importing this package does not import TensorFlow; the
+V-trace checkers import it when they first need the reference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from impala_lab.classroom.exercises._common import (
+    MARK_END,
+    MARK_START,
+    CheckResult,
+    fast_mode,
+)
+from impala_lab.classroom.exercises.driver_step import check_driver_step
+from impala_lab.classroom.exercises.lstm_unroll import check_lstm_unroll
+from impala_lab.classroom.exercises.minibatch_get import check_minibatch_get
+from impala_lab.classroom.exercises.replay_mix import check_replay_mix
+from impala_lab.classroom.exercises.vtrace_loss import check_vtrace_loss
+from impala_lab.classroom.exercises.vtrace_numpy import check_vtrace_numpy
+
+__all__ = ["CheckResult", "Exercise", "EXERCISES", "MARK_START", "MARK_END", "fast_mode",
+           "check_minibatch_get", "check_replay_mix", "check_vtrace_numpy",
+           "check_driver_step", "check_vtrace_loss", "check_lstm_unroll"]
+
+
+@dataclass(frozen=True)
+class Exercise:
+    """One exercise: its notebook (same name in exercises/ and solutions/), the name the
+    notebook gives the answer, the checker's name in this package, and where to look first
+    when a hand-in runs out of time or memory (the grader's hint)."""
+
+    name: str
+    title: str
+    notebook: str
+    answer: str
+    checker: str
+    culprit: str = "the loops in the code between the markers"
+
+
+EXERCISES: dict[str, Exercise] = {e.name: e for e in (
+    Exercise("minibatch_get", "MinibatchBuffer.get", "ex1_minibatch_buffer_get.ipynb",
+             "MyMinibatchBuffer", "check_minibatch_get",
+             "get(): self.inqueue.get() waits for ever once get() asks for more items than "
+             "the queue holds; take a new item only when self.ttl[self.idx] <= 0"),
+    Exercise("replay_mix", "ReplayMixer.mix", "ex2_replay_mixer.ipynb", "mix",
+             "check_replay_mix",
+             "the replay loop `while rng.random() < f:`: without `f -= 1` after each replay "
+             "it never ends once replay_proportion >= 1 (and the try-it cell's list grows "
+             "until memory runs out)"),
+    Exercise("vtrace_numpy", "V-trace in numpy", "ex3_vtrace_numpy.ipynb", "vtrace",
+             "check_vtrace_numpy",
+             "the loop over the time steps: it runs T times, backwards "
+             "(for t in reversed(range(T)))"),
+    Exercise("driver_step", "the driver loop's step", "ex4_driver_step.ipynb", "driver_step",
+             "check_driver_step",
+             "the drain of driver.learner.outqueue: stop at queue.Empty (`except queue.Empty: "
+             "break`); and the loop over driver.replay.mix(...)"),
+    Exercise("vtrace_loss", "the V-trace loss", "ex5_vtrace_loss.ipynb", "vtrace_loss",
+             "check_vtrace_loss",
+             "the loops in vtrace_loss (V-trace needs none: vtrace.from_logits does it)"),
+    Exercise("lstm_unroll", "the masked LSTM unroll", "ex6_lstm_unroll.ipynb", "lstm_unroll",
+             "check_lstm_unroll",
+             "the loop over the time steps: it runs T times (for t in range(T)), one cell "
+             "step each"),
+)}

@@ -1,0 +1,55 @@
+"""``python -m impala_lab.classroom.exercises NOTEBOOK.ipynb ...``: check exercise notebooks.
+
+Each notebook is graded in a process of its own, with a wall-time and a memory limit
+(``--timeout``, ``--memory``; `impala_lab.classroom.exercises.notebook.grade_notebook`): a hand-in
+that
+loops or allocates without end fails with a hint, and the batch goes on. Prints each
+notebook's result; the exit status is 0 when every answer passes, else 1.
+``--list`` prints the exercises. ``python -m impala_lab.classroom.exercises export --nbgrader DIR``
+writes nbgrader source notebooks (`impala_lab.classroom.exercises.nbgrader_export`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from impala_lab.classroom.exercises import EXERCISES
+from impala_lab.classroom.exercises.notebook import (
+    DEFAULT_MEMORY_MB,
+    DEFAULT_TIMEOUT_S,
+    grade_notebook,
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["export"]:  # a subcommand; everything else names notebooks
+        from impala_lab.classroom.exercises.nbgrader_export import main as export_main
+
+        return export_main(argv[1:])
+    parser = argparse.ArgumentParser(
+        prog="python -m impala_lab.classroom.exercises",
+        description="Check exercise notebooks against the reference on seeded cases.")
+    parser.add_argument("notebooks", nargs="*", help="exercise notebooks (.ipynb) to check")
+    parser.add_argument("--list", action="store_true", help="list the exercises and exit")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
+                        help="wall time one hand-in may run (default %(default)g)")
+    parser.add_argument("--memory", type=int, default=DEFAULT_MEMORY_MB, metavar="MB",
+                        help="memory one hand-in may use, in MiB (default %(default)d)")
+    args = parser.parse_args(argv)
+    if args.list or not args.notebooks:
+        for ex in EXERCISES.values():
+            print(f"{ex.name:14} {ex.notebook:34} answer: {ex.answer:18} ({ex.title})")
+        return 0 if args.list else 2
+    failed = 0
+    for path in args.notebooks:
+        print(f"== {path}")
+        result = grade_notebook(path, timeout=args.timeout, memory_mb=args.memory)
+        failed += not result.passed
+    print(f"{len(args.notebooks) - failed} of {len(args.notebooks)} notebooks pass")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

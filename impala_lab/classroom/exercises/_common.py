@@ -1,0 +1,256 @@
+"""What every exercise checker shares: seeded cases, the pass line, the first difference.
+
+A checker (a `Spec`) runs the student's answer on every seeded case first, with the library's
+implementation of what it writes trapped (`forbid`), and keeps what it did as a trace; the
+reference's traces are computed after it, or by the grader in another process, so nothing
+the answer can reach holds an expected value. `judge` then compares them case by case and
+stops at the first case that differs. Its message names the case (short inputs), what
+differs, the expected and the actual value, and a hint. An answer that still raises
+``NotImplementedError`` gets a message that points at the markers to fill in; one whose code
+between the markers calls the library's implementation, or reads the checker's frames, is
+flagged before it runs (`flag_region`).
+
+Nothing here imports TensorFlow.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import re
+import sys
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+MARK_START = "# ---- YOUR CODE STARTS HERE ----"
+MARK_END = "# ---- YOUR CODE ENDS HERE ----"
+PASS_MARK = "✓"
+FAIL_MARK = "✗"
+
+_PACKAGE_DIR = str(Path(__file__).resolve().parents[2])  # impala_lab/
+_LIB_DIRS = tuple({os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)})
+# Filenames `impala_lab.classroom.exercises.notebook` compiles notebook cells under.
+_CELL_FILENAME = re.compile(r"^<(?P<nb>[^,>]+), code cell (?P<n>\d+)>$")
+
+
+def fast_mode() -> bool:
+    """True when ``IMPALA_LAB_FAST=1``: notebooks shorten their training (CI sets it)."""
+    return os.environ.get("IMPALA_LAB_FAST") == "1"
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """The outcome of one checker call.
+
+    Attributes:
+      exercise: the exercise's name, e.g. ``"minibatch_get"``.
+      passed: True when every case matched the reference.
+      message: the text the checker printed: the pass line, or the first case that differs.
+      num_cases: cases in the check.
+      failed_case: 1-based number of the first case that differs; None when passed or when
+        the answer is still the stub.
+      not_implemented: True when the answer still raises ``NotImplementedError``.
+      flagged: what the answer did that no answer may do (call the library's implementation
+        of the function it writes, read the checker's frames), or None.
+    """
+
+    exercise: str
+    passed: bool
+    message: str
+    num_cases: int
+    failed_case: int | None = None
+    not_implemented: bool = False
+    flagged: str | None = None
+
+    def __bool__(self) -> bool:
+        return self.passed
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __repr__(self) -> str:  # short: the message itself was printed already
+        return f"CheckResult(exercise={self.exercise!r}, passed={self.passed})"
+
+
+@dataclass
+class Case:
+    """One seeded case.
+
+    Attributes:
+      description: the inputs in a few words (shown when the case fails).
+      hint: what this case exercises, i.e. what to look at when it is the first to fail.
+      params: whatever the checker's ``run_case`` needs.
+    """
+
+    description: str
+    hint: str
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+class Mismatch(Exception):
+    """The answer differs from the reference in one case.
+
+    Args:
+      what: where in the case it differs, e.g. ``"call 4 of get()"`` or ``"vs[2, 1]"``.
+      expected: the reference's value.
+      actual: the answer's value.
+      hint: what to fix; the case's own hint is added after it.
+    """
+
+    def __init__(self, what: str, expected: Any, actual: Any, hint: str = "") -> None:
+        super().__init__(what, expected, actual, hint)  # all four: it pickles
+        self.what = what
+        self.expected = expected
+        self.actual = actual
+        self.hint = hint
+
+
+class AnswerRaised(Exception):
+    """The answer raised an exception (kept with its traceback)."""
+
+    def __init__(self, exc: BaseException) -> None:
+        super().__init__(f"{type(exc).__name__}: {exc}")
+        self.exc = exc
+
+
+class _Verbatim(str):
+    """A value formatted as is (no repr)."""
+
+
+def verbatim(text: str) -> Any:
+    """Marks text that `Mismatch` shows as is, not as a repr."""
+    return _Verbatim(text)
+
+
+def call_answer(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Calls the student's code; any exception it raises becomes `AnswerRaised` (but a
+    `MemoryError` stays one: the grader reports it as such)."""
+    try:
+        return fn(*args, **kwargs)
+    except (Mismatch, AnswerRaised, MemoryError):
+        raise
+    except Exception as exc:
+        raise AnswerRaised(exc) from exc
+
+
+def _is_student_file(filename: str) -> bool:
+    if filename.startswith("<frozen"):
+        return False
+    if _CELL_FILENAME.match(filename) or filename.startswith("<"):
+        return True
+    real = os.path.realpath(filename)
+    if real.startswith(_PACKAGE_DIR + os.sep):
+        return False
+    return not any(real.startswith(d + os.sep) for d in _LIB_DIRS)
+
+
+def _cell_label(filename: str) -> str | None:
+    """``cell [N]`` for code run in IPython (N = the cell's execution count), the cell of a
+    notebook run by `impala_lab.classroom.exercises.notebook`, or None."""
+    m = _CELL_FILENAME.match(filename)
+    if m:
+        return f"code cell {m['n']} of {m['nb']}"
+    if "IPython" in sys.modules:
+        try:
+            from IPython import get_ipython
+
+            shell = get_ipython()
+            number = None if shell is None else shell.compile._filename_map.get(filename)
+        except Exception:  # an IPython without the map: fall back to the file name
+            number = None
+        if number is not None:
+            return f"cell [{number}]"
+    return None
+
+
+def locate(exc: BaseException) -> str:
+    """Where in the student's code `exc` was raised: ``cell [N], line L: `code```."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    student = [f for f in frames if _is_student_file(f.filename)]
+    if not student:
+        return ""
+    frame = student[-1]
+    cell = _cell_label(frame.filename)
+    where = cell if cell is not None else frame.filename
+    code = f": `{frame.line.strip()}`" if frame.line else ""
+    return f"{where}, line {frame.lineno}{code}"
+
+
+def _where_to_fill(exc: BaseException) -> str:
+    frames = traceback.extract_tb(exc.__traceback__)
+    student = [f for f in frames if _is_student_file(f.filename)]
+    if not student:
+        return "in the cell that defines it, run that cell,"
+    cell = _cell_label(student[-1].filename)
+    if cell is None:
+        return f"in {student[-1].filename} (line {student[-1].lineno}),"
+    return f"in {cell} (the cell that defines it), run that cell,"
+
+
+def format_value(value: Any, limit: int = 600) -> str:
+    """A short, readable rendering of a value (numpy arrays with 5 significant digits)."""
+    if isinstance(value, _Verbatim):
+        text = str(value)
+    elif isinstance(value, np.ndarray):
+        with np.printoptions(precision=5, suppress=True, threshold=60, edgeitems=3):
+            text = np.array2string(value, separator=", ")
+        text = f"{text} (shape {list(value.shape)}, {value.dtype})"
+    elif isinstance(value, float | np.floating):
+        text = f"{float(value):.7g}"
+    else:
+        text = repr(value)
+    text = text.replace("\n", "\n            ")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def not_implemented_message(exercise: str, answer_label: str, fill: str) -> str:
+    """The message for an answer that is still the stub (`fill`: `_where_to_fill`'s text)."""
+    return (f"{FAIL_MARK} {exercise}: {answer_label} still raises NotImplementedError: fill in "
+            f"the code between the markers\n      {MARK_START}\n      {MARK_END}\n"
+            f"  {fill} then run this check again.")
+
+
+def loaded(module: str, *names: str) -> list[Any]:
+    """The objects ``module.name`` (dotted names reach into classes), or [] when the module
+    is not imported yet (then the answer has not reached it either, unless it imports it)."""
+    mod = sys.modules.get(module)
+    if mod is None:
+        return []
+    out = []
+    for name in names:
+        obj: Any = mod
+        for part in name.split("."):
+            obj = inspect.getattr_static(obj, part, None)
+        if obj is not None:
+            out.append(obj)
+    return out
+
+
+def first_difference(expected: np.ndarray, actual: np.ndarray, rtol: float,
+                     atol: float) -> tuple[int, ...] | None:
+    """Index of the first element where `actual` is not close to `expected` (or None)."""
+    close = np.isclose(actual, expected, rtol=rtol, atol=atol) & np.isfinite(actual)
+    if close.all():
+        return None
+    return tuple(int(i) for i in np.argwhere(~close)[0])
+
+
+def as_array(value: Any, name: str, shape: tuple[int, ...]) -> np.ndarray:
+    """The answer's output as a float64 array of `shape`, or a `Mismatch` saying why not."""
+    try:
+        arr = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise Mismatch(f"type of {name}", verbatim(f"an array of shape {list(shape)}"),
+                       verbatim(f"{type(value).__name__}: {format_value(value)}"),
+                       f"return {name} as a numpy array (or a tensor) of shape "
+                       f"{list(shape)}.") from None
+    if arr.shape != shape:
+        raise Mismatch(f"shape of {name}", verbatim(str(list(shape))),
+                       verbatim(str(list(arr.shape))),
+                       f"{name} must have shape {list(shape)} (time-major [T, B]).")
+    return arr

@@ -1,0 +1,173 @@
+"""`Spec`: how one exercise is checked, and running an answer and judging it case by case.
+
+The answer runs first (`run_answer`, with the library's implementation trapped), the reference
+after it or in another process; `judge` compares the traces and stops at the first case that
+differs.
+
+Nothing here imports TensorFlow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from impala_lab.classroom.exercises._common import (
+    FAIL_MARK,
+    PASS_MARK,
+    AnswerRaised,
+    Case,
+    CheckResult,
+    Mismatch,
+    format_value,
+    not_implemented_message,
+    verbatim,
+)
+from impala_lab.classroom.exercises._guard import Raised, flag_region, forbid
+
+
+@dataclass(frozen=True)
+class Spec:
+    """How one exercise is checked, split so that the answer and the reference can run in
+    different processes (the grader) or one after the other (a notebook's check cell).
+
+    Attributes:
+      exercise: the exercise's name.
+      cases: the seeded cases, simplest first.
+      answer_trace: runs the answer on a case and returns what it did, picklable (`portable`
+        values; a `Mismatch` or `Raised` where it went wrong, at the end of a step list).
+        It may raise `AnswerRaised` or `Mismatch`.
+      reference_trace: the reference's trace of a case (never sees the answer).
+      compare: raises `Mismatch` (or the answer's `Raised`) at the first difference.
+      references: the library functions the answer must not call (imported lazily, and only
+        the ones whose modules are loaded already: a stub check must not import TensorFlow).
+      forbidden: names the code between the markers must not use (see `flag_region`).
+    """
+
+    exercise: str
+    cases: Callable[[], list[Case]]
+    answer_trace: Callable[[Any, Case], Any]
+    reference_trace: Callable[[Case], Any]
+    compare: Callable[[Case, Any, Any], None]
+    references: Callable[[], list[Any]]
+    forbidden: dict[str, str]
+
+
+@dataclass
+class AnswerReport:
+    """What the answer side found: a flag from the static look, and one trace per case (up
+    to the first that raised)."""
+
+    flagged: str | None
+    traces: list[Any]
+
+
+def run_answer(spec: Spec, answer: Any, *,
+               on_case: Callable[[int], None] | None = None) -> AnswerReport:
+    """Runs the answer on every case (with the references trapped); no reference runs.
+
+    Args:
+      spec: the exercise.
+      answer: the student's function or class.
+      on_case: called with a case's number before it runs (the grader's progress).
+    """
+    flagged = flag_region(answer, spec.forbidden)
+    traces: list[Any] = []
+    if flagged is None:
+        with forbid(spec.references()):
+            for number, case in enumerate(spec.cases(), start=1):
+                if on_case is not None:
+                    on_case(number)
+                try:
+                    trace = spec.answer_trace(answer, case)
+                except AnswerRaised as raised:
+                    trace = Raised.of(raised)
+                except Mismatch as diff:
+                    trace = diff
+                traces.append(trace)
+                if isinstance(trace, Raised) or (
+                        isinstance(trace, list) and trace and isinstance(trace[-1], Raised)):
+                    break
+    return AnswerReport(flagged, traces)
+
+
+def judge(spec: Spec, label: str, report: AnswerReport,
+          reference: Callable[[Case], Any] | None = None, *, show: bool = True) -> CheckResult:
+    """Compares the answer's traces with the reference's, case by case, and stops at the
+    first difference; prints and returns the result.
+
+    Args:
+      spec: the exercise.
+      label: how to call the answer in messages, e.g. ``"MyMinibatchBuffer.get"``.
+      report: `run_answer`'s report.
+      reference: computes a case's reference trace (default ``spec.reference_trace``); it is
+        called only for cases the answer got through, so a stub never loads the reference.
+      show: print the message.
+    """
+    reference = reference or spec.reference_trace
+    exercise, cases = spec.exercise, spec.cases()
+    n = len(cases)
+    result = None
+    if report.flagged is not None:
+        result = CheckResult(
+            exercise, False,
+            f"{FAIL_MARK} {exercise}: {label} {report.flagged}\n"
+            f"  hint:     the check compares your answer with the library's own code: write "
+            f"it yourself, from the inputs it is given.", n, flagged=report.flagged)
+    for number, case in enumerate(cases, start=1):
+        if result is not None:
+            break
+        if number > len(report.traces):
+            result = CheckResult(exercise, False, f"{FAIL_MARK} {exercise}: the answer's run "
+                                 f"stopped before case {number}", n, number)
+            break
+        trace = report.traces[number - 1]
+        try:
+            if isinstance(trace, Raised | Mismatch):
+                raise trace
+            spec.compare(case, reference(case), trace)
+        except Raised as exc:
+            if exc.not_implemented:
+                result = CheckResult(exercise, False,
+                                     not_implemented_message(exercise, label, exc.fill), n,
+                                     None, not_implemented=True)
+            elif exc.reference:
+                flag = f"calls the library's {exc.reference}" + (
+                    f" (at {exc.where})" if exc.where else "")
+                result = CheckResult(
+                    exercise, False,
+                    f"{FAIL_MARK} {exercise}: case {number} of {n}: {label} {flag}\n"
+                    f"  hint:     the check compares your answer with that very function: "
+                    f"write it yourself.", n, number, flagged=flag)
+            else:
+                lines = [f"{FAIL_MARK} {exercise}: case {number} of {n} raised an error in "
+                         f"{label}",
+                         f"  case:     {case.description}",
+                         f"  error:    {exc.type_name}: {format_value(verbatim(exc.text))}"]
+                if exc.where:
+                    lines.append(f"  at:       {exc.where}")
+                lines.append(f"  hint:     {case.hint}")
+                result = CheckResult(exercise, False, "\n".join(lines), n, number)
+        except Mismatch as diff:
+            lines = [f"{FAIL_MARK} {exercise}: case {number} of {n} differs from the reference",
+                     f"  case:     {case.description}",
+                     f"  where:    {diff.what}",
+                     f"  expected: {format_value(diff.expected)}",
+                     f"  actual:   {format_value(diff.actual)}",
+                     f"  hint:     {diff.hint or case.hint}"]
+            if diff.hint:
+                lines.append(f"  more:     {case.hint}")
+            result = CheckResult(exercise, False, "\n".join(lines), n, number)
+    if result is None:
+        result = CheckResult(exercise, True, f"{PASS_MARK} {exercise}: all {n} cases pass", n)
+    if show:
+        print(result.message)
+    return result
+
+
+def run_check(spec: Spec, label: str, answer: Any, *, show: bool = True) -> CheckResult:
+    """Checks an answer in this process: the answer runs first, on every case, with the
+    library's implementation trapped; the reference runs after it, so nothing the answer
+    could read holds the expected values."""
+    return judge(spec, label, run_answer(spec, answer), show=show)

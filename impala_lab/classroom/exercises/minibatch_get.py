@@ -1,0 +1,192 @@
+"""Exercise 1: ``MinibatchBuffer.get``, the learner's ring with a ttl ramp.
+
+The student subclasses `impala_lab.learner.minibatch_buffer.MinibatchBuffer` and writes ``get()``
+(no arguments; it may block on ``self.inqueue.get()`` like RLlib's). The checker builds
+the student's class on scripted items and calls ``get()`` on it, then does the same with the
+library's ``MinibatchBuffer``, and compares call by call the returned ``(item, released)``
+and how many items each took from the queue: what the learner sees. The ring's state
+(``ttl``, ``idx``, ``cur_max_ttl``, ``buffers``) is shown in a message and used for its hint,
+but not graded. The library's ``get`` is trapped while the answer runs (``super().get()`` is
+no answer).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from impala_lab.classroom.exercises._common import (
+    AnswerRaised,
+    Case,
+    CheckResult,
+    Mismatch,
+    call_answer,
+    loaded,
+    verbatim,
+)
+from impala_lab.classroom.exercises._guard import Raised, portable
+from impala_lab.classroom.exercises._spec import Spec, run_check
+
+EXERCISE = "minibatch_get"
+
+# (size, num_sgd_iter, calls of get()): simplest first.
+_CASES = [
+    (1, 1, 5, "one slot, one pass: every call takes a new item and releases it."),
+    (1, 3, 10, "one slot, three passes: an item stays for its ttl, the ttl ramps 1, 2, 3."),
+    (2, 1, 6, "two slots, one pass: the slots alternate, each item is used once."),
+    (2, 3, 14, "two slots, three passes: the README example (0,T) (1,F) (2,F) (1,T) ..."),
+    (3, 2, 15, "three slots, two passes: the ramp reaches num_sgd_iter after one item."),
+    (4, 4, 30, "four slots, four passes: a long ramp, slots released at different calls."),
+    (2, 6, 40, "two slots, six passes: cur_max_ttl must stop at num_sgd_iter."),
+]
+
+
+class QueueExhausted(Exception):
+    """The answer asked the queue for more items than the case holds."""
+
+
+class ScriptedQueue:
+    """A queue of the items ``item0, item1, ...`` that never blocks (and counts the takes)."""
+
+    def __init__(self, num_items: int) -> None:
+        self.items = [f"item{k}" for k in range(num_items)]
+        self.taken = 0
+
+    def get(self, block: bool = True, timeout: float | None = None) -> str:
+        if self.taken >= len(self.items):
+            raise QueueExhausted(
+                f"get() asked the queue for item number {self.taken + 1}, but the reference "
+                f"needs only {len(self.items)} items for the whole case")
+        item = self.items[self.taken]
+        self.taken += 1
+        return item
+
+    def get_nowait(self) -> str:
+        return self.get(block=False)
+
+    def qsize(self) -> int:
+        return len(self.items) - self.taken
+
+    def empty(self) -> bool:
+        return self.qsize() == 0
+
+
+def _state(buf: Any, q: ScriptedQueue) -> dict[str, Any]:
+    return portable({"ttl": list(getattr(buf, "ttl", [])), "idx": getattr(buf, "idx", None),
+                     "cur_max_ttl": getattr(buf, "cur_max_ttl", None),
+                     "buffers": list(getattr(buf, "buffers", [])), "items_taken": q.taken})
+
+
+def _show(out: Any, state: dict[str, Any]) -> Any:
+    return verbatim(f"returned {out!r}; ttl={state['ttl']} idx={state['idx']} "
+                    f"cur_max_ttl={state['cur_max_ttl']} buffers={state['buffers']} "
+                    f"items taken from the queue={state['items_taken']}")
+
+
+def _diagnose(exp_out: tuple, out: Any, exp: dict[str, Any], act: dict[str, Any]) -> str:
+    """A hint that names the first field of the call that differs: the items taken, the
+    item, then released (where the ttl ramp is the usual cause)."""
+    if not (isinstance(out, tuple) and len(out) == 2):
+        return "get() must return a pair (item, released)."
+    if act["idx"] != exp["idx"]:  # a slot served twice in a row: items and takes go wrong
+        return ("Move to the next slot on every call, wrapping around: "
+                "self.idx = (self.idx + 1) % len(self.buffers).")
+    if act["items_taken"] != exp["items_taken"]:
+        return ("Take a new item from self.inqueue only when the current slot is empty, i.e. "
+                "self.ttl[self.idx] <= 0, and then only one.")
+    if out[0] != exp_out[0]:
+        return "Serve the item of the current slot, self.buffers[self.idx]."
+    if act["cur_max_ttl"] != exp["cur_max_ttl"] or act["ttl"] != exp["ttl"]:
+        # released is only where a wrong ttl shows: the ramp is the first thing to look at.
+        return ("A new item's ttl is self.cur_max_ttl; after that, cur_max_ttl grows by 1 "
+                "until it reaches self.num_sgd_iter (the ramp). Each call then uses one pass: "
+                "self.ttl[self.idx] -= 1, and released is True when that was the last one.")
+    return ("released is True when this call used the item's last pass (its ttl is now "
+            "0); then empty the slot (self.buffers[self.idx] = None).")
+
+
+def _serve(buffer_cls: Any, case: Case, answer: bool) -> list[Any]:
+    """Builds a buffer of `buffer_cls` on scripted items and calls get() as often as the case
+    says: one (out, state) per call; a `Mismatch` or `Raised` ends the list."""
+    size, passes, calls = case.params["size"], case.params["passes"], case.params["calls"]
+    q = ScriptedQueue(calls)
+    calls_out: list[Any] = []
+    try:
+        buf = call_answer(buffer_cls, q, size, passes)
+        for call in range(1, calls + 1):
+            try:
+                out = call_answer(buf.get)
+            except AnswerRaised as err:
+                if isinstance(err.__cause__, QueueExhausted):
+                    calls_out.append(Mismatch(
+                        f"call {call} of get()", None, verbatim(str(err.__cause__)),
+                        "Take a new item from self.inqueue only when the current slot is "
+                        "empty (self.ttl[self.idx] <= 0)."))
+                    break
+                raise
+            if isinstance(out, list):
+                out = tuple(out)
+            calls_out.append((portable(out), _state(buf, q)))
+    except AnswerRaised as raised:
+        if not answer:
+            raise raised.exc from None
+        calls_out.append(Raised.of(raised))
+    return calls_out
+
+
+def _answer_trace(answer_cls: Any, case: Case) -> list[Any]:
+    return _serve(answer_cls, case, answer=True)
+
+
+def _reference_trace(case: Case) -> list[Any]:
+    from impala_lab.learner.minibatch_buffer import MinibatchBuffer
+
+    return _serve(MinibatchBuffer, case, answer=False)
+
+
+def _compare(case: Case, expected: list[Any], actual: list[Any]) -> None:
+    for call, (exp, act) in enumerate(zip(expected, actual), start=1):
+        exp_out, exp_state = exp
+        if isinstance(act, Raised):
+            raise act
+        if isinstance(act, Mismatch):
+            act.expected = _show(exp_out, exp_state)
+            raise act
+        out, state = act
+        if out != exp_out or state["items_taken"] != exp_state["items_taken"]:
+            raise Mismatch(f"call {call} of get()", _show(exp_out, exp_state),
+                           _show(out, state), _diagnose(exp_out, out, exp_state, state))
+    if len(actual) < len(expected):  # cannot happen: the answer ran every call or raised
+        raise Mismatch(f"call {len(actual) + 1} of get()", expected[len(actual)][0],
+                       verbatim("no call"), "")
+
+
+def _references() -> list[Any]:
+    return loaded("impala_lab.learner.minibatch_buffer", "MinibatchBuffer.get")
+
+
+SPEC = Spec(EXERCISE, lambda: cases(), _answer_trace, _reference_trace, _compare,
+            _references, {"MinibatchBuffer": "the library's MinibatchBuffer"})
+
+
+def cases() -> list[Case]:
+    """The checker's cases, simplest first."""
+    return [Case(f"size={size}, num_sgd_iter={passes}: the queue holds item0, item1, ...; "
+                 f"get() is called {calls} times", hint,
+                 {"size": size, "passes": passes, "calls": calls})
+            for size, passes, calls, hint in _CASES]
+
+
+def check_minibatch_get(answer_cls: Any, *, show: bool = True) -> CheckResult:
+    """Checks a `MinibatchBuffer` subclass's ``get()`` against the library's.
+
+    Args:
+      answer_cls: the student's class, built as ``answer_cls(inqueue, size, num_sgd_iter)``
+        (a subclass of `impala_lab.learner.minibatch_buffer.MinibatchBuffer` that overrides
+        ``get``).
+      show: print the message.
+
+    Returns:
+      A `CheckResult`; its message is the pass line or the first call that differs.
+    """
+    label = f"{getattr(answer_cls, '__name__', 'the answer')}.get"
+    return run_check(SPEC, label, answer_cls, show=show)

@@ -1,0 +1,315 @@
+"""The IMPALA paper's off-policy study at laptop scale: corrections x replay under policy lag.
+
+Section 5.2.2 of the paper (Espeholt et al. 2018, table 2) trains with four ways of learning
+from lagged data ("none", "epsilon", "is1", "vtrace"; `impala_lab.learner.corrections`), each
+without
+and with replay (half of every train batch replayed), and its appendix E (figure E.1) varies
+the lag itself. This module runs the same grid on a small task:
+
+    study = StudySettings(env="CartPole-v1", env_steps=300_000, extra_policy_lag=32)
+    results = run_study(study, "runs/offpolicy")        # each finished run cached there
+    print(table2_markdown(results))
+
+Every run of a cell uses the same seeds (drawn at random when the study directory is new and
+printed; a study directory that has them keeps them), the same env-step budget and the same
+`study_config`: the tuned preset of the env, the inline backend (workers in this process, no
+extra processes) and a learner queue of 2 train batches, so the learner trains on nearly
+everything sampled and runs compare per env step. The actors are held ``extra_policy_lag``
+learner updates behind (`DriverLoop.broadcast`), which makes the lag large enough for the
+corrections to matter on a task that is otherwise almost on-policy.
+
+A run's record (`run_one`): its learning curve (env steps, mean return of the last 100
+episodes), its final return (that mean at the end of the budget), the env steps at which the
+mean first reached the env's solve threshold, and the policy lag at training. The returns are
+those of the actors' episodes, so with ``extra_policy_lag`` = K they belong to weights K
+updates older than the learner's. A study
+directory holds one JSON file per run and ``study.json`` (settings and seeds); a run whose file
+exists is read, not rerun, so an interrupted study continues where it stopped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import secrets
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from impala_lab.config import ImpalaConfig
+
+#: The paper's row order in table 2.
+CORRECTIONS = ("none", "epsilon", "is1", "vtrace")
+LABELS = {"none": "No-correction", "epsilon": "epsilon-correction", "is1": "1-step importance "
+          "sampling", "vtrace": "V-trace"}
+#: Trailing-100 mean return that counts as solved, per env.
+SOLVED_AT = {"CartPole-v1": 475.0}
+
+
+@dataclass
+class StudySettings:
+    """One study: the grid and the budget of each run.
+
+    Attributes:
+      env: gymnasium env id.
+      env_steps: env steps sampled per run.
+      extra_policy_lag: K of the table-2 grid (the actors act K learner updates behind).
+      replay_proportions: the replay columns: 0.0 (no replay) and 1.0 (one replayed batch per
+        new one: half of every train batch replayed).
+      replay_buffer_num_slots: sample batches the replay store keeps (FIFO).
+      num_seeds: seeds per cell of the table.
+      lags: the lag sweep's values of extra_policy_lag (figure E.1; no replay).
+      sweep_seeds: seeds per point of the sweep (the first of the table's seeds).
+      corrections: the corrections to compare.
+      overrides: config fields on top of the env's tuned preset.
+    """
+
+    env: str = "CartPole-v1"
+    env_steps: int = 300_000
+    extra_policy_lag: int = 32
+    replay_proportions: tuple[float, ...] = (0.0, 1.0)
+    replay_buffer_num_slots: int = 100
+    num_seeds: int = 3
+    lags: tuple[int, ...] = (0, 8, 32, 128)
+    sweep_seeds: int = 2
+    corrections: tuple[str, ...] = CORRECTIONS
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+    def key(self) -> str:
+        """A short hash of the settings: a study directory belongs to one set of them."""
+        text = json.dumps(dataclasses.asdict(self), sort_keys=True, default=list)
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def study_config(settings: StudySettings, correction: str, replay: float, lag: int,
+                 seed: int) -> ImpalaConfig:
+    """The config of one run: the env's tuned preset, inline workers, a short learner queue,
+    the correction (with the ``vtrace`` switch that agrees), replay and lag."""
+    return ImpalaConfig.tuned(
+        settings.env, backend="inline", num_workers=2, learner_queue_size=2, seed=seed,
+        vtrace=correction == "vtrace", off_policy_correction=correction,
+        replay_proportion=replay, replay_buffer_num_slots=settings.replay_buffer_num_slots,
+        extra_policy_lag=lag, max_policy_lag=max(1000, 4 * lag + 10), **settings.overrides)
+
+
+def run_one(config: ImpalaConfig, env_steps: int, solved_at: float = math.inf,
+            report_interval: float = 0.5) -> dict[str, Any]:
+    """Train one run for ``env_steps`` env steps sampled; its record (see the module doc)."""
+    from impala_lab.driver.impala import Impala
+
+    curve: list[list[float]] = []
+    start = time.monotonic()
+
+    def report(s: dict[str, Any]) -> None:
+        if s["episode_return_count"]:
+            curve.append([s["num_steps_sampled"], round(s["episode_return_mean"], 2)])
+
+    with Impala(config) as run:
+        final = run.train(max_env_steps=env_steps, report_interval=report_interval,
+                          on_report=report)
+    report(final)
+    solved = next((steps for steps, ret in curve if ret >= solved_at), None)
+    return {"seed": config.seed, "curve": curve, "final_return": curve[-1][1] if curve else 0.0,
+            "solved_at_env_steps": solved,
+            "policy_lag_at_training": round(final["policy_lag_at_training"]["mean"], 2),
+            "policy_lag": round(final["policy_lag"]["mean"], 2),
+            "num_steps_replayed": final["num_steps_replayed"],
+            "seconds": round(time.monotonic() - start, 1)}
+
+
+def _runs(settings: StudySettings, seeds: Sequence[int]) -> list[dict[str, Any]]:
+    """Every run of the study: the table's grid, then the sweep's points not in it."""
+    runs = [dict(correction=c, replay=r, lag=settings.extra_policy_lag, seed=s)
+            for r in settings.replay_proportions for c in settings.corrections for s in seeds]
+    for lag in settings.lags:
+        for c in settings.corrections:
+            for s in seeds[:settings.sweep_seeds]:
+                run = dict(correction=c, replay=0.0, lag=lag, seed=s)
+                if run not in runs:
+                    runs.append(run)
+    return runs
+
+
+def _name(run: dict[str, Any]) -> str:
+    return f"{run['correction']}_replay{run['replay']:g}_lag{run['lag']}_seed{run['seed']}"
+
+
+def study_seeds(settings: StudySettings, directory: Path) -> list[int]:
+    """The study's seeds: those ``directory/study.json`` holds for these settings, else
+    ``num_seeds`` drawn at random now (and written there)."""
+    path = directory / "study.json"
+    if path.exists():
+        saved = json.loads(path.read_text())
+        if saved.get("key") == settings.key():
+            return list(saved["seeds"])
+    seeds = [secrets.randbelow(2**31) for _ in range(settings.num_seeds)]
+    directory.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"key": settings.key(), "settings": dataclasses.asdict(settings),
+                                "seeds": seeds}, indent=1))
+    return seeds
+
+
+def run_study(settings: StudySettings, directory: str | Path,
+              progress: Callable[[str], None] | None = print) -> dict[str, Any]:
+    """Run (or read from ``directory``) every run of the study.
+
+    Returns:
+      ``{"settings": ..., "seeds": [...], "runs": [record + correction, replay, lag]}``.
+    """
+    directory = Path(directory)
+    seeds = study_seeds(settings, directory)
+    if progress:
+        progress(f"seeds (drawn at random for this study): {seeds}")
+    records = []
+    todo = _runs(settings, seeds)
+    for i, run in enumerate(todo):
+        path = directory / f"{_name(run)}.json"
+        if path.exists():
+            record = json.loads(path.read_text())
+        else:
+            config = study_config(settings, run["correction"], run["replay"], run["lag"],
+                                  run["seed"])
+            record = {**run, **run_one(config, settings.env_steps,
+                                       SOLVED_AT.get(settings.env, math.inf))}
+            path.write_text(json.dumps(record))
+        records.append(record)
+        if progress:
+            progress(f"[{i + 1}/{len(todo)}] {_name(run)}: final return "
+                     f"{record['final_return']:.1f}, lag at training "
+                     f"{record['policy_lag_at_training']}, {record['seconds']} s")
+    return {"settings": dataclasses.asdict(settings), "seeds": seeds, "runs": records}
+
+
+# ---------------------------------------------------------------------- summaries
+def select(results: dict[str, Any], **match: Any) -> list[dict[str, Any]]:
+    """The runs whose fields equal ``match`` (e.g. ``correction="vtrace", replay=0.0``)."""
+    return [r for r in results["runs"] if all(r[k] == v for k, v in match.items())]
+
+
+def run_mean(record: dict[str, Any]) -> float:
+    """The learning curve's mean over the env steps of the run (the area under it divided by
+    its length): early learning and late collapses both count, unlike the final return."""
+    curve = np.array(record["curve"], dtype=np.float64)
+    if len(curve) < 2:
+        return float(curve[0, 1]) if len(curve) else math.nan
+    steps, returns = curve[:, 0], curve[:, 1]
+    area = np.sum((returns[1:] + returns[:-1]) / 2 * np.diff(steps))
+    return float(area / (steps[-1] - steps[0]))
+
+
+def cell(runs: Sequence[dict[str, Any]], solved_at: float = math.inf) -> dict[str, Any]:
+    """Of some runs: the median, worst and best final return, the median `run_mean` and peak
+    (the highest mean return of the curve), and how many ever reached ``solved_at``."""
+    finals = [r["final_return"] for r in runs]
+    peaks = [max((ret for _, ret in r["curve"]), default=math.nan) for r in runs]
+    return {"median": float(np.median(finals)) if finals else math.nan,
+            "worst": min(finals, default=math.nan), "best": max(finals, default=math.nan),
+            "run_mean": float(np.median([run_mean(r) for r in runs])) if runs else math.nan,
+            "peak": float(np.median(peaks)) if peaks else math.nan,
+            "solved": sum(r["solved_at_env_steps"] is not None for r in runs),
+            "n": len(runs)}
+
+
+def table2(results: dict[str, Any]) -> dict[str, dict[float, dict[str, Any]]]:
+    """``{correction: {replay: cell}}`` of the table-2 grid (the study's extra_policy_lag)."""
+    s = results["settings"]
+    solved_at = SOLVED_AT.get(s["env"], math.inf)
+    return {c: {r: cell(select(results, correction=c, replay=r, lag=s["extra_policy_lag"]),
+                        solved_at)
+                for r in s["replay_proportions"]}
+            for c in s["corrections"]}
+
+
+def table2_markdown(results: dict[str, Any]) -> str:
+    """Table 2 laid out as the paper's: a row per correction, a column per replay setting;
+    each cell the median final return over seeds [worst, best], the medians of `run_mean`
+    and of the peak, and the runs that ever reached the solve threshold."""
+    s = results["settings"]
+    table = table2(results)
+    solved_at = SOLVED_AT.get(s["env"], math.inf)
+    heads = ["No replay" if r == 0 else f"replay_proportion {r:g}"
+             for r in s["replay_proportions"]]
+    rows = [f"| {s['env']}, extra_policy_lag {s['extra_policy_lag']} | " + " | ".join(heads)
+            + " |", "| --- |" + " --- |" * len(heads)]
+    best = {r: max(table[c][r]["median"] for c in table) for r in s["replay_proportions"]}
+    for c, cells in table.items():
+        texts = []
+        for r, x in cells.items():
+            median = f"{x['median']:.0f}"
+            if x["median"] == best[r]:
+                median = f"**{median}**"
+            texts.append(f"{median} [{x['worst']:.0f}, {x['best']:.0f}] · run mean "
+                         f"{x['run_mean']:.0f} · peak {x['peak']:.0f} · {solved_at:g} reached "
+                         f"{x['solved']}/{x['n']}")
+        rows.append(f"| {LABELS[c]} | " + " | ".join(texts) + " |")
+    return "\n".join(rows)
+
+
+def sweep(results: dict[str, Any]) -> dict[str, dict[int, dict[str, Any]]]:
+    """``{correction: {lag: cell}}`` of the lag sweep (no replay; the sweep's seeds)."""
+    s = results["settings"]
+    seeds = results["seeds"][:s["sweep_seeds"]]
+    return {c: {lag: cell([r for r in select(results, correction=c, replay=0.0, lag=lag)
+                           if r["seed"] in seeds])
+                for lag in s["lags"]}
+            for c in s["corrections"]}
+
+
+def sweep_markdown(results: dict[str, Any]) -> str:
+    """The lag sweep as a table: a row per correction, a column per extra_policy_lag; each
+    cell the median `run_mean` over the sweep's seeds, and the median final return."""
+    s = results["settings"]
+    data = sweep(results)
+    rows = ["| correction | " + " | ".join(f"lag {lag}" for lag in s["lags"]) + " |",
+            "| --- |" + " --- |" * len(s["lags"])]
+    for c, cells in data.items():
+        rows.append(f"| {LABELS[c]} | " + " | ".join(
+            f"{x['run_mean']:.0f} (final {x['median']:.0f})" for x in cells.values()) + " |")
+    return "\n".join(rows)
+
+
+def plot_study(results: dict[str, Any], path: str | Path | None = None) -> Any:
+    """Learning curves of the table's grid (a panel per replay setting, the median over
+    seeds with the worst-to-best band) and the lag sweep; saved to ``path`` if given."""
+    import matplotlib.pyplot as plt
+
+    s = results["settings"]
+    panels = len(s["replay_proportions"]) + 1
+    fig, axes = plt.subplots(1, panels, figsize=(4.6 * panels, 3.6))
+    grid = np.linspace(0, s["env_steps"], 60)
+    colors = dict(zip(CORRECTIONS, ("#7f7f7f", "#8e44ad", "#d35400", "#1f77b4"), strict=True))
+    for ax, replay in zip(axes, s["replay_proportions"], strict=False):
+        for c in s["corrections"]:
+            runs = select(results, correction=c, replay=replay, lag=s["extra_policy_lag"])
+            curves = [np.interp(grid, *np.array(r["curve"]).T, left=np.nan)
+                      for r in runs if r["curve"]]
+            if not curves:
+                continue
+            stack = np.array(curves)
+            with warnings.catch_warnings():  # before a run's first episode ends: NaN
+                warnings.simplefilter("ignore", RuntimeWarning)
+                low, mid, high = (np.nanmin(stack, 0), np.nanmedian(stack, 0),
+                                  np.nanmax(stack, 0))
+            ax.plot(grid, mid, color=colors[c], label=LABELS[c])
+            ax.fill_between(grid, low, high, color=colors[c], alpha=0.15)
+        title = "no replay" if replay == 0 else f"replay_proportion {replay:g}"
+        ax.set(title=f"{title}, extra lag {s['extra_policy_lag']}", xlabel="env steps",
+               ylabel="mean return (last 100)")
+    axes[0].legend(fontsize=8)
+    ax = axes[-1]
+    for c, cells in sweep(results).items():
+        ax.plot(list(cells), [x["run_mean"] for x in cells.values()], "o-", color=colors[c],
+                label=LABELS[c])
+    ax.set(xscale="symlog", xlabel="extra_policy_lag (learner updates)",
+           ylabel="mean return over the run (median)", title="lag sweep, no replay")
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=90)
+    return fig

@@ -1,0 +1,165 @@
+"""Watch a trained policy: episodes rendered frame by frame, written as an animated GIF.
+
+`impala-lab play --checkpoint DIR --episodes N --out FILE.gif` and the GIF that
+``impala-lab train`` leaves next to ``report.png`` both run the actors' numpy policy
+(`impala_lab.actor.numpy_model.NumpyModel`) on the checkpoint's weights: no TensorFlow, so a GIF of
+a
+MinAtar game costs well under a second. Frames are the env's ``rgb_array`` renders (MinAtar's
+colours for its games, `impala_lab.envs.minatar`); GIFs are written with Pillow, which
+matplotlib already depends on.
+
+Imports numpy and gymnasium only (Pillow when writing).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from impala_lab.actor.numpy_model import NumpyModel, sample_actions
+from impala_lab.config import ImpalaConfig
+
+__all__ = ["load_policy", "policy_model", "record_episodes", "write_gif", "play_checkpoint"]
+
+
+def load_policy(checkpoint: str | Path) -> tuple[ImpalaConfig, NumpyModel]:
+    """The config and the numpy policy of a checkpoint (`Impala.save`'s directory).
+
+    Raises:
+      ValueError: the checkpoint's env is a factory (only its name was saved) or cannot be
+        made; FileNotFoundError / ValueError from `read_checkpoint` for a bad directory.
+    """
+    from impala_lab.driver.checkpoint import read_checkpoint
+
+    state, weights, _ = read_checkpoint(checkpoint)
+    config = ImpalaConfig.from_dict(state["config"]) if not str(
+        state["config"].get("env", "")).startswith("factory:") else None
+    if config is None:
+        raise ValueError(f"{checkpoint}: its env was a factory ({state['config']['env']}), "
+                         "which a checkpoint does not keep; play needs a registered env id")
+    env = gym.make(config.env)
+    try:
+        model = policy_model(config, env.observation_space, env.action_space)
+    finally:
+        env.close()
+    model.set_weights(weights)
+    return config, model
+
+
+def policy_model(config: ImpalaConfig, observation_space: Any, action_space: Any
+                 ) -> NumpyModel:
+    """The numpy network that ``config`` trains, for these spaces (no weights loaded)."""
+    return NumpyModel(observation_space, action_space, hiddens=tuple(config.model),
+                      vf_share_layers=config.vf_share_layers, use_lstm=config.use_lstm,
+                      lstm_cell_size=config.lstm_cell_size, conv_net=config.conv_net,
+                      conv_filters=config.conv_filters, impala_channels=config.impala_channels)
+
+
+def record_episodes(env_id: str, model: NumpyModel, episodes: int = 1, max_frames: int = 500,
+                    seed: int | None = None, greedy: bool = False
+                    ) -> tuple[list[np.ndarray], list[float]]:
+    """Plays ``episodes`` episodes with ``model`` and renders every step.
+
+    Args:
+      env_id: a registered env id whose env renders ``rgb_array``.
+      model: a `NumpyModel` with weights for this env's spaces.
+      episodes: episodes to play (fewer if ``max_frames`` is reached first).
+      max_frames: frames at most, over all episodes (the first frame of each included).
+      seed: seeds the first reset and the action sampling; None = random.
+      greedy: take the most likely action instead of sampling (the policy as trained samples).
+
+    Returns:
+      (frames, returns): uint8 frames [H, W, 3] in order, and the return of each episode
+      played to its end.
+
+    Raises:
+      ValueError: the env cannot render rgb_array frames (the message says why).
+    """
+    try:
+        with warnings.catch_warnings():  # said below as the error, not as gymnasium's warning
+            warnings.filterwarnings("ignore", message=".*not in the possible render_modes")
+            env = gym.make(env_id, render_mode="rgb_array")
+    except Exception as exc:
+        raise ValueError(f"env {env_id!r} cannot render rgb_array frames "
+                         f"({type(exc).__name__}: {exc})") from None
+    modes = env.metadata.get("render_modes") or []
+    if "rgb_array" not in modes:
+        env.close()
+        raise ValueError(f"env {env_id!r} cannot render rgb_array frames (its render_modes: "
+                         f"{list(modes)})")
+    rng = np.random.default_rng(seed)
+    frames: list[np.ndarray] = []
+    returns: list[float] = []
+    try:
+        obs, _ = env.reset(seed=seed)
+        for _ in range(episodes):
+            state = model.initial_state(1) if model.use_lstm else None
+            total, done = 0.0, False
+            frames.append(_frame(env))
+            while not done and len(frames) < max_frames:
+                if state is None:
+                    logits = model.logits(np.asarray(obs)[None])
+                else:
+                    logits, _, state = model.step(np.asarray(obs)[None], state)
+                action = int(logits.argmax(axis=1)[0] if greedy
+                             else sample_actions(logits, rng)[0])
+                obs, reward, terminated, truncated, _ = env.step(action)
+                total += float(reward)
+                done = terminated or truncated
+                frames.append(_frame(env))
+            if not done:
+                break
+            returns.append(total)
+            obs, _ = env.reset()
+    finally:
+        env.close()
+    return frames, returns
+
+
+def _frame(env: gym.Env) -> np.ndarray:
+    try:
+        frame = env.render()
+    except Exception as exc:  # e.g. CartPole without pygame
+        raise ValueError(f"env {env.spec.id if env.spec else env!r} cannot render rgb_array "
+                         f"frames ({type(exc).__name__}: {exc})") from None
+    frame = np.asarray(frame)
+    if frame.dtype != np.uint8:  # float renders in [0, 1]
+        frame = np.clip(np.round(frame * 255.0), 0, 255).astype(np.uint8)
+    return frame
+
+
+def write_gif(frames: Sequence[np.ndarray], path: str | Path, fps: float = 15.0,
+              max_width: int = 320) -> Path:
+    """Writes uint8 frames [H, W, 3] as a looping GIF, each frame 1/fps s; frames wider than
+    ``max_width`` are scaled down (nearest neighbour, so MinAtar's cells stay sharp)."""
+    from PIL import Image
+
+    if not frames:
+        raise ValueError("write_gif: no frames to write")
+    images = []
+    for frame in frames:
+        image = Image.fromarray(np.asarray(frame, np.uint8))
+        if image.width > max_width:
+            image = image.resize((max_width, round(image.height * max_width / image.width)),
+                                 Image.Resampling.NEAREST)
+        images.append(image)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    images[0].save(path, save_all=True, append_images=images[1:], loop=0,
+                   duration=round(1000 / fps), optimize=False)
+    return path
+
+
+def play_checkpoint(checkpoint: str | Path, out: str | Path, episodes: int = 1,
+                    max_frames: int = 2000, seed: int | None = None, greedy: bool = False,
+                    fps: float = 15.0) -> tuple[Path, list[float], int]:
+    """`record_episodes` with a checkpoint's policy, written to ``out`` as a GIF; returns
+    (the GIF's path, the episodes' returns, the number of frames)."""
+    config, model = load_policy(checkpoint)
+    frames, returns = record_episodes(config.env, model, episodes, max_frames, seed, greedy)
+    return write_gif(frames, out, fps), returns, len(frames)

@@ -1,0 +1,99 @@
+"""Building a run: its config, the checks before anything starts, the policy and its learner.
+
+``Impala.__init__`` calls these in order: `as_config` (a config from what the caller gave),
+`check_env` (the env can be made and the model can take its spaces: a `ConfigError`, the
+CLI's exit code 2, before TensorFlow loads or any process starts), then, once the backend is
+prepared, `build_learner` (TensorFlow loads here).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from impala_lab.config import ImpalaConfig
+from impala_lab.errors import ConfigError
+
+
+def as_config(config: ImpalaConfig | Mapping[str, Any] | None,
+              env_creator: Callable[[], Any] | None, overrides: dict[str, Any]
+              ) -> ImpalaConfig:
+    """``config`` (an `ImpalaConfig`, a dict of its fields or None for the defaults) with
+    ``env_creator`` as its env and ``overrides`` applied."""
+    if config is None:
+        config = ImpalaConfig()
+    elif isinstance(config, Mapping):
+        config = ImpalaConfig.from_dict(config)
+    elif not isinstance(config, ImpalaConfig):
+        raise TypeError(f"config must be an ImpalaConfig or a dict, got "
+                        f"{type(config).__name__}")
+    if env_creator is not None:
+        overrides["env"] = env_creator
+    return config.replace(**overrides) if overrides else config
+
+
+def probe_spaces(env: Any) -> tuple[Any, Any]:
+    """Make one env in the driver to read its spaces (before any worker starts)."""
+    import gymnasium
+
+    e = env() if callable(env) else gymnasium.make(env)
+    try:
+        return e.observation_space, e.action_space
+    finally:
+        e.close()
+
+
+def check_env(config: ImpalaConfig) -> tuple[Any, Any]:
+    """The env's spaces. An env that cannot be made, or whose spaces the model cannot take,
+    is a config error (the CLI's exit code 2), raised before any process starts."""
+    from impala_lab.actor.numpy_model import check_spaces
+
+    try:
+        observation_space, action_space = probe_spaces(config.env)
+    except Exception as exc:
+        raise ConfigError(f"env={config.env_id!r} is invalid: it could not be made "
+                          f"({type(exc).__name__}: {exc})") from exc
+    filters = config.conv_filters if config.conv_net == "cnn" else None
+    try:
+        check_spaces(observation_space, action_space, filters)
+    except ValueError as exc:
+        if filters is not None:
+            try:  # the env is fine, the layers do not fit its images
+                check_spaces(observation_space, action_space)
+            except ValueError:
+                pass
+            else:
+                raise ConfigError(f"conv_filters={[list(f) for f in filters]!r} is invalid for "
+                                  f"env={config.env_id!r}: its {exc}") from None
+        raise ConfigError(f"env={config.env_id!r} is invalid: its {exc}") from None
+    # Validation counted one float per observation; now the env's real observation size
+    # and action count are known (still before TensorFlow loads or any process starts).
+    config.check_memory(observation_space, action_space)
+    return observation_space, action_space
+
+
+def build_learner(config: ImpalaConfig, backend: Any, observation_space: Any,
+                  action_space: Any) -> tuple[Any, Any]:
+    """The policy (TensorFlow loads here) and its learner; the backend is shut down if this
+    fails or is interrupted (a Ctrl-C while TensorFlow loads must not leave Ray up)."""
+    try:
+        from impala_lab.learner.vtrace_policy import VTracePolicy
+
+        if config.uses_multi_gpu_learner:
+            # Fake devices must be set up before TensorFlow initialises (building the
+            # model does); a device error is a config error, raised before anything starts.
+            from impala_lab.learner.multi_gpu_learner import configure_learner_devices
+
+            configure_learner_devices(config)
+        policy = VTracePolicy(observation_space, action_space, config)
+        if config.uses_multi_gpu_learner:
+            from impala_lab.learner.multi_gpu_learner import MultiGPULearner
+
+            return policy, MultiGPULearner(policy, config)
+        from impala_lab.learner.learner_thread import LearnerThread
+
+        return policy, LearnerThread(policy, config.minibatch_buffer_size, config.num_sgd_iter,
+                                     config.learner_queue_size, config.learner_queue_timeout)
+    except BaseException:
+        backend.shutdown()
+        raise

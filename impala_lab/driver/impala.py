@@ -1,0 +1,546 @@
+"""`Impala`: the driver (RLlib's ``AsyncSamplesOptimizer``): the loop, train, stats, checkpoints.
+
+One ``step()`` is one turn of RLlib's loop (`impala_lab.driver.driver_loop.DriverLoop.step`)::
+
+    for each finished sample request (task pool, completion order):
+        for (worker, batch) in replay mixer(new batch, then replayed ones):
+            append to the batch buffer; once it holds >= train_batch_size env steps,
+            concatenate along B and put it on the learner's (bounded) inqueue
+            if the batch is new (worker is not None):
+                broadcast fresh weights if the learner updated them and this broadcast
+                served >= broadcast_interval returns; send the current weights to the worker
+                ask the worker for another sample
+    count the env steps the learner reports on its outqueue
+
+`Impala` builds the parts and runs them: the `DriverLoop` (one turn), the `WorkerSupervisor`
+(worker failures and liveness, `impala_lab.driver.supervisor`), the `RunStats` (counters and the
+``stats()`` dict, `impala_lab.driver.run_stats`), the learner thread and the replay mixer.
+``train()``
+repeats the turn until a stop condition, ``start()`` does so in a background thread, and
+``save()``/``restore()`` keep a run in a checkpoint (the files: `impala_lab.driver.checkpoint`).
+Everything the dashboard, the CLI and the tests read comes from ``stats()``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import math
+import os
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from impala_lab.backends import make_backend
+from impala_lab.config import ImpalaConfig
+from impala_lab.driver import checkpoint
+from impala_lab.driver.build import as_config, build_learner, check_env
+from impala_lab.driver.driver_loop import DriverLoop
+from impala_lab.driver.health import HealthMonitor
+from impala_lab.driver.knobs import KNOBS, LIVE_KNOBS
+from impala_lab.driver.latest_frames import Frames, LatestFrames
+from impala_lab.driver.replay_mixer import ReplayMixer
+from impala_lab.driver.run_stats import RunStats, history_row, pipeline_view
+from impala_lab.driver.supervisor import WorkerSupervisor
+from impala_lab.driver.task_pool import SampleTaskPool
+from impala_lab.errors import ConfigError, ImpalaError
+from impala_lab.stats import StatsHistory, flatten
+
+StopCondition = Mapping[str, float] | Callable[[dict], bool] | None
+
+_live_runs: weakref.WeakSet[Impala] = weakref.WeakSet()
+
+
+def _part(part: str, name: str) -> property:
+    """A read-only attribute of the run that one of its parts keeps."""
+    return property(lambda self: getattr(getattr(self, part), name),
+                    doc=f"``{part}.{name}`` (also in ``stats()``).")
+
+
+def _knob_lines() -> str:
+    return "\n".join(f"          {k.name} ({k.kind}): {k.help}" for k in KNOBS.values())
+
+
+class Impala:
+    """The IMPALA driver: actors, task pool, replay mixer, batch buffer, learner, broadcasts.
+
+    Args:
+      config: an `ImpalaConfig`, a dict of its fields, or None for the defaults.
+      env_creator: a zero-argument env factory (overrides ``config.env``).
+      start_learner: False keeps the learner thread unstarted, so ``impala.learner.step()``
+        can be called by hand between driver steps (step-through notebooks).
+      **overrides: config fields to change, e.g. ``Impala(num_workers=4)``.
+
+    Attributes:
+      config: the `ImpalaConfig` (a live knob change replaces it).
+      loop: the `DriverLoop`: one turn of the loop, the batch buffer, the broadcasts.
+      supervisor: the `WorkerSupervisor`: the workers, their failures and liveness.
+      run_stats: the `RunStats`: counters, meters and timers behind ``stats()``.
+      policy, learner, replay, backend: the `VTracePolicy`, the learner thread, the
+        `ReplayMixer` and where the workers live.
+      health: the `HealthMonitor`; history: the `StatsHistory` of ``record()`` snapshots;
+      frames: the `LatestFrames` of one worker's env (``latest_frames()``);
+      knob_changes: every live knob change, with its time and env step.
+    """
+
+    # ------------------------------------------------------------------ the loop
+    def _step(self, timeout: float) -> tuple[int, int]:
+        """One turn of the driver loop: `impala_lab.driver.driver_loop.DriverLoop.step`."""
+        return self.loop.step(timeout)
+
+    def step(self, timeout: float = 0.1) -> tuple[int, int]:
+        """One turn of the driver loop, timed and counted (RLlib's ``step``).
+
+        Args:
+          timeout: seconds to wait for the first finished sample; the driver blocks on the
+            workers instead of spinning. The inline backend never waits.
+
+        Returns:
+          (env steps sampled, env steps trained) in this turn.
+        """
+        self._check_running()
+        driver = self._driver
+        if driver is not None and threading.get_ident() != driver.ident:
+            raise ImpalaError("this run is training in the background; call impala.pause() "
+                              "before stepping it by hand")
+        self._apply_pending_knobs()
+        with self.run_stats.optimizer_step_timer:
+            sampled, trained = self._step(timeout)
+        self.run_stats.count_step(sampled, trained)
+        for err in self.supervisor.hung_workers():
+            self.loop.replace_failed(err)
+        if driver is not None:
+            self._last_pipeline_view = self._pipeline_view()
+        return sampled, trained
+
+    def _check_running(self) -> None:
+        if self._stopped:
+            raise ImpalaError("this Impala run was stopped; create a new one (or restore a "
+                              "checkpoint) to train again")
+        self.learner.raise_if_failed()
+
+    # Counters that the parts keep (RLlib's names; ``stats()`` has them all).
+    num_steps_sampled = _part("run_stats", "num_steps_sampled")
+    num_steps_trained = _part("run_stats", "num_steps_trained")
+    num_weight_syncs = _part("run_stats", "num_weight_syncs")
+    num_broadcasts = _part("run_stats", "num_broadcasts")
+    num_train_batches = _part("run_stats", "num_train_batches")
+    episodes_total = _part("run_stats", "episodes_total")
+    elapsed_s = _part("run_stats", "elapsed_s")
+    num_worker_failures = _part("supervisor", "num_worker_failures")
+    workers = _part("supervisor", "workers")
+
+    # ------------------------------------------------------------------ construction
+    def __init__(self, config: ImpalaConfig | Mapping[str, Any] | None = None, *,
+                 env_creator: Callable[[], Any] | None = None, start_learner: bool = True,
+                 **overrides: Any) -> None:
+        self.config = as_config(config, env_creator, overrides)
+        self._stopped = True  # until everything below is up
+        self.observation_space, self.action_space = check_env(self.config)
+        # Backend checks that can fail (an env factory that cannot travel) run before
+        # TensorFlow loads and before any process starts.
+        self.backend = make_backend(self.config)
+        self.backend.prepare()
+        self.policy, self.learner = build_learner(self.config, self.backend,
+                                                  self.observation_space, self.action_space)
+        self._finalizer = weakref.finalize(self, _cleanup, self.backend, self.learner)
+        _live_runs.add(self)
+        self._build_parts()
+        self._init_controls()
+        self._stopped = False
+        try:
+            self.loop.start()
+            if start_learner:
+                self.learner.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _build_parts(self) -> None:
+        c = self.config
+        self.replay = ReplayMixer(c.replay_proportion, c.replay_buffer_num_slots,
+                                  c.train_batch_size, c.sample_batch_size, seed=c.seed)
+        self.run_stats = RunStats()
+        tasks = SampleTaskPool(wait_fn=self.backend.wait)
+        self.supervisor = WorkerSupervisor(c, self.backend, tasks)
+        self.frames = LatestFrames(self.observation_space)
+        self.loop = DriverLoop(c, self.replay, self.learner, self.run_stats, tasks=tasks,
+                               policy=self.policy, backend=self.backend,
+                               supervisor=self.supervisor, frames=self.frames)
+        # Learning health: fed every learner step from the learner thread, judged in stats().
+        self.health = HealthMonitor(int(getattr(self.action_space, "n", 0)),
+                                    c.learner_queue_size, clock=_run_clock(weakref.ref(self)))
+        self.learner.on_train_step = self.health.observe_learner_step
+        self.history = StatsHistory(maxlen=100_000)
+
+    def _init_controls(self) -> None:
+        """Live knobs, train()'s state and background training (start/pause)."""
+        self.knob_changes: list[dict[str, Any]] = []
+        self._pending_knobs: dict[str, Any] = {}
+        self._knob_lock = threading.Lock()
+        self._training = False  # train() runs: liveness is judged
+        self._background: threading.Thread | None = None  # start()'s thread
+        # The thread that steps the run while others read stats() (see driving_thread()).
+        self._driver: threading.Thread | None = None
+        self._pause_requested = threading.Event()
+        self.background_error: BaseException | None = None
+        self._last_pipeline_view: dict[str, Any] = {}
+        self.last_result: dict[str, Any] | None = None
+        self.last_error: str | None = None  # the error that ended train(), as text
+
+    # ------------------------------------------------------------------ live knobs
+    def set_knobs(self, **knobs: Any) -> None:
+        """Change knobs that are safe between steps; applied by the driver before its next step
+        (at once when no learner thread runs).
+
+        Live knobs (`impala_lab.driver.knobs.KNOBS`):
+{knobs}
+
+        Raises:
+          ConfigError: a name that is not a live knob, or an invalid value (nothing changes).
+        """
+        for name, value in knobs.items():
+            if name not in KNOBS:
+                raise ConfigError(f"{name!r} cannot change during a run; live knobs are "
+                                  f"{', '.join(LIVE_KNOBS)}")
+            self.config.validate_field(name, value)
+        with self._knob_lock:
+            self._pending_knobs.update(knobs)
+        if self.learner.ident is None:  # nothing runs in the background: apply now
+            self._apply_pending_knobs()
+
+    if set_knobs.__doc__:  # None under python -OO
+        set_knobs.__doc__ = set_knobs.__doc__.format(knobs=_knob_lines())
+
+    def _apply_pending_knobs(self) -> None:
+        with self._knob_lock:
+            pending, self._pending_knobs = self._pending_knobs, {}
+        if not pending:
+            return
+        config = self.config.replace(**pending)
+        self.config = self.loop.config = self.supervisor.config = config  # one for all parts
+        for name, value in pending.items():
+            knob = KNOBS[name]
+            if knob.apply is not None:
+                knob.apply(self, value)
+            self.knob_changes.append({"time_s": self.elapsed_s,
+                                      "num_steps_sampled": self.num_steps_sampled,
+                                      "knob": name, "value": value})
+
+    # ------------------------------------------------------------------ stats
+    def stats(self) -> dict[str, Any]:
+        """All figures of the run: RLlib's keys plus episodes, policy lag, liveness, the
+        pipeline, the live knobs and learning health (see `RunStats.snapshot`)."""
+        judging = self._training and not self.loop.queue_blocked
+        return self.run_stats.snapshot(
+            config=self.config, learner=self.learner, replay=self.replay, policy=self.policy,
+            health=self.health, num_worker_failures=self.supervisor.num_worker_failures,
+            liveness=self.supervisor.liveness(judging), judging_liveness=judging,
+            pipeline=self._pipeline_view(), last_error=self.last_error)
+
+    def latest_frames(self) -> Frames | None:
+        """The last `impala_lab.driver.latest_frames.FRAME_STRIP_LENGTH` observations of one env,
+        as new
+        batches brought them: column 0 of the live worker with the lowest index (replayed
+        batches never count). Safe to call from any thread while the run trains.
+
+        Returns:
+          a `Frames` (``obs`` uint8 [K, H, W, C], ``env_steps`` [K], ``ends`` [K],
+          ``worker_index``, ``column``; `impala_lab.driver.latest_frames.strip_rgb` draws them), or
+          None:
+          no batch of that worker yet, or observations that are not images
+          (`impala_lab.driver.latest_frames.not_image_reason` says why).
+        """
+        return self.frames.latest()
+
+    def _pipeline_view(self) -> dict[str, Any]:
+        """Figures of every stage for the diagram. While another thread drives the run, other
+        threads read the copy it leaves at the end of each step (no torn reads)."""
+        if self._driver is not None and threading.get_ident() != self._driver.ident:
+            return self._last_pipeline_view
+        return pipeline_view(self.loop, len(self.workers))
+
+    def record(self) -> dict[str, Any]:
+        """Take a stats snapshot into ``history`` (a row of metrics.csv, see
+        `impala_lab.driver.run_stats.history_row`) and return it."""
+        snapshot = self.stats()
+        self.history.append(history_row(snapshot))
+        return snapshot
+
+    # ------------------------------------------------------------------ train
+    def train(self, stop: StopCondition = None, *, max_seconds: float | None = None,
+              max_env_steps: int | None = None, report_interval: float = 1.0,
+              on_report: Callable[[dict], None] | None = None,
+              dashboard: bool = False,
+              tensorboard_dir: str | os.PathLike | None = None) -> dict[str, Any]:
+        """Step until a stop condition holds.
+
+        Args:
+          stop: a dict ``{stats key: threshold}`` (stop when any value reaches its
+            threshold, e.g. ``{"episode_return_mean": 195}``) or a callable on the stats.
+          max_seconds: wall-clock limit of this call.
+          max_env_steps: limit on env steps sampled in total.
+          report_interval: seconds between snapshots into ``history`` (and ``on_report``).
+          on_report: called with each snapshot (the CLI's progress line).
+          dashboard: show the live dashboard while training (needs a notebook; see
+            `impala_lab.dashboard.train_with_dashboard`).
+          tensorboard_dir: write each snapshot and the last stats there as TensorBoard
+            summaries (see `impala_lab.dashboard.tensorboard`).
+
+        Returns:
+          the last stats, with ``stop_reason``.
+        """
+        if tensorboard_dir is not None:
+            from impala_lab.dashboard.tensorboard import train_with_tensorboard
+
+            return train_with_tensorboard(self, tensorboard_dir, stop, max_seconds=max_seconds,
+                                          max_env_steps=max_env_steps, dashboard=dashboard,
+                                          report_interval=report_interval, on_report=on_report)
+        if dashboard:
+            from impala_lab.dashboard import train_with_dashboard
+
+            return train_with_dashboard(self, stop, max_seconds=max_seconds,
+                                        max_env_steps=max_env_steps,
+                                        report_interval=report_interval, on_report=on_report)
+        stop_fn = _stop_function(stop)
+        start = time.monotonic()
+        # Liveness figures count from here: a run built long ago has not been idle.
+        self.supervisor.sampling_since = start
+        self._training = True
+        try:
+            reason = self._train_until(start, stop_fn, max_seconds, max_env_steps,
+                                       report_interval, on_report)
+        except KeyboardInterrupt:
+            # An interrupted cell must not leave processes behind: the run ends here.
+            self.record()
+            self.stop()
+            raise
+        except Exception as exc:
+            # In the stats too (metrics.csv, the dashboard), not only in the traceback.
+            self.last_error = f"{type(exc).__name__}: {exc}"
+            self.record()
+            raise
+        finally:
+            self._training = False
+        final = self.record()
+        final["stop_reason"] = reason
+        return final
+
+    def _train_until(self, start: float, stop_fn: Callable[[dict], bool] | None,
+                     max_seconds: float | None, max_env_steps: int | None,
+                     report_interval: float, on_report: Callable[[dict], None] | None) -> str:
+        """train()'s loop: step, report, and return why it stopped."""
+        next_report = start + report_interval
+        reason = None
+        while reason is None:
+            if self._pause_requested.is_set():
+                return "paused"
+            self.step()
+            now = time.monotonic()
+            if now >= next_report:
+                next_report = now + report_interval
+                snapshot = self.record()
+                if on_report is not None:
+                    on_report(snapshot)
+                if stop_fn is not None and stop_fn(snapshot):
+                    reason = "stop condition"
+            if max_env_steps is not None and self.num_steps_sampled >= max_env_steps:
+                reason = "max_env_steps"
+            if max_seconds is not None and now - start >= max_seconds:
+                reason = "max_seconds"
+        return reason
+
+    @contextlib.contextmanager
+    def driving_thread(self) -> Iterator[None]:
+        """Within it, the calling thread is the one that steps this run: other threads (a
+        dashboard's poller) that call ``stats()`` read the pipeline view its last step left,
+        and ``step()`` from them raises. Nothing changes while ``start()``'s thread drives."""
+        if self._driver is not None:
+            yield
+            return
+        self._driver = threading.current_thread()
+        try:
+            yield
+        finally:
+            self._driver = None
+
+    # ------------------------------------------------------------------ background training
+    def start(self, stop: StopCondition = None, *, max_seconds: float | None = None,
+              max_env_steps: int | None = None, report_interval: float = 1.0) -> None:
+        """Train in a background thread: the notebook cell returns, the dashboard keeps moving.
+
+        ``pause()`` ends the background training (the run stays usable), ``stop()`` ends the
+        run. Arguments as in ``train()``; the result lands in ``last_result``.
+        """
+        self._check_running()
+        if self.is_training:
+            raise ImpalaError("this run is already training in the background")
+        self._pause_requested.clear()
+        self.background_error = None
+
+        def loop() -> None:
+            try:
+                self.last_result = self.train(stop, max_seconds=max_seconds,
+                                              max_env_steps=max_env_steps,
+                                              report_interval=report_interval)
+            except BaseException as exc:  # kept for pause()/wait(), shown by the dashboard
+                self.background_error = exc
+
+        thread = threading.Thread(target=loop, name="impala-driver", daemon=True)
+        self._background = self._driver = thread
+        thread.start()
+
+    @property
+    def is_training(self) -> bool:
+        """True while a background ``start()`` is running."""
+        return self._background is not None and self._background.is_alive()
+
+    def pause(self, timeout: float = 30.0) -> None:
+        """End background training after the current step; raise its error, if any."""
+        self._pause_requested.set()
+        self.wait(timeout)
+
+    def wait(self, timeout: float | None = None) -> dict[str, Any] | None:
+        """Block until background training ends; raise its error, if any."""
+        thread = self._background
+        if thread is not None:
+            thread.join(timeout)
+            if thread.is_alive():
+                raise ImpalaError(f"background training did not end within {timeout} s")
+            self._background = None
+            if self._driver is thread:
+                self._driver = None
+        self._pause_requested.clear()
+        if self.background_error is not None:
+            error, self.background_error = self.background_error, None
+            raise error
+        return self.last_result
+
+    # ------------------------------------------------------------------ checkpoints
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write a checkpoint directory atomically: arrays (.npz, no pickle) and JSON only.
+
+        The files go into a new directory beside ``path``, are fsynced, and the directory is
+        swapped in with renames at the end (`impala_lab.driver.checkpoint.write_checkpoint`): a kill
+        or a full disk at any moment leaves the previous checkpoint readable. During
+        background training (``start()``) the weights, the optimizer state (its
+        ``iterations`` too) and the policy version come from one and the same learner step
+        (read under the policy's lock); the counters are the driver's at that moment
+        (``num_steps_trained`` counts the learner steps the driver has been told about, so it
+        may trail the weights by a step or two, never lead them).
+        """
+        with self.policy.lock:  # no learner step can land between these reads
+            weights, opt_state, version = self.policy.checkpoint_state_locked()
+            counters = self.run_stats.checkpoint_counters()
+        state = checkpoint.checkpoint_state(self.config.to_dict(), version, counters)
+        return checkpoint.write_checkpoint(path, state, weights, opt_state)
+
+    @classmethod
+    def restore(cls, path: str | os.PathLike, *, env_creator: Callable[[], Any] | None = None,
+                fallback_to_prev: bool = False, **overrides: Any) -> Impala:
+        """A new run from a checkpoint: weights, optimizer slots, counters and config.
+
+        Config fields in ``overrides`` replace the checkpoint's (``restore(path, lr=0.1)``
+        trains at 0.1: the optimizer's learning rate, the policy's ``lr`` and
+        ``entropy_coeff`` variables follow the restored config). ``path`` missing while
+        ``<path>.prev`` holds a checkpoint means a save was killed between its two renames:
+        the previous checkpoint is read, with a warning. ``fallback_to_prev=True`` also
+        reads ``<path>.prev`` when ``path`` itself cannot be read (see
+        `impala_lab.driver.checkpoint.read_checkpoint`).
+        """
+        root, state, weights, opt_state = checkpoint.read_checkpoint_at(
+            path, fallback_to_prev=fallback_to_prev)
+        config = checkpoint.restored_config(root, state, overrides, env_creator)
+        run = cls(config, **overrides)
+        run.policy.set_weights(weights, state["policy_version"])
+        run.policy.set_optimizer_state(opt_state)
+        # The optimizer state holds the learning rate it was saved with; the restored config
+        # (the checkpoint's, or an override) is what trains from here on.
+        run.policy.set_lr(config.lr)
+        run.policy.set_entropy_coeff(config.entropy_coeff)
+        run.run_stats.restore_counters(state["counters"])
+        run.loop.broadcast()
+        return run
+
+    # ------------------------------------------------------------------ lifetime
+    def stop(self) -> None:
+        """End the learner thread and every worker; safe to call more than once."""
+        if getattr(self, "_stopped", True) and not hasattr(self, "_finalizer"):
+            return
+        background = getattr(self, "_background", None)
+        if background is not None and background is not threading.current_thread():
+            self._pause_requested.set()
+            background.join(10.0)
+        self._stopped = True
+        if hasattr(self, "_finalizer"):
+            self._finalizer()  # runs _cleanup once
+        _live_runs.discard(self)
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped
+
+    def __enter__(self) -> Impala:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = "stopped" if self._stopped else "running"
+        return (f"Impala(env={self.config.env_id!r}, backend={self.config.backend!r}, "
+                f"workers={len(self.workers)}, {state}, env_steps={self.num_steps_sampled})")
+
+
+def _stop_function(stop: StopCondition) -> Callable[[dict], bool] | None:
+    """train()'s ``stop`` as a callable on the stats (a dict: any value reached)."""
+    if not isinstance(stop, Mapping):
+        return stop
+    thresholds = dict(stop)
+
+    def stop_fn(s: dict) -> bool:
+        flat = flatten(s)
+        return any(flat.get(k) is not None and flat[k] >= v for k, v in thresholds.items())
+
+    return stop_fn
+
+
+# ---------------------------------------------------------------------- lifetime helpers
+def shutdown_all() -> None:
+    """Stop every `Impala` run of this process (workers, learner thread, Ray)."""
+    for run in list(_live_runs):
+        run.stop()
+
+
+atexit.register(shutdown_all)
+
+
+# How long the last cleanup waits for a learner still inside a train step (its first one
+# traces the graph: seconds on a loaded machine).
+LEARNER_EXIT_WAIT_S = 120.0
+
+
+def _cleanup(backend: Any, learner: Any) -> None:  # finalizer: must not hold the Impala object
+    try:
+        learner.stop(timeout=2.0)
+    finally:
+        try:
+            backend.shutdown()
+        finally:
+            # Wait for a step in flight: this also runs at interpreter exit, and a thread
+            # still inside TensorFlow then crashes the process (SIGSEGV, or "FATAL: exception
+            # not rethrown") where the run had ended cleanly.
+            learner.stop(timeout=LEARNER_EXIT_WAIT_S)
+
+
+def _run_clock(ref: weakref.ref) -> Callable[[], float]:
+    """The run's elapsed seconds, without holding the run (the learner outlives it in the
+    finalizer, and the health monitor it feeds must not keep the run alive)."""
+    def clock() -> float:
+        run = ref()
+        return run.elapsed_s if run is not None else math.nan
+
+    return clock

@@ -1,0 +1,246 @@
+"""The learner's Keras network: the same network as `impala_lab.actor.numpy_model.NumpyModel`, whose
+module docstring describes both (layers, weight order, initialisation).
+
+`build_keras_model` builds it for an env's spaces and loads `NumpyModel`'s initial weights,
+so a learner and actors built with the same seed start from the same weights;
+`keras_forward` runs it eagerly. Keras is imported inside the functions: importing this
+module stays cheap.
+
+A recurrent model (``use_lstm=True``) is one time step: inputs (obs [N, *obs_shape],
+state_in [N, 2, C]) and outputs (logits [N, A], value [N], state_out [N, 2, C]), the LSTM a
+Keras ``LSTMCell`` named ``"lstm"`` on the trunk's output (the ``"features"`` layer). The
+learner does not call it step by step: `lstm_unroll` runs the trunk once over all T x B
+observations, then the cell's recurrence along T with the episode resets (as scalable_agent's
+``_unroll`` does), then the heads once over all outputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from impala_lab import conv_layout
+from impala_lab.actor.numpy_model import HIDDEN_GAIN, POLICY_GAIN, VALUE_GAIN, NumpyModel
+
+if TYPE_CHECKING:  # for annotations only
+    import keras
+    import tensorflow as tf
+
+
+def build_keras_model(
+    observation_space: Any,
+    action_space: Any,
+    hiddens: Sequence[int] = (64, 64),
+    seed: int | None = None,
+    vf_share_layers: bool = False,
+    use_lstm: bool = False,
+    lstm_cell_size: int = 64,
+    conv_net: str = "cnn",
+    conv_filters: Sequence[Sequence[int]] | None = None,
+    impala_channels: Sequence[int] = conv_layout.IMPALA_CHANNELS,
+) -> keras.Model:
+    """Builds the Keras network (the learner's) for these spaces.
+
+    The model maps an observation batch [N, *obs_shape] to (logits [N, A], value [N]);
+    its weights start as `NumpyModel(...).initial_weights(seed)`, so a learner and actors
+    built with the same seed start from the same weights.
+
+    Args:
+      observation_space: a gymnasium Box of rank 1 (MLP) or rank 3 (HxWxC, CNN).
+      action_space: a gymnasium Discrete.
+      hiddens: sizes of the dense hidden layers (after the convs, for images).
+      seed: seed of the initial weights; None draws fresh ones.
+      vf_share_layers: one trunk under both heads (True) or a value trunk of its own.
+      use_lstm: an LSTM of ``lstm_cell_size`` units after the trunk, under both heads.
+      lstm_cell_size: the LSTM's units C.
+      conv_net: for images, "cnn" (the small CNN) or "impala" (the IMPALA paper's network).
+      conv_filters: the small CNN's (filters, kernel, stride) layers; None picks by size.
+      impala_channels: the IMPALA network's stack widths.
+
+    Returns:
+      A functional `keras.Model` with outputs [logits, value]; a recurrent one takes
+      [obs, state_in] and also returns state_out (see the module docstring).
+
+    Raises:
+      ValueError: unsupported spaces or hiddens.
+    """
+    import keras  # learner only: actors must not pay for TensorFlow
+
+    numpy_model = NumpyModel(observation_space, action_space, hiddens, vf_share_layers,
+                             use_lstm, lstm_cell_size, conv_net, conv_filters, impala_channels)
+    # Images (uint8 frames, and bool ones that batches hold as uint8 0/1) come in as uint8.
+    image = numpy_model.obs_dtype in (np.uint8, np.bool_)
+    input_dtype = "uint8" if image else "float32"
+    obs = keras.Input(shape=numpy_model.obs_shape, dtype=input_dtype, name="obs")
+    x = obs
+    if numpy_model.obs_dtype == np.uint8:
+        x = keras.layers.Rescaling(1.0 / 255.0, name="scale_uint8")(x)
+    elif image:
+        x = keras.layers.Rescaling(1.0, name="bool_to_float")(x)  # 0/1 -> 0.0/1.0
+    hidden_init = keras.initializers.Orthogonal(gain=HIDDEN_GAIN, seed=seed)
+    features = _keras_trunk(x, numpy_model, hidden_init, "")
+    value_features = (_keras_trunk(x, numpy_model, hidden_init, "value_")
+                      if numpy_model.separate_value_trunk else features)
+    inputs: Any = obs
+    if use_lstm:
+        cell_size = numpy_model.lstm_cell_size
+        state_in = keras.Input(shape=(2, cell_size), dtype="float32", name="state_in")
+        features = keras.layers.Identity(name="features")(features)
+        lstm = keras.layers.LSTMCell(cell_size, name="lstm")
+        features, (h, c) = lstm(features, [state_in[:, 0], state_in[:, 1]])
+        value_features = features
+        inputs = [obs, state_in]
+    logits = keras.layers.Dense(
+        numpy_model.num_actions,
+        kernel_initializer=keras.initializers.Orthogonal(gain=POLICY_GAIN, seed=seed),
+        name="logits_head",
+    )(features)
+    value = keras.layers.Dense(
+        1,
+        kernel_initializer=keras.initializers.Orthogonal(gain=VALUE_GAIN, seed=seed),
+        name="value_head",
+    )(value_features)
+    # Both outputs one layer past their heads: equal depth keeps get_weights() in
+    # [..., logits_head, value_head] order (Keras orders layers by depth).
+    logits = keras.layers.Identity(name="logits")(logits)
+    value = keras.layers.Reshape((), name="value")(value)
+    outputs = [logits, value]
+    if use_lstm:
+        outputs.append(keras.ops.stack([h, c], axis=1))
+    kind = numpy_model.kind
+    model = keras.Model(inputs, outputs, name=f"impala_{kind}{'_lstm' if use_lstm else ''}")
+    model.set_weights(numpy_model.initial_weights(seed))
+    return model
+
+
+def _keras_trunk(x: Any, spec: NumpyModel, init: Any, prefix: str) -> Any:
+    """The hidden layers of one trunk on the Keras tensor ``x``: for images the conv trunk
+    and a flatten, then the dense layers; layer names start with ``prefix`` (``"value_"`` for
+    the value trunk). ``spec`` is the `NumpyModel` twin that says which layers."""
+    import keras
+
+    kind, hiddens = spec.kind, spec.hiddens
+    if kind == "impala":
+        x = _keras_impala_stacks(x, spec.impala_channels, init, prefix)
+        x = keras.layers.Flatten(name=f"{prefix}flatten")(x)
+    if kind == "cnn":
+        for i, (filters, kernel, stride) in enumerate(spec.conv_filters):
+            x = keras.layers.Conv2D(
+                filters,
+                kernel,
+                strides=stride,
+                padding="valid",
+                data_format="channels_last",
+                activation="relu",
+                kernel_initializer=init,
+                name=f"{prefix}conv_{i}",
+            )(x)
+        x = keras.layers.Flatten(name=f"{prefix}flatten")(x)
+    activation = "tanh" if kind == "mlp" else "relu"
+    for i, size in enumerate(hiddens):
+        x = keras.layers.Dense(
+            size, activation=activation, kernel_initializer=init, name=f"{prefix}hidden_{i}",
+        )(x)
+    return x
+
+
+def _keras_impala_stacks(x: Any, channels: Sequence[int], init: Any, prefix: str) -> Any:
+    """The IMPALA network's stacks (conv, max-pool, two residual blocks) and the final relu."""
+    import keras
+
+    def conv(name: str, width: int) -> Any:
+        return keras.layers.Conv2D(width, 3, padding="same", kernel_initializer=init,
+                                   name=f"{prefix}{name}")
+
+    for s, width in enumerate(channels):
+        x = conv(f"stack_{s}_conv", width)(x)
+        x = keras.layers.MaxPooling2D(3, strides=2, padding="same",
+                                      name=f"{prefix}stack_{s}_pool")(x)
+        for r in range(conv_layout.RESIDUAL_BLOCKS):
+            name = f"stack_{s}_res_{r}"
+            y = keras.layers.ReLU(name=f"{prefix}{name}_relu_0")(x)
+            y = conv(f"{name}_conv_0", width)(y)
+            y = keras.layers.ReLU(name=f"{prefix}{name}_relu_1")(y)
+            y = conv(f"{name}_conv_1", width)(y)
+            x = keras.layers.Add(name=f"{prefix}{name}_add")([x, y])
+    return keras.layers.ReLU(name=f"{prefix}stacks_relu")(x)
+
+
+def keras_forward(model: keras.Model, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Eager Keras forward (for tests and notebooks; about 6 ms, never in an actor loop).
+
+    Args:
+      model: a model from `build_keras_model`.
+      obs: An array of shape [N, *obs_shape].
+
+    Returns:
+      (logits, values): numpy float32 arrays of shape [N, A] and [N].
+    """
+    logits, values = model(obs, training=False)
+    return np.asarray(logits), np.asarray(values)
+
+
+def trunk_model(model: keras.Model) -> keras.Model:
+    """The trunk of a recurrent model from `build_keras_model`, sharing its layers: obs
+    [N, *obs_shape] -> the LSTM's input features [N, F]."""
+    import keras
+
+    return keras.Model(model.inputs[0], model.get_layer("features").output,
+                       name=f"{model.name}_trunk")
+
+
+def lstm_unroll(model: keras.Model, trunk: keras.Model, obs: tf.Tensor, state_in: tf.Tensor,
+                dones: tf.Tensor, bootstrap_obs: tf.Tensor
+                ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor]:
+    """A recurrent model over a [T, B] batch, resetting the state where an episode ended.
+
+    Before step t the state is zeroed wherever ``dones[t - 1]`` (the actor reset it there), so
+    each column's trajectory is what its actor computed, given the same weights. After the
+    last step one more step on ``bootstrap_obs`` (zeroed first where ``dones[T - 1]``) gives
+    the bootstrap value: the state after the last step, as the next unroll's ``state_in``.
+
+    Args:
+      model: a recurrent model from `build_keras_model`.
+      trunk: `trunk_model(model)`.
+      obs: [T, B, *obs_shape].
+      state_in: float32 [B, 2, C], the state before step 0.
+      dones: float32 [T, B], 1 where the episode ended at this step (terminated or truncated).
+      bootstrap_obs: [B, *obs_shape], the observation after the last step.
+
+    Returns:
+      (logits [T, B, A], values [T, B], bootstrap_value [B], state_out [B, 2, C]); state_out
+      is the state after the last step (before the bootstrap step).
+    """
+    import tensorflow as tf
+
+    T, B = tf.shape(obs)[0], tf.shape(obs)[1]
+    flat_obs = tf.reshape(obs, tf.concat([[T * B], tf.shape(obs)[2:]], axis=0))
+    # The trunk and the input half of the gates for every step at once: one gemm each.
+    features = trunk(tf.concat([flat_obs, bootstrap_obs], axis=0))
+    lstm = model.get_layer("lstm")
+    cell = lstm.units
+    gates_x = tf.matmul(features, lstm.kernel) + lstm.bias
+    gates_x = tf.reshape(gates_x, [T + 1, B, 4 * cell])
+    # keep[t] = 0 where the state is zeroed before step t: where an episode ended at t - 1.
+    ended = tf.cast(dones, tf.float32)[:, :, None]  # [T, B, 1]
+    keep = tf.concat([tf.ones_like(ended[:1]), 1.0 - ended], axis=0)  # [T + 1, B, 1]
+
+    def step(carry: tuple[tf.Tensor, tf.Tensor], inputs: tuple[tf.Tensor, tf.Tensor]
+             ) -> tuple[tf.Tensor, tf.Tensor]:
+        (h, c), (gates, keep_t) = carry, inputs
+        h, c = h * keep_t, c * keep_t
+        i, f, g, o = tf.split(gates + tf.matmul(h, lstm.recurrent_kernel), 4, axis=-1)
+        c = tf.sigmoid(f) * c + tf.sigmoid(i) * tf.tanh(g)
+        return tf.sigmoid(o) * tf.tanh(c), c
+
+    # A graph loop (tf.scan), not a Python one: the trace stays small for any T.
+    hs, cs = tf.scan(step, (gates_x, keep), initializer=(state_in[:, 0], state_in[:, 1]))
+    state_out = tf.stack([hs[T - 1], cs[T - 1]], axis=1) * keep[T][:, None]
+    flat_h = tf.reshape(hs, [(T + 1) * B, cell])
+    logits = model.get_layer("logits_head")(flat_h)
+    values = tf.reshape(model.get_layer("value_head")(flat_h), [-1])
+    num_actions = tf.shape(logits)[-1]
+    return (tf.reshape(logits[: T * B], [T, B, num_actions]),
+            tf.reshape(values[: T * B], [T, B]), values[T * B:], state_out)

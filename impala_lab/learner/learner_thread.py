@@ -1,0 +1,168 @@
+"""`LearnerThread`: trains the policy on batches from a bounded queue, in a background thread.
+
+RLlib's structure: the driver puts train batches on ``inqueue`` (bounded by
+learner_queue_size, so a slow learner slows the driver instead of eating memory); a
+`MinibatchBuffer` serves each batch up to num_sgd_iter times; each learner step puts the
+number of trained env steps on ``outqueue`` and sets ``weights_updated`` so the driver knows
+to broadcast.
+
+Two policy lags: the driver measures a batch's lag when it reaches the driver
+(``stats()["policy_lag"]``); the learner measures it again each time it trains on the batch
+(``stats()["policy_lag_at_training"]``): its weights version at that moment minus the version
+that sampled each column. The second is larger: the batch waited in the learner queue and the
+ring meanwhile, and every one of its num_sgd_iter passes (and every replay) counts.
+
+Why a thread: the driver keeps talking to the actors while TensorFlow runs the update (TF
+releases the GIL inside its kernels).
+
+``step()`` can be called by hand (``Impala(config, start_learner=False)``) to walk through one
+learner step in a notebook. An exception inside the thread is kept with its traceback and
+raised in the driver's next step as a `LearnerError` naming the stage; nothing dies silently.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import traceback
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from impala_lab.errors import LearnerError, NonFiniteLossError
+from impala_lab.learner.minibatch_buffer import MinibatchBuffer
+from impala_lab.stats import TimerStat, WindowStat
+
+
+class LearnerThread(threading.Thread):
+    """Background thread that updates the policy from sample batches.
+
+    Args:
+      policy: a `VTracePolicy` (anything with ``learn_on_batch(batch) -> dict``).
+      minibatch_buffer_size: slots of the minibatch ring.
+      num_sgd_iter: passes over each batch (the ring's max ttl).
+      learner_queue_size: bound of ``inqueue``.
+      learner_queue_timeout: seconds an empty queue is tolerated before an error.
+
+    Attributes:
+      learner_queue_stat: a `WindowStat` of ``inqueue``'s length after each step (the last
+        50; ``stats()["learner_queue"]``).
+      train_lag_stat: a `WindowStat` of the mean policy lag of each batch trained on, taken
+        just before the update (the last 100); max_train_lag: the largest lag of any column
+        trained on so far; recent_train_lags: the lag of the oldest column of each of the
+        last 1000 batches trained on.
+    """
+
+    stage = "learner thread"
+
+    def __init__(self, policy: Any, minibatch_buffer_size: int = 1, num_sgd_iter: int = 1,
+                 learner_queue_size: int = 16, learner_queue_timeout: float = 300.0) -> None:
+        super().__init__(name="impala-learner", daemon=True)
+        self.policy = policy
+        self.learner_queue_stat = WindowStat("size", 50)
+        self.train_lag_stat = WindowStat("policy_lag_at_training", 100)
+        self.max_train_lag = 0
+        self.recent_train_lags: deque[int] = deque(maxlen=1000)
+        self.inqueue: queue.Queue = queue.Queue(maxsize=learner_queue_size)
+        self.outqueue: queue.Queue = queue.Queue()
+        self.minibatch_buffer = MinibatchBuffer(self.inqueue, minibatch_buffer_size,
+                                                num_sgd_iter, timeout=learner_queue_timeout)
+        self.queue_timer = TimerStat()
+        self.grad_timer = TimerStat()
+        self.load_timer = TimerStat()
+        self.load_wait_timer = TimerStat()
+        self.weights_updated = False
+        self.stats: dict[str, float] = {}
+        # Called with each train step's stats, in this thread (the run's health monitor):
+        # it sees every step, where stats() only shows the last one.
+        self.on_train_step: Callable[[dict[str, float]], None] | None = None
+        self.stopped = False
+        self.num_steps = 0
+        self.error: BaseException | None = None
+        # How long one blocking wait lasts before the thread rechecks ``stopped``.
+        self.poll_interval = 0.1
+
+    # ------------------------------------------------------------------ the loop
+    def run(self) -> None:
+        try:
+            while not self.stopped:
+                self.step(block_timeout=self.poll_interval)
+        except BaseException as exc:  # kept for the driver: see raise_if_failed()
+            self.error = self._wrap(exc)
+
+    def _wrap(self, exc: BaseException) -> BaseException:
+        if isinstance(exc, NonFiniteLossError):
+            return exc
+        return LearnerError(self.stage, f"{type(exc).__name__}: {exc}", traceback.format_exc())
+
+    def step(self, block_timeout: float | None = None) -> bool:
+        """One learner step: take a batch from the ring, train on it, report.
+
+        Args:
+          block_timeout: seconds to wait for a batch; None waits (up to
+            learner_queue_timeout in all).
+
+        Returns:
+          True if a batch was trained on, False if none came within ``block_timeout``.
+        """
+        try:
+            with self.queue_timer:
+                batch, _ = self.minibatch_buffer.get(block_timeout=block_timeout)
+        except queue.Empty:
+            return False
+        self._record_train_lag(batch)
+        with self.grad_timer:
+            self.stats = self.policy.learn_on_batch(batch)
+        self._report_step(batch.count)
+        return True
+
+    def _record_train_lag(self, batch: Any) -> None:
+        """The batch's policy lag now, before the update: the policy's version minus the
+        version that sampled each column. Only reads: training is the same with or without."""
+        versions = getattr(batch, "policy_versions", None)
+        version = getattr(self.policy, "version", None)
+        if versions is None or version is None or len(versions) == 0:
+            return  # a stand-in policy or batch (tests, notebooks) without versions
+        lag = int(version) - np.asarray(versions)
+        self.train_lag_stat.push(float(lag.mean()))
+        self.max_train_lag = max(self.max_train_lag, int(lag.max()))
+        self.recent_train_lags.append(int(lag.max()))
+
+    def _report_step(self, count: int) -> None:
+        """After an update: tell the driver (env steps trained) and the health monitor."""
+        self.weights_updated = True
+        self.num_steps += 1
+        self.outqueue.put(count)
+        self.learner_queue_stat.push(self.inqueue.qsize())
+        if self.on_train_step is not None:
+            self.on_train_step(self.stats)
+
+    # ------------------------------------------------------------------ driver side
+    def raise_if_failed(self) -> None:
+        """Raise the thread's exception (with its original traceback) in the caller."""
+        if self.error is not None:
+            raise self.error
+
+    def set_num_sgd_iter(self, n: int) -> None:
+        """Change the passes per batch between steps (the dashboard's knob)."""
+        if int(n) < 1:
+            raise ValueError(f"num_sgd_iter={n!r} is invalid: it must be >= 1")
+        self.minibatch_buffer.num_sgd_iter = int(n)
+        self.minibatch_buffer.cur_max_ttl = min(self.minibatch_buffer.cur_max_ttl, int(n))
+
+    def data_wait_timer(self) -> TimerStat:
+        """The timer of this learner's own wait for data (here: its dequeue)."""
+        return self.queue_timer
+
+    def timers(self) -> dict[str, TimerStat]:
+        return {"learner_grad_time_ms": self.grad_timer,
+                "learner_load_time_ms": self.load_timer,
+                "learner_load_wait_time_ms": self.load_wait_timer,
+                "learner_dequeue_time_ms": self.queue_timer}
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self.stopped = True
+        if self.is_alive() and threading.current_thread() is not self:
+            self.join(timeout)

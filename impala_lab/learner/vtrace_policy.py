@@ -1,0 +1,393 @@
+"""`VTracePolicy`: the learner's TensorFlow policy — V-trace actor-critic loss, one optimizer step.
+
+The loss is RLlib's (and scalable_agent's) IMPALA loss, summed over the batch::
+
+    policy_loss = -sum(log pi(a_t|x_t) * pg_advantage_t)          # clipped-rho advantages
+    vf_loss     = 0.5 * sum((vs_t - V(x_t))^2)
+    entropy     = sum(H(pi(.|x_t)))
+    total_loss  = policy_loss + vf_loss_coeff * vf_loss - entropy_coeff * entropy
+
+That is ``off_policy_correction="vtrace"`` (the default). The config's ``off_policy_correction``
+chooses how the loss treats lagged data: "vtrace", "is1", "epsilon" or "none" (the IMPALA
+paper's section 5.2.2); `impala_lab.learner.corrections` writes each one's targets and advantages
+out.
+
+Episode ends: the discount is 0 only on *termination*. On *truncation* (a time limit) the
+episode did not end in the MDP, so the target bootstraps from the value of the final
+observation; the actor stores that value as ``truncation_values`` and the learner adds
+``gamma * truncation_values`` to the reward at that step (with discount 0 for the next step,
+which belongs to a new episode). The value comes from the behaviour policy's weights, one
+broadcast old at most, as in Stable-Baselines3's treatment of time limits.
+
+Recurrent policies (``use_lstm``): the learner runs the LSTM over each column from the batch's
+``state_in`` with `keras_model.lstm_unroll`, zeroing the state after every step where an
+episode ended (terminated or truncated, as the actor did), and bootstraps from one more step
+on ``bootstrap_obs`` with the state after the last step; the V-trace loss is the same.
+
+`learn_on_batch` is one compiled ``tf.function`` that does not retrace between batches of the
+same shape. The live knobs ``lr`` and ``entropy_coeff`` are TF variables, so changing them from
+the dashboard does not retrace either.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+from typing import Any
+
+import numpy as np
+
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras
+import tensorflow as tf
+
+from impala_lab.actor.numpy_model import check_spaces
+from impala_lab.batch import SampleBatch
+from impala_lab.config import ImpalaConfig
+from impala_lab.errors import NonFiniteLossError
+from impala_lab.learner.corrections import correction_terms
+from impala_lab.learner.keras_model import build_keras_model, lstm_unroll, trunk_model
+from impala_lab.learner.optimizers import Adam, TF1RMSprop
+
+STAT_KEYS = ("total_loss", "policy_loss", "vf_loss", "entropy", "grad_gnorm", "var_gnorm",
+             "mean_rho", "vf_explained_var")
+
+_threads_configured = False
+
+
+def configure_tf_threads(intra_op: int) -> None:
+    """Limit TensorFlow's intra-op threads (only possible before TF runs its first op)."""
+    global _threads_configured
+    if _threads_configured:
+        return
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(intra_op)
+        tf.config.threading.set_inter_op_parallelism_threads(max(2, intra_op))
+    except RuntimeError:  # TF already initialised in this process (e.g. a notebook)
+        if tf.config.threading.get_intra_op_parallelism_threads() not in (0, intra_op):
+            warnings.warn("TensorFlow was initialised before impala_lab could set "
+                          f"tf_intra_op_threads={intra_op}; keeping its current setting",
+                          stacklevel=3)
+    _threads_configured = True
+
+
+def batch_to_tensors(batch: SampleBatch) -> dict[str, np.ndarray]:
+    """The arrays of a `SampleBatch` the loss needs, with fixed dtypes (so no retracing);
+    ``state_in`` [B, 2, C] only for a recurrent policy's batch."""
+    tensors = {
+        "obs": batch.obs,
+        "actions": batch.actions.astype(np.int32, copy=False),
+        "rewards": batch.rewards.astype(np.float32, copy=False),
+        "terminateds": batch.terminateds.astype(np.float32),
+        "truncateds": batch.truncateds.astype(np.float32),
+        "truncation_values": batch.truncation_values.astype(np.float32, copy=False),
+        "behaviour_logits": batch.behaviour_logits.astype(np.float32, copy=False),
+        "bootstrap_obs": batch.bootstrap_obs,
+    }
+    if batch.state_in is not None:
+        tensors["state_in"] = batch.state_in.astype(np.float32, copy=False)
+    return tensors
+
+
+class VTracePolicy:
+    """A Keras actor-critic trained with the V-trace loss (or another off-policy correction).
+
+    Args:
+      observation_space: the env's observation space (Box, rank 1 or 3).
+      action_space: the env's action space (Discrete).
+      config: the run's `ImpalaConfig` (lr, opt_type, gamma, coefficients, clips, model).
+    """
+
+    def __init__(self, observation_space: Any, action_space: Any, config: ImpalaConfig) -> None:
+        configure_tf_threads(config.tf_intra_op_threads)
+        check_spaces(observation_space, action_space,
+                     config.conv_filters if config.conv_net == "cnn" else None)
+        self.config = config
+        self.observation_space = observation_space
+        self.action_space = action_space
+        self.model = build_keras_model(observation_space, action_space,
+                                       hiddens=tuple(config.model), seed=config.seed,
+                                       vf_share_layers=config.vf_share_layers,
+                                       use_lstm=config.use_lstm,
+                                       lstm_cell_size=config.lstm_cell_size,
+                                       conv_net=config.conv_net,
+                                       conv_filters=config.conv_filters,
+                                       impala_channels=config.impala_channels)
+        self.trunk = trunk_model(self.model) if config.use_lstm else None
+        self.lr = tf.Variable(config.lr, dtype=tf.float32, trainable=False, name="lr")
+        self.entropy_coeff = tf.Variable(config.entropy_coeff, dtype=tf.float32,
+                                         trainable=False, name="entropy_coeff")
+        self.optimizer = self._make_optimizer(config)
+        self.optimizer.build(self.model.trainable_variables)
+        self.version = 0
+        # Updates rejected because the loss or gradient norm was not finite (the health
+        # monitor reports them; learn_on_batch raises NonFiniteLossError for each).
+        self.num_updates_skipped = 0
+        # get_weights() from the driver must not read a half-applied update.
+        self.lock = threading.Lock()
+        self._train_step = tf.function(self._train_step_impl)
+        # One traced graph per input signature, called directly: tf.function's own dispatch
+        # (signature matching, casting) cost 0.3-0.5 ms of a ~2 ms CartPole step.
+        self._step_graphs: dict[tuple, Any] = {}
+        self._last_inputs: tuple[SampleBatch, dict[str, tf.Tensor], Any] | None = None
+        self.num_traces = 0
+        # Weights travel as one flat float32 vector: a broadcast is then one TF op instead of
+        # one read per variable (1.8 ms -> tens of us for the CartPole MLP). ``_snapshot`` is
+        # the vector the last train step left, with the version it belongs to.
+        self._weight_shapes = [tuple(int(d) for d in w.shape) for w in self.model.weights]
+        self._flat_weights_ok = all(w.dtype == "float32" for w in self.model.weights)
+        self._read_flat = tf.function(self._flat_weights)
+        self._snapshot: tuple[tf.Tensor, int] | None = None
+
+    # ------------------------------------------------------------------ optimizer
+    def _make_optimizer(self, config: ImpalaConfig) -> keras.optimizers.Optimizer:
+        if config.opt_type == "adam":
+            return Adam(learning_rate=config.lr)  # Keras's, without a graph leak (optimizers.py)
+        # RLlib's RMSProp (decay 0.99, momentum 0, epsilon 0.1) is TensorFlow 1's, whose mean
+        # square starts at ones; Keras's RMSprop starts it at zeros (3.3x larger first steps).
+        return TF1RMSprop(learning_rate=config.lr, rho=config.decay,
+                          momentum=config.momentum, epsilon=config.epsilon)
+
+    def set_lr(self, lr: float) -> None:
+        """Change the learning rate between steps (no retrace)."""
+        if not (lr > 0 and np.isfinite(lr)):
+            raise ValueError(f"lr={lr!r} is invalid: it must be a positive finite number")
+        self.lr.assign(lr)
+        self.optimizer.learning_rate.assign(lr)
+
+    def set_entropy_coeff(self, value: float) -> None:
+        if not (value >= 0 and np.isfinite(value)):
+            raise ValueError(f"entropy_coeff={value!r} is invalid: it must be >= 0")
+        self.entropy_coeff.assign(value)
+
+    # ------------------------------------------------------------------ loss
+    def loss_and_stats(self, t: dict[str, tf.Tensor]) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
+        """The loss of one batch, with the config's off-policy correction.
+
+        Args:
+          t: tensors of `batch_to_tensors`: obs [T, B, ...], actions/rewards/terminateds/
+            truncateds/truncation_values [T, B], behaviour_logits [T, B, A],
+            bootstrap_obs [B, ...]; a recurrent policy's also state_in [B, 2, C].
+
+        Returns:
+          total loss (scalar) and a dict of scalar stats (STAT_KEYS without the norms).
+        """
+        c = self.config
+        obs = t["obs"]
+        T, B = tf.shape(obs)[0], tf.shape(obs)[1]
+        terminated = t["terminateds"]
+        if self.trunk is not None:
+            target_logits, values_tb, bootstrap_value, _ = lstm_unroll(
+                self.model, self.trunk, obs, t["state_in"],
+                tf.maximum(terminated, t["truncateds"]), t["bootstrap_obs"])
+        else:
+            flat_obs = tf.reshape(obs, tf.concat([[T * B], tf.shape(obs)[2:]], axis=0))
+            # One forward pass over the unroll and the bootstrap observations.
+            logits, values = self.model(tf.concat([flat_obs, t["bootstrap_obs"]], axis=0))
+            num_actions = tf.shape(logits)[-1]
+            target_logits = tf.reshape(logits[: T * B], [T, B, num_actions])
+            values_tb = tf.reshape(values[: T * B], [T, B])
+            bootstrap_value = values[T * B:]
+
+        truncated = t["truncateds"] * (1.0 - terminated)
+        discounts = c.gamma * (1.0 - tf.maximum(terminated, truncated))
+        rewards = t["rewards"] + c.gamma * truncated * t["truncation_values"]
+
+        vt = correction_terms(
+            c.off_policy_correction, behaviour_logits=t["behaviour_logits"],
+            target_logits=target_logits, actions=t["actions"], discounts=discounts,
+            rewards=rewards, values=values_tb, bootstrap_value=bootstrap_value,
+            clip_rho_threshold=c.vtrace_clip_rho_threshold,
+            clip_pg_rho_threshold=c.vtrace_clip_pg_rho_threshold)
+
+        policy_loss = -tf.reduce_sum(vt.log_probs * vt.pg_advantages)
+        vf_loss = 0.5 * tf.reduce_sum(tf.square(vt.vs - values_tb))
+        log_pi = tf.nn.log_softmax(target_logits)
+        entropy = tf.reduce_sum(-tf.reduce_sum(tf.exp(log_pi) * log_pi, axis=-1))
+        total = policy_loss + c.vf_loss_coeff * vf_loss - self.entropy_coeff * entropy
+
+        var_vs = tf.math.reduce_variance(vt.vs)
+        explained = 1.0 - tf.math.reduce_variance(vt.vs - values_tb) / tf.maximum(var_vs, 1e-8)
+        stats = {"total_loss": total, "policy_loss": policy_loss, "vf_loss": vf_loss,
+                 "entropy": entropy / tf.cast(T * B, tf.float32),
+                 "mean_rho": tf.reduce_mean(tf.exp(vt.log_rhos)),
+                 "vf_explained_var": explained}
+        return total, stats
+
+    def compute_gradients(self, t: dict[str, tf.Tensor]) -> tuple[list, dict[str, tf.Tensor]]:
+        """Gradients of the loss for one batch (unclipped) and its stats."""
+        with tf.GradientTape() as tape:
+            loss, stats = self.loss_and_stats(t)
+        grads = tape.gradient(loss, self.model.trainable_variables)
+        return grads, stats
+
+    def apply_gradients(self, grads: list, loss: tf.Tensor | None = None) -> dict[str, tf.Tensor]:
+        """Clip to ``grad_clip`` by global norm and apply, unless the update is not finite.
+
+        A non-finite gradient norm (or ``loss``, when given) would poison the weights the
+        actors receive. Then the optimizer does not run at all (a ``tf.cond``): the weights
+        and every optimizer variable (Adam's moments, RMSProp's mean square, ``iterations``)
+        stay bitwise as they were, and the caller raises NonFiniteLossError on the stats.
+        Applying a zeroed gradient instead is not enough: Adam's momentum still moves the
+        weights, and its moments and step counter change.
+        """
+        clipped, gnorm = tf.clip_by_global_norm(grads, self.config.grad_clip)
+        finite = tf.math.is_finite(gnorm)
+        if loss is not None:
+            finite = tf.logical_and(finite, tf.math.is_finite(loss))
+        variables = self.model.trainable_variables
+
+        def apply() -> tf.Tensor:
+            self.optimizer.apply(clipped, variables)
+            return tf.constant(True)
+
+        tf.cond(finite, apply, lambda: tf.constant(False))
+        # Reads after the cond: TF orders ops on the same variables as written here.
+        return {"grad_gnorm": gnorm, "var_gnorm": tf.linalg.global_norm(variables)}
+
+    def _flat_weights(self) -> tf.Tensor:
+        """All of ``model.weights`` as one float32 vector [num_params], in get_weights order."""
+        return tf.concat([tf.reshape(w, [-1]) for w in self.model.weights], axis=0)
+
+    def _split_flat(self, flat: np.ndarray) -> list[np.ndarray]:
+        """Views of ``flat`` [num_params] with the model's weight shapes."""
+        out, offset = [], 0
+        for shape in self._weight_shapes:
+            size = int(np.prod(shape, dtype=np.int64))
+            out.append(flat[offset: offset + size].reshape(shape))
+            offset += size
+        return out
+
+    def _train_step_impl(self, t: dict[str, tf.Tensor]) -> tuple[tf.Tensor, tf.Tensor]:
+        self.num_traces += 1  # Python side effect: runs once per trace
+        grads, stats = self.compute_gradients(t)
+        stats.update(self.apply_gradients(grads, loss=stats["total_loss"]))
+        # One vector instead of a dict of scalars: one device-to-host copy per step.
+        packed = tf.stack([tf.cast(stats[k], tf.float32) for k in STAT_KEYS])
+        # Read after the update (TF orders ops on the same variables as written here).
+        flat = self._flat_weights() if self._flat_weights_ok else tf.zeros([0])
+        return packed, flat
+
+    # ------------------------------------------------------------------ public API
+    def learn_on_batch(self, batch: SampleBatch) -> dict[str, float]:
+        """One optimizer step on ``batch`` [T, B]; returns the stats as floats.
+
+        Calls in a row with the same batch object (num_sgd_iter passes) reuse its tensors:
+        do not change a batch's arrays in place between calls.
+
+        Raises:
+          NonFiniteLossError: the loss or the gradient norm is not finite; the message
+            gives the batch's statistics (the update was not applied).
+        """
+        cached = self._last_inputs
+        if cached is not None and cached[0] is batch:  # num_sgd_iter passes over one batch
+            tensors, step = cached[1], cached[2]
+        else:
+            tensors = {k: tf.convert_to_tensor(v) for k, v in batch_to_tensors(batch).items()}
+            signature = tuple((k, tuple(v.shape), v.dtype) for k, v in tensors.items())
+            step = self._step_graphs.get(signature)
+            if step is None:
+                step = self._train_step.get_concrete_function(tensors)
+                self._step_graphs[signature] = step
+            self._last_inputs = (batch, tensors, step)
+        with self.lock:
+            packed, flat = step(tensors)
+            stats = dict(zip(STAT_KEYS, packed.numpy().tolist(), strict=True))
+            if all(np.isfinite(stats[k]) for k in ("total_loss", "grad_gnorm")):
+                self.version += 1
+            else:
+                self.num_updates_skipped += 1
+            if self._flat_weights_ok:
+                self._snapshot = (flat, self.version)
+        stats["policy_version"] = self.version
+        if not all(np.isfinite(stats[k]) for k in ("total_loss", "grad_gnorm")):
+            raise NonFiniteLossError(describe_nonfinite(stats, batch))
+        return stats
+
+    def get_weights(self) -> tuple[list[np.ndarray], int]:
+        """The model's weights (numpy, in ``model.get_weights()`` order) and their version.
+
+        After a train step this costs no TF op and no lock: the step left a flat copy of the
+        weights it produced. Otherwise (a new policy, set_weights, another learner applying
+        gradients) it is one compiled read under the lock.
+        """
+        snapshot = self._snapshot
+        if snapshot is not None and snapshot[1] == self.version:
+            return self._split_flat(snapshot[0].numpy()), snapshot[1]
+        with self.lock:
+            if not self._flat_weights_ok:
+                return self.model.get_weights(), self.version
+            return self._split_flat(self._read_flat().numpy()), self.version
+
+    def set_weights(self, weights: list[np.ndarray], version: int | None = None) -> None:
+        expected = [tuple(w.shape) for w in self.model.weights]
+        got = [tuple(np.shape(w)) for w in weights]
+        if expected != got:
+            raise ValueError(f"weights do not fit the model: expected shapes {expected}, "
+                             f"got {got}")
+        with self.lock:
+            self.model.set_weights(weights)
+            self._snapshot = None
+            if version is not None:
+                self.version = int(version)
+
+    def compute_logits_and_values(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Keras forward pass (for checks; the actors use the numpy model); a recurrent
+        policy's from zero states (an episode's first step)."""
+        obs = np.asarray(obs)
+        if self.trunk is not None:
+            state = np.zeros((len(obs), 2, self.config.lstm_cell_size), np.float32)
+            logits, values, _ = self.model([obs, state], training=False)
+        else:
+            logits, values = self.model(obs, training=False)
+        return np.asarray(logits), np.asarray(values)
+
+    # ------------------------------------------------------------------ checkpoints
+    def optimizer_state(self) -> list[np.ndarray]:
+        return [np.array(v.numpy()) for v in self.optimizer.variables]
+
+    def checkpoint_state_locked(self) -> tuple[list[np.ndarray], list[np.ndarray], int]:
+        """(weights, optimizer state, version) of one and the same learner step.
+
+        The caller holds ``self.lock`` (`Impala.save` does, so that it can read the driver's
+        counters at the same moment): every learner applies its update and bumps
+        ``version`` under that lock, so the weights, the optimizer's slots and ``iterations``
+        and the version read here belong together. ``get_weights()`` followed by
+        ``optimizer_state()`` would not: a background learner may step in between.
+        """
+        if self._flat_weights_ok:
+            weights = [np.array(w) for w in self._split_flat(self._read_flat().numpy())]
+        else:
+            weights = self.model.get_weights()
+        return weights, self.optimizer_state(), self.version
+
+    def set_optimizer_state(self, arrays: list[np.ndarray]) -> None:
+        variables = self.optimizer.variables
+        if len(arrays) != len(variables):
+            raise ValueError(f"optimizer state has {len(arrays)} arrays, the optimizer "
+                             f"expects {len(variables)}")
+        for var, value in zip(variables, arrays, strict=True):
+            var.assign(value)
+        self.lr.assign(float(self.optimizer.learning_rate.numpy()))
+
+
+def describe_nonfinite(stats: dict[str, float], batch: SampleBatch) -> str:
+    """The error text for a non-finite loss: the stats and what the batch held."""
+    def summary(name: str, a: np.ndarray) -> str:
+        a = np.asarray(a, dtype=np.float64)
+        finite = np.isfinite(a)
+        if not finite.any():
+            return f"{name}: no finite values"
+        return (f"{name}: min {a[finite].min():.4g}, max {a[finite].max():.4g}, "
+                f"mean {a[finite].mean():.4g}, non-finite {int((~finite).sum())}")
+
+    lines = [f"non-finite loss (total_loss={stats['total_loss']}, "
+             f"grad_gnorm={stats['grad_gnorm']}); training stopped. Batch statistics:",
+             "  " + summary("obs", batch.obs), "  " + summary("rewards", batch.rewards),
+             "  " + summary("behaviour_logits", batch.behaviour_logits),
+             "  " + summary("truncation_values", batch.truncation_values),
+             "Lower lr, check the env's rewards and observations, or lower grad_clip."]
+    return "\n".join(lines)
