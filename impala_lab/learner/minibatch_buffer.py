@@ -78,7 +78,7 @@ class MinibatchBuffer:
         self.inqueue = inqueue
         self.size = int(size)
         self.num_sgd_iter = int(num_sgd_iter)
-        self.cur_max_ttl = 1  # ramp up slowly to better mix the input data
+        self.cur_max_ttl = 1  # the first batches are served once each, so early passes see varied data
         self.timeout = timeout
         self.buffers: list[Any] = [None] * self.size
         self.ttl = [0] * self.size
