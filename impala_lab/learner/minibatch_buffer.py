@@ -78,7 +78,9 @@ class MinibatchBuffer:
         self.inqueue = inqueue
         self.size = int(size)
         self.num_sgd_iter = int(num_sgd_iter)
-        self.cur_max_ttl = 1  # the first batches are served once each, so early passes see varied data
+        # The ttl grows by one per new batch up to num_sgd_iter: the first batches are used few
+        # times each, so the first updates do not all fit the same few samples.
+        self.cur_max_ttl = 1
         self.timeout = timeout
         self.buffers: list[Any] = [None] * self.size
         self.ttl = [0] * self.size
