@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import platform
 
 import numpy as np
@@ -19,13 +20,33 @@ CONFIG = dict(env="CartPole-v1", backend="inline", num_workers=2, num_envs_per_w
 UPDATES = 300
 
 
-def versions() -> dict[str, str]:
-    """What the weights' bits depend on besides the code."""
+# The instruction sets whose kernels TensorFlow, oneDNN and numpy pick at run time: two CPUs
+# that differ in any of them may round differently (an AMD EPYC without AVX-512 gave other
+# bits than one with it, from the same code and versions).
+SIMD_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512dq", "avx512bw",
+              "avx512vl", "avx512_vnni", "avx512_bf16", "avx512_fp16", "avx_vnni", "amx_tile",
+              "amx_bf16", "amx_int8")
+
+
+def cpu_features() -> list[str]:
+    """The `SIMD_FLAGS` this CPU has (Linux's /proc/cpuinfo; empty elsewhere)."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            flags = next((line.split(":", 1)[1].split() for line in fh
+                          if line.startswith("flags")), [])
+    except OSError:
+        return []
+    return [flag for flag in SIMD_FLAGS if flag in flags]
+
+
+def versions() -> dict[str, object]:
+    """What the weights' bits depend on besides the code: libraries, CPU features, cores."""
     import keras
     import tensorflow as tf
 
     return {"tensorflow": tf.__version__, "keras": keras.__version__, "numpy": np.__version__,
-            "machine": platform.machine()}
+            "machine": platform.machine(), "cpu_features": cpu_features(),
+            "cpu_count": os.cpu_count()}
 
 
 def main() -> None:
