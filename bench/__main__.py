@@ -1,6 +1,7 @@
 """``python -m bench`` (``make bench``): every benchmark, one after the other in one process
-tree, a table, ``bench/results.json``, ``bench/results.md`` (the README's Performance table)
-and ``bench/results.png``.
+tree, a table, ``docs/results/results.json``, ``docs/results/results.md`` (the README's Performance
+table)
+and ``docs/results/results.png``.
 
     python -m bench                         # all, about 90 minutes on 2 cores (40 of
                                             # them the solve checks' 2 x 20 seeds, up to
@@ -8,7 +9,7 @@ and ``bench/results.png``.
     python -m bench --quick                 # every duration short, 2 solve seeds (CI)
     python -m bench --only sampling,solve   # some of them
     python -m bench --only solve --solve-seeds 5
-    python -m bench --only recurrent,recurrent_speed --out bench/recurrent_results
+    python -m bench --only recurrent,recurrent_speed --out docs/results/recurrent
     python -m bench --only minatar          # not in the default list: bench/minatar.py
 
 Benchmarks (names for ``--only``):
@@ -77,6 +78,8 @@ from impala_lab.stats import jsonable
 NAMES = ("sampling", "learner", "solve", "solve_loaded", "dashboard", "memory", "scaling",
          "recurrent", "recurrent_speed")
 HERE = Path(__file__).resolve().parent
+# What the bench measured lives beside the docs that quote it, not among the bench's code.
+RESULTS = HERE.parent / "docs" / "results"
 
 # Seconds per measurement: (full, quick).
 DURATIONS = {
@@ -636,7 +639,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="short durations (CI)")
     parser.add_argument("--only", default=",".join(NAMES),
                         help=f"comma-separated benchmarks among {', '.join(NAMES)}")
-    parser.add_argument("--out", type=Path, default=HERE,
+    parser.add_argument("--out", type=Path, default=RESULTS,
                         help="directory for results.json and results.png")
     parser.add_argument("--solve-seeds", type=int, default=None, metavar="N",
                         help="seeds drawn at random for the solve checks (default "

@@ -6,8 +6,9 @@ Four off-policy corrections (no correction, epsilon, 1-step importance sampling,
 ones), then a sweep of the lag (no replay). The study is `impala_lab.classroom.offpolicy_study`;
 each run
 is cached in ``bench/out/offpolicy/<settings hash>/`` (git-ignored), so an interrupted bench
-continues. Writes ``bench/offpolicy_results.json`` (every run's curve and figures),
-``bench/offpolicy_results.md`` (the tables, for the README) and ``bench/offpolicy_results.png``
+continues. Writes ``docs/results/offpolicy_results.json`` (every run's curve and figures),
+``docs/results/offpolicy_results.md`` (the tables, for the README) and
+``docs/results/offpolicy_results.png``
 (learning curves and the sweep).
 
     python -m bench.offpolicy                              # CartPole-v1, about 6 minutes here
@@ -40,6 +41,8 @@ from impala_lab.classroom.offpolicy_study import (
 )
 
 HERE = Path(__file__).resolve().parent
+# What the bench measured lives beside the docs that quote it, not among the bench's code.
+RESULTS = HERE.parent / "docs" / "results"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -51,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=3, help="seeds per cell of the table")
     parser.add_argument("--lags", default="0,8,32,128", help="the sweep's extra_policy_lag values")
     parser.add_argument("--sweep-seeds", type=int, default=2, help="seeds per point of the sweep")
-    parser.add_argument("--out", type=Path, default=HERE / "offpolicy_results",
+    parser.add_argument("--out", type=Path, default=RESULTS / "offpolicy_results",
                         help="path prefix of the .json, .md and .png")
     args = parser.parse_args(argv)
     settings = StudySettings(env=args.env, env_steps=args.steps, extra_policy_lag=args.lag,

@@ -16,7 +16,8 @@ PPO runs in its own virtualenv, ``bench/.peers-venv`` (git-ignored), never in th
 ``.venv``: built on first use with ``pip install stable-baselines3 torch`` (pinned in
 `REQUIREMENTS`, from PyPI; torch's Linux wheels pull CUDA libraries, a few GB), reused after,
 rebuilt when `REQUIREMENTS` or the Python version change (`requirements_hash`). It writes
-``bench/peers_results.json`` and ``bench/peers_results.md``. Not part of ``make test``.
+``docs/results/peers_results.json`` and ``docs/results/peers_results.md``. Not part of ``make
+test``.
 
 This module imports only the standard library at its top: the PPO worker (``--ppo-worker``)
 runs it with the peers venv's interpreter, which has no impala_lab.
@@ -42,6 +43,8 @@ from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
+# What the bench measured lives beside the docs that quote it, not among the bench's code.
+RESULTS = HERE.parent / "docs" / "results"
 REPO = HERE.parent
 VENV = HERE / ".peers-venv"
 STAMP = ".built.json"  # in the venv: the requirements' hash, the build's seconds and date
@@ -354,8 +357,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="seeds drawn at random, each run by both systems (default 3)")
     parser.add_argument("--max-seconds", type=float, default=120.0,
                         help="cap per run, seconds from its process start (default 120)")
-    parser.add_argument("--out", type=Path, default=HERE,
-                        help="directory for peers_results.json and .md (default bench/)")
+    parser.add_argument("--out", type=Path, default=RESULTS,
+                        help="directory for peers_results.json and .md (default docs/results/)")
     parser.add_argument("--rebuild-venv", action="store_true",
                         help=f"rebuild {VENV.relative_to(REPO)} even if it is current")
     parser.add_argument("--ppo-worker", type=int, metavar="SEED", help=argparse.SUPPRESS)

@@ -14,7 +14,7 @@ same [50, 8] samples per worker):
 Each architecture warms up (``--warmup`` s: worker start, the learner's first trace), then its
 env steps sampled and samples trained are counted over ``--seconds``; ``--rounds`` rounds
 visit every architecture in turn (so a slow drift of the machine touches them all) and the
-table holds the medians. Writes ``bench/throughput_results.{json,md}``.
+table holds the medians. Writes ``docs/results/throughput_results.{json,md}``.
 
     python -m bench.throughput                   # about 4 minutes here
     python -m bench.throughput --env MinAtar/Breakout-v1 --rounds 1
@@ -35,6 +35,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 HERE = Path(__file__).resolve().parent
+# What the bench measured lives beside the docs that quote it, not among the bench's code.
+RESULTS = HERE.parent / "docs" / "results"
 
 #: name -> (kind, overrides of the tuned config)
 ARCHITECTURES: dict[str, tuple[str, dict[str, Any]]] = {
@@ -98,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=float, default=4.0, help="seconds before measuring")
     parser.add_argument("--only", default=",".join(ARCHITECTURES),
                         help="comma-separated architecture names")
-    parser.add_argument("--out", type=Path, default=HERE / "throughput_results")
+    parser.add_argument("--out", type=Path, default=RESULTS / "throughput_results")
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.only.split(",")]
     rounds: dict[str, list[dict[str, float]]] = {n: [] for n in names}

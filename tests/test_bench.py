@@ -274,12 +274,13 @@ def test_readme_shows_the_committed_bench_results():
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    results = json.loads((root / "bench" / "results.json").read_text())
-    assert not results["quick"], "bench/results.json must come from a full `make bench`"
+    results = json.loads((root / "docs" / "results" / "results.json").read_text())
+    assert not results["quick"], "docs/results/results.json must come from a full `make bench`"
     readme = (root / "README.md").read_text()
     assert bench_main.format_markdown(results) in readme, (
-        "README's Performance table differs from bench/results.json: paste bench/results.md")
-    assert (root / "bench" / "results.png").is_file()
+        "README's Performance table differs from docs/results/results.json: "
+        "paste docs/results/results.md")
+    assert (root / "docs" / "results" / "results.png").is_file()
 
 
 def test_only_rejects_an_unknown_benchmark(capsys):

@@ -191,7 +191,7 @@ def test_gitignore_keeps_outputs_out_but_bench_results_in() -> None:
                  "impala_lab.egg-info/PKG-INFO"):
         out = subprocess.run(["git", "-C", str(ROOT), "check-ignore", "--no-index", "-q", path])
         assert out.returncode == 0, f"{path} should be ignored"
-    for path in ("bench/results.json", "impala_lab/config.py", "notebooks/01.ipynb"):
+    for path in ("docs/results/results.json", "impala_lab/config.py", "notebooks/01.ipynb"):
         out = subprocess.run(["git", "-C", str(ROOT), "check-ignore", "--no-index", "-q", path])
         assert out.returncode == 1, f"{path} should not be ignored"
 
