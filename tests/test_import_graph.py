@@ -1,16 +1,49 @@
-"""impala_lab's modules import each other without a circle.
+"""The house keeps its shape: folders import only what their job needs, no circles, small rooms.
 
 The graph is read from the source with ``ast``: every ``import`` and ``from ... import`` of an
-impala_lab module, at module level or inside a function, except those under
-``if TYPE_CHECKING:`` (never run). A circle is a set of modules that reach each other.
+impala_lab module, at module level, inside a function or under ``if TYPE_CHECKING:`` (a circle
+that only type checkers follow is still a circle a reader has to untangle). Importing a module
+also runs its packages' ``__init__``: those count as imports too.
+
+The rules (DESIGN.md's table of folders):
+
+| folder | may import |
+| --- | --- |
+| top (`config`, `batch`, `errors`, `stats`, ...) | the top alone |
+| `actor/`, `envs/` | the top and themselves; never TensorFlow or Keras, not even further down |
+| `learner/` | the top, `actor/` (the numpy twins) and itself; never a backend |
+| `backends/` | the top, `actor/`, `envs/` and itself |
+| `dashboard/` | the top, `envs/` and itself: it reads ``stats()`` and history, never a stage |
+| `driver/` | everything but `cli/` and `classroom/` |
+| `cli/`, `classroom/` | everything |
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "impala_lab"
+MAX_MODULE_LINES = 500
+MAX_FUNCTION_LINES = 60
+# V-trace's and validate's length is their documentation and their checks, one per field.
+LONG_FUNCTIONS_EXEMPT = {"impala_lab.learner.vtrace", "impala_lab.learner.vtrace_reference"}
+LONG_FUNCTION_NAMES_EXEMPT = {"validate"}
+MAX_LONG_FUNCTIONS = 3
+
+FOLDERS = ("actor", "learner", "driver", "backends", "dashboard", "envs", "classroom", "cli")
+MAY_IMPORT = {
+    "top": {"top"},
+    "actor": {"top", "actor"},
+    "envs": {"top", "envs"},
+    "learner": {"top", "actor", "learner"},
+    "backends": {"top", "actor", "envs", "backends"},
+    "dashboard": {"top", "envs", "dashboard"},
+    "driver": {"top", "actor", "envs", "learner", "backends", "dashboard", "driver"},
+    "cli": {"top", *FOLDERS},
+    "classroom": {"top", *FOLDERS},
+}
 
 
 def _modules() -> dict[str, Path]:
@@ -23,17 +56,12 @@ def _modules() -> dict[str, Path]:
     return mods
 
 
-def _imports(mod: str, path: Path, mods: dict[str, Path]) -> set[str]:
-    """The impala_lab modules ``mod`` imports (a name inside a module counts as the module)."""
+def _imported_names(mod: str, path: Path, mods: dict[str, Path]) -> tuple[set[str], set[str]]:
+    """(the impala_lab modules ``mod`` imports, the top-level names of everything it imports)."""
     tree = ast.parse(path.read_text())
-    skipped = {id(n) for node in ast.walk(tree)
-               if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-               for n in ast.walk(node)}
     package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
-    found = set()
+    found, roots = set(), set()
     for node in ast.walk(tree):
-        if id(node) in skipped:
-            continue
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -46,11 +74,43 @@ def _imports(mod: str, path: Path, mods: dict[str, Path]) -> set[str]:
         else:
             continue
         for name in names:
+            roots.add(name.split(".")[0])
             while name and name not in mods:
                 name = name.rpartition(".")[0]
             if name and name != mod:
                 found.add(name)
-    return found
+    return found, roots
+
+
+def _imports(mod: str, path: Path, mods: dict[str, Path]) -> set[str]:
+    """What importing ``mod`` runs of impala_lab: its imports and each one's packages."""
+    found, _ = _imported_names(mod, path, mods)
+    with_packages = set(found)
+    for name in found:
+        parts = name.split(".")
+        with_packages.update(".".join(parts[:i]) for i in range(1, len(parts)))
+    with_packages.discard(mod)
+    return {m for m in with_packages if m in mods and not mod.startswith(m + ".")}
+
+
+def _graph() -> dict[str, set[str]]:
+    mods = _modules()
+    return {mod: _imports(mod, path, mods) for mod, path in mods.items()}
+
+
+def _folder(mod: str) -> str:
+    parts = mod.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in FOLDERS) else "top"
+
+
+def _reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        for nxt in graph[todo.pop()]:
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return seen
 
 
 def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -83,10 +143,11 @@ def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_no_module_of_impala_lab_imports_itself_through_others():
-    mods = _modules()
-    graph = {mod: _imports(mod, path, mods) for mod, path in mods.items()}
+    graph = _graph()
     assert "impala_lab.backends.base" in graph["impala_lab.backends.process"]  # edges found
-    assert _circles(graph) == []
+    # Only the package's front door may import what imports the package (it is run first).
+    without_front_door = {m: edges - {"impala_lab"} for m, edges in graph.items()}
+    assert _circles(without_front_door) == []
 
 
 def test_the_circle_finder_finds_a_circle():
@@ -94,7 +155,72 @@ def test_the_circle_finder_finds_a_circle():
     assert _circles(graph) == [["a", "b", "c"]]
 
 
-def test_base_imports_no_backend():
-    mods = _modules()
-    base = _imports("impala_lab.backends.base", mods["impala_lab.backends.base"], mods)
-    assert not {m for m in base if m.startswith("impala_lab.backends")}
+def test_type_checking_imports_count_as_edges(tmp_path):
+    source = tmp_path / "m.py"
+    source.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                      "    from impala_lab.driver.impala import Impala\n")
+    mods = {"impala_lab.x.m": source, "impala_lab.driver.impala": source,
+            "impala_lab.driver": source, "impala_lab": source, "impala_lab.x": source}
+    assert "impala_lab.driver.impala" in _imports("impala_lab.x.m", source, mods)
+
+
+def test_each_folder_imports_only_what_its_job_needs():
+    wrong = []
+    for mod, edges in _graph().items():
+        if mod == "impala_lab":  # the front door re-exports from every folder, lazily
+            continue
+        allowed = MAY_IMPORT[_folder(mod)]
+        wrong += [f"{mod} -> {m}" for m in sorted(edges)
+                  if m != "impala_lab" and _folder(m) not in allowed]
+    assert wrong == [], "imports across the house's walls:\n" + "\n".join(wrong)
+
+
+def test_nothing_an_actor_imports_imports_tensorflow():
+    graph, mods = _graph(), _modules()
+    actor_side = {m for m in mods if _folder(m) in ("actor", "envs")}
+    actor_side |= {"impala_lab.backends.worker_process", "impala_lab.backends.shared_weights"}
+    heavy = {}
+    for mod in sorted(actor_side):
+        for reached in sorted({mod} | _reachable(graph, mod)):
+            _, roots = _imported_names(reached, mods[reached], mods)
+            if roots & {"tensorflow", "keras"}:
+                heavy.setdefault(mod, []).append(reached)
+    assert heavy == {}, f"actor-side modules reach TensorFlow: {heavy}"
+
+
+def test_the_learner_imports_no_backend():
+    graph = _graph()
+    for mod in graph:
+        if _folder(mod) == "learner":
+            reached = _reachable(graph, mod)
+            assert not {m for m in reached if _folder(m) == "backends"}, mod
+
+
+def test_no_module_is_over_500_lines():
+    long = {mod: n for mod, path in _modules().items()
+            if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert long == {}, f"split these rooms (over {MAX_MODULE_LINES} lines): {long}"
+
+
+def _long_functions() -> list[str]:
+    found = []
+    for mod, path in _modules().items():
+        if mod in LONG_FUNCTIONS_EXEMPT:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+                    and node.name not in LONG_FUNCTION_NAMES_EXEMPT
+                    and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES):
+                found.append(f"{mod}.{node.name} ({node.end_lineno - node.lineno + 1} lines)")
+    return found
+
+
+def test_at_most_three_functions_are_over_60_lines():
+    long = _long_functions()
+    assert len(long) <= MAX_LONG_FUNCTIONS, f"functions over {MAX_FUNCTION_LINES} lines: {long}"
+
+
+def test_the_folders_match_the_docs_table():
+    table = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    for folder in FOLDERS:
+        assert re.search(rf"`impala_lab/{folder}/`", table), f"README's Map lacks {folder}/"
