@@ -23,8 +23,8 @@ from typing import Any
 
 from impala_lab import conv_layout
 from impala_lab import memory_budget as memory
-from impala_lab.driver.knobs import LIVE_KNOBS as LIVE_KNOBS  # re-exported: the live config fields
 from impala_lab.errors import ConfigError
+from impala_lab.knobs import LIVE_KNOBS as LIVE_KNOBS  # re-exported: the live config fields
 
 BACKENDS = ("process", "inline", "ray")
 OPTIMIZERS = ("adam", "rmsprop")

@@ -27,8 +27,8 @@ from impala_lab.dashboard import controls, labels, live_plots, markup, plots, te
 from impala_lab.dashboard.diagram import PipelineDiagram, pipeline_svg, timing_svg
 from impala_lab.dashboard.format import fmt_float
 from impala_lab.dashboard.widgets import Dashboard, frontend_available
-from impala_lab.driver.knobs import KNOBS
 from impala_lab.errors import ConfigError
+from impala_lab.knobs import KNOBS
 from impala_lab.stats import StatsHistory, flatten
 
 STATS = {
@@ -762,7 +762,7 @@ class FramesRun(FakeRun):
 
 
 def _minatar_frames(version: int, seed: int):
-    from impala_lab.driver.latest_frames import Frames
+    from impala_lab.envs.frames import Frames
 
     obs = (np.random.default_rng(seed).random((3, 10, 10, 4)) < 0.3).astype(np.uint8)
     return Frames(obs=obs, env_steps=np.array([1200, 1200, 1234]),
@@ -779,7 +779,7 @@ def _png_pixels(data: bytes) -> np.ndarray:
 def test_the_frame_strip_shows_new_frames_and_encodes_only_when_they_change():
     import gymnasium as gym
 
-    from impala_lab.driver.latest_frames import strip_rgb
+    from impala_lab.envs.frames import strip_rgb
 
     run = FramesRun(gym.spaces.Box(0, 1, (10, 10, 4), bool))
     board = Dashboard(run, poll_hz=5, plot_process=False)
@@ -817,7 +817,7 @@ def test_the_frame_strip_shows_new_frames_and_encodes_only_when_they_change():
 def test_the_frame_strip_says_in_one_line_when_observations_are_not_images():
     import gymnasium as gym
 
-    from impala_lab.driver.latest_frames import not_image_reason
+    from impala_lab.envs.frames import not_image_reason
 
     space = gym.spaces.Box(-1, 1, (4,), np.float32)
     run = FramesRun(space)

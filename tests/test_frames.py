@@ -15,16 +15,16 @@ import pytest
 
 from impala_lab.batch import SampleBatch
 from impala_lab.driver.driver_loop import DriverLoop
-from impala_lab.driver.latest_frames import (
+from impala_lab.driver.latest_frames import LatestFrames
+from impala_lab.driver.replay_mixer import ReplayMixer
+from impala_lab.driver.run_stats import RunStats
+from impala_lab.envs.frames import (
     FRAME_STRIP_LENGTH,
     Frames,
-    LatestFrames,
     image_kind,
     not_image_reason,
     strip_rgb,
 )
-from impala_lab.driver.replay_mixer import ReplayMixer
-from impala_lab.driver.run_stats import RunStats
 from impala_lab.envs.minatar import palette, to_rgb
 
 GREY_SPACE = gym.spaces.Box(0, 255, (2, 2, 1), np.uint8)

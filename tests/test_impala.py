@@ -197,7 +197,7 @@ def test_live_knobs_are_validated_applied_and_recorded():
 
 
 def test_set_knobs_lists_every_knob_of_the_table():
-    from impala_lab.driver.knobs import KNOBS
+    from impala_lab.knobs import KNOBS
 
     for knob in KNOBS.values():
         assert f"{knob.name} ({knob.kind}): {knob.help}" in Impala.set_knobs.__doc__

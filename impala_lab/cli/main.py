@@ -52,8 +52,9 @@ from impala_lab.config import (
     field_kind,
     field_names,
 )
-from impala_lab.driver.health import RETURN_MIN_EPISODES, describe_seen
+from impala_lab.driver.health import RETURN_MIN_EPISODES
 from impala_lab.errors import ConfigError, ImpalaError
+from impala_lab.health_flags import describe_seen
 from impala_lab.stats import jsonable
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -15,7 +15,7 @@ Modules:
 
 - `widgets`: `Dashboard`, the layout of core ipywidgets, kept in step with the run;
 - `markup`: the HTML of each widget, pure functions of a stats snapshot;
-- `controls`: the knob sliders (from `impala_lab.driver.knobs`) and the buttons;
+- `controls`: the knob sliders (from `impala_lab.knobs`) and the buttons;
 - `poller`: the thread that updates the widgets a few times a second;
 - `plot_schedule`: which plot to draw next, where, within what CPU;
 - `diagram`: the pipeline SVG and the timing bars;

@@ -19,7 +19,7 @@ from typing import Any
 import ipywidgets as W
 
 from impala_lab.config import ImpalaConfig
-from impala_lab.driver.knobs import KNOBS, LIVE_KNOBS, Knob, cast
+from impala_lab.knobs import KNOBS, LIVE_KNOBS, Knob, cast
 
 # name -> (icon, button style, tooltip)
 BUTTONS = {

@@ -20,7 +20,7 @@ from typing import Any
 
 from impala_lab.dashboard.format import fmt_count
 from impala_lab.dashboard.live_plots import png_bytes
-from impala_lab.driver.latest_frames import Frames, image_kind, not_image_reason, strip_rgb
+from impala_lab.envs.frames import Frames, image_kind, not_image_reason, strip_rgb
 
 
 def caption_html(frames: Frames | None, reason: str = "") -> str:

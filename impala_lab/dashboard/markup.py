@@ -18,8 +18,8 @@ from typing import Any
 
 from impala_lab.dashboard.format import fmt_count, fmt_float, fmt_knob, fraction
 from impala_lab.dashboard.labels import LABELS, queue_figures
-from impala_lab.driver.health import LABELS as HEALTH_LABELS
-from impala_lab.driver.health import describe_seen
+from impala_lab.health_flags import LABELS as HEALTH_LABELS
+from impala_lab.health_flags import describe_seen
 
 GREEN, ORANGE, RED, GREY = "#2e9e44", "#e67e22", "#c0392b", "#7f8c8d"
 BLUE = "#1f77b4"

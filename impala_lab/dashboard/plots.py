@@ -40,7 +40,7 @@ from matplotlib.figure import Figure
 
 from impala_lab.dashboard.format import fmt_knob, nice_ceil
 from impala_lab.dashboard.labels import LABELS, TIMERS
-from impala_lab.driver.knobs import LIVE_KNOBS, cast
+from impala_lab.knobs import LIVE_KNOBS, cast
 
 X_KEY = "time_total_s"
 MAX_POINTS = 600  # points drawn per line: longer runs are decimated evenly

@@ -25,7 +25,7 @@ from typing import Any, TextIO
 
 from impala_lab.dashboard.format import bar, fmt_count, fmt_float, fmt_knob, fraction, is_number
 from impala_lab.dashboard.labels import LEARNER, QUEUES, TIMERS, queue_figures
-from impala_lab.driver.health import flag_labels
+from impala_lab.health_flags import flag_labels
 
 
 # ---------------------------------------------------------------------- the views

@@ -58,6 +58,12 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+# The flags' names for people live in the shared vocabulary: the views read them too.
+from impala_lab.health_flags import LABELS as LABELS  # re-exported: the flags and their words
+from impala_lab.health_flags import describe_seen as describe_seen
+from impala_lab.health_flags import flag_codes as flag_codes
+from impala_lab.health_flags import flag_labels as flag_labels
+
 # ---------------------------------------------------------------------- thresholds
 #: Entropy counts as collapsed below this fraction of log(num_actions) (CartPole: 0.069 nats,
 #: a policy that picks one action with probability above about 0.985).
@@ -104,19 +110,6 @@ WORKER_STALLED_S = 15.0
 #: The spike flags and the learner stat each watches.
 SPIKE_STATS = {"value_loss_spike": "vf_loss", "grad_norm_spike": "grad_gnorm"}
 SPIKE_CODES = tuple(SPIKE_STATS)
-
-#: Every flag code, with the short label the CLI and the dashboard show.
-LABELS = {
-    "entropy_collapsed": "entropy collapsed",
-    "value_loss_spike": "value-loss spike",
-    "grad_norm_spike": "gradient-norm spike",
-    "updates_skipped": "non-finite updates skipped",
-    "learner_starved": "learner starved",
-    "learner_overfed": "learner overfed",
-    "no_samples": "no samples",
-    "worker_stalled": "worker stalled",
-}
-
 
 def stalled_after_s(sample_timeout_s: float | None) -> float:
     """Seconds without a sample after which a worker is marked stalled (see the module docs)."""
@@ -364,30 +357,3 @@ class HealthMonitor:
         if new:
             entry["times"] += 1
         entry["last_s"] = max(entry["last_s"], round(last, 2))
-
-
-# ---------------------------------------------------------------------- for people
-def flag_labels(health: Mapping[str, Any] | None) -> str:
-    """The active flags as short labels, e.g. ``"entropy collapsed, value-loss spike"``;
-    ``""`` when all is well (or there is no health dict)."""
-    flags = (health or {}).get("flags") or []
-    return ", ".join(LABELS.get(f.get("code"), str(f.get("code"))) for f in flags)
-
-
-def flag_codes(health: Mapping[str, Any] | None) -> str:
-    """The active flags' codes joined with ``;`` (the ``health.flags`` column of metrics.csv)."""
-    return ";".join(str(f.get("code")) for f in (health or {}).get("flags") or [])
-
-
-def describe_seen(health: Mapping[str, Any] | None) -> str:
-    """What the monitor saw over the whole run, in first-seen order, e.g.
-    ``"value-loss spike at 40 s (3 times), entropy collapsed at 41 s"``; ``""`` if nothing."""
-    seen = (health or {}).get("seen") or {}
-    parts = []
-    for code, entry in sorted(seen.items(), key=lambda kv: kv[1].get("first_s", math.inf)):
-        first = entry.get("first_s")
-        when = f" at {first:.0f} s" if isinstance(first, int | float) and math.isfinite(first) \
-            else ""
-        times = entry.get("times", 1)
-        parts.append(f"{LABELS.get(code, code)}{when}" + (f" ({times} times)" if times > 1 else ""))
-    return ", ".join(parts)

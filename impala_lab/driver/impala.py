@@ -40,13 +40,14 @@ from impala_lab.driver import checkpoint
 from impala_lab.driver.build import as_config, build_learner, check_env
 from impala_lab.driver.driver_loop import DriverLoop
 from impala_lab.driver.health import HealthMonitor
-from impala_lab.driver.knobs import KNOBS, LIVE_KNOBS
-from impala_lab.driver.latest_frames import Frames, LatestFrames
+from impala_lab.driver.latest_frames import LatestFrames
 from impala_lab.driver.replay_mixer import ReplayMixer
 from impala_lab.driver.run_stats import RunStats, history_row, pipeline_view
 from impala_lab.driver.supervisor import WorkerSupervisor
 from impala_lab.driver.task_pool import SampleTaskPool
+from impala_lab.envs.frames import Frames
 from impala_lab.errors import ConfigError, ImpalaError
+from impala_lab.knobs import KNOBS, LIVE_KNOBS
 from impala_lab.stats import StatsHistory, flatten
 
 StopCondition = Mapping[str, float] | Callable[[dict], bool] | None
@@ -196,7 +197,7 @@ class Impala:
         """Change knobs that are safe between steps; applied by the driver before its next step
         (at once when no learner thread runs).
 
-        Live knobs (`impala_lab.driver.knobs.KNOBS`):
+        Live knobs (`impala_lab.knobs.KNOBS`):
 {knobs}
 
         Raises:
@@ -242,17 +243,17 @@ class Impala:
             pipeline=self._pipeline_view(), last_error=self.last_error)
 
     def latest_frames(self) -> Frames | None:
-        """The last `impala_lab.driver.latest_frames.FRAME_STRIP_LENGTH` observations of one env,
+        """The last `impala_lab.envs.frames.FRAME_STRIP_LENGTH` observations of one env,
         as new
         batches brought them: column 0 of the live worker with the lowest index (replayed
         batches never count). Safe to call from any thread while the run trains.
 
         Returns:
           a `Frames` (``obs`` uint8 [K, H, W, C], ``env_steps`` [K], ``ends`` [K],
-          ``worker_index``, ``column``; `impala_lab.driver.latest_frames.strip_rgb` draws them), or
+          ``worker_index``, ``column``; `impala_lab.envs.frames.strip_rgb` draws them), or
           None:
           no batch of that worker yet, or observations that are not images
-          (`impala_lab.driver.latest_frames.not_image_reason` says why).
+          (`impala_lab.envs.frames.not_image_reason` says why).
         """
         return self.frames.latest()
 

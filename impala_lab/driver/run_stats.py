@@ -27,8 +27,8 @@ import numpy as np
 
 from impala_lab.batch import SampleBatch
 from impala_lab.driver.checkpoint import CHECKPOINT_COUNTERS
-from impala_lab.driver.health import flag_codes
-from impala_lab.driver.knobs import LIVE_KNOBS
+from impala_lab.health_flags import flag_codes
+from impala_lab.knobs import LIVE_KNOBS
 from impala_lab.stats import ThroughputMeter, TimerStat, WindowStat, flatten
 
 #: New batches (and trained batches) whose lags ``stats()["policy_lag_distribution"]`` counts.

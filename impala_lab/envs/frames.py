@@ -1,0 +1,125 @@
+"""Observations as pictures: which spaces are images, and a strip of frames as one RGB image.
+
+`strip_rgb` draws frames side by side, with a thin separator between two frames (red where the
+episode ended in between):
+
+- boolean image observations [H, W, C] (MinAtar's; uint8 0/1 in batches): each cell in the
+  colour of its last channel that is on, MinAtar's palette (`impala_lab.envs.minatar.to_rgb`);
+- uint8 [H, W, 3] images: as they are; uint8 [H, W, 1]: grey;
+- anything else (CartPole's vector, a stack of 4 grey frames): no strip (`image_kind` is None,
+  `not_image_reason` says why in one line).
+
+Small images are scaled up by whole pixels (`DEFAULT_HEIGHT`), so that a 10x10 grid's cells
+are visible. The driver keeps the frames (`impala_lab.driver.latest_frames`), the dashboard
+draws them; both read this module. Imports numpy only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = ["FRAME_STRIP_LENGTH", "Frames", "image_kind", "not_image_reason", "frame_scale",
+           "strip_rgb"]
+
+#: Frames kept, K: the last K time steps of the followed env.
+FRAME_STRIP_LENGTH = 8
+#: Images smaller than this (in pixels) are scaled up by a whole factor towards it.
+DEFAULT_HEIGHT = 80
+_SEPARATOR = np.array([200, 200, 200], np.uint8)
+_EPISODE_END = np.array([192, 57, 43], np.uint8)  # the dashboard's red
+
+
+def image_kind(observation_space: Any) -> str | None:
+    """How observations of this space are drawn: ``"channels"`` (bool [H, W, C], one
+    channel per kind of object), ``"rgb"`` (uint8 [H, W, 3]), ``"grey"`` (uint8 [H, W, 1]),
+    or None (not an image)."""
+    shape = tuple(getattr(observation_space, "shape", None) or ())
+    dtype = getattr(observation_space, "dtype", None)
+    if len(shape) != 3 or dtype is None:
+        return None
+    if np.dtype(dtype) == np.bool_:
+        return "channels"
+    if np.dtype(dtype) == np.uint8 and shape[-1] in (1, 3):
+        return "rgb" if shape[-1] == 3 else "grey"
+    return None
+
+
+def not_image_reason(observation_space: Any) -> str:
+    """One line on why this space's observations make no frame strip ("" if they do)."""
+    if image_kind(observation_space) is not None:
+        return ""
+    shape = tuple(getattr(observation_space, "shape", None) or ())
+    dtype = getattr(observation_space, "dtype", None)
+    what = f"{np.dtype(dtype).name} {list(shape)}" if dtype is not None else \
+        type(observation_space).__name__
+    return (f"this env's observations ({what}) are not images (bool [H, W, C], or uint8 "
+            "[H, W, 3] or [H, W, 1]): no frame strip")
+
+
+@dataclass(frozen=True)
+class Frames:
+    """The latest frames of one env (read-only arrays).
+
+    Attributes:
+      obs: [K, *obs_shape], the observations as the batches hold them (uint8 for images),
+        oldest first; K <= `FRAME_STRIP_LENGTH` (fewer until that many arrived).
+      env_steps: int64 [K], the run's env steps sampled (``stats()["num_steps_sampled"]``)
+        once the batch that carried each frame had reached the driver.
+      ends: bool [K], the episode ended at this step (terminated or truncated): the next
+        frame is the first of a new episode.
+      worker_index: the worker whose env this is; column: the env's column in its batches.
+      kind: `image_kind` of the observations.
+      version: counts the batches taken so far (a reader redraws only when it changed).
+    """
+
+    obs: np.ndarray
+    env_steps: np.ndarray
+    ends: np.ndarray
+    worker_index: int
+    column: int
+    kind: str
+    version: int
+
+
+def frame_scale(height: int, target: int = DEFAULT_HEIGHT) -> int:
+    """The whole factor that scales an image of ``height`` pixels up towards ``target``."""
+    return max(1, target // max(1, int(height)))
+
+
+def strip_rgb(frames: Frames, *, scale: int | None = None, gap: int = 2) -> np.ndarray:
+    """The frames side by side as one RGB image.
+
+    Args:
+      frames: `Frames` (``kind`` says how to colour them).
+      scale: pixels per observation pixel (None: `frame_scale` of the height).
+      gap: pixels between two frames: grey, or red where the episode ended in between.
+
+    Returns:
+      uint8 [H * scale, K * W * scale + (K - 1) * gap, 3].
+    """
+    obs = np.asarray(frames.obs)
+    K, H, W = obs.shape[:3]
+    s = frame_scale(H) if scale is None else int(scale)
+    if frames.kind == "channels":
+        from impala_lab.envs.minatar import palette, to_rgb
+
+        images = to_rgb(obs, palette(obs.shape[-1]), s)
+    elif frames.kind in ("rgb", "grey"):
+        images = obs if frames.kind == "rgb" else np.repeat(obs, 3, axis=-1)
+        if s > 1:
+            images = images.repeat(s, axis=1).repeat(s, axis=2)
+    else:
+        raise ValueError(f"kind={frames.kind!r} is not an image kind: use 'channels', 'rgb' "
+                         "or 'grey'")
+    h, w = H * s, W * s
+    strip = np.empty((h, K * w + (K - 1) * gap, 3), np.uint8)
+    for i in range(K):
+        x = i * (w + gap)
+        strip[:, x:x + w] = images[i]
+        if i + 1 < K:
+            strip[:, x + w:x + w + gap] = _EPISODE_END if frames.ends[i] else _SEPARATOR
+    return strip
+
