@@ -8,17 +8,23 @@ says "RLlib's", it means that file and the IMPALA agent around it.
     with Impala(ImpalaConfig(env="CartPole-v1")) as run:
         run.train(stop={"episode_return_mean": 195})
 
-Reading order, following one batch through the pipeline:
+The folders are the diagram's boxes: ``actor/`` (envs stepped by a numpy policy),
+``driver/`` (the loop between actors and learner), ``learner/`` (V-trace and the threads that
+train), ``backends/`` (where workers live), ``envs/``, ``dashboard/``, ``classroom/`` and
+``cli/``; the top holds the shared vocabulary (config, batch, errors, stats). Reading order,
+following one batch through the pipeline:
 
-1. `DriverLoop.step` (``Impala.step`` calls it): one turn of the driver loop (collect samples,
+1. `DriverLoop.step` (``driver/driver_loop.py``): one turn of the driver loop (collect samples,
    feed the learner, broadcast).
-2. `RolloutWorker.sample`: an actor steps its envs with a numpy copy of the policy.
-3. `LearnerThread.step`: the learner takes a train batch from its queue and trains on it.
-4. `VTracePolicy.loss_and_stats`: the V-trace actor-critic loss of one batch.
-5. `vtrace.from_importance_weights`: the V-trace targets and policy-gradient advantages.
+2. `RolloutWorker.sample` (``actor/rollout_worker.py``): an actor steps its envs with a numpy
+   copy of the policy.
+3. `LearnerThread.step` (``learner/learner_thread.py``): the learner takes a train batch from
+   its queue and trains on it.
+4. `VTracePolicy.loss_and_stats` (``learner/vtrace_policy.py``): the V-trace actor-critic loss.
+5. `vtrace.from_importance_weights` (``learner/vtrace.py``): the targets and advantages.
 
-Importing the package is cheap: TensorFlow is imported only by the learner-side modules
-(`policy`, `vtrace`, `impala`), never by what actor processes import. Importing it sets
+Importing the package is cheap: TensorFlow is imported only by ``learner/`` and what
+uses it, never by what actor processes import. Importing it sets
 TensorFlow's logging up once, before TensorFlow loads (`impala_lab._quiet_tf`): no C++ start-up
 lines and no retracing warnings; ``TF_CPP_MIN_LOG_LEVEL=0`` in the environment shows them.
 It registers the package's memory task with gymnasium, ``impala_lab/StatelessCartPole-v1``,
