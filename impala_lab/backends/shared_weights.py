@@ -18,18 +18,28 @@ does not); the rest are unlinked, and `WeightBlocks.close` unlinks all. Blocks a
 ``il<driver pid>_<random>_<n>`` (in ``/dev/shm`` on Linux); if the driver is killed, the
 ``multiprocess`` resource tracker unlinks what is left once the workers have exited. A kill
 of the whole process group takes the tracker too, and the blocks would stay until reboot: so
-each new `WeightBlocks` first unlinks this user's ``il<pid>_*`` blocks whose driver is gone
+each new `WeightBlocks` first unlinks this user's blocks whose driver is gone
 (`remove_stale_blocks`).
+
+Who owns a block is told by a lock, not by a pid: beside its blocks each `WeightBlocks` keeps
+``il<driver pid>_<random>_lock``, a file it holds an exclusive ``flock`` on for its whole life
+(the kernel drops the lock when the process dies, however it dies). Two containers that share
+``/dev/shm`` (a Kubernetes pod's default) do not see each other's pids, so a pid check alone
+would take a live run's blocks for stale ones; a lock held in another PID namespace is still
+seen as held. Only blocks without a lock file (from an older impala_lab) fall back to the pid
+check. A block that something else removed all the same is recreated at the next broadcast,
+and a worker that cannot find one says so (`BlockGoneError`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import re
 import secrets
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,6 +48,7 @@ from multiprocess import shared_memory
 from impala_lab.backends.base import pid_exists
 
 __all__ = [
+    "BlockGoneError",
     "SharedWeights",
     "SharedWeightsReader",
     "WeightBlocks",
@@ -51,12 +62,17 @@ _ALIGN = 64  # byte alignment of each array in a weights block
 _HEADER = 64  # block header: int64 serial, version, number of arrays
 _MAX_FREE_BLOCKS = 2  # released blocks kept for reuse (a new block costs page faults)
 # ``WeightBlocks.prefix`` + a block number.
-_BLOCK_NAME = re.compile(r"il(\d+)_[0-9a-f]{6}_\d+")
+_BLOCK_NAME = re.compile(r"il(\d+)(_[0-9a-f]{6}_)\d+")
 _SHM_DIR = "/dev/shm"
+_LOCK_SUFFIX = "lock"  # ``<prefix>lock``: the owner's lock file, beside its blocks
 # A driver pid counts as reused (its blocks stale) only if the process holding it now
 # started this long after the block was last written (clock readings from /proc differ by
 # about a second).
 _PID_REUSE_MARGIN_S = 60.0
+
+
+class BlockGoneError(RuntimeError):
+    """A weights block named in a broadcast is no longer in shared memory."""
 
 
 @dataclass(frozen=True)
@@ -156,7 +172,7 @@ def read_shared_weights(ref: SharedWeights,
     """
     opened = block is None
     if block is None:
-        block = shared_memory.SharedMemory(name=ref.name)
+        block = _open_block(ref.name)
     try:
         header = np.ndarray((3,), np.int64, buffer=block.buf)
         found = tuple(int(x) for x in header)
@@ -177,6 +193,18 @@ def read_shared_weights(ref: SharedWeights,
             block.close()
 
 
+def _open_block(name: str) -> shared_memory.SharedMemory:
+    """Opens a weights block by name; a missing one is a `BlockGoneError` that says why."""
+    try:
+        return shared_memory.SharedMemory(name=name)
+    except FileNotFoundError:
+        raise BlockGoneError(
+            f"the shared weights block {name!r} is gone from shared memory ({_SHM_DIR} on "
+            "Linux) while this run still uses it: something outside impala_lab removed it "
+            "(a cleaner of /dev/shm, or a tool that empties it); the driver writes the next "
+            "broadcast into a new block") from None
+
+
 class SharedWeightsReader:
     """A worker's reader of broadcast weights that keeps the last few blocks open.
 
@@ -191,7 +219,7 @@ class SharedWeightsReader:
     def read(self, ref: SharedWeights) -> list[np.ndarray]:
         block = self._open.pop(ref.name, None)
         if block is None:
-            block = shared_memory.SharedMemory(name=ref.name)
+            block = _open_block(ref.name)
             if block.size < ref.size:  # a block of that name, but not the one written
                 block.close()
                 raise ValueError(f"shared weights block {ref.name!r} has {block.size} bytes, "
@@ -237,6 +265,7 @@ class WeightBlocks:
         self._latest: str | None = None
         remove_stale_blocks()  # left by drivers killed with their resource tracker
         self.prefix = f"il{os.getpid()}_{secrets.token_hex(3)}_"
+        self._owner_lock = _hold_owner_lock(self.prefix)
         self._num_blocks = 0
         self._serial = 0
 
@@ -245,6 +274,11 @@ class WeightBlocks:
         with self._lock:
             self._serial += 1
             _, size = weights_layout(weights)
+            # A kept block that something else unlinked can no longer be opened by name:
+            # drop it, and the broadcast goes into a new one.
+            for gone in [m for m in self._free if not _exists(m.name)]:
+                self._free.remove(gone)
+                _unlink(gone)
             reuse = next((m for m in self._free if m.size >= size), None)
             if reuse is not None:
                 self._free.remove(reuse)
@@ -304,36 +338,111 @@ class WeightBlocks:
             self._latest = None
             for memory in [b.memory for b in blocks.values()] + free:
                 _unlink(memory)
+            if self._owner_lock is not None:
+                _release_owner_lock(self.prefix, self._owner_lock)
+                self._owner_lock = None
 
 
 def remove_stale_blocks(shm_dir: str = _SHM_DIR) -> list[str]:
     """Unlink the weights blocks of drivers that are gone; returns the names removed.
 
-    A block ``il<pid>_<random>_<n>`` of this user is stale when process ``pid`` does not
-    exist (or is a zombie), or started more than a minute after the block was last written
-    (the pid was reused). Blocks of live drivers, of other users and other names are left
-    alone. Where there is no ``/dev/shm`` (not Linux) there is nothing to do.
+    Blocks ``il<pid>_<random>_<n>`` of this user are grouped by their prefix
+    ``il<pid>_<random>_``. Where the group's lock file ``<prefix>lock`` exists, the blocks are
+    stale exactly when nobody holds its ``flock`` (the owner died: the kernel released it),
+    whichever PID namespace the owner ran in. Without a lock file (an older impala_lab's
+    blocks) they are stale when process ``pid`` does not exist (or is a zombie) or started
+    more than a minute after the block was last written (the pid was reused). Blocks of live
+    drivers, of other users and other names are left alone. Where there is no ``/dev/shm``
+    (not Linux) there is nothing to do.
     """
     try:
         names = os.listdir(shm_dir)
     except OSError:
         return []
-    removed = []
+    groups: dict[str, list[str]] = {}
     for name in names:
         match = _BLOCK_NAME.fullmatch(name)
-        if match is None:
-            continue
-        path = os.path.join(shm_dir, name)
+        if match is not None:
+            groups.setdefault(name[: match.end(2)], []).append(name)
+    removed = []
+    for prefix, blocks in groups.items():
+        lock_path = os.path.join(shm_dir, prefix + _LOCK_SUFFIX)
+        with _owner_gone(lock_path, blocks, shm_dir) as gone:
+            if gone:
+                removed += _unlink_paths(shm_dir, blocks)
+    return sorted(removed)
+
+
+@contextlib.contextmanager
+def _owner_gone(lock_path: str, blocks: list[str], shm_dir: str) -> Iterator[bool]:
+    """Yields whether the owner of ``blocks`` is gone, holding its lock meanwhile (so the
+    owner cannot come back between the check and the unlink); removes a dead owner's lock."""
+    try:
+        fd = os.open(lock_path, os.O_RDONLY)
+    except FileNotFoundError:  # no lock file: an older impala_lab's blocks, judged by pid
+        yield _legacy_blocks_stale(blocks, shm_dir)
+        return
+    except OSError:
+        yield False
+        return
+    try:
+        if os.fstat(fd).st_uid != os.getuid():
+            yield False
+            return
         try:
-            st = os.stat(path)
-        except OSError:
-            continue
-        if st.st_uid != os.getuid() or _block_owner_alive(int(match.group(1)), st.st_mtime):
-            continue
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # held: the owner lives, in this PID namespace or another
+            yield False
+            return
+        yield True
         with contextlib.suppress(OSError):
-            os.unlink(path)
+            os.unlink(lock_path)
+    finally:
+        os.close(fd)
+
+
+def _legacy_blocks_stale(blocks: list[str], shm_dir: str) -> bool:
+    """Blocks without a lock file: stale when their pid is gone or was reused."""
+    try:
+        stat = os.stat(os.path.join(shm_dir, blocks[0]))
+    except OSError:
+        return False
+    pid = int(_BLOCK_NAME.fullmatch(blocks[0]).group(1))
+    return stat.st_uid == os.getuid() and not _block_owner_alive(pid, stat.st_mtime)
+
+
+def _unlink_paths(shm_dir: str, names: list[str]) -> list[str]:
+    removed = []
+    for name in names:
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(shm_dir, name))
             removed.append(name)
     return removed
+
+
+def _hold_owner_lock(prefix: str, shm_dir: str = _SHM_DIR) -> int | None:
+    """Creates ``<prefix>lock`` already locked: written under a temporary name, locked, then
+    renamed into place, so that no cleaner ever sees it unlocked. None where there is no
+    ``/dev/shm`` (blocks there are not files this module can list either)."""
+    if not os.path.isdir(shm_dir):
+        return None
+    tmp = os.path.join(shm_dir, f"{prefix}tmp{secrets.token_hex(3)}")
+    fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.rename(tmp, os.path.join(shm_dir, prefix + _LOCK_SUFFIX))
+    return fd
+
+
+def _release_owner_lock(prefix: str, fd: int, shm_dir: str = _SHM_DIR) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(os.path.join(shm_dir, prefix + _LOCK_SUFFIX))
+    os.close(fd)
+
+
+def _exists(name: str, shm_dir: str = _SHM_DIR) -> bool:
+    """Whether a block of this name can still be opened (always True where blocks are not
+    files in ``shm_dir``)."""
+    return not os.path.isdir(shm_dir) or os.path.exists(os.path.join(shm_dir, name))
 
 
 def _block_owner_alive(pid: int, block_mtime: float) -> bool:
