@@ -17,8 +17,12 @@ checkpoint in place before removing it; a kill after 3 leaves the new checkpoint
 and ``<path>.prev`` beside it until the next save. A full disk fails step 1 (OSError), the
 partial directory is removed and ``path`` stays as it was.
 
-Arrays are stored as .npz without pickle; state.json carries their sha256, so a truncated or
-modified file is named when the checkpoint is read.
+Arrays are stored as .npz without pickle or compression; state.json carries their sha256 and
+each array's shape and dtype, so a truncated or modified file is named when the checkpoint is
+read. Before any array is loaded, each one's ``.npy`` header is read and held against the
+shape state.json lists and the bytes the file really holds: a small file that declares a huge
+array (a decompression bomb) is refused without allocating it. Loaded arrays must be finite:
+a checkpoint of NaN weights is refused, not trained from.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import re
 import secrets
 import shutil
 import threading
+import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -96,14 +101,15 @@ def write_checkpoint(path: str | os.PathLike, state: Mapping[str, Any],
         tmp = parent / f"{target.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
         tmp.mkdir()
         try:
-            digests = {}
+            digests, layouts = {}, {}
             for name, arrays in (("weights.npz", weights), ("optimizer.npz", optimizer)):
                 with open(tmp / name, "wb") as fh:
                     np.savez(fh, *arrays)
                     _flush_and_sync(fh)
                 digests[name] = _sha256(tmp / name)
+                layouts[name] = [_layout(np.asarray(a)) for a in arrays]
             with open(tmp / "state.json", "w") as fh:
-                fh.write(json.dumps({**state, "sha256": digests}, indent=2))
+                fh.write(json.dumps({**state, "sha256": digests, "arrays": layouts}, indent=2))
                 _flush_and_sync(fh)
             _fsync_dir(tmp)
             if target.exists():
@@ -235,12 +241,71 @@ def _read_checkpoint_dir(root: Path) -> tuple[dict, list[np.ndarray], list[np.nd
         if expected != _sha256(file):
             raise ValueError(f"{file}: checksum mismatch (the file is truncated or was "
                              "modified after the checkpoint was written)")
+        declared = (state.get("arrays") or {}).get(name)
+        _check_npz_headers(file, declared)
         try:
             with np.load(file, allow_pickle=False) as data:
                 arrays[name] = [data[f"arr_{i}"] for i in range(len(data.files))]
         except Exception as exc:
             raise ValueError(f"{file}: cannot read the arrays ({exc})") from None
+        _check_finite(file, arrays[name])
     return state, arrays["weights.npz"], arrays["optimizer.npz"]
+
+
+def _layout(array: np.ndarray) -> list:
+    """An array's entry in state.json's ``arrays``: ``[shape, dtype]``."""
+    return [list(array.shape), array.dtype.str]
+
+
+def _check_npz_headers(file: Path, declared: list | None) -> None:
+    """Reads every array's ``.npy`` header, none of its data: each must be stored (not
+    compressed), hold plain numbers, hold exactly the bytes its header declares, and match
+    ``declared`` (state.json's ``[shape, dtype]`` list; None for a checkpoint written before
+    it was recorded)."""
+    try:
+        with zipfile.ZipFile(file) as archive:
+            members = archive.infolist()
+            for i, member in enumerate(members):
+                shape, dtype = _stored_array_header(archive, member)
+                if declared is not None and i < len(declared) and (
+                        [list(shape), dtype.str] != list(declared[i])):
+                    raise ValueError(f"{member.filename} is {dtype.str} {list(shape)}, state.json "
+                                     f"says {declared[i][1]} {declared[i][0]}")
+            if declared is not None and len(members) != len(declared):
+                raise ValueError(f"holds {len(members)} arrays, state.json lists {len(declared)}")
+    except (ValueError, zipfile.BadZipFile, OSError, EOFError) as exc:
+        raise ValueError(f"{file}: not a valid checkpoint array file ({exc})") from None
+
+
+def _stored_array_header(archive: zipfile.ZipFile, member: zipfile.ZipInfo
+                         ) -> tuple[tuple[int, ...], np.dtype]:
+    """One member's shape and dtype, from its header, checked against the bytes it holds."""
+    if member.compress_type != zipfile.ZIP_STORED:
+        raise ValueError(f"{member.filename} is compressed (impala_lab writes arrays "
+                         "uncompressed, so an array's size is bounded by the file's)")
+    with archive.open(member) as fh:
+        version = np.lib.format.read_magic(fh)
+        read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                       else np.lib.format.read_array_header_2_0)
+        shape, _, dtype = read_header(fh)
+        data_bytes = member.file_size - fh.tell()
+    if dtype.hasobject:
+        raise ValueError(f"{member.filename} holds Python objects (a pickle), which impala_lab "
+                         "never loads")
+    need = int(np.prod(shape, dtype=np.float64)) * dtype.itemsize
+    if need != data_bytes:
+        raise ValueError(f"{member.filename} declares {dtype.str} {list(shape)} ({need} bytes) "
+                         f"but holds {data_bytes} bytes")
+    return shape, dtype
+
+
+def _check_finite(file: Path, arrays: list[np.ndarray]) -> None:
+    for i, array in enumerate(arrays):
+        if np.issubdtype(array.dtype, np.inexact) and not np.isfinite(array).all():
+            bad = int(array.size - np.isfinite(array).sum())
+            raise ValueError(f"{file}: array {i} ({array.dtype.str} {list(array.shape)}) holds "
+                             f"{bad} NaN or infinite values: these weights cannot be trained "
+                             "from; restore an earlier checkpoint (<path>.prev, if there is one)")
 
 
 def _check_counters(state_file: Path, state: dict) -> None:
