@@ -40,7 +40,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def shm_names(prefix: str) -> set[str]:
+    """The weights blocks in /dev/shm (and the owner's lock file, while one is there)."""
     return {n for n in os.listdir("/dev/shm") if n.startswith(prefix)}
+
+
+def block_names(prefix: str) -> set[str]:
+    """The weights blocks alone, without the owner's lock file."""
+    return shm_names(prefix) - {prefix + "lock"}
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +78,8 @@ def test_weight_blocks_are_reused_and_released(pair):
     assert in_use == [ref.name]  # every worker answered after reading it: only the latest
     assert len(free) <= 2
     assert len(seen) <= 3, f"blocks are reused, not created per broadcast: {sorted(seen)}"
-    assert shm_names(prefix) == set(in_use) | set(free)
+    assert block_names(prefix) == set(in_use) | set(free)
+    assert prefix + "lock" in shm_names(prefix)  # the owner holds its lock while it lives
     # A reference to a released (maybe overwritten) block is refused, not silently read.
     with pytest.raises(ValueError, match=r"was already released; pass the reference the "
                                          r"latest put_weights\(\) returned"):

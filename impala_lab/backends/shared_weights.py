@@ -43,7 +43,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from multiprocess import shared_memory
+from multiprocess import resource_tracker, shared_memory
 
 from impala_lab.backends.base import pid_exists
 
@@ -65,6 +65,7 @@ _MAX_FREE_BLOCKS = 2  # released blocks kept for reuse (a new block costs page f
 _BLOCK_NAME = re.compile(r"il(\d+)(_[0-9a-f]{6}_)\d+")
 _SHM_DIR = "/dev/shm"
 _LOCK_SUFFIX = "lock"  # ``<prefix>lock``: the owner's lock file, beside its blocks
+_LOCK_NAME = re.compile(r"il(\d+)(_[0-9a-f]{6}_)lock")
 # A driver pid counts as reused (its blocks stale) only if the process holding it now
 # started this long after the block was last written (clock readings from /proc differ by
 # about a second).
@@ -361,13 +362,14 @@ def remove_stale_blocks(shm_dir: str = _SHM_DIR) -> list[str]:
         return []
     groups: dict[str, list[str]] = {}
     for name in names:
-        match = _BLOCK_NAME.fullmatch(name)
+        match = _BLOCK_NAME.fullmatch(name) or _LOCK_NAME.fullmatch(name)
         if match is not None:
             groups.setdefault(name[: match.end(2)], []).append(name)
     removed = []
-    for prefix, blocks in groups.items():
-        lock_path = os.path.join(shm_dir, prefix + _LOCK_SUFFIX)
-        with _owner_gone(lock_path, blocks, shm_dir) as gone:
+    for prefix, members in groups.items():
+        lock_name = prefix + _LOCK_SUFFIX
+        blocks = [n for n in members if n != lock_name]
+        with _owner_gone(os.path.join(shm_dir, lock_name), blocks, shm_dir) as gone:
             if gone:
                 removed += _unlink_paths(shm_dir, blocks)
     return sorted(removed)
@@ -380,7 +382,7 @@ def _owner_gone(lock_path: str, blocks: list[str], shm_dir: str) -> Iterator[boo
     try:
         fd = os.open(lock_path, os.O_RDONLY)
     except FileNotFoundError:  # no lock file: an older impala_lab's blocks, judged by pid
-        yield _legacy_blocks_stale(blocks, shm_dir)
+        yield bool(blocks) and _legacy_blocks_stale(blocks, shm_dir)
         return
     except OSError:
         yield False
@@ -430,12 +432,16 @@ def _hold_owner_lock(prefix: str, shm_dir: str = _SHM_DIR) -> int | None:
     fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
     fcntl.flock(fd, fcntl.LOCK_EX)
     os.rename(tmp, os.path.join(shm_dir, prefix + _LOCK_SUFFIX))
+    # Like the blocks, the lock file goes with the resource tracker if the driver is killed
+    # (shm_unlink removes any file of /dev/shm by name).
+    resource_tracker.register(f"/{prefix}{_LOCK_SUFFIX}", "shared_memory")
     return fd
 
 
 def _release_owner_lock(prefix: str, fd: int, shm_dir: str = _SHM_DIR) -> None:
     with contextlib.suppress(OSError):
         os.unlink(os.path.join(shm_dir, prefix + _LOCK_SUFFIX))
+    resource_tracker.unregister(f"/{prefix}{_LOCK_SUFFIX}", "shared_memory")
     os.close(fd)
 
 
