@@ -299,7 +299,7 @@ class Impala:
                                           max_env_steps=max_env_steps, dashboard=dashboard,
                                           report_interval=report_interval, on_report=on_report)
         if dashboard:
-            from impala_lab.dashboard import train_with_dashboard
+            from impala_lab.dashboard.train_with_dashboard import train_with_dashboard
 
             return train_with_dashboard(self, stop, max_seconds=max_seconds,
                                         max_env_steps=max_env_steps,
