@@ -13,12 +13,14 @@ The turn, in `DriverLoop.step`::
         send_weights_and_request(worker)              # its weights, one more request
     learner.drain_trained(): the env steps the learner trained on since the last turn
 
-Four collaborators: the ``config``, the ``replay`` mixer, the ``learner`` (a
-`impala_lab.learner.port.LearnerPort`: put a batch, drain what was trained, take the
-weights-updated flag, read the weights) and the run's ``run_stats``; plus, for the library's
-methods below, the ``actors`` (`impala_lab.driver.actors.Actors`) and the frame strip.
-The learner owns the weights-updated flag: the loop only takes it (read and clear in one
-step), and asks only once the interval is reached, so a take never wastes an update.
+Six collaborators in two groups. What a turn reads and counts into: the ``config``, the
+``replay`` mixer, the ``learner`` (a `impala_lab.learner.port.LearnerPort`: put a batch,
+drain what was trained, take the weights-updated flag, read the weights) and the run's
+``run_stats``. What the library's versions of the five calls below use to reach the world:
+the ``actors`` (`impala_lab.driver.actors.Actors`: task pool, supervisor, backend) and the
+dashboard's ``frames``. The learner owns the weights-updated flag: the loop only takes it
+(read and clear in one locked step), and asks only once the interval is reached, so a take
+never wastes an update.
 
 The loop's state between turns is four public attributes (``batch_buffer``,
 ``batch_buffer_steps``, ``num_sent``, ``weights_ref``); everything a turn does to the world
