@@ -33,7 +33,7 @@ and, when MinAtar is installed, its games (``MinAtar/Breakout-v1`` ...; `impala_
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from impala_lab import _quiet_tf
 from impala_lab._lazy import lazy_getattr
@@ -57,7 +57,7 @@ _register_minatar()  # MinAtar/<Game>-v0/v1 when minatar is installed (importing
 
 _LAZY = {
     "Impala": "impala_lab.driver.impala",
-    "shutdown_all": "impala_lab.driver.impala",
+    "shutdown_all": "impala_lab.driver.lifetime",  # light: no TensorFlow
     "SampleBatch": "impala_lab.batch",
     "concat_samples": "impala_lab.batch",
     "RolloutWorker": "impala_lab.actor.rollout_worker",
@@ -72,18 +72,8 @@ __all__ = ["ConfigError", "ImpalaConfig", "ImpalaError", "LearnerError", "NonFin
            "StageError", "WorkerError", *_LAZY]
 
 if TYPE_CHECKING:  # pragma: no cover
-    from impala_lab.driver.impala import Impala, shutdown_all  # noqa: F401
+    from impala_lab.driver.impala import Impala  # noqa: F401
+    from impala_lab.driver.lifetime import shutdown_all  # noqa: F401
 
 
-_lazy_getattr = lazy_getattr(__name__, _LAZY)
-
-
-def __getattr__(name: str) -> Any:
-    if name == "shutdown_all":
-        import sys
-
-        module = sys.modules.get("impala_lab.driver.impala")
-        if module is None:  # no run was ever created: nothing to end, and no TF import
-            return lambda: None
-        return module.shutdown_all
-    return _lazy_getattr(name)
+__getattr__ = lazy_getattr(__name__, _LAZY)

@@ -423,3 +423,13 @@ def _check_compatible(batches: list[SampleBatch]) -> None:
                     f"concat_samples: field {name!r} of batch {i} has dtype {a.dtype} but batch "
                     f"0 has {ref.dtype}; convert one of them so the dtypes match."
                 )
+
+
+def policy_lag(current_version: int, policy_versions: np.ndarray) -> np.ndarray:
+    """Each column's policy lag: the learner updates between the weights that sampled it
+    (``policy_versions`` [B]) and the learner's weights ``current_version``.
+
+    The driver measures it when a batch arrives, the learner just before it trains on one;
+    both call this, so the two figures in ``stats()`` differ only by when they were taken.
+    """
+    return int(current_version) - np.asarray(policy_versions, dtype=np.int64)

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from impala_lab.cli.main import final_line, main
+from impala_lab.cli.main import main
+from impala_lab.cli.train import final_line
 from impala_lab.config import ImpalaConfig
 
 REPO = Path(__file__).resolve().parents[1]

@@ -5,7 +5,6 @@ find and explain wrong answers (the first differing case, expected and actual, a
 from __future__ import annotations
 
 import json
-import queue
 import re
 import subprocess
 import sys
@@ -23,6 +22,7 @@ from impala_lab.classroom.exercises.__main__ import main as cli_main
 from impala_lab.classroom.exercises.driver_step import make_step_driver
 from impala_lab.classroom.exercises.notebook import check_notebook, load_answer, source, tags
 from impala_lab.learner.minibatch_buffer import MinibatchBuffer
+from impala_lab.learner.port import LearnerPort
 
 ROOT = Path(__file__).resolve().parent.parent
 STUBS = ROOT / "notebooks" / "exercises"
@@ -310,13 +310,12 @@ def test_driver_step_that_counts_replays_as_sampled():
             if worker is None:
                 continue
             driver.record_sample(batch)
-            if driver.learner.weights_updated and (
-                    driver.num_sent >= driver.config.broadcast_interval):
+            if (driver.num_sent >= driver.config.broadcast_interval
+                    and driver.learner.take_weights_updated()):
                 driver.broadcast()
             driver.num_sent += 1
             driver.send_weights_and_request(worker)
-        while not driver.learner.outqueue.empty():
-            trained += driver.learner.outqueue.get_nowait()
+        trained += driver.learner.drain_trained()
         return sampled, trained
 
     result = ex.check_driver_step(driver_step, show=False)
@@ -354,7 +353,7 @@ def test_step_driver_log_matches_the_library():
     assert driver.events == ["record(b2)", "send(worker1, v0)", "put([b2, b0])", "record(b0)",
                              "send(worker0, v0)", "record(b3)", "send(worker1, v0)",
                              "put([b3, b1])", "record(b1)", "send(worker0, v0)"]
-    assert driver.learner.inqueue.qsize() == 2 and driver.stats.num_weight_syncs == 2 + 4
+    assert driver.learner.inqueue.qsize() == 2 and driver.run_stats.num_weight_syncs == 2 + 4
 
 
 def test_vtrace_loss_without_truncation_bootstrap(solutions):
@@ -451,10 +450,17 @@ def test_fast_mode(monkeypatch):
     assert ex.fast_mode() is False
 
 
-def test_queue_helper_in_driver_exercise_is_the_stdlib_queue():
-    # The driver exercise drains learner.outqueue with get_nowait() until queue.Empty.
+def test_driver_exercise_learner_hands_each_update_over_once():
+    # The scripted learner is a LearnerPort: the flag and the trained steps are taken once.
     driver = make_step_driver()
-    assert isinstance(driver.learner.outqueue, queue.Queue)
+    assert isinstance(driver.learner, LearnerPort)
+    driver.step(0.0)
+    assert driver.learner.inqueue.qsize() == 2  # four [2, 1] samples: two train batches
+    assert not driver.learner.take_weights_updated() and driver.learner.drain_trained() == 0
+    driver.learner.train(1)
+    assert driver.learner.take_weights_updated() and not driver.learner.take_weights_updated()
+    assert driver.learner.drain_trained() == 4 and driver.learner.drain_trained() == 0
+    assert driver.learner.weights_version == 1
 
 
 # ------------------------------------------------------------------ exercise 6: lstm_unroll

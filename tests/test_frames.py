@@ -5,7 +5,6 @@ strip for observations that are not images)."""
 from __future__ import annotations
 
 import gc
-import queue
 import weakref
 from types import SimpleNamespace
 
@@ -14,6 +13,7 @@ import numpy as np
 import pytest
 
 from impala_lab.batch import SampleBatch
+from impala_lab.driver.actors import Actors
 from impala_lab.driver.driver_loop import DriverLoop
 from impala_lab.driver.latest_frames import LatestFrames
 from impala_lab.driver.replay_mixer import ReplayMixer
@@ -146,17 +146,17 @@ def test_the_driver_loop_shows_new_batches_dropped_ones_too_and_never_replays():
     config = SimpleNamespace(train_batch_size=8, broadcast_interval=1, max_policy_lag=5,
                              max_sample_requests_in_flight_per_worker=1, learner_queue_size=100)
     replay = ReplayMixer(3.0, 10, train_batch_size=8, sample_batch_size=T, seed=0)
-    learner = SimpleNamespace(inqueue=queue.Queue(), outqueue=queue.Queue(),
-                              weights_updated=False, raise_if_failed=lambda: None,
-                              is_alive=lambda: True)
-    policy = SimpleNamespace(version=0, get_weights=lambda: ([], policy.version))
+    # A learner port that never trains: weights_version is set by hand below.
+    learner = SimpleNamespace(put_batch=lambda batch, timeout: True, drain_trained=lambda: 0,
+                              take_weights_updated=lambda: False, weights_version=0,
+                              get_weights=lambda: ([], learner.weights_version),
+                              raise_if_failed=lambda: None, is_alive=lambda: True)
     w0, w1, w2 = _worker(0), _worker(1), _worker(2)
     supervisor = SimpleNamespace(workers=[w0, w1], sample_returned=lambda w: None)
     stats, tasks = RunStats(), _Tasks()
     frames = LatestFrames(GREY_SPACE, length=6)
-    loop = DriverLoop(config, replay, learner, stats, tasks=tasks, policy=policy,
-                      backend=SimpleNamespace(put_weights=lambda w, v: "ref"),
-                      supervisor=supervisor, frames=frames)
+    actors = Actors(SimpleNamespace(put_weights=lambda w, v: "ref"), tasks, supervisor)
+    loop = DriverLoop(config, replay, learner, stats, actors=actors, frames=frames)
     mixed = []
     mix = replay.mix
     replay.mix = lambda pairs: (mixed.append(p) or p for p in mix(pairs))
@@ -180,7 +180,7 @@ def test_the_driver_loop_shows_new_batches_dropped_ones_too_and_never_replays():
     assert f.ends.tolist() == [False, False, False, True, False, False]
 
     # A batch dropped for lag is new env steps all the same (counted at once, not twice).
-    policy.version = 10
+    learner.weights_version = 10
     turn((w0, make_batch(4, version=0)), (w1, make_batch(5, version=10)))
     assert stats.num_samples_dropped_for_lag == 8 and stats.num_steps_sampled == 48
     f = frames.latest()

@@ -256,7 +256,7 @@ def test_the_library_vtrace_is_no_answer(tmp_path):
 
 
 @pytest.mark.parametrize("call", ["DriverLoop.step(driver, timeout)", "driver.step(timeout)",
-                                  "Impala._step(driver, timeout)"])
+                                  "Impala.step(driver, timeout)"])
 def test_the_library_driver_step_is_no_answer(call):
     from impala_lab.driver.driver_loop import DriverLoop
     from impala_lab.driver.impala import Impala
@@ -264,7 +264,7 @@ def test_the_library_driver_step_is_no_answer(call):
     namespace = {"DriverLoop": DriverLoop, "Impala": Impala}
     exec(f"def driver_step(driver, timeout):\n    return {call}\n", namespace)
     result = ex.check_driver_step(namespace["driver_step"], show=False)
-    name = "Impala._step" if "Impala" in call else "DriverLoop.step"
+    name = "Impala.step" if "Impala" in call else "DriverLoop.step"
     assert not result.passed and f"driver_step calls the library's {name}" in result.message
     assert "write it yourself" in result.message
 

@@ -322,3 +322,13 @@ def test_policy_lag_at_training_counts_every_pass():
     assert stats["policy_lag"] == {"mean": 0.0, "max": 0}
     assert stats["policy_lag_at_training"] == {"mean": pytest.approx((steps - 1) / 2),
                                                "max": steps - 1}
+
+
+def test_step_runs_the_loops_step_so_a_replacement_takes_over():
+    # Exercise 4's last cell puts the student's driver_step in place of run.loop.step.
+    assert not hasattr(Impala, "_step")
+    with Impala(ImpalaConfig(**SMALL), start_learner=False) as run:
+        calls = []
+        run.loop.step = lambda timeout: calls.append(timeout) or (3, 2)
+        assert run.step(0.25) == (3, 2) and calls == [0.25]
+        assert (run.num_steps_sampled, run.num_steps_trained) == (3, 2)

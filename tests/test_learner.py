@@ -38,7 +38,7 @@ def test_step_by_hand_uses_each_batch_num_sgd_iter_times():
     assert policy.seen == [1, 2, 2, 3, 3]
     counts = [learner.outqueue.get_nowait() for _ in range(learner.outqueue.qsize())]
     assert counts == [10] * 5
-    assert learner.weights_updated and learner.stats == {"total_loss": 5.0}
+    assert learner.weights_updated and learner.last_train_metrics == {"total_loss": 5.0}
     assert learner.grad_timer.count == 5
     assert learner.learner_queue_stat.stats()["count"] == 5
 
@@ -114,7 +114,7 @@ def test_num_sgd_iter_can_change_between_steps():
 def test_the_runs_cleanup_waits_for_a_train_step_in_flight():
     # A run's cleanup also runs at interpreter exit, and a learner thread still inside a
     # TensorFlow call then crashes the process: the cleanup waits until the step is over.
-    from impala_lab.driver import impala
+    from impala_lab.driver import lifetime
 
     class SlowPolicy:
         def __init__(self) -> None:
@@ -136,7 +136,7 @@ def test_the_runs_cleanup_waits_for_a_train_step_in_flight():
     learner.start()
     learner.inqueue.put(Batch(1))
     assert policy.started.wait(5)
-    impala._cleanup(backend, learner)
+    lifetime.cleanup(backend, learner)
     assert backend.shut_down
     assert not learner.is_alive()
     assert learner.num_steps == 1

@@ -259,14 +259,14 @@ def test_the_impala_network_trains_on_breakout_with_every_backend(backend):
 def _spy_on_new_batches(run) -> list:
     """The last 8 observations of column 0 of each new batch, as the task pool hands them to
     the driver (one worker)."""
-    seen, prefetch = [], run.loop.tasks.completed_prefetch
+    seen, prefetch = [], run.loop.actors.tasks.completed_prefetch
 
     def spy(**kwargs):
         for worker, batch in prefetch(**kwargs):
             seen.append(batch.obs[-8:, 0].copy())
             yield worker, batch
 
-    run.loop.tasks.completed_prefetch = spy
+    run.loop.actors.tasks.completed_prefetch = spy
     return seen
 
 

@@ -322,7 +322,9 @@ def test_stepping_by_hand_serves_the_ring_and_recycles_buffers(batches):
         assert [b.num_loads for b in learner.buffers] == [2, 1, 1]
         assert [learner.outqueue.get_nowait() for _ in range(8)] == [160] * 8
         assert learner.policy.version == 8 and learner.num_traces == 1
-        assert learner.stats["policy_version"] == 8 and np.isfinite(learner.stats["total_loss"])
+        metrics = learner.last_train_metrics
+        assert metrics["policy_version"] == 8 and np.isfinite(metrics["total_loss"])
+        assert learner.take_weights_updated() and not learner.take_weights_updated()
         assert learner.grad_timer.count == 8 and learner.load_wait_timer.count == 8
         assert learner.load_timer.count == 4 and learner.queue_timer.count == 4
         assert learner.loader_threads[0].is_alive()

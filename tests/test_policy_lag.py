@@ -86,7 +86,7 @@ def test_with_extra_policy_lag_k_every_batch_trained_after_k_updates_is_k_behind
 
 def _loop(extra: int) -> DriverLoop:
     config = SimpleNamespace(extra_policy_lag=extra)
-    return DriverLoop(config, replay=None, learner=None, stats=None)
+    return DriverLoop(config, replay=None, learner=None, run_stats=None)
 
 
 def test_held_back_weights_publish_the_newest_weights_at_least_k_updates_old():

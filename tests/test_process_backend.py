@@ -542,3 +542,38 @@ def test_a_script_without_a_main_guard_is_told_how_to_fix_it(tmp_path):
                           capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().endswith("max_env_steps")
+
+
+# ---------------------------------------------------------------------- futures
+def test_a_pending_future_waits_in_the_wait_the_backend_injected():
+    # No process: the handle's pipe and process are stand-ins, and the "backend" is the
+    # wait function handed in, which reads the answer off the pipe as ProcessBackend does.
+    import ast
+    import pickle
+    import threading
+    from types import SimpleNamespace
+
+    from impala_lab.backends import process_handle
+    from impala_lab.backends.shared_weights import WeightBlocks
+
+    sent: list[bytes] = []
+    conn = SimpleNamespace(send_bytes=sent.append)
+    process = SimpleNamespace(pid=12345, is_alive=lambda: True)
+    waited = []
+
+    def wait_until_done(fut):
+        waited.append(fut)
+        handle._on_answer(pickle.dumps(("ok", "the batch")))
+
+    lock = threading.RLock()
+    handle = process_handle.ProcessWorkerHandle(0, process, conn, "Env-v0", lock=lock,
+                                                blocks=WeightBlocks(lock),
+                                                wait_until_done=wait_until_done)
+    fut = handle.sample()
+    assert pickle.loads(sent[0]) == ("sample",) and not fut.done() and waited == []
+    assert fut.result() == "the batch" and waited == [fut] and fut.done()
+    assert fut.result() == "the batch" and waited == [fut]  # done: no second wait
+    # The handle's module needs no backend: not even a type-checking import of it.
+    tree = ast.parse(Path(process_handle.__file__).read_text())
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert "impala_lab.backends.process" not in imported

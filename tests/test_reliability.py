@@ -389,7 +389,7 @@ class _NoTraining:
 def test_the_cli_turns_any_argv_into_exit_2_with_a_message_or_a_valid_run(
         arguments: list[list[str]], malformed: list[str],
         tmp_path_factory: pytest.TempPathFactory) -> None:
-    from impala_lab.cli import main as cli
+    from impala_lab.cli.main import main
 
     argv = ["train", *[token for arg in arguments for token in arg], *malformed,
             "--out", str(tmp_path_factory.getbasetemp() / "cli-fuzz")]
@@ -399,7 +399,7 @@ def test_the_cli_turns_any_argv_into_exit_2_with_a_message_or_a_valid_run(
     with mock.patch("impala_lab.driver.impala.Impala", _NoTraining), \
             contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
         try:
-            code = cli.main(argv)
+            code = main(argv)
         except SystemExit as exc:  # argparse: an unknown option, a missing value
             code = exc.code
         except _Started as exc:

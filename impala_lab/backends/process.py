@@ -161,7 +161,9 @@ class ProcessBackend(Backend):
                 process.start()
         finally:
             theirs.close()  # else the driver holds the worker's end and never sees EOF
-        handle = ProcessWorkerHandle(self, index, process, ours, describe_env(self.env))
+        handle = ProcessWorkerHandle(index, process, ours, describe_env(self.env),
+                                     lock=self.lock, blocks=self.blocks,
+                                     wait_until_done=self.wait_until_done)
         with self.lock:
             self.handles.append(handle)
         return handle

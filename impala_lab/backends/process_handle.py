@@ -6,6 +6,11 @@ answers arrive (`ProcessWorkerHandle.drain`) or fails them all when the worker e
 (`ProcessWorkerHandle.on_exit`). `ProcessBackend` decides when to read which pipe and when to
 stop a worker; it never touches a handle's queue or state directly.
 
+Only the backend completes a future: a handle completes one while the backend reads its pipe
+(`impala_lab.backends.process.ProcessBackend.wait`), and ``ProcessFuture.result()`` on a
+pending future blocks in the backend's own wait, which the backend hands each handle as a
+callable when it starts the worker. This module never imports the backend module.
+
 Threads: the driver's thread reads and writes the pipes; a shutdown at interpreter exit may
 stop the workers from the main thread meanwhile. The handle's state changes under the
 backend's lock, and every use of the pipe, its close included, under the handle's own pipe
@@ -24,14 +29,12 @@ import sys
 import threading
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 from impala_lab.backends.base import WorkerHandle
 from impala_lab.backends.shared_weights import SharedWeights, WeightBlocks
 from impala_lab.errors import WorkerError
-
-if TYPE_CHECKING:  # pragma: no cover
-    from impala_lab.backends.process import ProcessBackend
 
 __all__ = ["ProcessFuture", "ProcessWorkerHandle"]
 
@@ -44,16 +47,25 @@ PIPE_GONE = (EOFError, OSError)
 class ProcessFuture:
     """One request to a worker process (the `SampleFuture` protocol).
 
-    Completed by `ProcessBackend.wait` (or by ``result()``, which blocks) when the worker
-    answers or dies; ``completion_time`` is the ``time.monotonic()`` at which the driver
-    received the answer.
+    Completed while the backend reads the worker's pipe (its ``wait``, or ``result()``, which
+    blocks in ``wait_until_done``) when the worker answers or dies; ``completion_time`` is the
+    ``time.monotonic()`` at which the driver received the answer.
+
+    Args:
+      handle: the worker asked.
+      weight_blocks: the weights blocks named by ``set_weights`` before this request.
+      wait_until_done: the backend's blocking wait for one future (injected, so that this
+        module needs no backend).
     """
 
-    __slots__ = ("_done", "_error", "_value", "completion_time", "handle", "weight_blocks")
+    __slots__ = ("_done", "_error", "_value", "_wait_until_done", "completion_time", "handle",
+                 "weight_blocks")
 
-    def __init__(self, handle: ProcessWorkerHandle, weight_blocks: list[str]) -> None:
+    def __init__(self, handle: ProcessWorkerHandle, weight_blocks: list[str],
+                 wait_until_done: Callable[[ProcessFuture], None]) -> None:
         self.handle = handle
         self.weight_blocks = weight_blocks  # blocks named by set_weights before this request
+        self._wait_until_done = wait_until_done
         self._done = False
         self._value: Any = None
         self._error: WorkerError | None = None
@@ -65,12 +77,13 @@ class ProcessFuture:
     def result(self) -> Any:
         """The `SampleBatch` (or info dict); raises `WorkerError` if the worker failed."""
         if not self._done:
-            self.handle.backend.wait_until_done(self)
+            self._wait_until_done(self)
         if self._error is not None:
             raise self._error
         return self._value
 
     def finish(self, value: Any = None, error: WorkerError | None = None) -> None:
+        """Complete the future (the handle's, while the backend reads its pipe)."""
         self._value, self._error = value, error
         self.completion_time = time.monotonic()
         self._done = True
@@ -90,12 +103,16 @@ class ProcessWorkerHandle(WorkerHandle):
       env_id: the env's name (the id, or the factory's ``__qualname__``).
       process: the ``multiprocess`` Process.
       conn: the driver's end of the pipe.
-      backend: the `ProcessBackend` that started it.
+
+    Args (besides those attributes):
+      lock: the backend's lock; it guards this handle's request queue and state.
+      blocks: the backend's `WeightBlocks` (a request holds the blocks sent before it).
+      wait_until_done: the backend's blocking wait for one future (``result()`` uses it).
     """
 
-    def __init__(self, backend: ProcessBackend, index: int, process: Any, conn: Any,
-                 env_id: str) -> None:
-        self.backend = backend
+    def __init__(self, index: int, process: Any, conn: Any, env_id: str, *,
+                 lock: threading.RLock, blocks: WeightBlocks,
+                 wait_until_done: Callable[[ProcessFuture], None]) -> None:
         self.index = index
         self.process = process
         self.pid: int = process.pid
@@ -103,8 +120,9 @@ class ProcessWorkerHandle(WorkerHandle):
         self.conn = conn
         self.env_id = env_id
         self.started_at = time.monotonic()
-        self._lock: threading.RLock = backend.lock  # guards the state below
-        self._blocks: WeightBlocks = backend.blocks
+        self._lock = lock  # guards the state below
+        self._blocks = blocks
+        self._wait_until_done = wait_until_done
         self._pipe_lock = threading.Lock()  # guards every use of conn, its close included
         self._pending: deque[ProcessFuture] = deque()
         self._unconsumed: list[str] = []  # blocks named since the last request was sent
@@ -141,7 +159,7 @@ class ProcessWorkerHandle(WorkerHandle):
             self.on_exit()
 
     def _request(self, cmd: tuple) -> ProcessFuture:
-        fut = ProcessFuture(self, self._unconsumed)
+        fut = ProcessFuture(self, self._unconsumed, self._wait_until_done)
         self._unconsumed = []
         with self._lock:
             alive = self._alive

@@ -7,19 +7,27 @@ The turn, in `DriverLoop.step`::
             put_on_learner_queue(concat_samples(batch_buffer)); empty the buffer
         if worker is None: continue                  # a replayed batch: no answer
         record_sample(batch)                          # episodes, policy lag
-        if learner.weights_updated and num_sent >= broadcast_interval:
+        if num_sent >= broadcast_interval and learner.take_weights_updated():
             broadcast()                               # publish fresh weights
         num_sent += 1
         send_weights_and_request(worker)              # its weights, one more request
-    drain learner.outqueue: the env steps the learner trained on
+    learner.drain_trained(): the env steps the learner trained on since the last turn
+
+Six collaborators in two groups. What a turn reads and counts into: the ``config``, the
+``replay`` mixer, the ``learner`` (a `impala_lab.learner.port.LearnerPort`: put a batch,
+drain what was trained, take the weights-updated flag, read the weights) and the run's
+``run_stats``. What the library's versions of the five calls below use to reach the world:
+the ``actors`` (`impala_lab.driver.actors.Actors`: task pool, supervisor, backend) and the
+dashboard's ``frames``. The learner owns the weights-updated flag: the loop only takes it
+(read and clear in one locked step), and asks only once the interval is reached, so a take
+never wastes an update.
 
 The loop's state between turns is four public attributes (``batch_buffer``,
 ``batch_buffer_steps``, ``num_sent``, ``weights_ref``); everything a turn does to the world
 goes through five public methods. `Impala` runs this class as it is; Exercise 4's scripted
-stand-in (`impala_lab.classroom.exercises.driver_step.StepDriver`) subclasses it and overrides the
-five
-methods to script the workers and log every call, so the student's answer and the library
-run the same interface.
+stand-in (`impala_lab.classroom.exercises.driver_step.StepDriver`) subclasses it and overrides
+the five methods to script the workers and log every call, so the student's answer and the
+library run the same interface.
 
 Policy lag is a dial here (Sample Factory's and the IMPALA paper's appendix E's): a new batch
 more than ``max_policy_lag`` learner updates behind is dropped where it arrives, in
@@ -36,15 +44,18 @@ says.
 
 from __future__ import annotations
 
-import queue
 import time
 from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
-from impala_lab.batch import SampleBatch, concat_samples
+from impala_lab.batch import SampleBatch, concat_samples, policy_lag
+from impala_lab.driver.actors import Actors
 from impala_lab.driver.latest_frames import LatestFrames
+from impala_lab.driver.replay_mixer import ReplayMixer
+from impala_lab.driver.run_stats import RunStats
 from impala_lab.errors import ImpalaError, WorkerError
+from impala_lab.learner.port import LearnerPort
 
 
 class DriverLoop:
@@ -55,13 +66,10 @@ class DriverLoop:
         ``broadcast_interval`` (a live knob: the run hands in each new config),
         ``max_sample_requests_in_flight_per_worker`` and ``learner_queue_size``.
       replay: the `ReplayMixer`.
-      learner: ``inqueue`` (bounded), ``outqueue`` (env steps trained), ``weights_updated``;
-        ``raise_if_failed()`` and ``is_alive()`` while the driver waits on a full queue.
-      stats: the run's `RunStats` (counters and timers).
-      tasks, policy, backend, supervisor: what the library's methods below use: the
-        `SampleTaskPool`, the policy (``get_weights``, ``version``), the backend
-        (``put_weights``) and the `WorkerSupervisor`. A stand-in that overrides the methods
-        leaves them None.
+      learner: the `LearnerPort`: the only way the loop reaches the learner.
+      run_stats: the run's `RunStats` (counters and timers).
+      actors: the `Actors` (task pool, supervisor, backend) that the library's methods below
+        use; a stand-in that overrides those methods leaves it None.
       frames: a `LatestFrames` that `completed_samples` shows every new batch (the
         dashboard's frame strip), or None.
 
@@ -75,17 +83,14 @@ class DriverLoop:
       queue_blocked: True while the driver waits on the full learner queue.
     """
 
-    def __init__(self, config: Any, replay: Any, learner: Any, stats: Any, *,
-                 tasks: Any = None, policy: Any = None, backend: Any = None,
-                 supervisor: Any = None, frames: LatestFrames | None = None) -> None:
+    def __init__(self, config: Any, replay: ReplayMixer | None, learner: LearnerPort | None,
+                 run_stats: RunStats | None, *, actors: Actors | None = None,
+                 frames: LatestFrames | None = None) -> None:
         self.config = config
         self.replay = replay
         self.learner = learner
-        self.stats = stats
-        self.tasks = tasks
-        self.policy = policy
-        self.backend = backend
-        self.supervisor = supervisor
+        self.run_stats = run_stats
+        self.actors = actors
         self.frames = frames
         self.batch_buffer: list[SampleBatch] = []
         self.batch_buffer_steps = 0
@@ -103,13 +108,13 @@ class DriverLoop:
         Returns:
           (env steps of the new batches, env steps the learner reported trained).
         """
-        sample_timesteps, train_timesteps = 0, 0
+        sample_timesteps = 0
         c = self.config
         for worker, batch in self.replay.mix(self.completed_samples(timeout)):
             self.batch_buffer.append(batch)
             self.batch_buffer_steps += batch.count
             if self.batch_buffer_steps >= c.train_batch_size:
-                with self.stats.concat_timer:
+                with self.run_stats.concat_timer:
                     train_batch = concat_samples(self.batch_buffer)
                 self.batch_buffer = []
                 self.batch_buffer_steps = 0
@@ -120,17 +125,12 @@ class DriverLoop:
             sample_timesteps += batch.count
             self.record_sample(batch)
             # Pull new weights once updated, to avoid excessive correlation between actors.
-            if self.learner.weights_updated and self.num_sent >= c.broadcast_interval:
+            if self.num_sent >= c.broadcast_interval and self.learner.take_weights_updated():
                 self.broadcast()
             self.num_sent += 1
             self.send_weights_and_request(worker)
 
-        while True:
-            try:
-                train_timesteps += self.learner.outqueue.get_nowait()
-            except queue.Empty:
-                break
-        return sample_timesteps, train_timesteps
+        return sample_timesteps, self.learner.drain_trained()
 
     # ------------------------------------------------------------------ the calls a turn makes
     def completed_samples(self, timeout: float) -> Iterator[tuple[Any, SampleBatch]]:
@@ -143,11 +143,10 @@ class DriverLoop:
         blocking = True
         # The run's env steps before this turn: its new batches are counted at its end
         # (dropped ones at once), so this plus their steps so far is the count after each.
-        steps_before, arrived = self.stats.num_steps_sampled, 0
+        steps_before, arrived = self.run_stats.num_steps_sampled, 0
         while True:
             try:
-                for worker, batch in self.tasks.completed_prefetch(blocking_wait=blocking,
-                                                                   timeout=timeout):
+                for worker, batch in self.actors.completed(blocking, timeout):
                     arrived += batch.count
                     self.show_frames(worker, batch, steps_before + arrived)
                     if self.lag_of(batch) > self.config.max_policy_lag:
@@ -164,20 +163,21 @@ class DriverLoop:
         worker with the lowest index; ``env_steps``: the run's, this batch included."""
         if self.frames is None or self.frames.kind is None:
             return
-        lowest = min((w.index for w in self.supervisor.workers), default=worker.index)
+        lowest = self.actors.lowest_live_index(default=worker.index)
         self.frames.observe(worker.index, batch, lowest_live_index=lowest, env_steps=env_steps)
 
     def lag_of(self, batch: SampleBatch) -> int:
         """Learner updates between the oldest column's weights and the learner's now."""
-        return int(self.policy.version - batch.policy_versions.min())
+        return int(policy_lag(self.learner.weights_version, batch.policy_versions).max())
 
     def drop_for_lag(self, worker: Any, batch: SampleBatch) -> None:
         """A new batch too far behind: its env steps, episodes and lag are counted, it goes
         neither to replay nor to the learner, and its worker is answered as for any batch."""
-        self.stats.count_step(batch.count, 0)
-        self.stats.num_samples_dropped_for_lag += batch.count
+        self.run_stats.count_step(batch.count, 0)
+        self.run_stats.num_samples_dropped_for_lag += batch.count
         self.record_sample(batch)
-        if self.learner.weights_updated and self.num_sent >= self.config.broadcast_interval:
+        if (self.num_sent >= self.config.broadcast_interval
+                and self.learner.take_weights_updated()):
             self.broadcast()
         self.num_sent += 1
         self.send_weights_and_request(worker)
@@ -186,49 +186,44 @@ class DriverLoop:
         """Put a train batch on the learner's bounded queue: back-pressure, but never a hang
         (a dead or unstarted learner raises)."""
         start = time.perf_counter()
-        while True:
-            try:
-                self.learner.inqueue.put(train_batch, timeout=0.5)
-                self.stats.num_train_batches += 1
-                self.stats.queue_wait_meter.add(time.perf_counter() - start)
-                self.queue_blocked = False
-                return
-            except queue.Full:
-                self.queue_blocked = True  # no sample is handed out meanwhile: no stall
-                self.learner.raise_if_failed()
-                if not self.learner.is_alive():
-                    raise ImpalaError(
-                        f"the learner queue is full ({self.config.learner_queue_size} batches) "
-                        "and the learner thread is not running; with start_learner=False call "
-                        "impala.learner.step() to consume batches") from None
+        while not self.learner.put_batch(train_batch, timeout=0.5):
+            self.queue_blocked = True  # no sample is handed out meanwhile: no stall
+            self.learner.raise_if_failed()
+            if not self.learner.is_alive():
+                raise ImpalaError(
+                    f"the learner queue is full ({self.config.learner_queue_size} batches) "
+                    "and the learner thread is not running; with start_learner=False call "
+                    "impala.learner.step() to consume batches")
+        self.run_stats.num_train_batches += 1
+        self.run_stats.queue_wait_meter.add(time.perf_counter() - start)
+        self.queue_blocked = False
 
     def record_sample(self, batch: SampleBatch) -> None:
         """Count a new batch's episodes and its policy lag behind the learner."""
-        self.stats.record_sample(batch, self.policy.version)
+        self.run_stats.record_sample(batch, self.learner.weights_version)
 
     def broadcast(self) -> None:
         """Publish the learner's current weights once (a new reference every worker reads);
-        resets ``learner.weights_updated`` and `num_sent`.
+        resets `num_sent`. (The caller took the learner's weights-updated flag.)
 
         With ``extra_policy_lag`` = K > 0 the weights published are the newest read so far
         whose version is at most the learner's minus K (`held_back_weights`); when none is
         that old yet, the workers keep the weights they have.
         """
-        with self.stats.broadcast_timer:
-            weights, version = self.policy.get_weights()
+        with self.run_stats.broadcast_timer:
+            weights, version = self.learner.get_weights()
             chosen = self.held_back_weights(weights, version)
             if chosen is not None:
-                self.weights_ref = self.backend.put_weights(*chosen)
-        self.learner.weights_updated = False
+                self.weights_ref = self.actors.put_weights(*chosen)
         self.num_sent = 0
         if chosen is not None:
-            self.stats.num_broadcasts += 1
+            self.run_stats.num_broadcasts += 1
 
     def held_back_weights(self, weights: Any, version: int) -> tuple[Any, int] | None:
         """The ``(weights, version)`` to publish now, or None to keep the published ones.
 
         Args:
-          weights, version: the learner's weights now (``policy.get_weights()``).
+          weights, version: the learner's weights now (``learner.get_weights()``).
         """
         lag = self.config.extra_policy_lag
         if lag == 0 and not self.weights_history:
@@ -245,21 +240,20 @@ class DriverLoop:
         """Send ``worker`` the published weights and ask it for another sample (``initial``:
         a new worker, which gets ``max_sample_requests_in_flight_per_worker`` requests)."""
         if not initial:  # called once per sample the worker returned
-            self.supervisor.sample_returned(worker)
+            self.actors.sample_returned(worker)
         worker.set_weights(self.weights_ref)
-        self.stats.num_weight_syncs += 1
+        self.run_stats.num_weight_syncs += 1
         n = self.config.max_sample_requests_in_flight_per_worker if initial else 1
-        for _ in range(n):
-            self.tasks.add(worker, worker.sample())
+        self.actors.request_samples(worker, n)
 
     # ------------------------------------------------------------------ outside a turn
     def start(self) -> None:
         """Start the workers, publish the first weights and send each its first requests."""
-        workers = self.supervisor.start_workers()
+        workers = self.actors.start()
         self.broadcast()
         for worker in workers:
             self.send_weights_and_request(worker, initial=True)
 
     def replace_failed(self, err: WorkerError) -> None:
         """Replace the worker that failed with ``err`` (or raise: see `WorkerSupervisor`)."""
-        self.send_weights_and_request(self.supervisor.replace(err), initial=True)
+        self.send_weights_and_request(self.actors.replace(err), initial=True)

@@ -1,6 +1,7 @@
 """`Impala`: the driver (RLlib's ``AsyncSamplesOptimizer``): the loop, train, stats, checkpoints.
 
-One ``step()`` is one turn of RLlib's loop (`impala_lab.driver.driver_loop.DriverLoop.step`)::
+One ``step()`` is one turn of RLlib's loop (`impala_lab.driver.driver_loop.DriverLoop.step`),
+timed and counted::
 
     for each finished sample request (task pool, completion order):
         for (worker, batch) in replay mixer(new batch, then replayed ones):
@@ -10,22 +11,20 @@ One ``step()`` is one turn of RLlib's loop (`impala_lab.driver.driver_loop.Drive
                 broadcast fresh weights if the learner updated them and this broadcast
                 served >= broadcast_interval returns; send the current weights to the worker
                 ask the worker for another sample
-    count the env steps the learner reports on its outqueue
+    count the env steps the learner reports trained since the last turn
 
-`Impala` builds the parts and runs them: the `DriverLoop` (one turn), the `WorkerSupervisor`
-(worker failures and liveness, `impala_lab.driver.supervisor`), the `RunStats` (counters and the
-``stats()`` dict, `impala_lab.driver.run_stats`), the learner thread and the replay mixer.
-``train()``
-repeats the turn until a stop condition, ``start()`` does so in a background thread, and
-``save()``/``restore()`` keep a run in a checkpoint (the files: `impala_lab.driver.checkpoint`).
-Everything the dashboard, the CLI and the tests read comes from ``stats()``.
+`Impala` builds the parts and runs them: the `DriverLoop` (one turn), the `Actors` (the
+backend, the task pool and the `WorkerSupervisor`: worker failures and liveness), the
+`RunStats` (counters and the ``stats()`` dict, `impala_lab.driver.run_stats`), the learner
+thread and the replay mixer. ``train()`` repeats the turn until a stop condition,
+``start()`` does so in a background thread, and ``save()``/``restore()`` keep a run in a
+checkpoint (the files: `impala_lab.driver.checkpoint`); `impala_lab.driver.lifetime` ends
+runs. Everything the dashboard, the CLI and the tests read comes from ``stats()``.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import math
 import os
 import threading
 import time
@@ -37,22 +36,28 @@ from typing import Any
 from impala_lab.backends import make_backend
 from impala_lab.config import ImpalaConfig
 from impala_lab.driver import checkpoint
+from impala_lab.driver.actors import Actors
 from impala_lab.driver.build import as_config, build_learner, check_env
 from impala_lab.driver.driver_loop import DriverLoop
 from impala_lab.driver.health import HealthMonitor
 from impala_lab.driver.latest_frames import LatestFrames
+from impala_lab.driver.lifetime import cleanup, live_runs, run_clock, shutdown_all
 from impala_lab.driver.replay_mixer import ReplayMixer
-from impala_lab.driver.run_stats import RunStats, history_row, pipeline_view
+from impala_lab.driver.run_stats import (
+    RunStats,
+    StopCondition,
+    history_row,
+    pipeline_view,
+    stop_function,
+)
 from impala_lab.driver.supervisor import WorkerSupervisor
 from impala_lab.driver.task_pool import SampleTaskPool
 from impala_lab.envs.frames import Frames
 from impala_lab.errors import ConfigError, ImpalaError
 from impala_lab.knobs import KNOBS, LIVE_KNOBS
-from impala_lab.stats import StatsHistory, flatten
+from impala_lab.stats import StatsHistory
 
-StopCondition = Mapping[str, float] | Callable[[dict], bool] | None
-
-_live_runs: weakref.WeakSet[Impala] = weakref.WeakSet()
+__all__ = ["Impala", "StopCondition", "shutdown_all"]
 
 
 def _part(part: str, name: str) -> property:
@@ -88,10 +93,6 @@ class Impala:
     """
 
     # ------------------------------------------------------------------ the loop
-    def _step(self, timeout: float) -> tuple[int, int]:
-        """One turn of the driver loop: `impala_lab.driver.driver_loop.DriverLoop.step`."""
-        return self.loop.step(timeout)
-
     def step(self, timeout: float = 0.1) -> tuple[int, int]:
         """One turn of the driver loop, timed and counted (RLlib's ``step``).
 
@@ -109,7 +110,7 @@ class Impala:
                               "before stepping it by hand")
         self._apply_pending_knobs()
         with self.run_stats.optimizer_step_timer:
-            sampled, trained = self._step(timeout)
+            sampled, trained = self.loop.step(timeout)
         self.run_stats.count_step(sampled, trained)
         for err in self.supervisor.hung_workers():
             self.loop.replace_failed(err)
@@ -147,8 +148,8 @@ class Impala:
         self.backend.prepare()
         self.policy, self.learner = build_learner(self.config, self.backend,
                                                   self.observation_space, self.action_space)
-        self._finalizer = weakref.finalize(self, _cleanup, self.backend, self.learner)
-        _live_runs.add(self)
+        self._finalizer = weakref.finalize(self, cleanup, self.backend, self.learner)
+        live_runs.add(self)
         self._build_parts()
         self._init_controls()
         self._stopped = False
@@ -168,12 +169,12 @@ class Impala:
         tasks = SampleTaskPool(wait_fn=self.backend.wait)
         self.supervisor = WorkerSupervisor(c, self.backend, tasks)
         self.frames = LatestFrames(self.observation_space)
-        self.loop = DriverLoop(c, self.replay, self.learner, self.run_stats, tasks=tasks,
-                               policy=self.policy, backend=self.backend,
-                               supervisor=self.supervisor, frames=self.frames)
+        self.loop = DriverLoop(c, self.replay, self.learner, self.run_stats,
+                               actors=Actors(self.backend, tasks, self.supervisor),
+                               frames=self.frames)
         # Learning health: fed every learner step from the learner thread, judged in stats().
         self.health = HealthMonitor(int(getattr(self.action_space, "n", 0)),
-                                    c.learner_queue_size, clock=_run_clock(weakref.ref(self)))
+                                    c.learner_queue_size, clock=run_clock(weakref.ref(self)))
         self.learner.on_train_step = self.health.observe_learner_step
         self.history = StatsHistory(maxlen=100_000)
 
@@ -243,16 +244,14 @@ class Impala:
             pipeline=self._pipeline_view(), last_error=self.last_error)
 
     def latest_frames(self) -> Frames | None:
-        """The last `impala_lab.envs.frames.FRAME_STRIP_LENGTH` observations of one env,
-        as new
-        batches brought them: column 0 of the live worker with the lowest index (replayed
-        batches never count). Safe to call from any thread while the run trains.
+        """The last `impala_lab.envs.frames.FRAME_STRIP_LENGTH` observations of one
+        env, as new batches brought them: column 0 of the live worker with the lowest index
+        (replayed batches never count). Safe to call from any thread while the run trains.
 
         Returns:
           a `Frames` (``obs`` uint8 [K, H, W, C], ``env_steps`` [K], ``ends`` [K],
-          ``worker_index``, ``column``; `impala_lab.envs.frames.strip_rgb` draws them), or
-          None:
-          no batch of that worker yet, or observations that are not images
+          ``worker_index``, ``column``; `impala_lab.envs.frames.strip_rgb` draws
+          them), or None: no batch of that worker yet, or observations that are not images
           (`impala_lab.envs.frames.not_image_reason` says why).
         """
         return self.frames.latest()
@@ -301,12 +300,12 @@ class Impala:
                                           max_env_steps=max_env_steps, dashboard=dashboard,
                                           report_interval=report_interval, on_report=on_report)
         if dashboard:
-            from impala_lab.dashboard import train_with_dashboard
+            from impala_lab.dashboard.train_with_dashboard import train_with_dashboard
 
             return train_with_dashboard(self, stop, max_seconds=max_seconds,
                                         max_env_steps=max_env_steps,
                                         report_interval=report_interval, on_report=on_report)
-        stop_fn = _stop_function(stop)
+        stop_fn = stop_function(stop)
         start = time.monotonic()
         # Liveness figures count from here: a run built long ago has not been idle.
         self.supervisor.sampling_since = start
@@ -477,8 +476,8 @@ class Impala:
             background.join(10.0)
         self._stopped = True
         if hasattr(self, "_finalizer"):
-            self._finalizer()  # runs _cleanup once
-        _live_runs.discard(self)
+            self._finalizer()  # runs cleanup once
+        live_runs.discard(self)
 
     @property
     def stopped(self) -> bool:
@@ -494,54 +493,3 @@ class Impala:
         state = "stopped" if self._stopped else "running"
         return (f"Impala(env={self.config.env_id!r}, backend={self.config.backend!r}, "
                 f"workers={len(self.workers)}, {state}, env_steps={self.num_steps_sampled})")
-
-
-def _stop_function(stop: StopCondition) -> Callable[[dict], bool] | None:
-    """train()'s ``stop`` as a callable on the stats (a dict: any value reached)."""
-    if not isinstance(stop, Mapping):
-        return stop
-    thresholds = dict(stop)
-
-    def stop_fn(s: dict) -> bool:
-        flat = flatten(s)
-        return any(flat.get(k) is not None and flat[k] >= v for k, v in thresholds.items())
-
-    return stop_fn
-
-
-# ---------------------------------------------------------------------- lifetime helpers
-def shutdown_all() -> None:
-    """Stop every `Impala` run of this process (workers, learner thread, Ray)."""
-    for run in list(_live_runs):
-        run.stop()
-
-
-atexit.register(shutdown_all)
-
-
-# How long the last cleanup waits for a learner still inside a train step (its first one
-# traces the graph: seconds on a loaded machine).
-LEARNER_EXIT_WAIT_S = 120.0
-
-
-def _cleanup(backend: Any, learner: Any) -> None:  # finalizer: must not hold the Impala object
-    try:
-        learner.stop(timeout=2.0)
-    finally:
-        try:
-            backend.shutdown()
-        finally:
-            # Wait for a step in flight: this also runs at interpreter exit, and a thread
-            # still inside TensorFlow then crashes the process (SIGSEGV, or "FATAL: exception
-            # not rethrown") where the run had ended cleanly.
-            learner.stop(timeout=LEARNER_EXIT_WAIT_S)
-
-
-def _run_clock(ref: weakref.ref) -> Callable[[], float]:
-    """The run's elapsed seconds, without holding the run (the learner outlives it in the
-    finalizer, and the health monitor it feeds must not keep the run alive)."""
-    def clock() -> float:
-        run = ref()
-        return run.elapsed_s if run is not None else math.nan
-
-    return clock

@@ -20,12 +20,12 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
-from impala_lab.batch import SampleBatch
+from impala_lab.batch import SampleBatch, policy_lag
 from impala_lab.driver.checkpoint import CHECKPOINT_COUNTERS
 from impala_lab.health_flags import flag_codes
 from impala_lab.knobs import LIVE_KNOBS
@@ -40,6 +40,24 @@ def lag_counts(lags: Any) -> dict[str, int]:
     (string keys, as JSON writes them)."""
     values, counts = np.unique(np.asarray(list(lags), dtype=np.int64), return_counts=True)
     return {str(int(v)): int(c) for v, c in zip(values, counts, strict=True)}
+
+
+#: ``train()``'s ``stop``: ``{stats key: threshold}`` (any reached), a callable, or None.
+StopCondition = Mapping[str, float] | Callable[[dict], bool] | None
+
+
+def stop_function(stop: StopCondition) -> Callable[[dict], bool] | None:
+    """``train()``'s ``stop`` as a callable on the stats (a dict: any value reached; its keys
+    are flat, e.g. ``"policy_lag.mean"``)."""
+    if not isinstance(stop, Mapping):
+        return stop
+    thresholds = dict(stop)
+
+    def stop_fn(s: dict) -> bool:
+        flat = flatten(s)
+        return any(flat.get(k) is not None and flat[k] >= v for k, v in thresholds.items())
+
+    return stop_fn
 
 
 def _ms(timer: TimerStat) -> float:
@@ -113,7 +131,7 @@ class RunStats:
         for n in batch.episode_lengths:
             self.episode_lengths.append(int(n))
         self.episodes_total += len(batch.episode_returns)
-        lag = policy_version - batch.policy_versions
+        lag = policy_lag(policy_version, batch.policy_versions)
         mean_lag = float(lag.mean())
         self.policy_lag.push(mean_lag)
         self.recent_policy_lags.append(mean_lag)
@@ -156,14 +174,8 @@ class RunStats:
           pipeline: the diagram's view of every stage.
           last_error: the error that ended ``train()``, as text, or None.
         """
-        learner_timers = learner.timers()
         returns = list(self.episode_returns)
         return_mean = float(np.mean(returns)) if returns else math.nan
-        lag = self.policy_lag.stats()
-        lag_mean = lag["mean"] if lag["count"] else math.nan
-        train_lag_stat = getattr(learner, "train_lag_stat", None)
-        train_lag = train_lag_stat.stats() if train_lag_stat is not None else {"count": 0}
-        queue_stats = learner.learner_queue_stat.stats()
         seconds_since_sample, workers = liveness
         snapshot = {
             "sample_throughput": round(self.sample_meter.rate(), 3),
@@ -177,26 +189,19 @@ class RunStats:
             "time_total_s": round(self.elapsed_s, 3),
             "timing_breakdown": {
                 "optimizer_step_time_ms": _ms(self.optimizer_step_timer),
-                **{k: _ms(t) for k, t in learner_timers.items()},
+                **{k: _ms(t) for k, t in learner.timers().items()},
                 "batch_concat_time_ms": _ms(self.concat_timer),
                 "broadcast_time_ms": _ms(self.broadcast_timer),
             },
-            "learner_queue": queue_stats,
-            "learner": dict(learner.stats),
+            "learner_queue": learner.learner_queue_stat.stats(),
+            "learner": dict(learner.last_train_metrics),
             "episode_return_mean": return_mean,
             "episode_len_mean": (float(np.mean(self.episode_lengths))
                                  if self.episode_lengths else math.nan),
             "episode_return_count": len(returns),
             "last_error": last_error,
             "episodes_total": self.episodes_total,
-            "policy_lag": {"mean": lag_mean, "max": self.largest_policy_lag},
-            "policy_lag_at_training": {
-                "mean": train_lag["mean"] if train_lag["count"] else math.nan,
-                "max": getattr(learner, "max_train_lag", 0)},
-            "num_samples_dropped_for_lag": self.num_samples_dropped_for_lag,
-            "policy_lag_distribution": {
-                "at_arrival": lag_counts(self.arrival_lags),
-                "at_training": lag_counts(getattr(learner, "recent_train_lags", ()))},
+            **self._lag_figures(learner),
             "weights_version": policy.version,
             "seconds_since_sample": seconds_since_sample,
             "workers": workers,
@@ -206,6 +211,24 @@ class RunStats:
         snapshot["health"] = self._judge_health(snapshot, health, learner, policy, config,
                                                 judging_liveness)
         return snapshot
+
+    def _lag_figures(self, learner: Any) -> dict[str, Any]:
+        """The ``stats()`` keys of policy lag: at arrival (here) and at training (the
+        learner's; a stand-in learner without them reads as no figures yet)."""
+        lag = self.policy_lag.stats()
+        train_lag_stat = getattr(learner, "train_lag_stat", None)
+        train_lag = train_lag_stat.stats() if train_lag_stat is not None else {"count": 0}
+        return {
+            "policy_lag": {"mean": lag["mean"] if lag["count"] else math.nan,
+                           "max": self.largest_policy_lag},
+            "policy_lag_at_training": {
+                "mean": train_lag["mean"] if train_lag["count"] else math.nan,
+                "max": getattr(learner, "max_train_lag", 0)},
+            "num_samples_dropped_for_lag": self.num_samples_dropped_for_lag,
+            "policy_lag_distribution": {
+                "at_arrival": lag_counts(self.arrival_lags),
+                "at_training": lag_counts(getattr(learner, "recent_train_lags", ()))},
+        }
 
     def _judge_health(self, snapshot: dict[str, Any], health: Any, learner: Any, policy: Any,
                       config: Any, judging_liveness: bool) -> dict[str, Any]:
@@ -231,13 +254,13 @@ def pipeline_view(loop: Any, num_workers: int) -> dict[str, Any]:
     """``stats()["pipeline"]``: the figures of every stage that the diagram draws.
 
     Args:
-      loop: the run's `DriverLoop` (and through it the config, the task pool, the replay
+      loop: the run's `DriverLoop` (and through it the config, the actors, the replay
         mixer, the learner and the counters).
       num_workers: workers alive.
     """
     config, learner = loop.config, loop.learner
     mb = learner.minibatch_buffer
-    in_flight = loop.tasks.in_flight_counts()
+    in_flight = loop.actors.in_flight_counts()
     view = {
         "backend": config.backend,
         "num_workers": num_workers,
@@ -252,7 +275,7 @@ def pipeline_view(loop: Any, num_workers: int) -> dict[str, Any]:
         "minibatch_slots": [list(s) for s in mb.slots()],
         "num_sgd_iter": mb.num_sgd_iter,
         "broadcast_interval": config.broadcast_interval,
-        "num_train_batches": loop.stats.num_train_batches,
+        "num_train_batches": loop.run_stats.num_train_batches,
     }
     devices = getattr(learner, "devices", None)
     if devices is not None:  # the MultiGPULearner: its devices and its data buffers' states

@@ -3,8 +3,9 @@
 RLlib's structure: the driver puts train batches on ``inqueue`` (bounded by
 learner_queue_size, so a slow learner slows the driver instead of eating memory); a
 `MinibatchBuffer` serves each batch up to num_sgd_iter times; each learner step puts the
-number of trained env steps on ``outqueue`` and sets ``weights_updated`` so the driver knows
-to broadcast.
+number of trained env steps on ``outqueue`` and sets the weights-updated flag so the driver
+knows to broadcast. The driver reaches all three only through the `LearnerPort` calls
+(``put_batch``, ``drain_trained``, ``take_weights_updated``; `impala_lab.learner.port`).
 
 Two policy lags: the driver measures a batch's lag when it reaches the driver
 (``stats()["policy_lag"]``); the learner measures it again each time it trains on the batch
@@ -29,15 +30,15 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
+from impala_lab.batch import policy_lag
 from impala_lab.errors import LearnerError, NonFiniteLossError
 from impala_lab.learner.minibatch_buffer import MinibatchBuffer
+from impala_lab.learner.port import UpdateFlag
 from impala_lab.stats import TimerStat, WindowStat
 
 
 class LearnerThread(threading.Thread):
-    """Background thread that updates the policy from sample batches.
+    """Background thread that updates the policy from sample batches (a `LearnerPort`).
 
     Args:
       policy: a `VTracePolicy` (anything with ``learn_on_batch(batch) -> dict``).
@@ -47,6 +48,7 @@ class LearnerThread(threading.Thread):
       learner_queue_timeout: seconds an empty queue is tolerated before an error.
 
     Attributes:
+      last_train_metrics: the loss metrics of the latest update (``stats()["learner"]``).
       learner_queue_stat: a `WindowStat` of ``inqueue``'s length after each step (the last
         50; ``stats()["learner_queue"]``).
       train_lag_stat: a `WindowStat` of the mean policy lag of each batch trained on, taken
@@ -73,8 +75,8 @@ class LearnerThread(threading.Thread):
         self.grad_timer = TimerStat()
         self.load_timer = TimerStat()
         self.load_wait_timer = TimerStat()
-        self.weights_updated = False
-        self.stats: dict[str, float] = {}
+        self._weights_updated = UpdateFlag()  # set here after each update; the driver takes it
+        self.last_train_metrics: dict[str, float] = {}
         # Called with each train step's stats, in this thread (the run's health monitor):
         # it sees every step, where stats() only shows the last one.
         self.on_train_step: Callable[[dict[str, float]], None] | None = None
@@ -114,7 +116,7 @@ class LearnerThread(threading.Thread):
             return False
         self._record_train_lag(batch)
         with self.grad_timer:
-            self.stats = self.policy.learn_on_batch(batch)
+            self.last_train_metrics = self.policy.learn_on_batch(batch)
         self._report_step(batch.count)
         return True
 
@@ -125,21 +127,57 @@ class LearnerThread(threading.Thread):
         version = getattr(self.policy, "version", None)
         if versions is None or version is None or len(versions) == 0:
             return  # a stand-in policy or batch (tests, notebooks) without versions
-        lag = int(version) - np.asarray(versions)
+        lag = policy_lag(version, versions)
         self.train_lag_stat.push(float(lag.mean()))
         self.max_train_lag = max(self.max_train_lag, int(lag.max()))
         self.recent_train_lags.append(int(lag.max()))
 
     def _report_step(self, count: int) -> None:
         """After an update: tell the driver (env steps trained) and the health monitor."""
-        self.weights_updated = True
+        self._weights_updated.set()
         self.num_steps += 1
         self.outqueue.put(count)
         self.learner_queue_stat.push(self.inqueue.qsize())
         if self.on_train_step is not None:
-            self.on_train_step(self.stats)
+            self.on_train_step(self.last_train_metrics)
 
-    # ------------------------------------------------------------------ driver side
+    # ------------------------------------------------------------------ the driver's port
+    def put_batch(self, batch: Any, timeout: float) -> bool:
+        """Put a train batch on ``inqueue``; False if it stayed full for ``timeout`` s."""
+        try:
+            self.inqueue.put(batch, timeout=timeout)
+        except queue.Full:
+            return False
+        return True
+
+    def drain_trained(self) -> int:
+        """The env steps of every update since the previous call (``outqueue``, emptied)."""
+        trained = 0
+        while True:
+            try:
+                trained += self.outqueue.get_nowait()
+            except queue.Empty:
+                return trained
+
+    def take_weights_updated(self) -> bool:
+        """Whether an update landed since the last take; clears the flag in the same step."""
+        return self._weights_updated.take()
+
+    @property
+    def weights_updated(self) -> bool:
+        """Whether an update landed since the driver last took the flag (read-only: only
+        ``take_weights_updated()`` clears it)."""
+        return self._weights_updated.peek()
+
+    @property
+    def weights_version(self) -> int:
+        """The policy's weights version (its applied updates)."""
+        return int(self.policy.version)
+
+    def get_weights(self) -> tuple[list, int]:
+        """The policy's weights and their version (read together)."""
+        return self.policy.get_weights()
+
     def raise_if_failed(self) -> None:
         """Raise the thread's exception (with its original traceback) in the caller."""
         if self.error is not None:

@@ -205,9 +205,9 @@ class DataBuffer:
 class MultiGPULearner(LearnerThread):
     """Learner thread that trains on several devices, fed by loader threads.
 
-    Keeps `LearnerThread`'s contract (``inqueue``, ``outqueue``, ``weights_updated``,
-    ``stats``, ``step(block_timeout)``, ``raise_if_failed()``, ``stop()``, the timers), and
-    replaces its minibatch ring by one over the ready buffers, as RLlib does.
+    Keeps `LearnerThread`'s contract (the `LearnerPort` calls, ``inqueue``, ``outqueue``,
+    ``last_train_metrics``, ``step(block_timeout)``, ``stop()``, the timers), and replaces
+    its minibatch ring by one over the ready buffers, as RLlib does.
 
     Args:
       policy: the run's `VTracePolicy` (its model, optimizer and lock are used as they are).
@@ -363,7 +363,7 @@ class MultiGPULearner(LearnerThread):
             buf.state = "in use"
         self._record_train_lag(batch)
         with self.grad_timer:
-            self.stats = self.learn_on_parts(parts, batch)
+            self.last_train_metrics = self.learn_on_parts(parts, batch)
         self._report_step(batch.count)
         return True
 

@@ -87,8 +87,8 @@ EXERCISES: dict[str, Exercise] = {e.name: e for e in (
              "(for t in reversed(range(T)))"),
     Exercise("driver_step", "the driver loop's step", "ex4_driver_step.ipynb", "driver_step",
              "check_driver_step",
-             "the drain of driver.learner.outqueue: stop at queue.Empty (`except queue.Empty: "
-             "break`); and the loop over driver.replay.mix(...)"),
+             "the loop over driver.replay.mix(driver.completed_samples(timeout)): it ends "
+             "when the finished samples do; a loop of your own around it never does"),
     Exercise("vtrace_loss", "the V-trace loss", "ex5_vtrace_loss.ipynb", "vtrace_loss",
              "check_vtrace_loss",
              "the loops in vtrace_loss (V-trace needs none: vtrace.from_logits does it)"),

@@ -2,17 +2,16 @@
 
 The student writes ``driver_step(driver, timeout) -> (sample_timesteps, train_timesteps)``, a
 drop-in for `impala_lab.driver.driver_loop.DriverLoop.step`: it uses the loop's public interface
-(the
-task pool's finished samples, the replay mixer, the batch buffer, the learner's queues, the
-broadcast rule), which `Impala` runs as ``run.loop``.
+(the finished samples, the replay mixer, the batch buffer, the learner's port, the broadcast
+rule), which `Impala` runs as ``run.loop``.
 
 The checker runs the answer and the library's ``DriverLoop.step`` on twin `StepDriver`s: light,
 TensorFlow-free `DriverLoop` subclasses whose workers, completions and learner are scripted by a
 seed. Every call the loop makes (record a sample, broadcast, send weights and a request, put a
 train batch on the learner queue) is logged; after each step the checker compares the logs, the
 returned counts and the loop's state. The answer's steps all run first, with
-``DriverLoop.step`` trapped (``driver.step(timeout)``, ``Impala._step`` and the library's loop
-are no answer); the reference's steps run after them.
+``DriverLoop.step`` trapped (``driver.step(timeout)`` and ``Impala.step`` are no answer); the
+reference's steps run after them.
 """
 
 from __future__ import annotations
@@ -36,6 +35,7 @@ from impala_lab.classroom.exercises._common import (
 from impala_lab.classroom.exercises._guard import Raised, portable
 from impala_lab.classroom.exercises._spec import Spec, run_check
 from impala_lab.driver.driver_loop import DriverLoop
+from impala_lab.learner.port import UpdateFlag
 
 EXERCISE = "driver_step"
 
@@ -53,13 +53,49 @@ class FakeWorker:
 
 
 class FakeLearner:
-    """The learner's queues and flag, stepped by the checker between driver steps."""
+    """A `LearnerPort` whose updates the checker scripts between driver steps.
+
+    Attributes:
+      inqueue: the train batches put and not yet trained on.
+      version: updates so far (``weights_version``).
+    """
 
     def __init__(self) -> None:
         self.inqueue: queue.Queue = queue.Queue()
-        self.outqueue: queue.Queue = queue.Queue()
-        self.weights_updated = False
         self.version = 0
+        self._trained = 0  # env steps trained since the last drain_trained()
+        self._updated = UpdateFlag()
+
+    def put_batch(self, batch: Any, timeout: float) -> bool:
+        self.inqueue.put(batch)
+        return True
+
+    def drain_trained(self) -> int:
+        trained, self._trained = self._trained, 0
+        return trained
+
+    def take_weights_updated(self) -> bool:
+        return self._updated.take()
+
+    @property
+    def weights_version(self) -> int:
+        return self.version
+
+    def get_weights(self) -> tuple[list, int]:
+        return [], self.version
+
+    def raise_if_failed(self) -> None:
+        return None
+
+    def is_alive(self) -> bool:
+        return True
+
+    def train(self, n: int) -> None:
+        """Train on the first ``n`` queued batches: one update each."""
+        for _ in range(n):
+            self._trained += self.inqueue.get_nowait().count
+            self.version += 1
+            self._updated.set()
 
 
 def batch_names(batch: Any) -> list[str]:
@@ -76,8 +112,8 @@ class StepDriver(DriverLoop):
     ``put_on_learner_queue(batch)``, ``record_sample(batch)``, ``broadcast()`` and
     ``send_weights_and_request(worker)``. The state a step keeps (``batch_buffer``,
     ``batch_buffer_steps``, ``num_sent``) and the parts it reads (``config``, ``replay``, a
-    real `ReplayMixer`, and ``learner``: ``inqueue``, ``outqueue``, ``weights_updated``) are
-    the library's names.
+    real `ReplayMixer`, and ``learner``: a `FakeLearner`, with the library's
+    ``take_weights_updated()`` and ``drain_trained()``) are the library's names.
     """
 
     def __init__(self, params: dict[str, Any]) -> None:
@@ -137,8 +173,8 @@ class StepDriver(DriverLoop):
 
     def put_on_learner_queue(self, train_batch: Any) -> None:
         self.events.append(f"put([{', '.join(batch_names(train_batch))}])")
-        self.learner.inqueue.put(train_batch)
-        self.stats.num_train_batches += 1
+        self.learner.put_batch(train_batch, timeout=0.0)
+        self.run_stats.num_train_batches += 1
 
     def record_sample(self, batch: Any) -> None:
         self.events.append(f"record({batch_names(batch)[0]})")
@@ -146,14 +182,13 @@ class StepDriver(DriverLoop):
     def broadcast(self) -> None:
         self.events.append(f"broadcast(v{self.learner.version})")
         self.weights_ref = self.learner.version
-        self.learner.weights_updated = False
         self.num_sent = 0
-        self.stats.num_broadcasts += 1
+        self.run_stats.num_broadcasts += 1
 
     def send_weights_and_request(self, worker: FakeWorker, initial: bool = False) -> None:
         self.events.append(f"send({worker}, v{self.weights_ref})")
         worker.weights_version = self.weights_ref
-        self.stats.num_weight_syncs += 1
+        self.run_stats.num_weight_syncs += 1
         n = self.config.max_sample_requests_in_flight_per_worker if initial else 1
         for _ in range(n):
             self._pending.append(
@@ -162,12 +197,7 @@ class StepDriver(DriverLoop):
     # ---------------------------------------------------------------- the checker's side
     def run_learner(self) -> None:
         """The scripted learner: trains on some of the queued batches, as a thread would."""
-        n = self._learner_rng.randint(0, self.learner.inqueue.qsize())
-        for _ in range(n):
-            batch = self.learner.inqueue.get_nowait()
-            self.learner.outqueue.put(batch.count)
-            self.learner.version += 1
-            self.learner.weights_updated = True
+        self.learner.train(self._learner_rng.randint(0, self.learner.inqueue.qsize()))
 
     def state(self) -> dict[str, Any]:
         names = []
@@ -201,8 +231,9 @@ _CASES = [
      8, 1, "Count env steps (batch.count = T * B), not batches: the buffer goes to the "
      "learner once it holds >= train_batch_size env steps, however far past it."),
     ("broadcast_interval = 3", (1, 1), 2, 4, 3, 0.0, 0, 10, 2,
-     "Broadcast only when driver.learner.weights_updated and driver.num_sent >= "
-     "broadcast_interval; num_sent counts the batches answered since the last broadcast."),
+     "Broadcast only when driver.num_sent >= broadcast_interval and then "
+     "driver.learner.take_weights_updated() is True; num_sent counts the batches answered "
+     "since the last broadcast."),
     ("replay_proportion = 1.0", (1, 2), 2, 6, 1, 1.0, 6, 8, 3,
      "Replayed batches (worker is None) go into the batch buffer but are not counted as "
      "sampled, not recorded, and get no weights and no new request."),
@@ -240,12 +271,14 @@ def _event_hint(expected: str | None, actual: str | None) -> str:
         return ("Replayed batches (worker is None) are not recorded; `continue` right after "
                 "buffering them.")
     if exp_kind == "broadcast":
-        return ("Broadcast here: when driver.learner.weights_updated and driver.num_sent >= "
-                "config.broadcast_interval, call driver.broadcast() before sending weights "
-                "to this worker.")
+        return ("Broadcast here: when driver.num_sent >= config.broadcast_interval and "
+                "driver.learner.take_weights_updated() is True, call driver.broadcast() before "
+                "sending weights to this worker. Take the flag only once the interval is "
+                "reached: taking it clears it, so a take that does not broadcast loses it.")
     if act_kind == "broadcast":
-        return ("No broadcast here: broadcast only when driver.learner.weights_updated and "
-                "driver.num_sent >= config.broadcast_interval (broadcast() resets both).")
+        return ("No broadcast here: broadcast only when driver.num_sent >= "
+                "config.broadcast_interval and driver.learner.take_weights_updated() is True "
+                "(broadcast() resets num_sent; the take clears the flag).")
     if exp_kind == "send" and act_kind == "send":
         return ("The right worker must get the weights and the request: the one that "
                 "returned this batch.")
@@ -306,9 +339,9 @@ def _compare(case: Case, expected: list[Any], actual: list[Any]) -> None:
                                verbatim(_window(ans_events, i)), _event_hint(e, a))
         if ans["out"] != ref["out"]:
             hint = ("Return (sample_timesteps, train_timesteps): the env steps of the new "
-                    "batches of this step (not replays), and the sum of the counts the "
-                    "learner put on driver.learner.outqueue, drained with get_nowait() until "
-                    "queue.Empty.")
+                    "batches of this step (not replays), and the env steps the learner trained "
+                    "on since the last step: driver.learner.drain_trained(), once, at the "
+                    "end.")
             raise Mismatch(f"step {step}: what driver_step returns", ref["out"], ans["out"],
                            hint)
         if ans["state"] != ref["state"]:
@@ -321,14 +354,13 @@ def _compare(case: Case, expected: list[Any], actual: list[Any]) -> None:
 
 
 def _references() -> list[Any]:
-    return [DriverLoop.step, *loaded("impala_lab.driver.impala", "Impala._step", "Impala.step")]
+    return [DriverLoop.step, *loaded("impala_lab.driver.impala", "Impala.step")]
 
 
 SPEC = Spec(EXERCISE, lambda: cases(), _answer_trace, _reference_trace, _compare,
             _references, {"DriverLoop": "the library's DriverLoop.step",
                           "Impala": "the library's Impala",
-                          ".step": "the library's DriverLoop.step",
-                          "._step": "the library's Impala._step"})
+                          ".step": "the library's DriverLoop.step"})
 
 
 def cases() -> list[Case]:

@@ -1,0 +1,343 @@
+"""``impala-lab train``: train a run with the CLI's limits and write its outputs.
+
+At the end the output directory holds ``config.json``, ``metrics.csv`` (a row per report
+interval), ``result.json`` (solved, seconds_to_target, env_steps_to_target, the health
+monitor's findings, final stats), ``report.png``, ``policy.gif`` (one episode of the final
+policy, at most 300 frames, when the env renders ``rgb_array``), ``checkpoint/`` (and with
+``--tensorboard`` ``tensorboard/``, written at every report), and the last line says
+whether the target was reached, where the results are and, if not, what the health monitor
+saw. Ctrl-C or SIGTERM ends the run within seconds and still writes all of them (exit code
+130); so does an error of a worker, the learner or the loss (exit code 1, the error in
+``result.json`` and on stderr), and a run in which no worker returned a single sample (e.g.
+every env hangs) until ``--max-seconds``: that is a failed run, not a finished one (exit
+code 1, ``error`` names it, ``stop_reason`` stays ``max_seconds``).
+
+``--train-after-target SECONDS`` keeps training that long after ``--stop-return`` is reached
+(does the run stay solved?); ``--max-seconds`` stays the cap of the whole run, so give it room
+for both phases (e.g. ``--max-seconds 120 --train-after-target 60``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from impala_lab.cli.progress import ProgressView, StopGoal
+from impala_lab.config import ImpalaConfig
+from impala_lab.driver.health import RETURN_MIN_EPISODES
+from impala_lab.errors import ConfigError, ImpalaError
+from impala_lab.health_flags import describe_seen
+from impala_lab.stats import jsonable
+
+if TYPE_CHECKING:  # pragma: no cover
+    from impala_lab.driver.impala import Impala
+
+# Where the OS cannot say when the process started: this module is imported before TensorFlow.
+_IMPORTED_AT = time.monotonic()
+
+
+def process_start() -> float:
+    """When this process started, on the `time.monotonic` clock, so that time-to-solve counts
+    the interpreter's and TensorFlow's start-up. Linux says it in /proc/self/stat (clock ticks
+    since boot); elsewhere it is when this module was imported."""
+    try:
+        with open("/proc/self/stat") as fh:
+            # after "pid (comm)": the command name may hold spaces
+            fields = fh.read().rsplit(")", 1)[1].split()
+        started = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22, starttime
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - started
+    except (OSError, IndexError, ValueError, AttributeError):  # no /proc, no CLOCK_BOOTTIME
+        return _IMPORTED_AT
+    return min(time.monotonic() - age, _IMPORTED_AT)
+
+
+def check_run_args(args: argparse.Namespace) -> None:
+    """The train options that are not config fields: limits, report interval, target."""
+    for name in ("max_seconds", "report_interval"):
+        value = getattr(args, name)
+        if value is not None and not (value > 0 and math.isfinite(value)):
+            raise ConfigError(f"--{name.replace('_', '-')}={value!r} is invalid: it must be a "
+                              "positive number of seconds")
+    if args.max_env_steps is not None and args.max_env_steps < 1:
+        raise ConfigError(f"--max-env-steps={args.max_env_steps!r} is invalid: it must be >= 1")
+    if args.stop_return is not None and not math.isfinite(args.stop_return):
+        raise ConfigError(f"--stop-return={args.stop_return!r} is invalid: it must be finite")
+    after = args.train_after_target
+    if not (after >= 0 and math.isfinite(after)):
+        raise ConfigError(f"--train-after-target={after!r} is invalid: it must be a number of "
+                          "seconds >= 0")
+    if after > 0 and args.stop_return is None:
+        raise ConfigError(f"--train-after-target={after!r} is invalid without --stop-return: "
+                          "it counts from the moment the target is reached; add "
+                          "--stop-return RETURN")
+
+
+def write_metrics_csv(path: Path, rows: list[dict]) -> None:
+    """The history rows as CSV; columns in order of first appearance."""
+    columns: list[str] = []
+    for row in rows:
+        columns.extend(k for k in row if k not in columns)
+    with open(path, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+class TargetWatch:
+    """Watches the reports for ``--stop-return``: when it was first reached (seconds from
+    process start, env steps, and on the monotonic clock), the mean returns reported from then
+    on, and the best trailing mean of the whole run."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.stop_return: float | None = args.stop_return
+        self.train_after_target: float = args.train_after_target
+        self.seconds: float | None = None
+        self.env_steps: int | None = None
+        self.at: float | None = None
+        self.returns_after: list[float] = []
+        self.best_return_mean: float | None = None
+
+    @property
+    def reached(self) -> bool:
+        return self.at is not None
+
+    def solved(self, s: dict) -> bool:
+        return (self.stop_return is not None and s["episode_return_count"] >= 100
+                and s["episode_return_mean"] >= self.stop_return)
+
+    def note_best(self, s: dict) -> None:
+        ret = s["episode_return_mean"]
+        if s["episode_return_count"] >= RETURN_MIN_EPISODES and math.isfinite(ret):
+            self.best_return_mean = max(ret, self.best_return_mean or -math.inf)
+
+    def on_report(self, s: dict) -> None:
+        self.note_best(s)
+        if self.solved(s) and self.at is None:
+            self.at = time.monotonic()
+            self.seconds = round(self.at - process_start(), 2)
+            self.env_steps = s["num_steps_sampled"]
+        if self.at is not None:
+            self.returns_after.append(s["episode_return_mean"])
+
+    def stop(self, s: dict) -> bool:
+        """Reached, and trained ``--train-after-target`` seconds since."""
+        return self.at is not None and time.monotonic() - self.at >= self.train_after_target
+
+
+def train_command(args: argparse.Namespace, config: ImpalaConfig) -> int:
+    """``impala-lab train``: train ``config`` (built from ``args`` by
+    `impala_lab.cli.main.config_from_args`) until a limit, write every output; the exit code:
+    0, 1 (an error, or no sample at all) or 130 (interrupted)."""
+    check_run_args(args)
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(config.to_dict(), indent=2))
+
+    # SIGTERM ends the run like Ctrl-C: results and checkpoint are still written.
+    def on_sigterm(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    from impala_lab.driver.impala import Impala
+
+    try:
+        impala = Impala(config)
+    except KeyboardInterrupt:  # Ctrl-C while TensorFlow loads or workers start
+        signal.signal(signal.SIGTERM, previous)
+        print(f"impala-lab: interrupted before training started; only {out}/config.json "
+              "was written", file=sys.stderr)
+        return 130
+    except BaseException:  # a config error found while building: the handler goes back
+        signal.signal(signal.SIGTERM, previous)
+        raise
+    try:
+        result, error = _train_and_save(impala, config, args, out)
+    finally:
+        impala.stop()
+        signal.signal(signal.SIGTERM, previous)
+    if error is not None:
+        # The error's own text names the stage, the env and the worker's traceback; the
+        # driver's stack under it would only bury that.
+        print(f"impala-lab: error: {type(error).__name__}: {error}", file=sys.stderr)
+        seen = describe_seen(result["health"])
+        saw = f"; health monitor saw: {seen}" if seen else ""
+        print(f"impala-lab: the run stopped{saw}; metrics, result and checkpoint are in {out}/",
+              file=sys.stderr)
+        return 1
+    interrupted = result["stop_reason"] == "interrupted"
+    print(final_line(result, args, out, interrupted))
+    return 130 if interrupted else 0
+
+
+def _train_and_save(impala: Impala, config: ImpalaConfig, args: argparse.Namespace, out: Path
+                    ) -> tuple[dict[str, Any], ImpalaError | None]:
+    """Train until a limit, an interrupt or an error, then write every output; returns
+    ``result.json``'s dict and the error that ended the run (None if none did)."""
+    watch = TargetWatch(args)
+    # A terminal gets a progress bar over the live panel, redrawn in place; a log gets one
+    # progress line per report.
+    view = ProgressView(StopGoal(args.stop_return, args.max_env_steps, args.max_seconds),
+                        title=f"{config.env_id} ({config.backend}, {config.num_workers} workers)")
+
+    def on_report(s: dict) -> None:
+        watch.on_report(s)
+        if not args.quiet:
+            view.update(s)
+
+    final, error = _train(impala, args, watch, view, on_report)
+    watch.note_best(final)  # a run shorter than one report interval has only its final stats
+    ended = time.monotonic()
+    view.close()
+    impala.stop()
+    result = _result(watch, args, final, error, ended)
+    _save_outputs(impala, config, out, result)
+    return result, error
+
+
+def _train(impala: Impala, args: argparse.Namespace, watch: TargetWatch, view: ProgressView,
+           on_report: Callable[[dict], None]) -> tuple[dict[str, Any], ImpalaError | None]:
+    """``impala.train`` with the CLI's limits; returns the final stats and the error that
+    ended the run: an interrupt or a run-time error ends it with the last stats
+    (``stop_reason`` "interrupted" or "error"), and a run that got no sample at all is an
+    error too (its ``stop_reason`` stays the limit it reached)."""
+    sampled_before = impala.num_steps_sampled
+    error: ImpalaError | None = None
+    view.begin()
+    try:
+        final = impala.train(watch.stop if args.stop_return is not None else None,
+                             max_seconds=args.max_seconds, max_env_steps=args.max_env_steps,
+                             report_interval=args.report_interval, on_report=on_report,
+                             tensorboard_dir=args.out / "tensorboard" if args.tensorboard else None)
+    except KeyboardInterrupt:
+        final = impala.record()
+        final["stop_reason"] = "interrupted"
+    except ImpalaError as exc:  # a worker, learner or loss error: results still written
+        error = exc
+        final = impala.record()
+        final["stop_reason"] = "error"
+    if final["stop_reason"] not in ("error", "interrupted") and (
+            final["num_steps_sampled"] == sampled_before):
+        error = ImpalaError(
+            f"no samples: no worker returned a sample in the whole run "
+            f"({final['time_total_s']:.1f} s, stop: {final['stop_reason']}); the env may "
+            f"hang in reset() or step() (sample_timeout_s={impala.config.sample_timeout_s} "
+            f"ends a worker that owes a sample that long), or the workers cannot start")
+        impala.last_error = final["last_error"] = f"ImpalaError: {error}"
+    return final, error
+
+
+def _result(watch: TargetWatch, args: argparse.Namespace, final: dict[str, Any],
+            error: ImpalaError | None, ended: float) -> dict[str, Any]:
+    """``result.json``: was the target reached, when, how the run did after it, and why it
+    stopped; ``ended`` is when training ended, on the monotonic clock."""
+    returns_after = list(watch.returns_after)
+    if watch.reached:
+        returns_after.append(final["episode_return_mean"])
+    finite_after = [r for r in returns_after if math.isfinite(r)]
+    return {"solved": watch.reached,
+            "stop_return": args.stop_return,
+            "seconds_to_target": watch.seconds,
+            "env_steps_to_target": watch.env_steps,
+            "train_after_target": args.train_after_target,
+            "seconds_after_target": round(ended - watch.at, 2) if watch.reached else None,
+            "return_min_after_target": min(finite_after) if finite_after else None,
+            "best_return_mean": watch.best_return_mean,
+            "stop_reason": final.get("stop_reason"),
+            "error": None if error is None else f"{type(error).__name__}: {error}",
+            "health": final.get("health"),
+            "final": final}
+
+
+def _save_outputs(impala: Impala, config: ImpalaConfig, out: Path, result: dict[str, Any]) -> None:
+    """The checkpoint, ``metrics.csv``, ``result.json`` and ``report.png``; a checkpoint or a
+    plot that cannot be written is reported on stderr and costs nothing else."""
+    try:
+        impala.save(out / "checkpoint")
+    except Exception as exc:  # e.g. a disk error: the metrics and result still count
+        print(f"impala-lab: could not save the checkpoint: {exc}", file=sys.stderr)
+    write_metrics_csv(out / "metrics.csv", impala.history.rows())
+    (out / "result.json").write_text(json.dumps(jsonable(result), indent=2))
+    _save_policy_gif(impala, config, out / "policy.gif")
+    try:
+        from impala_lab.dashboard.plots import save_report
+
+        save_report(impala.history.rows(), out / "report.png",
+                    title=f"{config.env_id} ({config.backend}, {config.num_workers} workers)")
+    except Exception as exc:  # a plot must never cost the run's results
+        print(f"impala-lab: could not draw report.png: {exc}", file=sys.stderr)
+
+
+def _save_policy_gif(impala: Impala, config: ImpalaConfig, path: Path) -> None:
+    """One episode of the final policy (at most 300 frames) as ``path``, when the env renders
+    rgb_array frames; the numpy policy plays it, so it costs a MinAtar run well under a
+    second. An env that cannot render (a factory, CartPole without pygame) writes none."""
+    if not isinstance(config.env, str):
+        return
+    from impala_lab.cli.play import policy_model, record_episodes, write_gif
+
+    try:
+        weights, _ = impala.policy.get_weights()
+        space, actions = impala.observation_space, impala.action_space
+        model = policy_model(config, space, actions)
+        model.set_weights(weights)
+        frames, _ = record_episodes(config.env, model, episodes=1, max_frames=300,
+                                    seed=config.seed)
+        write_gif(frames, path)
+    except Exception as exc:  # a GIF must never cost the run's results
+        print(f"impala-lab: no {path.name}: {exc}", file=sys.stderr)
+
+
+def final_line(result: dict[str, Any], args: argparse.Namespace, out: Path,
+               interrupted: bool = False) -> str:
+    """The one line ``train`` ends with: was the target reached, and if not, what the health
+    monitor saw; where the results are.
+
+    E.g. ``impala-lab: reached mean return 475 in 14.2 s (812,000 env steps); results in
+    runs/demo/`` or ``impala-lab: did NOT reach mean return 475 within 300 s (best trailing
+    mean 382.1, last 9.3); health monitor saw: value-loss spike at 40 s (3 times), entropy
+    collapsed at 41 s; results in runs/demo/``.
+    """
+    final = result["final"]
+    seen = describe_seen(result.get("health"))
+    last = final.get("episode_return_mean", math.nan)
+    best = result.get("best_return_mean")
+    returns = (f"best trailing mean {best:.1f}, last {last:.1f}" if best is not None
+               else f"{final.get('episode_return_count', 0)} episodes, too few for a mean")
+    elapsed = final.get("time_total_s", 0.0)
+    steps = final.get("num_steps_sampled", 0)
+    prefix = "impala-lab: interrupted: " if interrupted else "impala-lab: "
+    if result["solved"]:
+        text = (f"reached mean return {args.stop_return:g} in {result['seconds_to_target']:.1f} s "
+                f"({result['env_steps_to_target']:,} env steps)")
+        if args.train_after_target > 0:
+            low = result["return_min_after_target"]
+            text += (f", then trained {result['seconds_after_target']:.1f} s more (lowest mean "
+                     f"return {low if low is not None else math.nan:.1f})")
+        if seen:
+            text += f"; health monitor saw: {seen}"
+    elif args.stop_return is not None:
+        if interrupted:
+            limit = f"before the interrupt at {elapsed:.1f} s"
+        elif result["stop_reason"] == "max_env_steps":
+            limit = f"within {args.max_env_steps:,} env steps"
+        elif result["stop_reason"] == "max_seconds":
+            limit = f"within {args.max_seconds:g} s"
+        else:
+            limit = f"in {elapsed:.1f} s"
+        text = (f"did NOT reach mean return {args.stop_return:g} {limit} ({returns}); health "
+                f"monitor saw: {seen or 'nothing wrong'}")
+    else:
+        text = (f"trained {elapsed:.1f} s, {steps:,} env steps (stop: "
+                f"{result['stop_reason']}); {returns}")
+        if seen:
+            text += f"; health monitor saw: {seen}"
+    return f"{prefix}{text}; results in {out}/"
