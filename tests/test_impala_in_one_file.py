@@ -230,9 +230,9 @@ def result_of(lines: list[str]) -> dict:
 
 
 def test_a_short_run_trains_and_leaves_no_process_behind():
-    proc = start_run("--stop-return", "60", "--max-seconds", "90", "--seed",
-                     str(np.random.SeedSequence().entropy % 10_000))
-    lines: list[str] = []
+    seed = np.random.SeedSequence().entropy % 10_000  # drawn per run, printed on failure
+    proc = start_run("--stop-return", "60", "--max-seconds", "90", "--seed", str(seed))
+    lines: list[str] = [f"seed {seed}\n"]
     children = wait_for_progress(proc, lines)
     assert len(children) >= 2  # the actors (and multiprocessing's resource tracker)
     lines += proc.stdout.readlines()
