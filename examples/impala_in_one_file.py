@@ -17,17 +17,17 @@ Read it top to bottom; its parts are the boxes of IMPALA (Espeholt et al. 2018):
 
 Logged metrics explained (one progress line every --log-interval seconds):
 
-    | metric       | meaning                                                            |
-    |--------------|--------------------------------------------------------------------|
-    | s            | seconds since this process started (interpreter start included)    |
-    | steps        | env steps the actors have delivered to the learner                 |
-    | updates      | optimizer steps the learner has taken (= weight versions published)|
-    | return       | mean return of the last 100 finished episodes (the stop criterion) |
-    | loss         | total loss of the last batch: pg + vf_coeff*vf - entropy_coeff*H   |
-    | pg, vf       | its policy-gradient term and value term (sums over the batch)      |
-    | entropy      | mean policy entropy per step, nats (ln 2 = 0.69 is uniform on 2)   |
-    | rho          | mean importance weight pi/mu (1: the actors ran the learner's weights)|
-    | lag          | learner updates between an unroll's weights and its update, mean   |
+    | metric   | meaning                                                                |
+    |----------|------------------------------------------------------------------------|
+    | s        | seconds since this process started (interpreter start included)        |
+    | steps    | env steps the actors have delivered to the learner                     |
+    | updates  | optimizer steps taken by the learner (each publishes new weights)      |
+    | return   | mean return of the last 100 finished episodes (the stop criterion)     |
+    | loss     | total loss of the last batch: pg + vf_coeff * vf - entropy_coeff * H   |
+    | pg, vf   | its policy-gradient and value terms (sums over the batch)              |
+    | entropy  | entropy per step in nats (ln 2 = 0.69 is uniform over 2 actions)       |
+    | rho      | mean pi/mu over the batch (1 when the actors ran the learner's policy) |
+    | lag      | mean learner updates between an unroll's weights and its training      |
 
 The last line is ``RESULT {json}``: solved, seconds_to_target, env_steps, updates.
 """
