@@ -11,6 +11,7 @@ and ``docs/results/results.png``.
     python -m bench --only solve --solve-seeds 5
     python -m bench --only recurrent,recurrent_speed --out docs/results/recurrent
     python -m bench --only minatar          # not in the default list: bench/minatar.py
+    python -m bench --only one_file         # not in the default list: bench/one_file.py
 
 Benchmarks (names for ``--only``):
 
@@ -635,6 +636,12 @@ def main(argv: list[str] | None = None) -> int:
 
         rest = argv[:argv.index("--only")] + argv[argv.index("--only") + 2:]
         return minatar.main(["--seeds" if a == "--solve-seeds" else a for a in rest])
+    if "--only" in argv and argv[argv.index("--only") + 1:][:1] == ["one_file"]:
+        # The one-file IMPALA against the library (not in the default list): bench.one_file
+        from bench import one_file
+
+        rest = argv[:argv.index("--only")] + argv[argv.index("--only") + 2:]
+        return one_file.main(["--seeds" if a == "--solve-seeds" else a for a in rest])
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="short durations (CI)")
     parser.add_argument("--only", default=",".join(NAMES),
