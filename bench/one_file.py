@@ -23,7 +23,7 @@ there counts as infinitely slow (`pipeline.summarize_solves`), so no figure hide
 The one-file version checks the target every 0.05 s, the library's CLI at each report (every
 second by default): the library's seconds may read up to a second late.
 
-Results go to ``bench/one_file_results.json`` and ``bench/one_file_results.md``.
+Results go to ``docs/results/one_file_results.json`` and ``docs/results/one_file_results.md``.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from bench import pipeline
 from impala_lab.stats import jsonable
 
 HERE = Path(__file__).resolve().parent
+RESULTS = HERE.parent / "docs" / "results"  # what the bench measured, beside the docs
 ONE_FILE = pipeline.REPO / "examples" / "impala_in_one_file.py"
 STOP_RETURN = 475.0
 SEEDS = 5
@@ -136,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=SEEDS, help="seeds drawn at random")
     parser.add_argument("--max-seconds", type=float, default=MAX_SECONDS,
                         help="cap of each run, from its process start")
-    parser.add_argument("--out", type=Path, default=HERE, help="folder of the results files")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="folder of the results files")
     args = parser.parse_args(argv)
     if args.seeds < 1:
         parser.error(f"--seeds={args.seeds}: it must be >= 1")
