@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def run_cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    return subprocess.run([sys.executable, "-m", "impala_lab.cli.main", *args], cwd=REPO, env=env,
+    return subprocess.run([sys.executable, "-m", "impala_lab.cli", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
 

@@ -95,7 +95,7 @@ def test_cli_interrupt_ends_within_10_s_with_results_and_checkpoint(tmp_path, si
     out = tmp_path / "run"
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "impala_lab.cli.main", "train", "--max-seconds", "300",
+        [sys.executable, "-m", "impala_lab.cli", "train", "--max-seconds", "300",
          "--report-interval", "0.5", "--out", str(out)],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         preexec_fn=_default_sigint)

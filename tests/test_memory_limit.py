@@ -52,7 +52,7 @@ def test_the_cli_refuses_a_train_batch_that_cannot_fit_before_anything_starts(
     out = tmp_path / "run"
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "impala_lab.cli.main", "train",
+    proc = subprocess.run([sys.executable, "-m", "impala_lab.cli", "train",
                            "--train-batch-size", str(train_batch_size), "--out", str(out)],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr[-2000:]

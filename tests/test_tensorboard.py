@@ -134,7 +134,7 @@ def test_cli_tensorboard_matches_metrics_csv(tmp_path):
     out = tmp_path / "run"
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     proc = subprocess.run(
-        [sys.executable, "-m", "impala_lab.cli.main", "train", "--backend", "inline",
+        [sys.executable, "-m", "impala_lab.cli", "train", "--backend", "inline",
          "--num-workers", "2", "--num-envs-per-worker", "4", "--sample-batch-size", "25",
          "--train-batch-size", "100", "--max-env-steps", "20000", "--report-interval", "0.1",
          "--seed", "3", "--quiet", "--tensorboard", "--out", str(out)],
