@@ -12,6 +12,7 @@ from impala_lab.batch import SampleBatch
 from impala_lab.config import ImpalaConfig
 from impala_lab.errors import NonFiniteLossError
 from impala_lab.learner.vtrace_policy import STAT_KEYS, VTracePolicy
+from impala_lab.model_spec import ModelSpec
 
 OBS = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
 ACT = gym.spaces.Discrete(2)
@@ -72,7 +73,7 @@ def test_weights_round_trip_and_match_the_actors_numpy_forward(cartpole_batch):
         np.testing.assert_array_equal(a, b)
     obs = cartpole_batch.obs.reshape(-1, 4)
     keras_logits, keras_values = target.compute_logits_and_values(obs)
-    actor = NumpyModel(OBS, ACT, (64, 64))
+    actor = NumpyModel(OBS, ACT, ModelSpec((64, 64)))
     actor.set_weights(weights)
     np_logits, np_values = actor(obs)
     np.testing.assert_allclose(np_logits, keras_logits, atol=1e-5)
