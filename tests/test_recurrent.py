@@ -456,7 +456,7 @@ def test_every_backend_builds_its_workers_recurrent_from_the_config():
         # not started here: that would start Ray).
         assert backend_class(name).worker_kwargs is Backend.worker_kwargs, name
     kwargs = backend_class("inline")(config).worker_kwargs(1)
-    assert (kwargs["use_lstm"], kwargs["lstm_cell_size"]) == (True, CELL)
+    assert kwargs["model_spec"] == ModelSpec((16,), use_lstm=True, lstm_cell_size=CELL)
     with RolloutWorker(**kwargs) as worker:
         batch = worker.sample()
     assert batch.state_in.shape == (2, 2, CELL) and batch.obs.shape == (10, 2, 2)

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from impala_lab.actor import numpy_model as models
+from impala_lab.actor.distributions import Categorical
 from impala_lab.actor.rollout_worker import RolloutWorker, env_description
 from impala_lab.batch import FIELDS, concat_samples
 from impala_lab.model_spec import ModelSpec
@@ -183,10 +184,10 @@ def test_behaviour_logits_and_actions_follow_the_numpy_model():
     np.testing.assert_allclose(
         b.behaviour_logits, logits.reshape(b.T, b.B, -1), rtol=1e-5, atol=1e-6
     )
-    # Actions are models.sample_actions(logits, rng) with the documented action rng.
+    # Actions are the Categorical's sample(logits, rng) with the documented action rng.
     seq = np.random.SeedSequence(11, spawn_key=(0,))
     rng = np.random.default_rng(seq.spawn(5)[0])
-    expected = np.stack([models.sample_actions(b.behaviour_logits[t], rng) for t in range(b.T)])
+    expected = np.stack([Categorical.sample(b.behaviour_logits[t], rng) for t in range(b.T)])
     np.testing.assert_array_equal(b.actions, expected)
     assert b.actions.dtype == np.int64
 
@@ -571,7 +572,7 @@ def test_test_envs_behaviour():
 
 
 def test_int64_discrete_answers_every_contains_like_discrete():
-    from impala_lab.actor.rollout_worker import Int64Discrete, fast_int64_action_check
+    from impala_lab.actor.env_checks import Int64Discrete, fast_int64_action_check
 
     values = [np.int64(v) for v in (-3, -1, 0, 1, 2, 3, 4, 5, 2**62)] + [
         0, 1, 4, -1, 2.0, np.int32(1), np.int8(3), np.uint64(2), np.float64(1.0),
