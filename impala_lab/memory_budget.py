@@ -107,14 +107,7 @@ def memory_estimate(config: MemorySizes, observation_space: Any = None,
     sample = T * B * step_bytes + B * column_bytes
     columns = c.train_batch_columns
     train = columns * T * step_bytes + columns * column_bytes
-    trunks = 1 if spec.vf_share_layers or spec.use_lstm else 2
-    learner_per_step = 400 + 8 * trunks * (sum(spec.hiddens) + conv_units) + 12 * obs_elements
-    lstm_weights = 0
-    if spec.use_lstm:
-        learner_per_step += LSTM_STEP_BYTES_PER_UNIT * spec.lstm_cell_size
-        # the LSTM's input: the trunk's last layer (or the conv stack's, or the observation)
-        features = spec.hiddens[-1] if spec.hiddens else conv_out or obs_elements
-        lstm_weights = 4 * 4 * lstm_weight_count(features, spec.lstm_cell_size)
+    learner_per_step, lstm_weights = _learner_bytes(spec, obs_elements, conv_units, conv_out)
     parts = {
         "learner queue": c.learner_queue_size * train,
         "batch buffer": 2 * train,
@@ -127,6 +120,20 @@ def memory_estimate(config: MemorySizes, observation_space: Any = None,
     }
     parts["total"] = sum(parts.values())
     return parts
+
+
+def _learner_bytes(spec: ModelSpec, obs_elements: int, conv_units: int, conv_out: int
+                   ) -> tuple[int, int]:
+    """(bytes per env step of the learner's activations and gradients, bytes of the LSTM's
+    weights with their gradient and two optimizer slots; 0 without an LSTM)."""
+    trunks = 1 if spec.vf_share_layers or spec.use_lstm else 2
+    per_step = 400 + 8 * trunks * (sum(spec.hiddens) + conv_units) + 12 * obs_elements
+    if not spec.use_lstm:
+        return per_step, 0
+    per_step += LSTM_STEP_BYTES_PER_UNIT * spec.lstm_cell_size
+    # the LSTM's input: the trunk's last layer (or the conv stack's, or the observation)
+    features = spec.hiddens[-1] if spec.hiddens else conv_out or obs_elements
+    return per_step, 4 * 4 * lstm_weight_count(features, spec.lstm_cell_size)
 
 
 def _observation_sizes(spec: ModelSpec, observation_space: Any) -> tuple[int, int, int, int]:

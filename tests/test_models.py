@@ -303,3 +303,38 @@ def test_numpy_part_never_imports_tensorflow() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "HEAVY []" in result.stdout
+
+
+# ------------------------------------------------------------------ the spec
+@pytest.mark.parametrize("kwargs, message", [
+    ({"hiddens": (64, 0)}, r"hiddens=\(64, 0\) is not supported: every size must be a positive"),
+    ({"impala_channels": ()}, r"impala_channels=\(\) is not supported: every size must be a "),
+    ({"conv_net": "deep"}, r"conv_net='deep' is not supported: choose one of 'cnn', 'impala'"),
+    ({"conv_filters": ((16, 3),)}, r"conv_filters=\(\(16, 3\),\) is not supported: give one or "
+                                   r"more \(filters, kernel, stride\) triples"),
+    ({"use_lstm": True, "lstm_cell_size": 0}, r"lstm_cell_size=0 is not supported: give a "
+                                             r"positive integer"),
+])
+def test_a_bad_model_spec_names_the_field_the_value_and_the_fix(kwargs, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        ModelSpec(**kwargs)
+
+
+def test_a_model_spec_stores_lists_as_tuples_and_resolves_the_image_layers() -> None:
+    spec = ModelSpec(hiddens=[8], conv_filters=[[4, 3, 1], [6, 3, 2]], impala_channels=[2])
+    assert spec == ModelSpec((8,), conv_filters=((4, 3, 1), (6, 3, 2)), impala_channels=(2,))
+    assert spec.conv_maps((10, 10, 4)) == [(8, 8, 4), (3, 3, 6)]  # 10 -> 8 -> 3
+    # unset layers follow the image's size: MinAtar's below 20x20, Atari's from 20x20
+    assert ModelSpec().small_cnn_filters((10, 10, 4)) == ((16, 3, 1),)
+    assert ModelSpec().small_cnn_filters((84, 84, 4)) == ((16, 8, 4), (32, 4, 2))
+    with pytest.raises(TypeError, match=r"spec=\(64,\) must be a ModelSpec"):
+        NumpyModel(CARTPOLE_OBS, TWO, (64,))  # type: ignore[arg-type]
+
+
+def test_both_builders_read_one_spec() -> None:
+    spec = ModelSpec((16,), use_lstm=True, lstm_cell_size=4)
+    numpy_model = NumpyModel(CARTPOLE_OBS, TWO, spec)
+    keras_model = build_keras_model(CARTPOLE_OBS, TWO, spec, seed=0)
+    assert numpy_model.spec is spec
+    assert [tuple(w.shape) for w in keras_model.weights] == numpy_model.weight_shapes() == [
+        (4, 16), (16,), (16, 16), (4, 16), (16,), (4, 2), (2,), (4, 1), (1,)]
