@@ -42,6 +42,7 @@ from impala_lab.errors import (
     StageError,
     WorkerError,
 )
+from impala_lab.model_spec import ModelSpec
 
 __version__ = "0.1.0"
 
@@ -62,8 +63,8 @@ _LAZY = {
     "SampleTaskPool": "impala_lab.driver.task_pool",
 }
 
-__all__ = ["ConfigError", "ImpalaConfig", "ImpalaError", "LearnerError", "NonFiniteLossError",
-           "StageError", "WorkerError", *_LAZY]
+__all__ = ["ConfigError", "ImpalaConfig", "ImpalaError", "LearnerError", "ModelSpec",
+           "NonFiniteLossError", "StageError", "WorkerError", *_LAZY]
 
 if TYPE_CHECKING:  # pragma: no cover
     from impala_lab.driver.impala import Impala, shutdown_all  # noqa: F401

@@ -80,7 +80,9 @@ def batch_to_tensors(batch: SampleBatch) -> dict[str, np.ndarray]:
     ``state_in`` [B, 2, C] only for a recurrent policy's batch."""
     tensors = {
         "obs": batch.obs,
-        "actions": batch.actions.astype(np.int32, copy=False),
+        # indices as int32 (Discrete spaces); any other action keeps a float32 vector
+        "actions": batch.actions.astype(np.int32 if batch.actions.dtype.kind in "iu"
+                                        else np.float32, copy=False),
         "rewards": batch.rewards.astype(np.float32, copy=False),
         "terminateds": batch.terminateds.astype(np.float32),
         "truncateds": batch.truncateds.astype(np.float32),
