@@ -116,18 +116,18 @@ def _keras_heads(features: Any, value_features: Any, num_outputs: int, seed: int
     return [logits, value]
 
 
-def _keras_trunk(x: Any, spec: NumpyModel, init: Any, prefix: str) -> Any:
+def _keras_trunk(x: Any, twin: NumpyModel, init: Any, prefix: str) -> Any:
     """The hidden layers of one trunk on the Keras tensor ``x``: for images the conv trunk
     and a flatten, then the dense layers; layer names start with ``prefix`` (``"value_"`` for
-    the value trunk). ``spec`` is the `NumpyModel` twin that says which layers."""
+    the value trunk). ``twin`` is the `NumpyModel` whose layers these are."""
     import keras
 
-    kind, hiddens = spec.kind, spec.hiddens
+    kind, hiddens = twin.kind, twin.hiddens
     if kind == "impala":
-        x = _keras_impala_stacks(x, spec.impala_channels, init, prefix)
+        x = _keras_impala_stacks(x, twin.impala_channels, init, prefix)
         x = keras.layers.Flatten(name=f"{prefix}flatten")(x)
     if kind == "cnn":
-        for i, (filters, kernel, stride) in enumerate(spec.conv_filters):
+        for i, (filters, kernel, stride) in enumerate(twin.conv_filters):
             x = keras.layers.Conv2D(
                 filters,
                 kernel,
