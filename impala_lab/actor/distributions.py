@@ -7,8 +7,9 @@ divergences (`logp`, `entropy`, `kl`). Each class has a TensorFlow twin in
 `impala_lab.learner.distributions` with the same name and the same math on tensors, which the
 learner's loss and the off-policy corrections call; tests hold the twins equal.
 
-`pick_distribution` maps an action space to its class. A new kind of action space is one
-class here, its twin there, and one line in `pick_distribution`.
+`pick_distribution` maps an action space to its class through `DISTRIBUTIONS`. A new kind
+of action space is one class here, its twin there (listed in that module's ``TWINS``), and one
+row in `DISTRIBUTIONS`: the model, the workers, the loss and the corrections need no change.
 
 The classes hold no state: their methods take the inputs array, so an actor's hot path makes
 no object per step. numpy only (actor processes import it; never TensorFlow).
