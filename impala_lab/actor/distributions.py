@@ -9,7 +9,9 @@ learner's loss and the off-policy corrections call; tests hold the twins equal.
 
 `pick_distribution` maps an action space to its class through `DISTRIBUTIONS`. A new kind
 of action space is one class here, its twin there (listed in that module's ``TWINS``), and one
-row in `DISTRIBUTIONS`: the model, the workers, the loss and the corrections need no change.
+row in `DISTRIBUTIONS`: the model, the workers' buffers, the loss and the corrections read
+what they need from the class. (`impala_lab.batch.SampleBatch` still checks for [T, B] int64
+actions: continuous actions widen that.)
 
 The classes hold no state: their methods take the inputs array, so an actor's hot path makes
 no object per step. numpy only (actor processes import it; never TensorFlow).
