@@ -167,9 +167,7 @@ def learner_samples_per_s(env_id: str, conv_net: str, seconds: float = 8.0) -> d
     config = ImpalaConfig.tuned(env_id, conv_net=conv_net, seed=0)
     worker = RolloutWorker(env_id, num_envs=config.num_envs_per_worker,
                            sample_batch_size=config.sample_batch_size,
-                           hiddens=tuple(config.model), vf_share_layers=config.vf_share_layers,
-                           seed=0, conv_net=conv_net, conv_filters=config.conv_filters,
-                           impala_channels=config.impala_channels)
+                           model_spec=config.model_spec, seed=0)
     try:
         samples = []
         while sum(s.count for s in samples) < config.train_batch_size:

@@ -55,9 +55,8 @@ def make_batches(config: Any, num_batches: int, seed: int) -> list:
     per_batch = -(-config.train_batch_size // config.sample_steps)
     batches = []
     with RolloutWorker(config.env, num_envs=config.num_envs_per_worker,
-                       sample_batch_size=config.sample_batch_size, hiddens=config.model,
-                       vf_share_layers=config.vf_share_layers, use_lstm=config.use_lstm,
-                       lstm_cell_size=config.lstm_cell_size, seed=seed) as worker:
+                       sample_batch_size=config.sample_batch_size,
+                       model_spec=config.model_spec, seed=seed) as worker:
         for _ in range(num_batches):
             batches.append(concat_samples([worker.sample() for _ in range(per_batch)]))
     return batches

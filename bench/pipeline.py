@@ -128,7 +128,7 @@ class _SamplingWorkers:
         self.config = tuned_config(num_workers=num_workers, **overrides)
         env = gymnasium.make(self.config.env)
         weights = NumpyModel(env.observation_space, env.action_space,
-                             self.config.model).initial_weights(0)
+                             self.config.model_spec).initial_weights(0)
         env.close()
         self.backend = make_backend(self.config)
         self.backend.prepare()

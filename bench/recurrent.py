@@ -71,8 +71,8 @@ def _models(num_envs: int) -> tuple[Any, Any, Any]:
     c = ImpalaConfig.tuned(ENV)
     out = []
     for use_lstm in (False, True):
-        m = NumpyModel(env.observation_space, env.action_space, tuple(c.model),
-                       c.vf_share_layers, use_lstm, c.lstm_cell_size)
+        m = NumpyModel(env.observation_space, env.action_space,
+                       c.replace(use_lstm=use_lstm).model_spec)
         m.set_weights(list(m.initial_weights(0)))
         out.append(m)
     obs = np.stack([env.observation_space.sample() for _ in range(num_envs)])

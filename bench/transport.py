@@ -78,9 +78,10 @@ def _weights(hiddens: tuple[int, ...]) -> list:
     import gymnasium as gym
 
     from impala_lab.actor.numpy_model import NumpyModel
+    from impala_lab.model_spec import ModelSpec
 
     env = gym.make("CartPole-v1")
-    return list(NumpyModel(env.observation_space, env.action_space, hiddens)
+    return list(NumpyModel(env.observation_space, env.action_space, ModelSpec(hiddens))
                 .initial_weights(0))
 
 

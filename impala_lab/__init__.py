@@ -48,6 +48,7 @@ from impala_lab.errors import (
     StageError,
     WorkerError,
 )
+from impala_lab.model_spec import ModelSpec
 
 __version__ = "0.1.0"
 
@@ -68,8 +69,8 @@ _LAZY = {
     "SampleTaskPool": "impala_lab.driver.task_pool",
 }
 
-__all__ = ["ConfigError", "ImpalaConfig", "ImpalaError", "LearnerError", "NonFiniteLossError",
-           "StageError", "WorkerError", *_LAZY]
+__all__ = ["ConfigError", "ImpalaConfig", "ImpalaError", "LearnerError", "ModelSpec",
+           "NonFiniteLossError", "StageError", "WorkerError", *_LAZY]
 
 if TYPE_CHECKING:  # pragma: no cover
     from impala_lab.driver.impala import Impala  # noqa: F401

@@ -21,50 +21,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from impala_lab import conv_layout
 from impala_lab import memory_budget as memory
 from impala_lab.errors import ConfigError
 from impala_lab.knobs import LIVE_KNOBS as LIVE_KNOBS  # re-exported: the live config fields
+from impala_lab.model_spec import CONV_NETS, ModelSpec
+from impala_lab.presets import TUNED_PRESETS as TUNED_PRESETS  # re-exported: ImpalaConfig.tuned
 
 BACKENDS = ("process", "inline", "ray")
 OPTIMIZERS = ("adam", "rmsprop")
 OFF_POLICY_CORRECTIONS = ("vtrace", "is1", "epsilon", "none")
-
-
-# Values tuned on a 2-core laptop (see the README's Performance section), applied by the CLI
-# (``--preset tuned``, its default) and by ``ImpalaConfig.tuned(env)``; the dataclass defaults
-# stay RLlib's.
-TUNED_PRESETS: dict[str, dict[str, Any]] = {
-    # Why these values (the README's "Dependable learning" has the experiments, 3-7 random
-    # seeds each): near a return of 500 a rare failed episode gives advantages of about -100
-    # (V is about 1 / (1 - gamma)) and a gradient 10^3-10^4 times the calm one, clipped to
-    # grad_clip; with Adam, or with the clip at 40, a few such steps in a row flipped the policy
-    # to one that pushes one way (return 9). TensorFlow 1's RMSProp (epsilon 0.1 under the
-    # root) does not blow small gradients up to lr-sized steps, and grad_clip 10 bounds the
-    # step a burst can take: no seed fell below 400 in the minute after solving.
-    "CartPole-v1": {"num_envs_per_worker": 8, "opt_type": "rmsprop", "lr": 0.003,
-                    "grad_clip": 10.0, "vf_loss_coeff": 0.1, "entropy_coeff": 0.0},
-    # The memory task, for a recurrent policy (--use-lstm true). With use_lstm the value head
-    # shares the LSTM core, and a value loss of order 10^4 (returns of tens to hundreds)
-    # drowned the policy's gradient in the core: at vf_loss_coeff 0.5 or 0.1 the return fell
-    # below a random policy's; at 0.01 it climbed. Larger train batches amortise the
-    # learner's step along T, its cost, and entropy_coeff 0.01 keeps the early policy from
-    # settling on one action while the memory is still useless.
-    "impala_lab/StatelessCartPole-v1": {
-        "num_envs_per_worker": 8, "train_batch_size": 1600, "opt_type": "rmsprop", "lr": 0.001,
-        "grad_clip": 10.0, "vf_loss_coeff": 0.01, "entropy_coeff": 0.01},
-    # MinAtar from pixels (the README's "MinAtar" has the runs): the small CNN (MinAtar's conv
-    # 16 3x3, then 128 units) on one trunk, 16 envs per worker. The learner is the bottleneck
-    # (the actors idle at about a quarter of a core each), so two passes over batches of 320
-    # give twice the updates per env step. Adam learned Breakout faster per env step than
-    # RMSProp (7.5 against 5.3 after 1.5M env steps), and an entropy bonus of 0.03 kept the
-    # policy from settling early (entropy 0.14 of ln 3 = 1.1 at 0.01, where the return
-    # plateaued near 8; 12.3 after 1.5M env steps at 0.03).
-    **{env: {"num_envs_per_worker": 16, "sample_batch_size": 20, "train_batch_size": 320,
-             "num_sgd_iter": 2, "opt_type": "adam", "lr": 0.0005, "entropy_coeff": 0.03,
-             "vf_share_layers": True, "model": (128,)}
-       for env in ("MinAtar/Breakout-v1", "MinAtar/SpaceInvaders-v1")},
-}
 
 
 def _f(default: Any, help: str, **kw: Any) -> Any:
@@ -185,13 +150,11 @@ class ImpalaConfig:
         "config is validated.")
 
     def __post_init__(self) -> None:
-        if isinstance(self.model, list):
-            self.model = tuple(self.model)
-        if isinstance(self.impala_channels, list):
-            self.impala_channels = tuple(self.impala_channels)
-        if isinstance(self.conv_filters, list | tuple):
-            self.conv_filters = tuple(tuple(f) if isinstance(f, list | tuple) else f
-                                      for f in self.conv_filters)
+        for name in ("model", "impala_channels", "conv_filters"):  # lists kept as tuples
+            value = getattr(self, name)
+            if isinstance(value, list | tuple):
+                setattr(self, name, tuple(tuple(v) if isinstance(v, list | tuple) else v
+                                          for v in value))
         self.validate()
 
     # ------------------------------------------------------------------ validation
@@ -202,9 +165,6 @@ class ImpalaConfig:
         self._check_env()
         self._check_values()
         self._check_combinations()
-        if self.max_memory_gb is not None and not self.max_memory_gb > 0:
-            _bad("max_memory_gb", self.max_memory_gb,
-                 "use a positive number of GB, or None for half of the available memory")
         # Cheap and TF-free: no env is made here, so observations count as one float each
         # (a lower bound); Impala checks again with the env's spaces before anything starts.
         self.check_memory()
@@ -239,13 +199,14 @@ class ImpalaConfig:
             value = getattr(self, name)
             if value is not None and not (value > 0 and math.isfinite(value)):
                 _bad(name, value, "use a positive number, or None to disable the clip")
-        if self.sample_timeout_s is not None and not self.sample_timeout_s > 0:
-            _bad("sample_timeout_s", self.sample_timeout_s,
-                 "use a positive number of seconds, or None to wait forever")
+        for name, unit in (("sample_timeout_s", "seconds, or None to wait forever"),
+                           ("max_memory_gb", "GB, or None for half of the available memory")):
+            if getattr(self, name) is not None and not getattr(self, name) > 0:
+                _bad(name, getattr(self, name), f"use a positive number of {unit}")
         if not self.model or any(h < 1 for h in self.model):
             _bad("model", self.model, "give one or more positive hidden sizes, e.g. [64, 64]")
         _check_choice("backend", self.backend, BACKENDS)
-        _check_choice("conv_net", self.conv_net, conv_layout.CONV_NETS)
+        _check_choice("conv_net", self.conv_net, CONV_NETS)
         if not self.impala_channels or any(c < 1 for c in self.impala_channels):
             _bad("impala_channels", self.impala_channels,
                  "give one or more positive stack widths, e.g. [16, 32, 32]")
@@ -344,6 +305,13 @@ class ImpalaConfig:
         return -(-self.train_batch_size // self.sample_steps) * self.num_envs_per_worker
 
     @property
+    def model_spec(self) -> ModelSpec:
+        """The `ModelSpec` of these fields (``model`` is its ``hiddens``): what models use."""
+        return ModelSpec(tuple(self.model), self.vf_share_layers, self.use_lstm,
+                         self.lstm_cell_size, self.conv_net, self.conv_filters,
+                         self.impala_channels)
+
+    @property
     def env_id(self) -> str:
         """A printable name of the env (a factory's qualified name)."""
         if callable(self.env):
@@ -368,10 +336,8 @@ class ImpalaConfig:
         out = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name in ("model", "impala_channels"):
-                value = list(value)
-            elif f.name == "conv_filters" and value is not None:
-                value = [list(v) for v in value]
+            if isinstance(value, tuple):  # model, impala_channels, conv_filters
+                value = [list(v) if isinstance(v, tuple) else v for v in value]
             elif f.name == "env" and callable(value):
                 value = self.env_id
             out[f.name] = value

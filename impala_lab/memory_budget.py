@@ -7,23 +7,50 @@ to lower. ``ImpalaConfig.memory_estimate`` and ``ImpalaConfig.check_memory`` cal
 validation calls the check without an env (one float per observation, a lower bound) and
 ``Impala`` again with the env's spaces.
 
-Pure Python: imports nothing of the package but its errors and the conv layouts.
+The estimate reads the sizes it needs through `MemorySizes`, a Protocol defined here that
+``ImpalaConfig`` satisfies (this module never imports the config: no import circle), and the
+network through the config's `ModelSpec`.
+
+Pure Python: imports nothing of the package but its errors and the model spec.
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from impala_lab import conv_layout
+from impala_lab import model_spec
 from impala_lab.errors import ConfigError
-
-if TYPE_CHECKING:  # pragma: no cover
-    from impala_lab.config import ImpalaConfig
+from impala_lab.model_spec import ModelSpec
 
 # The small CNN's conv layers (filters, kernel, stride) for images of 20x20 and more, as
-# models.CONV_LAYERS (a test keeps the two equal).
-CONV_LAYERS: tuple[tuple[int, int, int], ...] = conv_layout.ATARI_FILTERS
+# numpy_model.CONV_LAYERS (a test keeps the two equal).
+CONV_LAYERS: tuple[tuple[int, int, int], ...] = model_spec.ATARI_FILTERS
+
+
+class MemorySizes(Protocol):
+    """The sizes the estimate reads (``ImpalaConfig``'s fields and derived values, by name);
+    ``check_memory`` also reads the fields it names in its error with ``getattr``."""
+
+    @property
+    def model_spec(self) -> ModelSpec: ...
+    sample_batch_size: int
+    num_envs_per_worker: int
+    train_batch_size: int
+    learner_queue_size: int
+    minibatch_buffer_size: int
+    num_data_loader_buffers: int
+    replay_buffer_num_slots: int
+    num_workers: int
+    max_sample_requests_in_flight_per_worker: int
+    max_memory_gb: float | None
+
+    @property
+    def train_batch_columns(self) -> int: ...
+    @property
+    def uses_multi_gpu_learner(self) -> bool: ...
+    @property
+    def sample_steps(self) -> int: ...
 # The fields that size each part of the estimate.
 PART_FIELDS: dict[str, tuple[str, ...]] = {
     "learner queue": ("learner_queue_size", "train_batch_size"),
@@ -38,7 +65,7 @@ PART_FIELDS: dict[str, tuple[str, ...]] = {
 # per-step activations and the LSTM's weights.
 
 
-def memory_estimate(config: ImpalaConfig, observation_space: Any = None,
+def memory_estimate(config: MemorySizes, observation_space: Any = None,
                     action_space: Any = None) -> dict[str, int]:
     """Bytes ``config`` needs for its data, by part (``"total"`` is their sum).
 
@@ -65,43 +92,22 @@ def memory_estimate(config: ImpalaConfig, observation_space: Any = None,
     two optimizer slots (`lstm_weight_count` floats, 4 copies). Its trunk is one MLP under
     both heads (no value trunk of its own).
     """
-    obs_elements, obs_itemsize, conv_units, conv_out = 1, 4, 0, 0
-    shape = getattr(observation_space, "shape", None)
-    if shape is not None:
-        obs_elements = math.prod(int(d) for d in shape)
-        # batches keep uint8 images as they are, bool ones as uint8, and every other
-        # observation as float32
-        dtype = str(getattr(observation_space, "dtype", "float32"))
-        obs_itemsize = 1 if dtype in ("uint8", "bool") else 4
-        if len(shape) == 3:
-            conv_units = conv_layout.conv_units(shape, config.conv_net, config.conv_filters,
-                                                config.impala_channels)
-            conv_out = conv_layout.trunk_output_units(shape, config.conv_net,
-                                                      config.conv_filters,
-                                                      config.impala_channels)
+    c, spec = config, config.model_spec
+    obs_elements, obs_itemsize, conv_units, conv_out = _observation_sizes(spec,
+                                                                          observation_space)
     num_actions = int(getattr(action_space, "n", 2)) if action_space is not None else 2
     obs_bytes = obs_elements * obs_itemsize
     # per env step: obs, action (int64), reward, terminated, truncated, truncation value,
     # behaviour logits; per column: bootstrap obs and policy version
     step_bytes = obs_bytes + 8 + 4 + 1 + 1 + 4 + 4 * num_actions
     column_bytes = obs_bytes + 8
-    c = config
-    lstm = c.use_lstm
-    if lstm:
-        column_bytes += 2 * c.lstm_cell_size * 4  # state_in: (h, c) float32
+    if spec.use_lstm:
+        column_bytes += 2 * spec.lstm_cell_size * 4  # state_in: (h, c) float32
     T, B = c.sample_batch_size, c.num_envs_per_worker
     sample = T * B * step_bytes + B * column_bytes
     columns = c.train_batch_columns
     train = columns * T * step_bytes + columns * column_bytes
-    trunks = 1 if c.vf_share_layers or lstm else 2
-    units = sum(c.model) + conv_units
-    learner_per_step = 400 + 8 * trunks * units + 12 * obs_elements
-    lstm_weights = 0
-    if lstm:
-        learner_per_step += LSTM_STEP_BYTES_PER_UNIT * c.lstm_cell_size
-        # the LSTM's input: the trunk's last layer (or the conv stack's, or the observation)
-        features = c.model[-1] if c.model else conv_out or obs_elements
-        lstm_weights = 4 * 4 * lstm_weight_count(features, c.lstm_cell_size)
+    learner_per_step, lstm_weights = _learner_bytes(spec, obs_elements, conv_units, conv_out)
     parts = {
         "learner queue": c.learner_queue_size * train,
         "batch buffer": 2 * train,
@@ -116,6 +122,36 @@ def memory_estimate(config: ImpalaConfig, observation_space: Any = None,
     return parts
 
 
+def _learner_bytes(spec: ModelSpec, obs_elements: int, conv_units: int, conv_out: int
+                   ) -> tuple[int, int]:
+    """(bytes per env step of the learner's activations and gradients, bytes of the LSTM's
+    weights with their gradient and two optimizer slots; 0 without an LSTM)."""
+    trunks = 1 if spec.vf_share_layers or spec.use_lstm else 2
+    per_step = 400 + 8 * trunks * (sum(spec.hiddens) + conv_units) + 12 * obs_elements
+    if not spec.use_lstm:
+        return per_step, 0
+    per_step += LSTM_STEP_BYTES_PER_UNIT * spec.lstm_cell_size
+    # the LSTM's input: the trunk's last layer (or the conv stack's, or the observation)
+    features = spec.hiddens[-1] if spec.hiddens else conv_out or obs_elements
+    return per_step, 4 * 4 * lstm_weight_count(features, spec.lstm_cell_size)
+
+
+def _observation_sizes(spec: ModelSpec, observation_space: Any) -> tuple[int, int, int, int]:
+    """(elements, bytes per element, conv activations, conv trunk output units) of one
+    observation; without a space one float32 element and no conv trunk (a lower bound)."""
+    shape = getattr(observation_space, "shape", None)
+    if shape is None:
+        return 1, 4, 0, 0
+    # batches keep uint8 images as they are, bool ones as uint8, every other observation as
+    # float32
+    dtype = str(getattr(observation_space, "dtype", "float32"))
+    itemsize = 1 if dtype in ("uint8", "bool") else 4
+    if len(shape) != 3:
+        return math.prod(int(d) for d in shape), itemsize, 0, 0
+    return (math.prod(int(d) for d in shape), itemsize, spec.conv_units(shape),
+            spec.trunk_output_units(shape))
+
+
 # Learner bytes per env step and LSTM unit: forward, each step's four gates, c, tanh(c) and h
 # and the reset mask's products, kept for the backward pass, and their gradients (float32).
 LSTM_STEP_BYTES_PER_UNIT = 96
@@ -127,7 +163,7 @@ def lstm_weight_count(features: int, cell_size: int) -> int:
     return 4 * cell_size * (features + cell_size + 1)
 
 
-def check_memory(config: ImpalaConfig, observation_space: Any = None,
+def check_memory(config: MemorySizes, observation_space: Any = None,
                  action_space: Any = None) -> None:
     """Raise `ConfigError` if `memory_estimate` exceeds the limit (``max_memory_gb``, or
     half of the available memory); the error names the fields of the largest parts."""
@@ -158,10 +194,10 @@ def check_memory(config: ImpalaConfig, observation_space: Any = None,
         f"{', '.join(blamed)}, or raise max_memory_gb")
 
 
-def part_fields(config: ImpalaConfig, part: str) -> tuple[str, ...]:
+def part_fields(config: MemorySizes, part: str) -> tuple[str, ...]:
     """The fields that size a part of the memory estimate, for this config."""
     names = PART_FIELDS[part]
-    if config.use_lstm:
+    if config.model_spec.use_lstm:
         names = (*names, "lstm_cell_size")
     if "train_batch_size" in names and config.sample_steps > config.train_batch_size:
         # one worker sample is larger than train_batch_size: the sample sets the batch
@@ -170,7 +206,7 @@ def part_fields(config: ImpalaConfig, part: str) -> tuple[str, ...]:
     return names
 
 
-def _growth(config: ImpalaConfig, name: str) -> float:
+def _growth(config: MemorySizes, name: str) -> float:
     """How many times its default a size field is (to say which one to lower first)."""
     value, default = getattr(config, name), type(config).__dataclass_fields__[name].default
     if name == "model":

@@ -9,6 +9,7 @@ from typing import Any
 
 from impala_lab.actor.numpy_model import NumpyModel
 from impala_lab.config import ImpalaConfig
+from impala_lab.model_spec import ModelSpec
 from tests.envs import FixedLengthEnv
 
 HIDDENS = (8,)
@@ -27,7 +28,7 @@ def config(env: Any = ENV3, backend: str = "process", num_workers: int = 2, num_
 def model_for(env_factory: Any) -> NumpyModel:
     """A numpy model for the spaces of ``env_factory()``'s env (as the workers build it)."""
     env = env_factory()
-    return NumpyModel(env.observation_space, env.action_space, hiddens=HIDDENS)
+    return NumpyModel(env.observation_space, env.action_space, ModelSpec(HIDDENS))
 
 
 def results(backend: Any, futures: list, timeout: float = 60.0) -> list:

@@ -20,6 +20,7 @@ from impala_lab.backends.worker_info import worker_info
 from impala_lab.batch import SampleBatch
 from impala_lab.config import BACKENDS as CONFIG_BACKENDS
 from impala_lab.errors import WorkerError
+from impala_lab.model_spec import ModelSpec
 from tests.backend_helpers import ENV3, HIDDENS, B, T, config, model_for, results
 from tests.envs import FixedLengthEnv, RaisingEnv
 from tests.leaks import wait_gone
@@ -190,7 +191,7 @@ def test_workers_in_other_processes_report_their_info_and_no_tensorflow(remote, 
         handles = [backend.make_worker(i) for i in range(2)]
         infos = results(backend, [h.info() for h in handles])
         assert sorted(backend.worker_pids()) == sorted(i["pid"] for i in infos)
-        with RolloutWorker(ENV3, hiddens=HIDDENS) as here:
+        with RolloutWorker(ENV3, model_spec=ModelSpec(HIDDENS)) as here:
             keys = set(worker_info(here))
         for h, info in zip(handles, infos):
             assert keys <= set(info)  # a backend may add its own (Ray: the node's id)

@@ -467,3 +467,20 @@ def test_train_batch_columns_are_exact_for_any_size(train, sample, envs, gpus) -
 def test_from_dict_refuses_non_mappings(data) -> None:
     with pytest.raises(ConfigError, match="config must be a mapping"):
         ImpalaConfig.from_dict(data)
+
+
+# ---------------------------------------------------------------------- the model spec
+def test_model_spec_holds_the_architecture_fields_under_their_model_names():
+    from impala_lab.model_spec import ModelSpec
+
+    assert ImpalaConfig().model_spec == ModelSpec()  # RLlib's defaults are the spec's
+    config = ImpalaConfig(model=[32, 16], vf_share_layers=True, use_lstm=True,
+                          lstm_cell_size=8, conv_net="impala", conv_filters=[[4, 3, 1]],
+                          impala_channels=[8, 8])
+    spec = config.model_spec
+    assert spec == ModelSpec(hiddens=(32, 16), vf_share_layers=True, use_lstm=True,
+                             lstm_cell_size=8, conv_net="impala", conv_filters=((4, 3, 1),),
+                             impala_channels=(8, 8))
+    assert hash(spec) == hash(config.model_spec)  # frozen: usable as a key, safe to share
+    with pytest.raises(AttributeError):
+        spec.hiddens = (1,)  # type: ignore[misc]

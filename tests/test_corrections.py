@@ -231,3 +231,42 @@ def test_vtrace_and_off_policy_correction_must_agree_and_the_error_names_both():
         ImpalaConfig(off_policy_correction="is1")
     for correction in ("is1", "epsilon", "none"):
         assert ImpalaConfig(vtrace=False, off_policy_correction=correction).vtrace is False
+
+
+# ---------------------------------------------------------------------- the seam
+def test_vtrace_through_the_seam_is_from_logits_bit_for_bit():
+    b = _hand_batch()
+    terms = correction_terms("vtrace", **b)
+    ref = vtrace.from_logits(
+        behaviour_policy_logits=b["behaviour_logits"], target_policy_logits=b["target_logits"],
+        actions=b["actions"], discounts=b["discounts"], rewards=b["rewards"],
+        values=b["values"], bootstrap_value=b["bootstrap_value"])
+    for got, want in ((terms.vs, ref.vs), (terms.pg_advantages, ref.pg_advantages),
+                      (terms.log_probs, ref.target_action_log_probs),
+                      (terms.log_rhos, ref.log_rhos)):
+        np.testing.assert_array_equal(got.numpy(), want.numpy())
+
+
+@pytest.mark.parametrize("correction", CORRECTIONS)
+def test_every_correction_takes_its_log_probabilities_from_the_distribution(correction):
+    from impala_lab.learner.distributions import TFCategorical
+
+    class Tempered(TFCategorical):
+        """softmax(logits / 2): another policy, so the terms show which logp was used."""
+
+        calls = 0
+
+        @staticmethod
+        def logp(logits, actions):
+            Tempered.calls += 1
+            return TFCategorical.logp(logits / 2.0, actions)
+
+    b = _hand_batch()
+    terms = correction_terms(correction, **b, distribution=Tempered)
+    assert Tempered.calls == 2  # the target's and the behaviour's
+    want_log_pi = TFCategorical.logp(tf.constant(b["target_logits"]) / 2.0, b["actions"])
+    want_log_mu = TFCategorical.logp(tf.constant(b["behaviour_logits"]) / 2.0, b["actions"])
+    np.testing.assert_allclose(terms.log_rhos.numpy(), (want_log_pi - want_log_mu).numpy(),
+                               atol=1e-6)
+    if correction != "epsilon":
+        np.testing.assert_allclose(terms.log_probs.numpy(), want_log_pi.numpy(), atol=1e-6)

@@ -23,6 +23,7 @@ from impala_lab.classroom.exercises.driver_step import make_step_driver
 from impala_lab.classroom.exercises.notebook import check_notebook, load_answer, source, tags
 from impala_lab.learner.minibatch_buffer import MinibatchBuffer
 from impala_lab.learner.port import LearnerPort
+from impala_lab.model_spec import ModelSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 STUBS = ROOT / "notebooks" / "exercises"
@@ -494,13 +495,15 @@ def _lstm_unroll_with(slip: str):
 
 
 def test_lstm_unroll_by_hand_passes_and_equals_the_numpy_models_unroll():
-    from impala_lab.actor.numpy_model import NumpyModel, lstm_sequence
+    from impala_lab.actor.layers import lstm_sequence
+    from impala_lab.actor.numpy_model import NumpyModel
     from impala_lab.classroom.exercises.lstm_unroll import make_inputs
 
     assert ex.check_lstm_unroll(_lstm_unroll_with(""), show=False).passed
     # The reference is the recurrence the actors run: NumpyModel.unroll's states.
     obs_space = gym.spaces.Box(-1, 1, (3,), np.float32)
-    model = NumpyModel(obs_space, gym.spaces.Discrete(2), (), use_lstm=True, lstm_cell_size=4)
+    model = NumpyModel(obs_space, gym.spaces.Discrete(2),
+                       ModelSpec((), use_lstm=True, lstm_cell_size=4))
     rng = np.random.default_rng(0)
     model.set_weights([(0.7 * rng.standard_normal(s)).astype(np.float32)
                        for s in model.weight_shapes()])

@@ -366,15 +366,15 @@ def test_minibatch_internal_state_is_not_graded(solutions):
 
 
 def test_the_library_lstm_is_no_answer(tmp_path):
-    from impala_lab.actor import numpy_model as models
+    from impala_lab.actor import layers
 
     def lstm_unroll(xs, state_in, dones, kernel, recurrent_kernel, bias):
-        return models.lstm_sequence(xs, state_in, dones, kernel, recurrent_kernel, bias)
+        return layers.lstm_sequence(xs, state_in, dones, kernel, recurrent_kernel, bias)
 
     result = ex.check_lstm_unroll(lstm_unroll, show=False)
     assert not result.passed and (
         "lstm_unroll calls the library's lstm_sequence (at ") in result.message
-    nb = with_region(add_cell(notebook("lstm_unroll"), "from impala_lab.actor.numpy_model import "
+    nb = with_region(add_cell(notebook("lstm_unroll"), "from impala_lab.actor.layers import "
                               "lstm_step\n", before_check=False),
                      "state, hs = state_in, []\n"
                      "for t in range(len(xs)):\n"
@@ -384,4 +384,4 @@ def test_the_library_lstm_is_no_answer(tmp_path):
                      "return np.stack(hs), state\n")
     result = grade_notebook(write(tmp_path, "a", "lstm_unroll", nb), show=False)
     assert not result.passed and ("lstm_unroll calls the library's "
-                                  "models.lstm_step") in result.message
+                                  "layers.lstm_step") in result.message

@@ -246,3 +246,23 @@ def test_the_learner_working_set_estimate_is_not_below_what_tensorflow_takes():
     print(f"learner working set per env step: measured {measured:.0f} B, "
           f"estimated {estimated:.0f} B")
     assert measured <= estimated <= 3 * measured, (measured, estimated, out)
+
+
+def test_the_estimate_reads_any_object_with_the_sizes_and_a_model_spec():
+    # memory_budget never imports the config: it reads the sizes of its MemorySizes protocol
+    import types
+
+    from impala_lab.memory_budget import memory_estimate
+
+    config = ImpalaConfig(use_lstm=True, lstm_cell_size=16, model=(32,), max_memory_gb=100)
+    names = ("sample_batch_size", "num_envs_per_worker", "train_batch_size",
+             "learner_queue_size", "minibatch_buffer_size", "num_data_loader_buffers",
+             "replay_buffer_num_slots", "num_workers", "max_sample_requests_in_flight_per_worker",
+             "max_memory_gb", "model_spec", "train_batch_columns", "uses_multi_gpu_learner",
+             "sample_steps")
+    sizes = types.SimpleNamespace(**{n: getattr(config, n) for n in names})
+    space = gym.spaces.Box(0, 255, (10, 10, 4), np.uint8)
+    assert memory_estimate(sizes, space, gym.spaces.Discrete(3)) == config.memory_estimate(
+        space, gym.spaces.Discrete(3))
+    source = (REPO / "impala_lab" / "memory_budget.py").read_text()
+    assert "impala_lab.config" not in source and "TYPE_CHECKING" not in source

@@ -13,13 +13,15 @@ import numpy as np
 import pytest
 
 import impala_lab  # noqa: F401  (registers the MinAtar ids)
-from impala_lab import conv_layout
-from impala_lab.actor.numpy_model import NumpyModel, _max_pool_same
+from impala_lab import model_spec
+from impala_lab.actor.layers import max_pool_same
+from impala_lab.actor.numpy_model import NumpyModel
 from impala_lab.actor.rollout_worker import RolloutWorker
 from impala_lab.config import ImpalaConfig
 from impala_lab.driver.build import check_env
 from impala_lab.envs.minatar import palette, to_rgb
 from impala_lab.errors import ConfigError
+from impala_lab.model_spec import ModelSpec
 
 BREAKOUT = "MinAtar/Breakout-v1"
 OBS = gym.spaces.Box(0, 1, (10, 10, 4), bool)
@@ -94,7 +96,8 @@ def test_rendering_uses_minatars_colours_as_uint8_blocks():
 
 # ---------------------------------------------------------------------- batches
 def test_a_worker_stores_boolean_images_as_uint8_zeros_and_ones():
-    worker = RolloutWorker(BREAKOUT, num_envs=2, sample_batch_size=6, hiddens=(8,), seed=0)
+    worker = RolloutWorker(BREAKOUT, num_envs=2, sample_batch_size=6, seed=0,
+                           model_spec=ModelSpec((8,)))
     try:
         batch = worker.sample()
     finally:
@@ -112,14 +115,17 @@ def test_a_worker_stores_boolean_images_as_uint8_zeros_and_ones():
 def test_the_memory_estimate_counts_a_byte_per_boolean_pixel_and_the_networks_units():
     shape = (10, 10, 4)
     # the small CNN: conv 16 3x3 -> 8x8x16; the IMPALA net: conv, pool and 2 blocks per stack
-    assert conv_layout.conv_units(shape) == 8 * 8 * 16
-    assert conv_layout.conv_units(shape, "impala") == (
+    cnn, impala = ModelSpec(), ModelSpec(conv_net="impala")
+    assert cnn.conv_units(shape) == 8 * 8 * 16
+    assert impala.conv_units(shape) == (
         10 * 10 * 16 + 5 * 5 * 16 * 11 + 5 * 5 * 32 + 3 * 3 * 32 * 11 + 3 * 3 * 32
         + 2 * 2 * 32 * 11)
     # what the dense layers (or an LSTM) read: the last map
-    assert conv_layout.trunk_output_units(shape) == 8 * 8 * 16
-    assert conv_layout.trunk_output_units(shape, "impala") == 2 * 2 * 32
-    assert conv_layout.trunk_output_units((84, 84, 4)) == 9 * 9 * 32  # 84 -> 20 -> 9
+    assert cnn.trunk_output_units(shape) == 8 * 8 * 16
+    assert impala.trunk_output_units(shape) == 2 * 2 * 32
+    assert cnn.trunk_output_units((84, 84, 4)) == 9 * 9 * 32  # 84 -> 20 -> 9
+    # explicit layers replace the size's default: 10 -> 8 -> 3
+    assert ModelSpec(conv_filters=[[4, 3, 1], [6, 3, 2]]).trunk_output_units(shape) == 3 * 3 * 6
     small, deep = (ImpalaConfig(env=BREAKOUT, conv_net=n, max_memory_gb=1000)
                    for n in ("cnn", "impala"))
     with_replay = small.replace(replay_proportion=1.0, replay_buffer_num_slots=20)
@@ -141,24 +147,24 @@ def test_max_pool_same_pads_as_tensorflow_does():
         for j, c in enumerate((-1, 1, 3)):
             window = x[0, max(r, 0): r + 3, max(c, 0): c + 3]
             want[0, i, j] = window.reshape(-1, 2).max(axis=0)
-    np.testing.assert_array_equal(_max_pool_same(x), want)
-    assert _max_pool_same(np.zeros((2, 10, 10, 3), np.float32)).shape == (2, 5, 5, 3)
-    assert _max_pool_same(np.zeros((1, 3, 3, 1), np.float32)).shape == (1, 2, 2, 1)
+    np.testing.assert_array_equal(max_pool_same(x), want)
+    assert max_pool_same(np.zeros((2, 10, 10, 3), np.float32)).shape == (2, 5, 5, 3)
+    assert max_pool_same(np.zeros((1, 3, 3, 1), np.float32)).shape == (1, 2, 2, 1)
 
 
 def test_the_impala_network_has_the_papers_layers_for_10x10_images():
-    model = NumpyModel(OBS, ACT, hiddens=(256,), vf_share_layers=True, conv_net="impala")
+    model = NumpyModel(OBS, ACT, ModelSpec((256,), vf_share_layers=True, conv_net="impala"))
     shapes = model.weight_shapes()
     convs = [s for s in shapes if len(s) == 4]
     assert convs == ([(3, 3, 4, 16)] + [(3, 3, 16, 16)] * 4 + [(3, 3, 16, 32)]
                      + [(3, 3, 32, 32)] * 4 + [(3, 3, 32, 32)] + [(3, 3, 32, 32)] * 4)
     assert shapes[-6:] == [(2 * 2 * 32, 256), (256,), (256, 3), (3,), (256, 1), (1,)]
-    assert conv_layout.impala_shapes((10, 10, 4), (16, 32, 32)) == [
+    assert model_spec.impala_shapes((10, 10, 4), (16, 32, 32)) == [
         (5, 5, 16), (3, 3, 32), (2, 2, 32)]
     kernels = [w for w in model.initial_weights(0) if w.ndim == 4]
     # each residual block starts as the identity: its second conv is zero, its first is not
     assert [bool(k.any()) for k in kernels[:5]] == [True, True, False, True, False]
-    two = NumpyModel(OBS, ACT, hiddens=(256,), conv_net="impala", impala_channels=(8, 8))
+    two = NumpyModel(OBS, ACT, ModelSpec((256,), conv_net="impala", impala_channels=(8, 8)))
     assert len(two.weight_shapes()) == 2 * (2 * 5 * 2 + 2) + 4
 
 
@@ -167,9 +173,11 @@ def test_the_impala_network_has_the_papers_layers_for_10x10_images():
 def test_the_numpy_forward_equals_keras_on_boolean_images(conv_net, hiddens, share):
     from impala_lab.learner.keras_model import build_keras_model, keras_forward
 
-    keras_model = build_keras_model(OBS, ACT, hiddens, seed=3, vf_share_layers=share,
-                                    conv_net=conv_net)
-    numpy_model = NumpyModel(OBS, ACT, hiddens, vf_share_layers=share, conv_net=conv_net)
+    keras_model = build_keras_model(OBS, ACT,
+                                    ModelSpec(hiddens, vf_share_layers=share, conv_net=conv_net),
+                                    seed=3)
+    numpy_model = NumpyModel(OBS, ACT,
+                             ModelSpec(hiddens, vf_share_layers=share, conv_net=conv_net))
     rng = np.random.default_rng(4)
     # every weight moved off its initial value, biases too, so each one shows in the output
     weights = [w + rng.normal(0.0, 0.01, w.shape).astype(np.float32)
@@ -187,8 +195,8 @@ def test_the_numpy_forward_equals_keras_on_boolean_images(conv_net, hiddens, sha
 
 
 def test_explicit_conv_filters_build_that_cnn():
-    model = NumpyModel(OBS, ACT, hiddens=(8,), vf_share_layers=True,
-                       conv_filters=((4, 3, 1), (6, 3, 2)))
+    model = NumpyModel(OBS, ACT,
+                       ModelSpec((8,), vf_share_layers=True, conv_filters=((4, 3, 1), (6, 3, 2))))
     assert [s for s in model.weight_shapes() if len(s) == 4] == [(3, 3, 4, 4), (3, 3, 4, 6)]
     assert model.weight_shapes()[-6] == (3 * 3 * 6, 8)  # 10 -> 8 -> 3
 
@@ -252,8 +260,8 @@ def test_the_impala_network_trains_on_breakout_with_every_backend(backend):
         assert frames.obs.shape == (8, 10, 10, 4) and frames.worker_index == 0
         assert frames.env_steps[-1] <= stats["num_steps_sampled"]
         weights, _ = run.policy.get_weights()
-        assert [w.shape for w in weights] == NumpyModel(
-            OBS, ACT, (16,), conv_net="impala", impala_channels=(4, 4)).weight_shapes()
+        spec = ModelSpec((16,), conv_net="impala", impala_channels=(4, 4))
+        assert [w.shape for w in weights] == NumpyModel(OBS, ACT, spec).weight_shapes()
 
 
 def _spy_on_new_batches(run) -> list:

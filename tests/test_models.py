@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 from gymnasium import spaces
 
-from impala_lab.actor.numpy_model import NumpyModel, check_spaces, sample_actions
+from impala_lab.actor.numpy_model import NumpyModel, check_spaces
 from impala_lab.learner.keras_model import build_keras_model, keras_forward
+from impala_lab.model_spec import ModelSpec
 
 REPO = Path(__file__).resolve().parents[1]
 CARTPOLE_OBS = spaces.Box(-np.inf, np.inf, (4,), np.float32)
@@ -89,14 +90,14 @@ def test_spaces_are_checked_by_both_builders() -> None:
 @pytest.mark.parametrize("hiddens", [(64, -1), (0,), (1.5,), 7])
 def test_bad_hiddens(hiddens) -> None:
     with pytest.raises(ValueError, match=r"hiddens=.* is not supported"):
-        NumpyModel(CARTPOLE_OBS, TWO, hiddens)
+        NumpyModel(CARTPOLE_OBS, TWO, ModelSpec(hiddens))
 
 
 # ------------------------------------------------------------------ weights
 
 
 def test_weight_shapes_mlp_and_cnn() -> None:
-    assert NumpyModel(CARTPOLE_OBS, TWO, vf_share_layers=True).weight_shapes() == [
+    assert NumpyModel(CARTPOLE_OBS, TWO, ModelSpec(vf_share_layers=True)).weight_shapes() == [
         (4, 64), (64,), (64, 64), (64,), (64, 2), (2,), (64, 1), (1,)
     ]  # fmt: skip
     # A value trunk of its own: every layer followed by its value twin, then the heads.
@@ -106,45 +107,46 @@ def test_weight_shapes_mlp_and_cnn() -> None:
     ]  # fmt: skip
     image = spaces.Box(0, 255, (84, 84, 4), np.uint8)
     # 84 -> (84 - 8) // 4 + 1 = 20 -> (20 - 4) // 2 + 1 = 9; 9 * 9 * 32 = 2592 features.
-    assert NumpyModel(image, spaces.Discrete(6), (256,), True).weight_shapes() == [
+    shared, separate = ModelSpec((256,), vf_share_layers=True), ModelSpec((256,))
+    assert NumpyModel(image, spaces.Discrete(6), shared).weight_shapes() == [
         (8, 8, 4, 16), (16,), (4, 4, 16, 32), (32,), (2592, 256), (256,),
         (256, 6), (6,), (256, 1), (1,),
     ]  # fmt: skip
-    assert NumpyModel(image, spaces.Discrete(6), (256,), False).weight_shapes() == [
+    assert NumpyModel(image, spaces.Discrete(6), separate).weight_shapes() == [
         (8, 8, 4, 16), (16,), (8, 8, 4, 16), (16,), (4, 4, 16, 32), (32,), (4, 4, 16, 32),
         (32,), (2592, 256), (256,), (2592, 256), (256,), (256, 6), (6,), (256, 1), (1,),
     ]  # fmt: skip
     # No hidden layer: both heads read the observation, shared or not.
     for share in (True, False):
-        assert NumpyModel(CARTPOLE_OBS, spaces.Discrete(3), (), share).weight_shapes() == [
+        spec = ModelSpec((), vf_share_layers=share)
+        assert NumpyModel(CARTPOLE_OBS, spaces.Discrete(3), spec).weight_shapes() == [
             (4, 3), (3,), (4, 1), (1,)
         ]  # fmt: skip
 
 
 def test_keras_weight_order_matches_numpy_model() -> None:
     image = spaces.Box(0, 255, (24, 28, 3), np.uint8)
-    model = build_keras_model(image, spaces.Discrete(5), (32, 16), seed=0, vf_share_layers=True)
+    shared = ModelSpec((32, 16), vf_share_layers=True)
+    model = build_keras_model(image, spaces.Discrete(5), shared, seed=0)
     assert [w.path for w in model.weights] == [
         "conv_0/kernel", "conv_0/bias", "conv_1/kernel", "conv_1/bias",
         "hidden_0/kernel", "hidden_0/bias", "hidden_1/kernel", "hidden_1/bias",
         "logits_head/kernel", "logits_head/bias", "value_head/kernel", "value_head/bias",
     ]  # fmt: skip
     assert [w.shape for w in model.get_weights()] == NumpyModel(
-        image, spaces.Discrete(5), (32, 16), vf_share_layers=True
-    ).weight_shapes()
+        image, spaces.Discrete(5), shared).weight_shapes()
     assert model.output_names == ["logits", "value"]
-    separate = build_keras_model(image, spaces.Discrete(5), (32, 16), seed=0)
+    separate = build_keras_model(image, spaces.Discrete(5), ModelSpec((32, 16)), seed=0)
     layers = [w.path.split("/")[0] for w in separate.weights[::2]]
     assert layers == ["conv_0", "value_conv_0", "conv_1", "value_conv_1", "hidden_0",
                       "value_hidden_0", "hidden_1", "value_hidden_1", "logits_head",
                       "value_head"]
     assert [w.shape for w in separate.get_weights()] == NumpyModel(
-        image, spaces.Discrete(5), (32, 16)
-    ).weight_shapes()
+        image, spaces.Discrete(5), ModelSpec((32, 16))).weight_shapes()
 
 
 def test_initial_weights_scheme() -> None:
-    model = NumpyModel(CARTPOLE_OBS, TWO, (64, 64), vf_share_layers=True)
+    model = NumpyModel(CARTPOLE_OBS, TWO, ModelSpec((64, 64), vf_share_layers=True))
     w = model.initial_weights(7)
     assert all(a.dtype == np.float32 for a in w)
     for bias in w[1::2]:
@@ -168,7 +170,7 @@ def test_keras_model_starts_from_numpy_initial_weights() -> None:
 
 
 def test_set_weights_validation() -> None:
-    model = NumpyModel(CARTPOLE_OBS, TWO, (64, 64), vf_share_layers=True)
+    model = NumpyModel(CARTPOLE_OBS, TWO, ModelSpec((64, 64), vf_share_layers=True))
     weights = model.initial_weights(0)
     with pytest.raises(
         ValueError,
@@ -235,9 +237,10 @@ def _observations(space: spaces.Box, n: int, seed: int) -> np.ndarray:
 def test_numpy_forward_equals_keras(obs_space, num_actions: int, hiddens,
                                     vf_share_layers: bool) -> None:
     action_space = spaces.Discrete(num_actions)
-    keras_model = build_keras_model(obs_space, action_space, hiddens, seed=1,
-                                    vf_share_layers=vf_share_layers)
-    numpy_model = NumpyModel(obs_space, action_space, hiddens, vf_share_layers)
+    keras_model = build_keras_model(obs_space, action_space,
+                                    ModelSpec(hiddens, vf_share_layers=vf_share_layers), seed=1)
+    numpy_model = NumpyModel(obs_space, action_space,
+                             ModelSpec(hiddens, vf_share_layers=vf_share_layers))
     for weights in (numpy_model.initial_weights(3), _random_weights(numpy_model, 4)):
         keras_model.set_weights(weights)
         numpy_model.set_weights(weights)
@@ -259,7 +262,7 @@ def test_numpy_forward_equals_keras(obs_space, num_actions: int, hiddens,
 
 def test_uint8_observations_are_scaled() -> None:
     obs_space = spaces.Box(0, 255, (3,), np.uint8)
-    model = NumpyModel(obs_space, TWO, ())
+    model = NumpyModel(obs_space, TWO, ModelSpec(()))
     # logits = obs / 255 @ W: with W = identity-like columns the logits are the scaled obs.
     model.set_weights([
         np.array([[1, 0], [0, 1], [0, 0]], np.float32), np.zeros(2, np.float32),
@@ -268,33 +271,6 @@ def test_uint8_observations_are_scaled() -> None:
     logits, values = model(np.array([[255, 51, 0]], np.uint8))
     np.testing.assert_allclose(logits, [[1.0, 0.2]], rtol=1e-6)
     np.testing.assert_allclose(values, [0.0])
-
-
-# ------------------------------------------------------------------ sampling
-
-
-def test_sample_actions_matches_softmax() -> None:
-    logits = np.array([[0.0, 1.0, 2.0, -np.inf], [3.0, 3.0, -1.0, 0.5]], np.float32)
-    reps = 50_000
-    actions = sample_actions(np.repeat(logits, reps, axis=0), np.random.default_rng(0))
-    assert actions.dtype == np.int64 and actions.shape == (2 * reps,)
-    probs = np.exp(logits - logits.max(axis=1, keepdims=True))
-    probs /= probs.sum(axis=1, keepdims=True)
-    for row in range(2):
-        counts = np.bincount(actions[row * reps : (row + 1) * reps], minlength=4)
-        freq = counts / reps
-        # 5 standard errors: a correct sampler fails this with probability ~1e-6.
-        bound = 5 * np.sqrt(probs[row] * (1 - probs[row]) / reps) + 1e-12
-        assert np.all(np.abs(freq - probs[row]) <= bound), (row, freq, probs[row])
-    assert counts[3] > 0 and np.bincount(actions[:reps], minlength=4)[3] == 0  # -inf: never
-
-
-def test_sample_actions_is_seeded() -> None:
-    logits = np.zeros((64, 5), np.float32)
-    a = sample_actions(logits, np.random.default_rng(3))
-    b = sample_actions(logits, np.random.default_rng(3))
-    np.testing.assert_array_equal(a, b)
-    assert set(a.tolist()) == set(range(5))
 
 
 # ------------------------------------------------------------------ actor imports
@@ -310,7 +286,7 @@ def test_numpy_part_never_imports_tensorflow() -> None:
         m = models.NumpyModel(spaces.Box(-1, 1, (4,), np.float32), spaces.Discrete(2))
         m.set_weights(m.initial_weights(0))
         logits, values = m(np.zeros((8, 4), np.float32))
-        models.sample_actions(logits, np.random.default_rng(0))
+        m.distribution.sample(logits, np.random.default_rng(0))
         img = spaces.Box(0, 255, (20, 20, 1), np.uint8)
         c = models.NumpyModel(img, spaces.Discrete(2))
         c.set_weights(c.initial_weights(0))
@@ -327,3 +303,38 @@ def test_numpy_part_never_imports_tensorflow() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "HEAVY []" in result.stdout
+
+
+# ------------------------------------------------------------------ the spec
+@pytest.mark.parametrize("kwargs, message", [
+    ({"hiddens": (64, 0)}, r"hiddens=\(64, 0\) is not supported: every size must be a positive"),
+    ({"impala_channels": ()}, r"impala_channels=\(\) is not supported: every size must be a "),
+    ({"conv_net": "deep"}, r"conv_net='deep' is not supported: choose one of 'cnn', 'impala'"),
+    ({"conv_filters": ((16, 3),)}, r"conv_filters=\(\(16, 3\),\) is not supported: give one or "
+                                   r"more \(filters, kernel, stride\) triples"),
+    ({"use_lstm": True, "lstm_cell_size": 0}, r"lstm_cell_size=0 is not supported: give a "
+                                             r"positive integer"),
+])
+def test_a_bad_model_spec_names_the_field_the_value_and_the_fix(kwargs, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        ModelSpec(**kwargs)
+
+
+def test_a_model_spec_stores_lists_as_tuples_and_resolves_the_image_layers() -> None:
+    spec = ModelSpec(hiddens=[8], conv_filters=[[4, 3, 1], [6, 3, 2]], impala_channels=[2])
+    assert spec == ModelSpec((8,), conv_filters=((4, 3, 1), (6, 3, 2)), impala_channels=(2,))
+    assert spec.conv_maps((10, 10, 4)) == [(8, 8, 4), (3, 3, 6)]  # 10 -> 8 -> 3
+    # unset layers follow the image's size: MinAtar's below 20x20, Atari's from 20x20
+    assert ModelSpec().small_cnn_filters((10, 10, 4)) == ((16, 3, 1),)
+    assert ModelSpec().small_cnn_filters((84, 84, 4)) == ((16, 8, 4), (32, 4, 2))
+    with pytest.raises(TypeError, match=r"spec=\(64,\) must be a ModelSpec"):
+        NumpyModel(CARTPOLE_OBS, TWO, (64,))  # type: ignore[arg-type]
+
+
+def test_both_builders_read_one_spec() -> None:
+    spec = ModelSpec((16,), use_lstm=True, lstm_cell_size=4)
+    numpy_model = NumpyModel(CARTPOLE_OBS, TWO, spec)
+    keras_model = build_keras_model(CARTPOLE_OBS, TWO, spec, seed=0)
+    assert numpy_model.spec is spec
+    assert [tuple(w.shape) for w in keras_model.weights] == numpy_model.weight_shapes() == [
+        (4, 16), (16,), (16, 16), (4, 16), (16,), (4, 2), (2,), (4, 1), (1,)]

@@ -12,6 +12,7 @@ from impala_lab.batch import SampleBatch
 from impala_lab.config import ImpalaConfig
 from impala_lab.errors import NonFiniteLossError
 from impala_lab.learner.vtrace_policy import STAT_KEYS, VTracePolicy
+from impala_lab.model_spec import ModelSpec
 
 OBS = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
 ACT = gym.spaces.Discrete(2)
@@ -72,7 +73,7 @@ def test_weights_round_trip_and_match_the_actors_numpy_forward(cartpole_batch):
         np.testing.assert_array_equal(a, b)
     obs = cartpole_batch.obs.reshape(-1, 4)
     keras_logits, keras_values = target.compute_logits_and_values(obs)
-    actor = NumpyModel(OBS, ACT, (64, 64))
+    actor = NumpyModel(OBS, ACT, ModelSpec((64, 64)))
     actor.set_weights(weights)
     np_logits, np_values = actor(obs)
     np.testing.assert_allclose(np_logits, keras_logits, atol=1e-5)
@@ -134,8 +135,8 @@ def test_episode_ends_set_the_value_target(terminated, truncated, expected):
 
     policy = make_policy(gamma=0.9)
     batch = _one_step_batch(terminated, truncated, truncation_value=5.0)
-    t = {k: tf.convert_to_tensor(v) for k, v in batch_to_tensors(batch).items()}
-    _, stats = policy.loss_and_stats(t)
+    tensors = {k: tf.convert_to_tensor(v) for k, v in batch_to_tensors(batch).items()}
+    _, stats = policy.loss_and_stats(tensors)
     _, values = policy.compute_logits_and_values(np.concatenate(
         [batch.obs[0], batch.bootstrap_obs]))
     v0, v1 = values
@@ -205,3 +206,29 @@ def test_a_rejected_update_leaves_weights_and_optimizer_state_bitwise_unchanged(
     assert stats["policy_version"] == 2 and int(policy.optimizer.iterations.numpy()) == 2
     assert _learner_state(policy) != before
     assert policy.num_traces == 1
+
+
+def test_the_loss_takes_its_entropy_from_the_action_distribution(cartpole_batch):
+    import tensorflow as tf
+
+    from impala_lab.actor.distributions import Categorical
+    from impala_lab.learner.distributions import TFCategorical
+    from impala_lab.learner.vtrace_policy import batch_to_tensors
+
+    policy = make_policy()
+    assert policy.distribution is TFCategorical
+    tensors = {k: tf.convert_to_tensor(v) for k, v in batch_to_tensors(cartpole_batch).items()}
+    _, stats = policy.loss_and_stats(tensors)
+    logits, _ = policy.compute_logits_and_values(cartpole_batch.obs.reshape(-1, 4))
+    # the stat is the mean entropy per env step; the numpy twin gives the same number
+    assert float(stats["entropy"]) == pytest.approx(float(Categorical.entropy(logits).mean()),
+                                                    abs=1e-6)
+    assert 0.5 < float(stats["entropy"]) <= np.log(2.0)  # near-uniform first policy
+
+
+def test_a_policy_for_an_action_space_without_a_distribution_is_refused():
+    from impala_lab.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"action space Box\(-1.0, 1.0, \(1,\), float32\) is "
+                                          r"not supported: impala_lab supports Discrete"):
+        VTracePolicy(OBS, gym.spaces.Box(-1.0, 1.0, (1,), np.float32), ImpalaConfig(seed=1))

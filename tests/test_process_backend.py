@@ -390,7 +390,8 @@ PARENT_SCRIPT = textwrap.dedent("""
                                           sample_batch_size=5, model=(8,), seed=0))
     handles = [backend.make_worker(i) for i in range(2)]
     e = env()
-    weights = NumpyModel(e.observation_space, e.action_space, (8,)).initial_weights(0)
+    weights = NumpyModel(e.observation_space, e.action_space,
+                         backend.config.model_spec).initial_weights(0)
     for h in handles:
         h.info().result()  # the worker is up
     for v in range(3):
@@ -469,7 +470,8 @@ THREAD_SCRIPT = textwrap.dedent("""
                                           sample_batch_size=5, model=(8,), seed=0))
     handles = [backend.make_worker(i) for i in range(2)]
     e = env()
-    weights = NumpyModel(e.observation_space, e.action_space, (8,)).initial_weights(0)
+    weights = NumpyModel(e.observation_space, e.action_space,
+                         backend.config.model_spec).initial_weights(0)
     done = [0]
 
     def drive():  # a driver loop in a daemon thread, as Impala.start() runs one

@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 
 from impala_lab import Impala, ImpalaConfig
-from impala_lab.actor.numpy_model import NumpyModel, lstm_step
+from impala_lab.actor.layers import lstm_step
+from impala_lab.actor.numpy_model import NumpyModel
 from impala_lab.actor.rollout_worker import RolloutWorker
 from impala_lab.batch import SampleBatch, concat_samples
 from impala_lab.driver.checkpoint import read_checkpoint
@@ -28,6 +29,7 @@ from impala_lab.driver.replay_mixer import ReplayMixer
 from impala_lab.envs.stateless_cartpole import ENV_ID
 from impala_lab.errors import ConfigError
 from impala_lab.learner.minibatch_buffer import MinibatchBuffer
+from impala_lab.model_spec import ModelSpec
 from tests.envs import FixedLengthEnv
 
 REPO = Path(__file__).resolve().parents[1]
@@ -54,8 +56,8 @@ def _mixed_length_envs(lengths=(3, 5, 7, 4), truncate=(False, True, False, True)
 
 
 def _recurrent_worker(seed: int = 0, num_envs: int = 4, T: int = 6) -> RolloutWorker:
-    worker = RolloutWorker(_mixed_length_envs(), num_envs=num_envs, sample_batch_size=T,
-                           hiddens=(16,), seed=seed, use_lstm=True, lstm_cell_size=CELL)
+    worker = RolloutWorker(_mixed_length_envs(), num_envs=num_envs, sample_batch_size=T, seed=seed,
+                           model_spec=ModelSpec((16,), use_lstm=True, lstm_cell_size=CELL))
     worker.set_weights(_random_weights(worker.model, seed + 1), version=0)
     return worker
 
@@ -119,9 +121,9 @@ def test_numpy_model_step_equals_the_keras_model_step(kind):
     from impala_lab.learner.keras_model import build_keras_model
 
     obs_space = OBS if kind == "mlp" else gym.spaces.Box(0, 255, (20, 20, 2), np.uint8)
-    numpy_model = NumpyModel(obs_space, ACT, (16,), use_lstm=True, lstm_cell_size=CELL)
-    keras_model = build_keras_model(obs_space, ACT, (16,), seed=0, use_lstm=True,
-                                    lstm_cell_size=CELL)
+    numpy_model = NumpyModel(obs_space, ACT, ModelSpec((16,), use_lstm=True, lstm_cell_size=CELL))
+    keras_model = build_keras_model(obs_space, ACT,
+                                    ModelSpec((16,), use_lstm=True, lstm_cell_size=CELL), seed=0)
     assert [tuple(w.shape) for w in keras_model.weights] == numpy_model.weight_shapes()
     # The initial weights are the same too (the forget-gate bias is 1).
     for a, b in zip(keras_model.get_weights(), numpy_model.initial_weights(0), strict=True):
@@ -142,7 +144,7 @@ def test_numpy_model_step_equals_the_keras_model_step(kind):
 
 
 def test_a_recurrent_numpy_model_refuses_a_stateless_call_and_a_wrong_state():
-    model = NumpyModel(OBS, ACT, (16,), use_lstm=True, lstm_cell_size=CELL)
+    model = NumpyModel(OBS, ACT, ModelSpec((16,), use_lstm=True, lstm_cell_size=CELL))
     model.set_weights(model.initial_weights(0))
     obs = np.zeros((2, 4), np.float32)
     with pytest.raises(RuntimeError, match=r"this model is recurrent \(use_lstm=True\): call "
@@ -182,7 +184,7 @@ def test_the_actor_stores_the_start_state_and_resets_it_where_an_episode_ended()
 def test_truncation_values_read_the_state_after_the_final_step_before_its_reset():
     lengths, truncate = (3, 3), (True, True)
     worker = RolloutWorker(_mixed_length_envs(lengths, truncate), num_envs=2, sample_batch_size=4,
-                           hiddens=(16,), seed=0, use_lstm=True, lstm_cell_size=CELL)
+                           seed=0, model_spec=ModelSpec((16,), use_lstm=True, lstm_cell_size=CELL))
     with worker:
         worker.set_weights(_random_weights(worker.model, 3), version=0)
         b = worker.sample()
@@ -289,7 +291,7 @@ def test_the_learner_unroll_equals_the_actors_forward_on_a_batch_with_resets(bat
         policy.model, policy.trunk, t["obs"], t["state_in"],
         tf.constant(dones.astype(np.float32)), t["bootstrap_obs"])
     np.testing.assert_allclose(np.asarray(logits), batch.behaviour_logits, atol=1e-5)
-    model = NumpyModel(OBS, ACT, (16,), use_lstm=True, lstm_cell_size=CELL)
+    model = NumpyModel(OBS, ACT, ModelSpec((16,), use_lstm=True, lstm_cell_size=CELL))
     model.set_weights(weights)
     np_logits, np_values, np_state = model.unroll(batch.obs, batch.state_in, dones)
     np.testing.assert_array_equal(np_logits, batch.behaviour_logits)
@@ -392,9 +394,9 @@ def test_an_inline_run_with_replay_and_sgd_passes_trains_and_checkpoints_round_t
         assert run.policy.version > 0 and stats["learner"]["policy_version"] > 0
         path = run.save(tmp_path / "ckpt")
     state, weights, _ = read_checkpoint(path)
+    spec = ModelSpec((16,), use_lstm=True, lstm_cell_size=CELL)
     assert len(weights) == len(NumpyModel(gym.spaces.Box(-1, 1, (2,)), gym.spaces.Discrete(2),
-                                          (16,), use_lstm=True, lstm_cell_size=CELL
-                                          ).weight_shapes())
+                                          spec).weight_shapes())
     version = state["policy_version"]
     with Impala.restore(path, backend="inline") as restored:
         assert restored.config.use_lstm is True and restored.config.lstm_cell_size == CELL
@@ -454,7 +456,7 @@ def test_every_backend_builds_its_workers_recurrent_from_the_config():
         # not started here: that would start Ray).
         assert backend_class(name).worker_kwargs is Backend.worker_kwargs, name
     kwargs = backend_class("inline")(config).worker_kwargs(1)
-    assert (kwargs["use_lstm"], kwargs["lstm_cell_size"]) == (True, CELL)
+    assert kwargs["model_spec"] == ModelSpec((16,), use_lstm=True, lstm_cell_size=CELL)
     with RolloutWorker(**kwargs) as worker:
         batch = worker.sample()
     assert batch.state_in.shape == (2, 2, CELL) and batch.obs.shape == (10, 2, 2)

@@ -14,8 +14,10 @@ import numpy as np
 import pytest
 
 from impala_lab.actor import numpy_model as models
+from impala_lab.actor.distributions import Categorical
 from impala_lab.actor.rollout_worker import RolloutWorker, env_description
 from impala_lab.batch import FIELDS, concat_samples
+from impala_lab.model_spec import ModelSpec
 from tests.envs import FixedLengthEnv, ImageEnv, NaNEnv, RaisingEnv, SlowEnv, WrongObsEnv
 
 
@@ -35,7 +37,7 @@ def factory_cycle(*makers):
 
 def reference_model(worker: RolloutWorker) -> models.NumpyModel:
     """A fresh NumpyModel holding the worker's current weights."""
-    m = models.NumpyModel(worker.observation_space, worker.action_space, hiddens=(16,))
+    m = models.NumpyModel(worker.observation_space, worker.action_space, ModelSpec((16,)))
     m.set_weights(worker.get_weights()[0])
     return m
 
@@ -62,7 +64,7 @@ def test_autoreset_boundaries_exact():
         lambda: FixedLengthEnv(length=1, obs_dim=3, reward=0.5, truncate=True),
     )
     T, n_samples = 10, 4
-    w = RolloutWorker(make, num_envs=3, sample_batch_size=T, hiddens=(16,), seed=3)
+    w = RolloutWorker(make, num_envs=3, sample_batch_size=T, seed=3, model_spec=ModelSpec((16,)))
     batches = [w.sample() for _ in range(n_samples)]
     for b in batches:
         b.validate(check_values=True)
@@ -117,8 +119,8 @@ def test_autoreset_boundaries_exact():
 
 
 def test_episode_spanning_fragments_reports_full_length():
-    w = RolloutWorker(functools.partial(FixedLengthEnv, length=7, reward=0.5),
-                      num_envs=1, sample_batch_size=5, hiddens=(8,), seed=0)
+    w = RolloutWorker(functools.partial(FixedLengthEnv, length=7, reward=0.5), num_envs=1,
+                      sample_batch_size=5, seed=0, model_spec=ModelSpec((8,)))
     b1, b2, b3 = w.sample(), w.sample(), w.sample()
     assert len(b1.episode_lengths) == 0
     np.testing.assert_array_equal(b2.episode_lengths, [7])  # steps 0..6 end in fragment 2
@@ -138,7 +140,7 @@ class BothEnv(FixedLengthEnv):
 
 def test_terminated_and_truncated_counts_as_terminated():
     w = RolloutWorker(functools.partial(BothEnv, length=2), num_envs=2, sample_batch_size=6,
-                      hiddens=(8,), seed=0)
+                      seed=0, model_spec=ModelSpec((8,)))
     b = w.sample()
     expected = np.tile(np.array([False, True] * 3)[:, None], (1, 2))
     np.testing.assert_array_equal(b.terminateds, expected)
@@ -158,7 +160,7 @@ class BufferReusingEnv(FixedLengthEnv):
 
 def test_truncation_value_survives_env_reusing_its_obs_buffer():
     w = RolloutWorker(functools.partial(BufferReusingEnv, length=2, obs_dim=3, truncate=True),
-                      num_envs=2, sample_batch_size=6, hiddens=(16,), seed=0)
+                      num_envs=2, sample_batch_size=6, seed=0, model_spec=ModelSpec((16,)))
     b = w.sample()
     g = np.arange(6)
     np.testing.assert_array_equal(b.obs[:, 1, 0], g % 2)
@@ -174,23 +176,25 @@ def test_truncation_value_survives_env_reusing_its_obs_buffer():
 
 
 def test_behaviour_logits_and_actions_follow_the_numpy_model():
-    w = RolloutWorker("CartPole-v1", num_envs=4, sample_batch_size=20, hiddens=(16,), seed=11)
+    w = RolloutWorker("CartPole-v1", num_envs=4, sample_batch_size=20, seed=11,
+                      model_spec=ModelSpec((16,)))
     b = w.sample()
     ref = reference_model(w)
     logits, _ = ref(b.obs.reshape(-1, *b.obs_shape))
     np.testing.assert_allclose(
         b.behaviour_logits, logits.reshape(b.T, b.B, -1), rtol=1e-5, atol=1e-6
     )
-    # Actions are models.sample_actions(logits, rng) with the documented action rng.
+    # Actions are the Categorical's sample(logits, rng) with the documented action rng.
     seq = np.random.SeedSequence(11, spawn_key=(0,))
     rng = np.random.default_rng(seq.spawn(5)[0])
-    expected = np.stack([models.sample_actions(b.behaviour_logits[t], rng) for t in range(b.T)])
+    expected = np.stack([Categorical.sample(b.behaviour_logits[t], rng) for t in range(b.T)])
     np.testing.assert_array_equal(b.actions, expected)
     assert b.actions.dtype == np.int64
 
 
 def test_set_weights_changes_version_and_logits():
-    w = RolloutWorker("CartPole-v1", num_envs=2, sample_batch_size=8, hiddens=(16,), seed=1)
+    w = RolloutWorker("CartPole-v1", num_envs=2, sample_batch_size=8, seed=1,
+                      model_spec=ModelSpec((16,)))
     assert w.weights_version == -1
     b0 = w.sample()
     np.testing.assert_array_equal(b0.policy_versions, [-1, -1])
@@ -203,7 +207,7 @@ def test_set_weights_changes_version_and_logits():
     assert v == 5 and all(np.array_equal(a, b) for a, b in zip(got, new, strict=True))
     b1 = w.sample()
     np.testing.assert_array_equal(b1.policy_versions, [5, 5])
-    m = models.NumpyModel(w.observation_space, w.action_space, hiddens=(16,))
+    m = models.NumpyModel(w.observation_space, w.action_space, ModelSpec((16,)))
     m.set_weights(new)
     logits, _ = m(b1.obs.reshape(-1, 4))
     np.testing.assert_allclose(b1.behaviour_logits.reshape(-1, 2), logits, rtol=1e-5, atol=1e-6)
@@ -215,8 +219,9 @@ def test_set_weights_changes_version_and_logits():
 
 
 def test_initial_weights_come_from_seed():
-    w = RolloutWorker("CartPole-v1", num_envs=1, sample_batch_size=4, hiddens=(16,), seed=42)
-    m = models.NumpyModel(w.observation_space, w.action_space, hiddens=(16,))
+    w = RolloutWorker("CartPole-v1", num_envs=1, sample_batch_size=4, seed=42,
+                      model_spec=ModelSpec((16,)))
+    m = models.NumpyModel(w.observation_space, w.action_space, ModelSpec((16,)))
     expected = m.initial_weights(42)
     got, _ = w.get_weights()
     assert len(got) == len(expected)
@@ -229,8 +234,8 @@ def test_initial_weights_come_from_seed():
 
 def test_same_seed_same_batches_different_index_or_seed_differs():
     def run(seed, index):
-        w = RolloutWorker("CartPole-v1", num_envs=3, sample_batch_size=30, hiddens=(16,),
-                          seed=seed, worker_index=index)
+        w = RolloutWorker("CartPole-v1", num_envs=3, sample_batch_size=30, seed=seed,
+                          worker_index=index, model_spec=ModelSpec((16,)))
         out = [w.sample() for _ in range(3)]
         w.close()
         return out
@@ -249,8 +254,8 @@ def test_same_seed_same_batches_different_index_or_seed_differs():
 
 def test_env_seeds_follow_seed_sequence():
     make, built = factory_cycle(FixedLengthEnv)
-    RolloutWorker(make, num_envs=3, sample_batch_size=2, hiddens=(8,), seed=5,
-                  worker_index=4).close()
+    RolloutWorker(make, num_envs=3, sample_batch_size=2, seed=5, worker_index=4,
+                  model_spec=ModelSpec((8,))).close()
     children = np.random.SeedSequence(5, spawn_key=(4,)).spawn(4)
     assert [e.last_seed for e in built] == [
         int(c.generate_state(1, np.uint32)[0]) for c in children[1:]
@@ -258,8 +263,9 @@ def test_env_seeds_follow_seed_sequence():
 
 
 def test_seed_none_is_random():
-    a = RolloutWorker("CartPole-v1", num_envs=2, sample_batch_size=5, hiddens=(8,)).sample()
-    b = RolloutWorker("CartPole-v1", num_envs=2, sample_batch_size=5, hiddens=(8,)).sample()
+    spec = ModelSpec((8,))
+    a = RolloutWorker("CartPole-v1", num_envs=2, sample_batch_size=5, model_spec=spec).sample()
+    b = RolloutWorker("CartPole-v1", num_envs=2, sample_batch_size=5, model_spec=spec).sample()
     assert not np.array_equal(a.obs, b.obs)
 
 
@@ -268,8 +274,8 @@ def test_seed_none_is_random():
 
 def test_nan_observation_guard():
     make, _ = factory_cycle(FixedLengthEnv, functools.partial(NaNEnv, at_step=4, length=10))
-    w = RolloutWorker(make, num_envs=2, sample_batch_size=3, hiddens=(8,), seed=0,
-                      worker_index=3)
+    w = RolloutWorker(make, num_envs=2, sample_batch_size=3, seed=0, worker_index=3,
+                      model_spec=ModelSpec((8,)))
     w.sample()  # steps 1-3 are fine
     with pytest.raises(ValueError) as info:
         w.sample()
@@ -283,7 +289,7 @@ def test_nan_observation_guard():
 
 def test_nan_reward_guard():
     w = RolloutWorker(functools.partial(NaNEnv, at_step=2, field="reward"), num_envs=2,
-                      sample_batch_size=5, hiddens=(8,), seed=0)
+                      sample_batch_size=5, seed=0, model_spec=ModelSpec((8,)))
     with pytest.raises(ValueError, match=r"^env 'NaNEnv' \(env index 0 of worker 0\) returned "
                        r"a non-finite reward at env step 2: nan"):
         w.sample()
@@ -292,10 +298,10 @@ def test_nan_reward_guard():
 def test_nan_guard_at_reset_and_in_final_obs():
     with pytest.raises(ValueError, match=r"env 'NaNEnv' \(env index 0 of worker 0\) returned "
                        r"a non-finite observation from reset\(\) before any step: \[nan "):
-        RolloutWorker(functools.partial(NaNEnv, at_step=0), hiddens=(8,))
+        RolloutWorker(functools.partial(NaNEnv, at_step=0), model_spec=ModelSpec((8,)))
     # The NaN is in the final obs of a truncated episode, needed for its bootstrap value.
     w = RolloutWorker(functools.partial(NaNEnv, at_step=3, length=3, truncate=True),
-                      sample_batch_size=5, hiddens=(8,))
+                      sample_batch_size=5, model_spec=ModelSpec((8,)))
     with pytest.raises(ValueError, match=r"non-finite observation at env step 3 \(the final "
                        r"observation of a truncated episode, needed for its bootstrap value\)"):
         w.sample()
@@ -306,8 +312,8 @@ def test_nan_guard_at_reset_and_in_final_obs():
                                        ("short", r"shape \(3,\) \(ndarray, dtype float32\)")])
 def test_wrong_shaped_observations_are_rejected_naming_the_env_step_and_space(kind, got):
     # Before this check numpy broadcast a scalar or a (1, 4) observation into the (4,) row.
-    w = RolloutWorker(functools.partial(WrongObsEnv, kind=kind, at_step=4, length=100),
-                      num_envs=2, sample_batch_size=3, hiddens=(8,), seed=0, worker_index=2)
+    w = RolloutWorker(functools.partial(WrongObsEnv, kind=kind, at_step=4, length=100), num_envs=2,
+                      sample_batch_size=3, seed=0, worker_index=2, model_spec=ModelSpec((8,)))
     w.sample()  # steps 1-3 are fine
     with pytest.raises(ValueError) as info:
         w.sample()
@@ -324,11 +330,12 @@ def test_wrong_shaped_observations_are_rejected_naming_the_env_step_and_space(ki
 def test_wrong_shaped_observations_from_reset_are_rejected():
     with pytest.raises(ValueError, match=r"returned an observation of shape \(1, 4\) .*from "
                        r"reset\(\) before any step, but its observation space"):
-        RolloutWorker(functools.partial(WrongObsEnv, kind="batched", at_step=0), hiddens=(8,))
+        RolloutWorker(functools.partial(WrongObsEnv, kind="batched", at_step=0),
+                      model_spec=ModelSpec((8,)))
     # from the reset that follows an episode's end, inside sample(): the first episode's
     # reset was made right, the later ones wrong
     envs = [WrongObsEnv(kind="scalar", at_step=10**9, length=3)]
-    w = RolloutWorker(lambda: envs[0], hiddens=(8,), sample_batch_size=5)
+    w = RolloutWorker(lambda: envs[0], sample_batch_size=5, model_spec=ModelSpec((8,)))
     envs[0].at_step = 0  # from now on every reset() returns a scalar
     with pytest.raises(ValueError, match=r"returned an observation of shape \(\) \(float, "
                        r"dtype float64\) from reset\(\) after env step 3, but"):
@@ -337,10 +344,10 @@ def test_wrong_shaped_observations_from_reset_are_rejected():
 
 @pytest.mark.parametrize("kind", ["list", "float64", "int64"])
 def test_observations_that_convert_exactly_are_accepted(kind):
-    reference = RolloutWorker(functools.partial(FixedLengthEnv, obs_dim=4, length=3),
-                              num_envs=2, sample_batch_size=7, hiddens=(8,), seed=0)
+    reference = RolloutWorker(functools.partial(FixedLengthEnv, obs_dim=4, length=3), num_envs=2,
+                              sample_batch_size=7, seed=0, model_spec=ModelSpec((8,)))
     other = RolloutWorker(functools.partial(WrongObsEnv, kind=kind, at_step=1, length=3),
-                          num_envs=2, sample_batch_size=7, hiddens=(8,), seed=0)
+                          num_envs=2, sample_batch_size=7, seed=0, model_spec=ModelSpec((8,)))
     a, b = reference.sample(), other.sample()
     assert b.obs.dtype == np.float32
     np.testing.assert_array_equal(a.obs, b.obs)
@@ -358,38 +365,40 @@ def test_a_float_image_observation_is_rejected_and_small_ints_accepted():
             obs, *rest = super().step(action)
             return obs.astype(np.int64), *rest
 
-    w = RolloutWorker(FloatImage, num_envs=2, sample_batch_size=3, hiddens=(8,))
+    w = RolloutWorker(FloatImage, num_envs=2, sample_batch_size=3, model_spec=ModelSpec((8,)))
     with pytest.raises(ValueError, match=r"env '.*FloatImage' \(env index 0 of worker 0\) "
                        r"returned an observation of dtype float32 \(ndarray, shape \(20, 20, 3\)\) "
                        r"from step\(\) at env step 1, but its observation space Box\(0, 255, "
                        r"\(20, 20, 3\), uint8\) expects shape \(20, 20, 3\) and dtype uint8"):
         w.sample()
-    ints = RolloutWorker(IntImage, num_envs=2, sample_batch_size=3, hiddens=(8,), seed=0)
-    ref = RolloutWorker(ImageEnv, num_envs=2, sample_batch_size=3, hiddens=(8,), seed=0)
+    ints = RolloutWorker(IntImage, num_envs=2, sample_batch_size=3, seed=0,
+                         model_spec=ModelSpec((8,)))
+    ref = RolloutWorker(ImageEnv, num_envs=2, sample_batch_size=3, seed=0,
+                        model_spec=ModelSpec((8,)))
     np.testing.assert_array_equal(ints.sample().obs, ref.sample().obs)
 
 
 def test_a_reward_too_large_for_float32_is_rejected():
     # 1e39 is finite as a Python float (the old check summed Python floats) and inf as float32
-    w = RolloutWorker(functools.partial(NaNEnv, at_step=3, field="reward", value=1e39),
-                      num_envs=2, sample_batch_size=5, hiddens=(8,), seed=0, worker_index=1)
+    w = RolloutWorker(functools.partial(NaNEnv, at_step=3, field="reward", value=1e39), num_envs=2,
+                      sample_batch_size=5, seed=0, worker_index=1, model_spec=ModelSpec((8,)))
     with pytest.raises(ValueError, match=r"^env 'NaNEnv' \(env index 0 of worker 1\) returned "
                        r"a reward of 1e\+39 at env step 3: the batch holds rewards as float32, "
                        r"whose largest finite value is 3\.403e\+38, so it would become inf"):
         w.sample()
     # -inf and a float32-sized reward
     w = RolloutWorker(functools.partial(NaNEnv, at_step=2, field="reward", value=-np.inf),
-                      num_envs=1, sample_batch_size=5, hiddens=(8,))
+                      num_envs=1, sample_batch_size=5, model_spec=ModelSpec((8,)))
     with pytest.raises(ValueError, match=r"non-finite reward at env step 2: -inf"):
         w.sample()
-    w = RolloutWorker(functools.partial(NaNEnv, at_step=2, field="reward", value=3e38),
-                      num_envs=1, sample_batch_size=5, hiddens=(8,))
+    w = RolloutWorker(functools.partial(NaNEnv, at_step=2, field="reward", value=3e38), num_envs=1,
+                      sample_batch_size=5, model_spec=ModelSpec((8,)))
     assert w.sample().rewards[1, 0] == np.float32(3e38)
 
 
 def test_env_exception_propagates_with_location():
     w = RolloutWorker(functools.partial(RaisingEnv, every=4, length=100), num_envs=2,
-                      sample_batch_size=3, hiddens=(8,), worker_index=1)
+                      sample_batch_size=3, worker_index=1, model_spec=ModelSpec((8,)))
     w.sample()
     with pytest.raises(RuntimeError) as info:
         w.sample()
@@ -450,7 +459,7 @@ def test_mismatched_spaces_across_envs():
 
 def test_image_obs_stay_uint8():
     w = RolloutWorker(functools.partial(ImageEnv, length=4), num_envs=2, sample_batch_size=6,
-                      hiddens=(16,), seed=0)
+                      seed=0, model_spec=ModelSpec((16,)))
     b = w.sample()
     b.validate(check_values=True)
     assert b.obs.dtype == np.uint8 and b.obs.shape == (6, 2, 20, 20, 3)
@@ -471,7 +480,7 @@ def test_float64_box_obs_become_float32():
         def _obs(self, last_action):
             return super()._obs(last_action).astype(np.float64)
 
-    b = RolloutWorker(F64Env, sample_batch_size=5, hiddens=(8,), seed=0).sample()
+    b = RolloutWorker(F64Env, sample_batch_size=5, seed=0, model_spec=ModelSpec((8,))).sample()
     assert b.obs.dtype == np.float32 and b.bootstrap_obs.dtype == np.float32
     np.testing.assert_array_equal(b.obs[:, 0, 0], [0, 1, 2, 3, 0])
 
@@ -480,8 +489,8 @@ def test_float64_box_obs_become_float32():
 
 
 def test_properties_and_lifetime():
-    w = RolloutWorker("CartPole-v1", num_envs=2, sample_batch_size=7, hiddens=(8,), seed=0,
-                      worker_index=2)
+    w = RolloutWorker("CartPole-v1", num_envs=2, sample_batch_size=7, seed=0, worker_index=2,
+                      model_spec=ModelSpec((8,)))
     assert w.env_id == "CartPole-v1"
     assert (w.num_envs, w.sample_batch_size, w.num_actions) == (2, 7, 2)
     assert w.observation_space.shape == (4,) and w.action_space.n == 2
@@ -492,7 +501,7 @@ def test_properties_and_lifetime():
     w.close()  # idempotent
     with pytest.raises(RuntimeError, match="RolloutWorker 2 is closed"):
         w.sample()
-    with RolloutWorker(FixedLengthEnv, hiddens=(8,)) as w2:
+    with RolloutWorker(FixedLengthEnv, model_spec=ModelSpec((8,))) as w2:
         assert w2.env_id == "FixedLengthEnv"
     with pytest.raises(RuntimeError, match="closed"):
         w2.sample()
@@ -563,7 +572,7 @@ def test_test_envs_behaviour():
 
 
 def test_int64_discrete_answers_every_contains_like_discrete():
-    from impala_lab.actor.rollout_worker import Int64Discrete, fast_int64_action_check
+    from impala_lab.actor.env_checks import Int64Discrete, fast_int64_action_check
 
     values = [np.int64(v) for v in (-3, -1, 0, 1, 2, 3, 4, 5, 2**62)] + [
         0, 1, 4, -1, 2.0, np.int32(1), np.int8(3), np.uint64(2), np.float64(1.0),

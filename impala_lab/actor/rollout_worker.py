@@ -39,9 +39,10 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from impala_lab.actor import numpy_model as models
-from impala_lab.actor.env_checks import FLOAT32_MAX, EnvOutputChecks
+from impala_lab.actor.env_checks import FLOAT32_MAX, EnvOutputChecks, fast_int64_action_check
+from impala_lab.actor.numpy_model import NumpyModel, check_spaces
 from impala_lab.batch import SampleBatch
+from impala_lab.model_spec import ModelSpec
 
 __all__ = ["RolloutWorker", "env_description"]
 
@@ -59,41 +60,12 @@ def env_description(env: EnvSpec) -> str:
     return name if name is not None else type(env).__name__
 
 
-class Int64Discrete(gym.spaces.Discrete):
-    """A `Discrete` space whose ``contains`` answers an ``np.int64`` scalar directly.
-
-    Envs such as CartPole assert ``action_space.contains(action)`` on every step, and
-    gymnasium's check spends microseconds on dtype tests: a large share of a CartPole
-    worker's CPU. The worker's actions are np.int64 scalars, for which the answer is the
-    range test alone, as in `Discrete.contains`; any other value goes to `Discrete.contains`.
-    """
-
-    def contains(self, x: Any) -> bool:
-        if type(x) is np.int64:
-            return bool(self.start <= x < self.start + self.n)
-        return super().contains(x)
-
-    @classmethod
-    def like(cls, space: gym.spaces.Discrete) -> Int64Discrete:
-        """An `Int64Discrete` equal to ``space`` that draws from ``space``'s generator."""
-        return cls(int(space.n), seed=space.np_random, start=int(space.start))
-
-
-def fast_int64_action_check(env: gym.Env) -> None:
-    """Replaces ``env``'s own int64 `Discrete` action space by an equal `Int64Discrete`
-    (which answers every ``contains`` the same, faster); wrappers that do not set a space of
-    their own pass the new one on. Any other action space is left alone."""
-    unwrapped = env.unwrapped
-    space = getattr(unwrapped, "action_space", None)
-    if type(space) is gym.spaces.Discrete and space.dtype == np.int64:
-        unwrapped.action_space = Int64Discrete.like(space)
-
-
 class _Fragment:
     """The arrays one `RolloutWorker.sample` fills, time-major.
 
     ``obs`` [T + 1, B, *obs_shape] (row T: the observations after the last step),
-    ``actions`` [T, B] int64, ``logits`` [T, B, num_actions] float32, ``rewards64`` [T, B]
+    ``actions`` [T, B, *action_shape] (int64 [T, B] for a Discrete space), ``logits``
+    [T, B, num_actions] float32 (the action distribution's inputs), ``rewards64`` [T, B]
     float64 (checked before the cast to float32), ``terminateds`` and ``truncateds`` [T, B]
     bool, ``truncation_values`` [T, B] float32; ``done_returns`` and ``done_lengths``: the
     episodes that ended, in order of (step, env index).
@@ -103,9 +75,10 @@ class _Fragment:
                  "terminateds", "truncateds", "truncation_values")
 
     def __init__(self, T: int, n: int, obs_shape: tuple[int, ...], obs_dtype: np.dtype,
-                 num_actions: int) -> None:
+                 num_actions: int, action_shape: tuple[int, ...], action_dtype: np.dtype
+                 ) -> None:
         self.obs = np.empty((T + 1, n, *obs_shape), obs_dtype)
-        self.actions = np.empty((T, n), np.int64)
+        self.actions = np.empty((T, n, *action_shape), action_dtype)
         self.logits = np.empty((T, n, num_actions), np.float32)
         self.rewards64 = np.empty((T, n), np.float64)
         self.terminateds = np.zeros((T, n), np.bool_)
@@ -123,13 +96,8 @@ class RolloutWorker:
         returning a ``gymnasium.Env`` (called ``num_envs`` times).
       num_envs: envs stepped side by side; the batch's B.
       sample_batch_size: unroll length T of each `sample`.
-      hiddens: hidden layer sizes of the policy network (must match the learner's model).
-      vf_share_layers: whether the value head shares the policy's trunk (as the learner's).
-      use_lstm: a recurrent policy (an LSTM after the trunk); batches carry ``state_in``.
-      lstm_cell_size: the LSTM's units C.
-      conv_net, conv_filters, impala_channels: the conv trunk for image observations
-        (`impala_lab.conv_layout`): "cnn" with its layers (None: by image size) or "impala"
-        with its stack widths.
+      model_spec: the policy network (`impala_lab.model_spec.ModelSpec`; must be the
+        learner's); None: ``ModelSpec()``. With ``use_lstm`` batches carry ``state_in``.
       seed: seeds envs, action sampling and the initial weights; None = random. Env ``i`` is
         seeded from ``SeedSequence(seed, spawn_key=(worker_index,))``'s child ``i + 1``,
         action sampling from child 0, so equal (seed, worker_index) give equal batches.
@@ -145,15 +113,9 @@ class RolloutWorker:
         env: EnvSpec,
         num_envs: int = 1,
         sample_batch_size: int = 50,
-        hiddens: Sequence[int] = (64, 64),
-        vf_share_layers: bool = False,
+        model_spec: ModelSpec | None = None,
         seed: int | None = None,
         worker_index: int = 0,
-        use_lstm: bool = False,
-        lstm_cell_size: int = 64,
-        conv_net: str = "cnn",
-        conv_filters: Sequence[Sequence[int]] | None = None,
-        impala_channels: Sequence[int] = (16, 32, 32),
     ) -> None:
         if not isinstance(num_envs, int) or num_envs < 1:
             raise ValueError(f"RolloutWorker: num_envs={num_envs!r} must be an int >= 1.")
@@ -185,12 +147,11 @@ class RolloutWorker:
         self._rng = np.random.default_rng(children[0])
         env_seeds = [int(c.generate_state(1, np.uint32)[0]) for c in children[1:]]
 
+        spec = ModelSpec() if model_spec is None else model_spec
         try:
-            self._build_envs(num_envs, conv_filters if conv_net == "cnn" else None)
+            self._build_envs(num_envs, spec.conv_filters if spec.conv_net == "cnn" else None)
             init_seed = seed if seed is not None else int(seq.entropy % (2**63))
-            self._build_model(tuple(hiddens), vf_share_layers, init_seed, use_lstm,
-                              lstm_cell_size, dict(conv_net=conv_net, conv_filters=conv_filters,
-                                                   impala_channels=impala_channels))
+            self._build_model(spec, init_seed)
             self._obs = np.empty((num_envs, *self._obs_shape), self._obs_dtype)
             for i, (e, s) in enumerate(zip(self._envs, env_seeds, strict=True)):
                 self._obs[i] = self._reset_env(i, e, seed=s)
@@ -217,7 +178,7 @@ class RolloutWorker:
                     "worker need the same spaces."
                 )
         try:
-            models.check_spaces(self._observation_space, self._action_space, conv_filters)
+            check_spaces(self._observation_space, self._action_space, conv_filters)
         except ValueError as err:
             raise ValueError(f"RolloutWorker: env {self._env_id!r}: {err}") from err
 
@@ -232,19 +193,14 @@ class RolloutWorker:
         self._check_obs = self._obs_dtype.kind == "f"
         self._checks = EnvOutputChecks(self._env_id, self.worker_index,
                                        self._observation_space, self._obs_dtype)
-        self._num_actions = int(self._action_space.n)
 
-    def _build_model(self, hiddens: tuple[int, ...], vf_share_layers: bool,
-                     init_seed: int, use_lstm: bool, lstm_cell_size: int,
-                     conv: dict[str, Any]) -> None:
+    def _build_model(self, spec: ModelSpec, init_seed: int) -> None:
         """The numpy policy, with initial weights drawn from ``init_seed`` (version -1), and
         for a recurrent one each env's state (zeros)."""
-        self._model = models.NumpyModel(
-            self._observation_space, self._action_space, hiddens=hiddens,
-            vf_share_layers=vf_share_layers, use_lstm=use_lstm, lstm_cell_size=lstm_cell_size,
-            **conv)
+        self._model = NumpyModel(self._observation_space, self._action_space, spec)
+        self._num_actions = self._model.num_actions  # width of the behaviour logits
         # Each env's (h, c) [num_envs, 2, C]; None for a feed-forward policy.
-        self._state = self._model.initial_state(self._num_envs) if use_lstm else None
+        self._state = self._model.initial_state(self._num_envs) if spec.use_lstm else None
         self._weights: list[np.ndarray] = list(self._model.initial_weights(init_seed))
         self._model.set_weights(self._weights)
         self._version = -1
@@ -318,7 +274,7 @@ class RolloutWorker:
         return None if self._state is None else self._state.copy()
 
     @property
-    def model(self) -> models.NumpyModel:
+    def model(self) -> NumpyModel:
         """The numpy policy the worker acts with (read it; change it with `set_weights`)."""
         return self._model
 
@@ -352,8 +308,10 @@ class RolloutWorker:
         """
         if self._closed:
             raise RuntimeError(f"RolloutWorker {self.worker_index} is closed; build a new one.")
+        dist = self._model.distribution
         frag = _Fragment(self._T, self._num_envs, self._obs_shape, self._obs_dtype,
-                         self._num_actions)
+                         self._num_actions, dist.action_shape(self._action_space),
+                         dist.action_dtype)
         frag.obs[0] = self._obs
         state_in = None if self._state is None else self._state.copy()
         first_step = self._steps_per_env + 1  # the env step of row 0
@@ -371,7 +329,7 @@ class RolloutWorker:
         end (`_end_episode`) and a row's end (`_end_row`) cost a method call.
         """
         model = self._model
-        sample_actions = models.sample_actions
+        sample_actions = model.distribution.sample  # the action distribution's draw
         rng = self._rng
         steps = [e.step for e in self._envs]
         ep_ret = self._ep_returns

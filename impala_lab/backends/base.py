@@ -57,11 +57,8 @@ class Backend(abc.ABC):
         """Arguments of `RolloutWorker` for worker ``index`` (seeded from config.seed, index)."""
         c = self.config
         return dict(env=self.env, num_envs=c.num_envs_per_worker,
-                    sample_batch_size=c.sample_batch_size, hiddens=tuple(c.model),
-                    vf_share_layers=c.vf_share_layers, seed=c.seed, worker_index=index,
-                    use_lstm=c.use_lstm, lstm_cell_size=c.lstm_cell_size,
-                    conv_net=c.conv_net, conv_filters=c.conv_filters,
-                    impala_channels=c.impala_channels)
+                    sample_batch_size=c.sample_batch_size, model_spec=c.model_spec,
+                    seed=c.seed, worker_index=index)
 
     def prepare(self) -> None:
         """Checks that can fail before TensorFlow loads or any process starts (default: none)."""

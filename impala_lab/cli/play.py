@@ -21,7 +21,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from impala_lab.actor.numpy_model import NumpyModel, sample_actions
+from impala_lab.actor.numpy_model import NumpyModel
 from impala_lab.config import ImpalaConfig
 
 __all__ = ["load_policy", "policy_model", "record_episodes", "write_gif", "play_checkpoint"]
@@ -54,10 +54,7 @@ def load_policy(checkpoint: str | Path) -> tuple[ImpalaConfig, NumpyModel]:
 def policy_model(config: ImpalaConfig, observation_space: Any, action_space: Any
                  ) -> NumpyModel:
     """The numpy network that ``config`` trains, for these spaces (no weights loaded)."""
-    return NumpyModel(observation_space, action_space, hiddens=tuple(config.model),
-                      vf_share_layers=config.vf_share_layers, use_lstm=config.use_lstm,
-                      lstm_cell_size=config.lstm_cell_size, conv_net=config.conv_net,
-                      conv_filters=config.conv_filters, impala_channels=config.impala_channels)
+    return NumpyModel(observation_space, action_space, config.model_spec)
 
 
 def record_episodes(env_id: str, model: NumpyModel, episodes: int = 1, max_frames: int = 500,
@@ -106,8 +103,8 @@ def record_episodes(env_id: str, model: NumpyModel, episodes: int = 1, max_frame
                     logits = model.logits(np.asarray(obs)[None])
                 else:
                     logits, _, state = model.step(np.asarray(obs)[None], state)
-                action = int(logits.argmax(axis=1)[0] if greedy
-                             else sample_actions(logits, rng)[0])
+                dist = model.distribution
+                action = (dist.mode(logits) if greedy else dist.sample(logits, rng))[0]
                 obs, reward, terminated, truncated, _ = env.step(action)
                 total += float(reward)
                 done = terminated or truncated

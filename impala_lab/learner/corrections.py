@@ -37,9 +37,8 @@ importance weight; the value target is not corrected)::
     v_t = G_t
     g_t = min(rho_pg_bar, rho_t) * log pi(a_t|x_t) * (G_t - V(x_t))
 
-``"vtrace"`` (V-trace, `impala_lab.learner.vtrace`; ``rho_bar``, ``c_bar`` and ``rho_pg_bar`` are 1
-in the
-paper)::
+``"vtrace"`` (V-trace, `impala_lab.learner.vtrace`; ``rho_bar``, ``c_bar`` and ``rho_pg_bar``
+are 1 in the paper)::
 
     v_t = V-trace target (clipped rho_t and c_t = min(1, rho_t) in the sum of TD errors)
     g_t = min(rho_pg_bar, rho_t) * log pi(a_t|x_t) * (r_t + gamma_t * v_{t+1} - V(x_t))
@@ -47,7 +46,9 @@ paper)::
 ``rho_bar`` is the config's ``vtrace_clip_rho_threshold`` and ``rho_pg_bar`` its
 ``vtrace_clip_pg_rho_threshold`` (None: no clip). ``G_t - V(x_t)`` equals
 ``r_t + gamma_t * G_{t+1} - V(x_t)``, the same form as V-trace's advantage. The targets and
-advantages carry no gradient: only ``log pi``, ``V`` and the entropy do.
+advantages carry no gradient: only ``log pi``, ``V`` and the entropy do. ``log pi`` and
+``log mu`` come from the action distribution (`impala_lab.learner.distributions`), so every
+correction works for any action space that has one.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ from typing import Any
 import tensorflow as tf
 
 from impala_lab.learner import vtrace
+from impala_lab.learner.distributions import TFCategorical
 
 #: The constant inside the log of the "epsilon" correction (GA3C's).
 EPSILON = 1e-6
@@ -79,38 +81,42 @@ Fields:
 def correction_terms(correction: str, behaviour_logits: Any, target_logits: Any,
                      actions: Any, discounts: Any, rewards: Any, values: Any,
                      bootstrap_value: Any, clip_rho_threshold: float | None = 1.0,
-                     clip_pg_rho_threshold: float | None = 1.0) -> CorrectionTerms:
+                     clip_pg_rho_threshold: float | None = 1.0,
+                     distribution: type[TFCategorical] = TFCategorical) -> CorrectionTerms:
     """Value targets and policy-gradient terms of one correction (see the module docstring).
 
     Args:
       correction: "vtrace", "is1", "epsilon" or "none".
-      behaviour_logits: float32 [T, B, NUM_ACTIONS], the actors' logits (mu).
-      target_logits: float32 [T, B, NUM_ACTIONS], the learner's logits (pi).
-      actions: int [T, B], the actions taken.
+      behaviour_logits: float32 [T, B, A], the actors' distribution inputs (mu; logits).
+      target_logits: float32 [T, B, A], the learner's distribution inputs (pi).
+      actions: [T, B] (int for a Discrete space), the actions taken.
       discounts: float32 [T, B], gamma_t (0 where an episode terminated).
       rewards: float32 [T, B].
       values: float32 [T, B], V(x_t) of the learner.
       bootstrap_value: float32 [B], V(x_T).
       clip_rho_threshold: rho_bar of V-trace's targets (None: no clip).
       clip_pg_rho_threshold: rho_pg_bar of "vtrace" and "is1" (None: no clip).
+      distribution: the action distribution's TensorFlow twin
+        (`impala_lab.learner.distributions`) whose ``logp`` gives log pi and log mu.
 
     Returns:
       `CorrectionTerms`; the loss's policy term is ``-sum(log_probs * pg_advantages)``.
     """
-    if correction == "vtrace":
-        vt = vtrace.from_logits(
-            behaviour_policy_logits=behaviour_logits, target_policy_logits=target_logits,
-            actions=actions, discounts=discounts, rewards=rewards, values=values,
-            bootstrap_value=bootstrap_value, clip_rho_threshold=clip_rho_threshold,
-            clip_pg_rho_threshold=clip_pg_rho_threshold)
-        return CorrectionTerms(vs=vt.vs, pg_advantages=vt.pg_advantages,
-                               log_probs=vt.target_action_log_probs, log_rhos=vt.log_rhos)
-    if correction not in ("is1", "epsilon", "none"):
+    if correction not in ("vtrace", "is1", "epsilon", "none"):
         raise ValueError(f"off_policy_correction={correction!r} is invalid: choose one of "
                          "'vtrace', 'is1', 'epsilon', 'none'")
-    target_log_probs = vtrace.log_probs_from_logits_and_actions(target_logits, actions)
-    behaviour_log_probs = vtrace.log_probs_from_logits_and_actions(behaviour_logits, actions)
+    target_log_probs = distribution.logp(tf.convert_to_tensor(target_logits, tf.float32),
+                                         actions)
+    behaviour_log_probs = distribution.logp(
+        tf.convert_to_tensor(behaviour_logits, tf.float32), actions)
     log_rhos = target_log_probs - behaviour_log_probs
+    if correction == "vtrace":
+        returns = vtrace.from_importance_weights(
+            log_rhos=log_rhos, discounts=discounts, rewards=rewards, values=values,
+            bootstrap_value=bootstrap_value, clip_rho_threshold=clip_rho_threshold,
+            clip_pg_rho_threshold=clip_pg_rho_threshold)
+        return CorrectionTerms(vs=returns.vs, pg_advantages=returns.pg_advantages,
+                               log_probs=target_log_probs, log_rhos=log_rhos)
     # Every weight 1: v_t = G_t, the n-step return, and the advantage G_t - V(x_t).
     returns = vtrace.from_importance_weights(
         log_rhos=tf.zeros_like(log_rhos), discounts=discounts, rewards=rewards, values=values,

@@ -1,5 +1,6 @@
-"""The learner's Keras network: the same network as `impala_lab.actor.numpy_model.NumpyModel`, whose
-module docstring describes both (layers, weight order, initialisation).
+"""The learner's Keras network: the network a `impala_lab.model_spec.ModelSpec` describes (that
+module's docstring has the layers, the weight order and the initialisation), the same as the
+actors' `impala_lab.actor.numpy_model.NumpyModel`.
 
 `build_keras_model` builds it for an env's spaces and loads `NumpyModel`'s initial weights,
 so a learner and actors built with the same seed start from the same weights;
@@ -21,70 +22,49 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from impala_lab import conv_layout
+from impala_lab import model_spec
 from impala_lab.actor.numpy_model import HIDDEN_GAIN, POLICY_GAIN, VALUE_GAIN, NumpyModel
+from impala_lab.model_spec import ModelSpec
 
 if TYPE_CHECKING:  # for annotations only
     import keras
     import tensorflow as tf
 
 
-def build_keras_model(
-    observation_space: Any,
-    action_space: Any,
-    hiddens: Sequence[int] = (64, 64),
-    seed: int | None = None,
-    vf_share_layers: bool = False,
-    use_lstm: bool = False,
-    lstm_cell_size: int = 64,
-    conv_net: str = "cnn",
-    conv_filters: Sequence[Sequence[int]] | None = None,
-    impala_channels: Sequence[int] = conv_layout.IMPALA_CHANNELS,
-) -> keras.Model:
-    """Builds the Keras network (the learner's) for these spaces.
+def build_keras_model(observation_space: Any, action_space: Any, spec: ModelSpec | None = None,
+                      seed: int | None = None) -> keras.Model:
+    """Builds the Keras network (the learner's) that ``spec`` describes, for these spaces.
 
     The model maps an observation batch [N, *obs_shape] to (logits [N, A], value [N]);
     its weights start as `NumpyModel(...).initial_weights(seed)`, so a learner and actors
-    built with the same seed start from the same weights.
+    built with the same spec and seed start from the same weights.
 
     Args:
       observation_space: a gymnasium Box of rank 1 (MLP) or rank 3 (HxWxC, CNN).
-      action_space: a gymnasium Discrete.
-      hiddens: sizes of the dense hidden layers (after the convs, for images).
+      action_space: a space with an action distribution (a Discrete).
+      spec: the architecture (`impala_lab.model_spec.ModelSpec`); None: ``ModelSpec()``.
       seed: seed of the initial weights; None draws fresh ones.
-      vf_share_layers: one trunk under both heads (True) or a value trunk of its own.
-      use_lstm: an LSTM of ``lstm_cell_size`` units after the trunk, under both heads.
-      lstm_cell_size: the LSTM's units C.
-      conv_net: for images, "cnn" (the small CNN) or "impala" (the IMPALA paper's network).
-      conv_filters: the small CNN's (filters, kernel, stride) layers; None picks by size.
-      impala_channels: the IMPALA network's stack widths.
 
     Returns:
       A functional `keras.Model` with outputs [logits, value]; a recurrent one takes
       [obs, state_in] and also returns state_out (see the module docstring).
 
     Raises:
-      ValueError: unsupported spaces or hiddens.
+      ValueError: unsupported spaces.
     """
     import keras  # learner only: actors must not pay for TensorFlow
 
-    numpy_model = NumpyModel(observation_space, action_space, hiddens, vf_share_layers,
-                             use_lstm, lstm_cell_size, conv_net, conv_filters, impala_channels)
-    # Images (uint8 frames, and bool ones that batches hold as uint8 0/1) come in as uint8.
-    image = numpy_model.obs_dtype in (np.uint8, np.bool_)
-    input_dtype = "uint8" if image else "float32"
-    obs = keras.Input(shape=numpy_model.obs_shape, dtype=input_dtype, name="obs")
-    x = obs
-    if numpy_model.obs_dtype == np.uint8:
-        x = keras.layers.Rescaling(1.0 / 255.0, name="scale_uint8")(x)
-    elif image:
-        x = keras.layers.Rescaling(1.0, name="bool_to_float")(x)  # 0/1 -> 0.0/1.0
+    numpy_model = NumpyModel(observation_space, action_space, spec)
+    obs = keras.Input(shape=numpy_model.obs_shape, name="obs",
+                      dtype="uint8" if numpy_model.obs_dtype in (np.uint8, np.bool_)
+                      else "float32")
     hidden_init = keras.initializers.Orthogonal(gain=HIDDEN_GAIN, seed=seed)
+    x = _keras_input_scaling(obs, numpy_model.obs_dtype)
     features = _keras_trunk(x, numpy_model, hidden_init, "")
     value_features = (_keras_trunk(x, numpy_model, hidden_init, "value_")
                       if numpy_model.separate_value_trunk else features)
     inputs: Any = obs
-    if use_lstm:
+    if numpy_model.use_lstm:
         cell_size = numpy_model.lstm_cell_size
         state_in = keras.Input(shape=(2, cell_size), dtype="float32", name="state_in")
         features = keras.layers.Identity(name="features")(features)
@@ -92,8 +72,35 @@ def build_keras_model(
         features, (h, c) = lstm(features, [state_in[:, 0], state_in[:, 1]])
         value_features = features
         inputs = [obs, state_in]
+    outputs = _keras_heads(features, value_features, numpy_model.num_actions, seed)
+    if numpy_model.use_lstm:
+        outputs.append(keras.ops.stack([h, c], axis=1))
+    name = f"impala_{numpy_model.kind}{'_lstm' if numpy_model.use_lstm else ''}"
+    model = keras.Model(inputs, outputs, name=name)
+    model.set_weights(numpy_model.initial_weights(seed))
+    return model
+
+
+def _keras_input_scaling(obs: Any, obs_dtype: np.dtype) -> Any:
+    """Images (uint8 frames, and bool ones that batches hold as uint8 0/1) come in as uint8:
+    uint8 is scaled by 1/255, bool's 0/1 read as 0.0/1.0; floats pass as they are."""
+    import keras
+
+    if obs_dtype == np.uint8:
+        return keras.layers.Rescaling(1.0 / 255.0, name="scale_uint8")(obs)
+    if obs_dtype == np.bool_:
+        return keras.layers.Rescaling(1.0, name="bool_to_float")(obs)
+    return obs
+
+
+def _keras_heads(features: Any, value_features: Any, num_outputs: int, seed: int | None
+                 ) -> list[Any]:
+    """[logits [N, A], value [N]]: the policy head on ``features``, the value head on
+    ``value_features``."""
+    import keras
+
     logits = keras.layers.Dense(
-        numpy_model.num_actions,
+        num_outputs,
         kernel_initializer=keras.initializers.Orthogonal(gain=POLICY_GAIN, seed=seed),
         name="logits_head",
     )(features)
@@ -106,27 +113,21 @@ def build_keras_model(
     # [..., logits_head, value_head] order (Keras orders layers by depth).
     logits = keras.layers.Identity(name="logits")(logits)
     value = keras.layers.Reshape((), name="value")(value)
-    outputs = [logits, value]
-    if use_lstm:
-        outputs.append(keras.ops.stack([h, c], axis=1))
-    kind = numpy_model.kind
-    model = keras.Model(inputs, outputs, name=f"impala_{kind}{'_lstm' if use_lstm else ''}")
-    model.set_weights(numpy_model.initial_weights(seed))
-    return model
+    return [logits, value]
 
 
-def _keras_trunk(x: Any, spec: NumpyModel, init: Any, prefix: str) -> Any:
+def _keras_trunk(x: Any, twin: NumpyModel, init: Any, prefix: str) -> Any:
     """The hidden layers of one trunk on the Keras tensor ``x``: for images the conv trunk
     and a flatten, then the dense layers; layer names start with ``prefix`` (``"value_"`` for
-    the value trunk). ``spec`` is the `NumpyModel` twin that says which layers."""
+    the value trunk). ``twin`` is the `NumpyModel` whose layers these are."""
     import keras
 
-    kind, hiddens = spec.kind, spec.hiddens
+    kind, hiddens = twin.kind, twin.hiddens
     if kind == "impala":
-        x = _keras_impala_stacks(x, spec.impala_channels, init, prefix)
+        x = _keras_impala_stacks(x, twin.impala_channels, init, prefix)
         x = keras.layers.Flatten(name=f"{prefix}flatten")(x)
     if kind == "cnn":
-        for i, (filters, kernel, stride) in enumerate(spec.conv_filters):
+        for i, (filters, kernel, stride) in enumerate(twin.conv_filters):
             x = keras.layers.Conv2D(
                 filters,
                 kernel,
@@ -158,7 +159,7 @@ def _keras_impala_stacks(x: Any, channels: Sequence[int], init: Any, prefix: str
         x = conv(f"stack_{s}_conv", width)(x)
         x = keras.layers.MaxPooling2D(3, strides=2, padding="same",
                                       name=f"{prefix}stack_{s}_pool")(x)
-        for r in range(conv_layout.RESIDUAL_BLOCKS):
+        for r in range(model_spec.RESIDUAL_BLOCKS):
             name = f"stack_{s}_res_{r}"
             y = keras.layers.ReLU(name=f"{prefix}{name}_relu_0")(x)
             y = conv(f"{name}_conv_0", width)(y)

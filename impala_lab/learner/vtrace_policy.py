@@ -49,6 +49,7 @@ from impala_lab.batch import SampleBatch
 from impala_lab.config import ImpalaConfig
 from impala_lab.errors import NonFiniteLossError
 from impala_lab.learner.corrections import correction_terms
+from impala_lab.learner.distributions import tf_distribution
 from impala_lab.learner.keras_model import build_keras_model, lstm_unroll, trunk_model
 from impala_lab.learner.optimizers import Adam, TF1RMSprop
 
@@ -79,7 +80,9 @@ def batch_to_tensors(batch: SampleBatch) -> dict[str, np.ndarray]:
     ``state_in`` [B, 2, C] only for a recurrent policy's batch."""
     tensors = {
         "obs": batch.obs,
-        "actions": batch.actions.astype(np.int32, copy=False),
+        # indices as int32 (Discrete spaces); any other action keeps a float32 vector
+        "actions": batch.actions.astype(np.int32 if batch.actions.dtype.kind in "iu"
+                                        else np.float32, copy=False),
         "rewards": batch.rewards.astype(np.float32, copy=False),
         "terminateds": batch.terminateds.astype(np.float32),
         "truncateds": batch.truncateds.astype(np.float32),
@@ -108,14 +111,10 @@ class VTracePolicy:
         self.config = config
         self.observation_space = observation_space
         self.action_space = action_space
-        self.model = build_keras_model(observation_space, action_space,
-                                       hiddens=tuple(config.model), seed=config.seed,
-                                       vf_share_layers=config.vf_share_layers,
-                                       use_lstm=config.use_lstm,
-                                       lstm_cell_size=config.lstm_cell_size,
-                                       conv_net=config.conv_net,
-                                       conv_filters=config.conv_filters,
-                                       impala_channels=config.impala_channels)
+        # The action distribution's TensorFlow twin: log-probs and entropy for the loss.
+        self.distribution = tf_distribution(action_space)
+        self.model = build_keras_model(observation_space, action_space, config.model_spec,
+                                       seed=config.seed)
         self.trunk = trunk_model(self.model) if config.use_lstm else None
         self.lr = tf.Variable(config.lr, dtype=tf.float32, trainable=False, name="lr")
         self.entropy_coeff = tf.Variable(config.entropy_coeff, dtype=tf.float32,
@@ -164,63 +163,70 @@ class VTracePolicy:
         self.entropy_coeff.assign(value)
 
     # ------------------------------------------------------------------ loss
-    def loss_and_stats(self, t: dict[str, tf.Tensor]) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
+    def loss_and_stats(self, tensors: dict[str, tf.Tensor]
+                       ) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
         """The loss of one batch, with the config's off-policy correction.
 
         Args:
-          t: tensors of `batch_to_tensors`: obs [T, B, ...], actions/rewards/terminateds/
-            truncateds/truncation_values [T, B], behaviour_logits [T, B, A],
-            bootstrap_obs [B, ...]; a recurrent policy's also state_in [B, 2, C].
+          tensors: the arrays of `batch_to_tensors` as tensors: obs [T, B, ...], actions/
+            rewards/terminateds/truncateds/truncation_values [T, B], behaviour_logits
+            [T, B, A], bootstrap_obs [B, ...]; a recurrent policy's also state_in [B, 2, C].
 
         Returns:
           total loss (scalar) and a dict of scalar stats (STAT_KEYS without the norms).
         """
-        c = self.config
-        obs = t["obs"]
-        T, B = tf.shape(obs)[0], tf.shape(obs)[1]
-        terminated = t["terminateds"]
-        if self.trunk is not None:
-            target_logits, values_tb, bootstrap_value, _ = lstm_unroll(
-                self.model, self.trunk, obs, t["state_in"],
-                tf.maximum(terminated, t["truncateds"]), t["bootstrap_obs"])
-        else:
-            flat_obs = tf.reshape(obs, tf.concat([[T * B], tf.shape(obs)[2:]], axis=0))
-            # One forward pass over the unroll and the bootstrap observations.
-            logits, values = self.model(tf.concat([flat_obs, t["bootstrap_obs"]], axis=0))
-            num_actions = tf.shape(logits)[-1]
-            target_logits = tf.reshape(logits[: T * B], [T, B, num_actions])
-            values_tb = tf.reshape(values[: T * B], [T, B])
-            bootstrap_value = values[T * B:]
+        config = self.config
+        target_logits, values, bootstrap_value = self._forward(tensors)
+        T, B = tf.shape(values)[0], tf.shape(values)[1]  # time steps, columns
+        terminated = tensors["terminateds"]
+        truncated = tensors["truncateds"] * (1.0 - terminated)
+        discounts = config.gamma * (1.0 - tf.maximum(terminated, truncated))
+        rewards = tensors["rewards"] + config.gamma * truncated * tensors["truncation_values"]
 
-        truncated = t["truncateds"] * (1.0 - terminated)
-        discounts = c.gamma * (1.0 - tf.maximum(terminated, truncated))
-        rewards = t["rewards"] + c.gamma * truncated * t["truncation_values"]
+        terms = correction_terms(
+            config.off_policy_correction, behaviour_logits=tensors["behaviour_logits"],
+            target_logits=target_logits, actions=tensors["actions"], discounts=discounts,
+            rewards=rewards, values=values, bootstrap_value=bootstrap_value,
+            clip_rho_threshold=config.vtrace_clip_rho_threshold,
+            clip_pg_rho_threshold=config.vtrace_clip_pg_rho_threshold,
+            distribution=self.distribution)
 
-        vt = correction_terms(
-            c.off_policy_correction, behaviour_logits=t["behaviour_logits"],
-            target_logits=target_logits, actions=t["actions"], discounts=discounts,
-            rewards=rewards, values=values_tb, bootstrap_value=bootstrap_value,
-            clip_rho_threshold=c.vtrace_clip_rho_threshold,
-            clip_pg_rho_threshold=c.vtrace_clip_pg_rho_threshold)
+        policy_loss = -tf.reduce_sum(terms.log_probs * terms.pg_advantages)
+        vf_loss = 0.5 * tf.reduce_sum(tf.square(terms.vs - values))
+        entropy = tf.reduce_sum(self.distribution.entropy(target_logits))
+        total = policy_loss + config.vf_loss_coeff * vf_loss - self.entropy_coeff * entropy
 
-        policy_loss = -tf.reduce_sum(vt.log_probs * vt.pg_advantages)
-        vf_loss = 0.5 * tf.reduce_sum(tf.square(vt.vs - values_tb))
-        log_pi = tf.nn.log_softmax(target_logits)
-        entropy = tf.reduce_sum(-tf.reduce_sum(tf.exp(log_pi) * log_pi, axis=-1))
-        total = policy_loss + c.vf_loss_coeff * vf_loss - self.entropy_coeff * entropy
-
-        var_vs = tf.math.reduce_variance(vt.vs)
-        explained = 1.0 - tf.math.reduce_variance(vt.vs - values_tb) / tf.maximum(var_vs, 1e-8)
+        var_vs = tf.math.reduce_variance(terms.vs)
+        explained = 1.0 - tf.math.reduce_variance(terms.vs - values) / tf.maximum(var_vs, 1e-8)
         stats = {"total_loss": total, "policy_loss": policy_loss, "vf_loss": vf_loss,
                  "entropy": entropy / tf.cast(T * B, tf.float32),
-                 "mean_rho": tf.reduce_mean(tf.exp(vt.log_rhos)),
+                 "mean_rho": tf.reduce_mean(tf.exp(terms.log_rhos)),
                  "vf_explained_var": explained}
         return total, stats
 
-    def compute_gradients(self, t: dict[str, tf.Tensor]) -> tuple[list, dict[str, tf.Tensor]]:
+    def _forward(self, tensors: dict[str, tf.Tensor]) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        """The learner's network on a batch: (logits [T, B, A], values [T, B], bootstrap
+        values [B]); a recurrent one unrolls from ``state_in`` with the episode resets."""
+        obs = tensors["obs"]
+        if self.trunk is not None:
+            ended = tf.maximum(tensors["terminateds"], tensors["truncateds"])
+            logits, values, bootstrap_value, _ = lstm_unroll(
+                self.model, self.trunk, obs, tensors["state_in"], ended,
+                tensors["bootstrap_obs"])
+            return logits, values, bootstrap_value
+        T, B = tf.shape(obs)[0], tf.shape(obs)[1]
+        flat_obs = tf.reshape(obs, tf.concat([[T * B], tf.shape(obs)[2:]], axis=0))
+        # One forward pass over the unroll and the bootstrap observations.
+        logits, values = self.model(tf.concat([flat_obs, tensors["bootstrap_obs"]], axis=0))
+        num_outputs = tf.shape(logits)[-1]
+        return (tf.reshape(logits[: T * B], [T, B, num_outputs]),
+                tf.reshape(values[: T * B], [T, B]), values[T * B:])
+
+    def compute_gradients(self, tensors: dict[str, tf.Tensor]
+                          ) -> tuple[list, dict[str, tf.Tensor]]:
         """Gradients of the loss for one batch (unclipped) and its stats."""
         with tf.GradientTape() as tape:
-            loss, stats = self.loss_and_stats(t)
+            loss, stats = self.loss_and_stats(tensors)
         grads = tape.gradient(loss, self.model.trainable_variables)
         return grads, stats
 
@@ -261,9 +267,9 @@ class VTracePolicy:
             offset += size
         return out
 
-    def _train_step_impl(self, t: dict[str, tf.Tensor]) -> tuple[tf.Tensor, tf.Tensor]:
+    def _train_step_impl(self, tensors: dict[str, tf.Tensor]) -> tuple[tf.Tensor, tf.Tensor]:
         self.num_traces += 1  # Python side effect: runs once per trace
-        grads, stats = self.compute_gradients(t)
+        grads, stats = self.compute_gradients(tensors)
         stats.update(self.apply_gradients(grads, loss=stats["total_loss"]))
         # One vector instead of a dict of scalars: one device-to-host copy per step.
         packed = tf.stack([tf.cast(stats[k], tf.float32) for k in STAT_KEYS])

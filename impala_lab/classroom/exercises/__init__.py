@@ -28,7 +28,7 @@ Exercise, the answer the student writes, its checker and the reference it is com
 - ``vtrace_loss``: ``vtrace_loss(target_logits, values, bootstrap_value, batch, config)``;
   `check_vtrace_loss`; ``VTracePolicy.loss_and_stats``.
 - ``lstm_unroll``: ``lstm_unroll(xs, state_in, dones, kernel, recurrent_kernel, bias)``;
-  `check_lstm_unroll`; ``models.lstm_sequence``.
+  `check_lstm_unroll`; ``layers.lstm_sequence``.
 
 ``python -m impala_lab.classroom.exercises NOTEBOOK.ipynb ...`` checks handed-in notebooks (see
 `impala_lab.classroom.exercises.notebook`). Importing this package does not import TensorFlow; the

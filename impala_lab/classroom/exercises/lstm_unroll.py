@@ -4,14 +4,13 @@ The student writes ``lstm_unroll(xs, state_in, dones, kernel, recurrent_kernel, 
 (hs, state_out)``: Keras's LSTM cell (gates in the order input, forget, cell, output) over a
 time-major sequence ``xs`` [T, B, F] from ``state_in`` [B, 2, C], zeroing a column's state
 after the step where its episode ended (``dones`` [T, B]), as the actors do and the learner's
-unroll does. The checker compares it with `impala_lab.actor.numpy_model.lstm_sequence` on seeded
-cases:
-one step, a carried state, no episode ends, an end in the middle, ends at the first and the
+unroll does. The checker compares it with `impala_lab.actor.layers.lstm_sequence` on seeded
+cases: one step, a carried state, no episode ends, an end in the middle, ends at the first and the
 last step, a long unroll. Where the answer differs, it tries the usual slips (the reset one
 step late or early, no reset, the gates in another order, h and c swapped in the state) and
 names the one that gives the answer's numbers.
 
-While the answer runs the library's LSTM (`models.lstm_step`, `lstm_sequence`,
+While the answer runs the library's LSTM (`layers.lstm_step`, `lstm_sequence`,
 `NumpyModel.step` and `unroll`) is trapped. Imports numpy only.
 """
 
@@ -157,7 +156,7 @@ def _diagnose(case: Case, name: str, ans: np.ndarray) -> str:
 
 
 def _reference_trace(case: Case) -> dict[str, np.ndarray]:
-    from impala_lab.actor.numpy_model import lstm_sequence
+    from impala_lab.actor.layers import lstm_sequence
 
     hs, state_out = lstm_sequence(**_inputs(case))
     return {"hs": np.asarray(hs, np.float64), "state_out": np.asarray(state_out, np.float64)}
@@ -193,13 +192,13 @@ def _compare(case: Case, ref: dict[str, np.ndarray], ans: dict[str, np.ndarray])
 
 
 def _references() -> list[Any]:
-    return loaded("impala_lab.actor.numpy_model", "lstm_step", "lstm_sequence", "NumpyModel.step",
-                  "NumpyModel.unroll")
+    return (loaded("impala_lab.actor.layers", "lstm_step", "lstm_sequence")
+            + loaded("impala_lab.actor.numpy_model", "NumpyModel.step", "NumpyModel.unroll"))
 
 
 SPEC = Spec(EXERCISE, lambda: cases(), _answer_trace, _reference_trace, _compare,
-            _references, {"lstm_step": "the library's models.lstm_step",
-                          "lstm_sequence": "the library's models.lstm_sequence",
+            _references, {"lstm_step": "the library's layers.lstm_step",
+                          "lstm_sequence": "the library's layers.lstm_sequence",
                           ".unroll": "the library's NumpyModel.unroll",
                           ".lstm_unroll": "the library's keras_model.lstm_unroll",
                           "keras": "Keras's LSTM", "LSTMCell": "Keras's LSTMCell"})
@@ -220,7 +219,7 @@ def cases() -> list[Case]:
 
 
 def check_lstm_unroll(answer: Any, *, show: bool = True) -> CheckResult:
-    """Checks a numpy masked LSTM unroll against `impala_lab.actor.numpy_model.lstm_sequence`.
+    """Checks a numpy masked LSTM unroll against `impala_lab.actor.layers.lstm_sequence`.
 
     Args:
       answer: ``lstm_unroll(xs, state_in, dones, kernel, recurrent_kernel, bias) ->

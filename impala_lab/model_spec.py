@@ -1,0 +1,218 @@
+"""`ModelSpec`: the policy/value network, described once, and the geometry of its conv trunks.
+
+The actors' numpy model (`impala_lab.actor.numpy_model.NumpyModel`), the learner's Keras model
+(`impala_lab.learner.keras_model.build_keras_model`), the memory estimate
+(`impala_lab.memory_budget`), ``impala-lab play`` and the rollout worker all take a `ModelSpec`;
+``ImpalaConfig.model_spec`` builds one from the config's RLlib-named fields (``model`` is
+``hiddens`` here).
+
+The network a spec describes. Its trunk is chosen by the observation space and ``conv_net``:
+
+  * Box observations of rank 1: ``hiddens`` dense layers with tanh (RLlib's default fcnet
+    activation; bounded features keep the value head tame);
+  * HxWxC images with ``conv_net="cnn"``, the small CNN: ``conv_filters`` layers ``(filters,
+    kernel, stride)``, 'valid' padding, relu. Left unset (None) they follow the image's size,
+    as RLlib's ``get_filter_config`` does: images of at least 20x20 get the Atari-style
+    ``((16, 8, 4), (32, 4, 2))``, smaller ones (MinAtar's 10x10) MinAtar's own ``((16, 3, 1),)``;
+    then a flatten and the ``hiddens`` dense layers (relu);
+  * images with ``conv_net="impala"``, the IMPALA paper's "deep" network (Espeholt et al. 2018,
+    figure 3): for each width in ``impala_channels`` a conv 3x3 stride 1 ('same'), a max-pool
+    3x3 stride 2 ('same': the map shrinks to ceil(H / 2)) and two residual blocks (relu, conv
+    3x3, relu, conv 3x3, plus the block's input); then a relu, the flatten and the ``hiddens``
+    dense layers (relu). On 10x10 inputs with (16, 32, 32): 10x10x16 -> 5x5x16 -> 3x3x32 ->
+    2x2x32, 128 features.
+
+uint8 observations are scaled by 1/255 inside the network; boolean images (MinAtar's) travel as
+uint8 0/1. With ``use_lstm`` an LSTM of ``lstm_cell_size`` units C follows the trunk (RLlib's
+LSTM wrapper: one core under both heads). The network ends in two heads: the action
+distribution's inputs [N, A] (`impala_lab.actor.distributions`; the logits of a Discrete space)
+and a value [N]. With ``vf_share_layers=False`` (RLlib's default) the value head has a trunk of
+its own with the same layer sizes, so a value-loss spike cannot wreck the policy's features.
+
+Weights are a ``list[np.ndarray]`` in Keras's ``get_weights()`` order. With a shared trunk::
+
+    mlp: [hidden_0/kernel [D, H0], hidden_0/bias [H0], ..., logits_head/kernel [Hk, A],
+          logits_head/bias [A], value_head/kernel [Hk, 1], value_head/bias [1]]
+    cnn: [conv_0/kernel [8, 8, C, 16], conv_0/bias [16], conv_1/kernel [4, 4, 16, 32],
+          conv_1/bias [32], hidden_0/kernel [F, H0], ..., then the two heads as above]
+    impala: for each stack s, its conv ``stack_s_conv`` [3, 3, C_in, C_s] and bias, then
+          ``stack_s_res_r_conv_0`` and ``_1`` [3, 3, C_s, C_s] (and biases) of residual blocks
+          r = 0, 1; then hidden_0/kernel [F, H0], ..., and the heads
+
+With separate trunks every layer is followed by its value twin (Keras orders layers by depth):
+``[conv_0, value_conv_0, ..., hidden_0, value_hidden_0, ..., logits_head, value_head]``. An
+LSTM's weights come between the trunk and the heads, as Keras's ``LSTMCell`` holds them:
+``lstm/kernel [F, 4C], lstm/recurrent_kernel [C, 4C], lstm/bias [4C]``, gates in the order
+(input, forget, cell, output); the state of N envs is one float32 array [N, 2, C] (h, then c).
+
+Initialisation (``NumpyModel.initial_weights``, which the Keras model loads too): orthogonal
+kernels with gain sqrt(2) for hidden and conv layers, 0.01 for the policy head (a near-uniform
+first policy), 1.0 for the value head; zero biases. The last conv of each residual block is
+zero (each block starts as the identity). The LSTM's kernels are orthogonal with gain 1, its
+bias zero but for the forget gate's 1 (Keras's ``unit_forget_bias``).
+
+Pure Python: every part of the package may import it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["ATARI_FILTERS", "CONV_NETS", "IMPALA_CHANNELS", "RESIDUAL_BLOCKS",
+           "SMALL_IMAGE_FILTERS", "ModelSpec", "default_conv_filters", "impala_shapes",
+           "min_image_size", "small_cnn_shapes"]
+
+CONV_NETS = ("cnn", "impala")
+# (filters, kernel, stride) of the small CNN's layers, 'valid' padding.
+ATARI_FILTERS: tuple[tuple[int, int, int], ...] = ((16, 8, 4), (32, 4, 2))
+SMALL_IMAGE_FILTERS: tuple[tuple[int, int, int], ...] = ((16, 3, 1),)
+IMPALA_CHANNELS: tuple[int, ...] = (16, 32, 32)
+RESIDUAL_BLOCKS = 2  # per stack of the IMPALA network
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The architecture of the policy/value network (what every model builder reads).
+
+    Attributes:
+      hiddens: sizes of the dense hidden layers, after the conv trunk for images (the
+        config's ``model``); () for none.
+      vf_share_layers: one trunk under the policy and value heads (True), or a value trunk
+        of its own with the same layer sizes (False, RLlib's default). A recurrent model has
+        one core whatever this says.
+      use_lstm: an LSTM of ``lstm_cell_size`` units after the trunk, under both heads.
+      lstm_cell_size: the LSTM's units C (its h and c are each [N, C]); read with use_lstm.
+      conv_net: the conv trunk for images: "cnn" (the small CNN of ``conv_filters``) or
+        "impala" (the IMPALA paper's network of ``impala_channels``).
+      conv_filters: the small CNN's (filters, kernel, stride) layers, 'valid' padding; None
+        picks them by image size (`default_conv_filters`).
+      impala_channels: the widths of the IMPALA network's stacks.
+
+    Lists are stored as tuples (the spec is hashable and pickles to actor processes). A bad
+    value raises ValueError naming the field, the value and the fix.
+    """
+
+    hiddens: tuple[int, ...] = (64, 64)
+    vf_share_layers: bool = False
+    use_lstm: bool = False
+    lstm_cell_size: int = 64
+    conv_net: str = "cnn"
+    conv_filters: tuple[tuple[int, int, int], ...] | None = None
+    impala_channels: tuple[int, ...] = IMPALA_CHANNELS
+
+    def __post_init__(self) -> None:
+        # frozen: normalise through object.__setattr__
+        object.__setattr__(self, "hiddens", _positive_ints("hiddens", self.hiddens, "(64, 64)",
+                                                           allow_empty=True))
+        object.__setattr__(self, "impala_channels", _positive_ints(
+            "impala_channels", self.impala_channels, "(16, 32, 32)", allow_empty=False))
+        if self.conv_filters is not None:
+            object.__setattr__(self, "conv_filters", _filters(self.conv_filters))
+        if self.conv_net not in CONV_NETS:
+            raise ValueError(f"conv_net={self.conv_net!r} is not supported: choose one of "
+                             f"{', '.join(map(repr, CONV_NETS))}")
+        size = self.lstm_cell_size
+        if self.use_lstm and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+            raise ValueError(f"lstm_cell_size={size!r} is not supported: give a positive "
+                             "integer, e.g. 64")
+
+    def small_cnn_filters(self, obs_shape: Sequence[int]) -> tuple[tuple[int, int, int], ...]:
+        """The small CNN's layers for images of ``obs_shape`` (H, W, C): ``conv_filters``, or
+        the default for the image's size when they are None."""
+        if self.conv_filters is not None:
+            return self.conv_filters
+        return default_conv_filters(int(obs_shape[0]), int(obs_shape[1]))
+
+    def conv_maps(self, obs_shape: Sequence[int]) -> list[tuple[int, int, int]]:
+        """The (H, W, C) map after each conv layer (small CNN) or stack (IMPALA network)."""
+        if self.conv_net == "impala":
+            return impala_shapes(obs_shape, self.impala_channels)
+        return small_cnn_shapes(obs_shape, self.small_cnn_filters(obs_shape))
+
+    def trunk_output_units(self, obs_shape: Sequence[int]) -> int:
+        """Features the conv trunk's last map holds for one image of ``obs_shape`` (H * W * C):
+        what the dense layers (or the LSTM) read."""
+        h, w, c = self.conv_maps(obs_shape)[-1]
+        return h * w * c
+
+    def conv_units(self, obs_shape: Sequence[int]) -> int:
+        """Activations one image leaves in the conv trunk (for the memory estimate): the sum
+        of every conv layer's output units (and the pools' for the IMPALA network)."""
+        if self.conv_net != "impala":
+            return sum(h * w * c for h, w, c in self.conv_maps(obs_shape))
+        h, w = int(obs_shape[0]), int(obs_shape[1])
+        total = 0
+        for c in self.impala_channels:
+            total += h * w * c  # the stack's conv
+            h, w = _pooled(h), _pooled(w)
+            # the pool, then per block two relus, two convs and the sum
+            total += h * w * c * (1 + 5 * RESIDUAL_BLOCKS)
+        return total
+
+
+def _positive_ints(name: str, values: Any, example: str, allow_empty: bool) -> tuple[int, ...]:
+    """``values`` as a tuple of positive ints, or ValueError naming ``name``."""
+    try:
+        given = tuple(values)
+        out = tuple(int(v) for v in given)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name}={values!r} is not supported: give a sequence of sizes, "
+                         f"e.g. {example}") from None
+    if any(v <= 0 for v in out) or out != given or not (out or allow_empty):
+        raise ValueError(f"{name}={given!r} is not supported: every size must be a positive "
+                         f"integer, e.g. {example}")
+    return out
+
+
+def _filters(filters: Any) -> tuple[tuple[int, int, int], ...]:
+    """``conv_filters`` as a tuple of (filters, kernel, stride) int triples."""
+    try:
+        out = tuple(tuple(int(v) for v in f) for f in filters)
+    except (TypeError, ValueError):
+        out = ()
+    if not out or any(len(f) != 3 or min(f) < 1 for f in out):
+        raise ValueError(f"conv_filters={filters!r} is not supported: give one or more "
+                         "(filters, kernel, stride) triples of positive integers, e.g. "
+                         "((16, 3, 1),), or None to pick by image size")
+    return out  # type: ignore[return-value]
+
+
+def min_image_size(filters: Sequence[Sequence[int]]) -> int:
+    """Smallest H (and W) for which every 'valid' conv layer has at least one output row."""
+    size = 1
+    for _, kernel, stride in reversed(filters):
+        size = (size - 1) * stride + kernel
+    return size
+
+
+def default_conv_filters(height: int, width: int) -> tuple[tuple[int, int, int], ...]:
+    """The small CNN's layers for an image of this size when ``conv_filters`` is None."""
+    need = min_image_size(ATARI_FILTERS)
+    return ATARI_FILTERS if min(height, width) >= need else SMALL_IMAGE_FILTERS
+
+
+def small_cnn_shapes(obs_shape: Sequence[int], filters: Sequence[Sequence[int]]
+                     ) -> list[tuple[int, int, int]]:
+    """The (H, W, C) map after each of the small CNN's conv layers."""
+    h, w, _ = (int(d) for d in obs_shape)
+    out = []
+    for f, kernel, stride in filters:
+        h, w = max(0, (h - kernel) // stride + 1), max(0, (w - kernel) // stride + 1)
+        out.append((h, w, int(f)))
+    return out
+
+
+def _pooled(size: int) -> int:
+    return -(-size // 2)  # max-pool 3x3 stride 2, 'same' padding
+
+
+def impala_shapes(obs_shape: Sequence[int], channels: Sequence[int]) -> list[tuple[int, int, int]]:
+    """The (H, W, C) map after each IMPALA stack (conv, max-pool, residual blocks)."""
+    h, w, _ = (int(d) for d in obs_shape)
+    out = []
+    for c in channels:
+        h, w = _pooled(h), _pooled(w)
+        out.append((h, w, int(c)))
+    return out
