@@ -54,10 +54,10 @@ class ImpalaConfig:
     model: tuple[int, ...] = _f((64, 64), "Hidden layer sizes of the MLP (after the conv stack "
                                 "for image observations).", kind="model")
     vf_share_layers: bool = _f(
-        False, "One trunk under the policy and value heads (True), or a value network of its "
-        "own with the same layer sizes (False, RLlib's default: a value-loss spike cannot "
-        "wreck the policy's features). With use_lstm both heads read the one LSTM core, "
-        "whatever this says (see use_lstm).")
+        False, "One trunk under the policy and value heads (True, as the RLlib IMPALA this "
+        "re-creates built it), or a value network of its own with the same layer sizes (False, "
+        "today's RLlib default: a value-loss spike cannot wreck the policy's features). With "
+        "use_lstm both heads read the one LSTM core, whatever this says (see use_lstm).")
     use_lstm: bool = _f(
         False, "Recurrent policy: an LSTM of lstm_cell_size units after the MLP (or CNN) trunk, "
         "under both heads (RLlib's LSTM wrapper: one core, so the value also sees the history "
