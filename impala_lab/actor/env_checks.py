@@ -90,6 +90,36 @@ class EnvOutputChecks:
                                 f"shape {arr.shape})")
         return arr
 
+    def checked_step(self, index: int, reward: Any, terminated: Any, truncated: Any,
+                     step: int) -> tuple[float, bool, bool]:
+        """The slow path of the check on step()'s reward and end flags: a real number and two
+        bools (Python's or numpy's), returned as ``float`` and ``bool``; anything else is a
+        ValueError naming the env, the step, the value and its type.
+
+        Without it a string reward would be parsed by ``float()``, ``terminated=None`` would
+        never end an episode and ``"no"`` would end every step, all without a word.
+        """
+        for name, value in (("terminated", terminated), ("truncated", truncated)):
+            if not isinstance(value, bool | np.bool_):
+                self._raise_bad_step(index, step, name, value, "a bool (True or False)")
+        real = (isinstance(reward, int | float | np.integer | np.floating)
+                or (isinstance(reward, np.ndarray) and reward.shape == ()
+                    and reward.dtype.kind in "iuf"))
+        if not real or isinstance(reward, bool | np.bool_):
+            self._raise_bad_step(index, step, "reward", reward, "a real number (int or float)")
+        return float(reward), bool(terminated), bool(truncated)
+
+    def _raise_bad_step(self, index: int, step: int, name: str, value: Any, expected: str
+                        ) -> None:
+        err = ValueError(
+            f"env {self.env_id!r} (env index {index} of worker {self.worker_index}) returned "
+            f"{name}={value!r} ({type(value).__name__}) from step() at env step {step}: "
+            f"{name} must be {expected}, as gymnasium's Env.step documents. Fix the env (or "
+            "wrap it to convert its output); impala_lab will not guess what the value means."
+        )
+        err._impala_lab_located = True  # type: ignore[attr-defined]
+        raise err
+
     def _raise_bad_obs(self, index: int, when: str, what: str) -> None:
         err = ValueError(
             f"env {self.env_id!r} (env index {index} of worker {self.worker_index}) returned "

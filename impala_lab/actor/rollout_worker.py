@@ -358,11 +358,13 @@ class RolloutWorker:
                 # those with the range test alone.
                 for i, a in enumerate(acts):
                     o, r, term, trunc, _ = steps[i](a)
-                    # Numpy would broadcast a wrong-shaped observation into the batch (a
-                    # scalar, or (1, 4) into (4,)) and cast a wrong dtype: checked here, with
-                    # the common case (the space's exact shape and dtype) as one cheap test.
+                    # Wrong shapes and dtypes would be broadcast or cast into the batch: the
+                    # common case (exact shape and dtype, float reward, bool flags) costs one test.
                     if type(o) is not ndarray or o.shape != shape or o.dtype is not space_dtype:
                         o = checked_obs(i, o, f"from step() at env step {first_step + t}")
+                    if type(r) is not float or type(term) is not bool or type(trunc) is not bool:
+                        r, term, trunc = self._checks.checked_step(i, r, term, trunc,
+                                                                   first_step + t)
                     r_row[i] = r
                     ep_ret[i] += float(r)  # float64 sum, whatever r's type
                     ep_len[i] += 1
