@@ -61,7 +61,7 @@ from impala_lab.backends.base import Backend, WorkerHandle
 from impala_lab.backends.process_handle import ProcessFuture, ProcessWorkerHandle
 from impala_lab.backends.shared_weights import SharedWeights, WeightBlocks
 from impala_lab.backends.worker_info import describe_env, pickled_env
-from impala_lab.backends.worker_process import worker_main
+from impala_lab.backends.worker_process import end_process_group, worker_main
 from impala_lab.config import ImpalaConfig
 
 __all__ = ["ProcessBackend", "ProcessFuture", "ProcessWorkerHandle"]
@@ -251,6 +251,7 @@ class ProcessBackend(Backend):
                 h.process.kill()
                 h.process.join(_KILL_JOIN_S)
         for h in handles:
+            end_process_group(h.pid)  # what its env started, if anything is left
             h.finish_stop()
         with self.lock:
             for h in handles:

@@ -34,6 +34,8 @@ from typing import Any
 
 from impala_lab.backends.base import WorkerHandle
 from impala_lab.backends.shared_weights import SharedWeights, WeightBlocks
+from impala_lab.backends.worker_info import oom_kill_count
+from impala_lab.backends.worker_process import end_process_group
 from impala_lab.errors import WorkerError
 
 __all__ = ["ProcessFuture", "ProcessWorkerHandle"]
@@ -131,6 +133,7 @@ class ProcessWorkerHandle(WorkerHandle):
         self._stopped = False  # stop_worker/shutdown ended it
         self._failure: WorkerError | None = None
         self._num_messages = 0  # answers received: 0 means it died while starting
+        self._oom_kills_at_start = oom_kill_count()  # to tell an OOM kill from a kill -9
 
     # -- requests
     def sample(self) -> ProcessFuture:
@@ -229,6 +232,7 @@ class ProcessWorkerHandle(WorkerHandle):
         with contextlib.suppress(ValueError):
             self.process.join(_EXIT_JOIN_S)
             self.exitcode = self.process.exitcode
+        end_process_group(self.pid)  # the env's helper processes die with their worker
         if self._failure is not None:
             err = WorkerError(self.index, self.env_id, "the worker process ended after an "
                               f"earlier error ({self._failure.message})",
@@ -237,7 +241,7 @@ class ProcessWorkerHandle(WorkerHandle):
             hint = (_unguarded_main_hint()
                     if self._num_messages == 0 and self.exitcode == 1 else "")
             err = WorkerError(self.index, self.env_id, f"the worker process (pid {self.pid}) "
-                              f"{_exit_description(self.exitcode)}; its pending sample "
+                              f"{self._exit_description()}; its pending sample "
                               f"requests are lost{hint}")
             self._failure = err
         self.fail_pending(err)
@@ -305,6 +309,21 @@ class ProcessWorkerHandle(WorkerHandle):
     def __repr__(self) -> str:
         state = "alive" if self._alive else "ended"
         return f"<ProcessWorkerHandle {self.index} pid={self.pid} {state}>"
+
+    def _exit_description(self) -> str:
+        """How the worker ended, in words; a SIGKILL is named as the kernel's OOM killer's
+        when the cgroup's ``oom_kill`` count rose while the worker lived."""
+        text = _exit_description(self.exitcode)
+        if self.exitcode != -signal.SIGKILL:
+            return text
+        before, after = self._oom_kills_at_start, oom_kill_count()
+        if before is not None and after is not None and after > before:
+            return (f"{text}: the kernel's out-of-memory killer ended it (the cgroup's "
+                    f"oom_kill count rose from {before} to {after}); the machine ran out of "
+                    "memory: lower num_workers or num_envs_per_worker, or give the run more "
+                    "memory")
+        return (f"{text}: nothing in impala_lab kills a running worker that way; if no other "
+                "process did, the kernel's out-of-memory killer did (see `dmesg`)")
 
 
 def _unguarded_main_hint() -> str:

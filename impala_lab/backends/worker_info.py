@@ -21,6 +21,10 @@ from typing import Any
 __all__ = ["describe_env", "pickled_env", "rss_bytes", "worker_info"]
 
 
+#: Where cgroup v2 is mounted (tests point it elsewhere).
+CGROUP_ROOT = "/sys/fs/cgroup"
+
+
 def describe_env(env: Any) -> str:
     """The env's name for messages: its id, or its factory's ``__qualname__``."""
     from impala_lab.actor.rollout_worker import env_description
@@ -85,3 +89,35 @@ def worker_info(worker: Any) -> dict[str, Any]:
         "keras_imported": "keras" in sys.modules,
         "sigint_ignored": signal.getsignal(signal.SIGINT) is signal.SIG_IGN,
     }
+
+
+def oom_kill_count() -> int | None:
+    """How many processes the kernel's out-of-memory killer has ended in this process's memory
+    cgroup (``oom_kill`` in cgroup v2's ``memory.events`` or v1's ``memory.oom_control``); None
+    where neither can be read (not Linux, no memory cgroup). Read before and after a worker
+    dies of SIGKILL, it tells an OOM kill from another process's ``kill -9``."""
+    for path in _oom_count_files():
+        try:
+            with open(path) as fh:
+                return next(int(line.split()[1]) for line in fh if line.startswith("oom_kill "))
+        except (OSError, StopIteration, ValueError, IndexError):
+            continue
+    return None
+
+
+def _oom_count_files() -> list[str]:
+    """Where this process's cgroup keeps its OOM-kill count, most specific first."""
+    try:
+        with open("/proc/self/cgroup") as fh:
+            lines = [line.rstrip("\n").split(":", 2) for line in fh]
+    except OSError:
+        return []
+    files = []
+    for _, controllers, path in (x for x in lines if len(x) == 3):
+        relative = path.lstrip("/")
+        if controllers == "":  # cgroup v2
+            files.append(os.path.join(CGROUP_ROOT, relative, "memory.events"))
+        elif "memory" in controllers.split(","):  # cgroup v1 (a container may mount its own
+            for folder in (relative, ""):          # cgroup as the hierarchy's root)
+                files.append(os.path.join(CGROUP_ROOT, "memory", folder, "memory.oom_control"))
+    return files

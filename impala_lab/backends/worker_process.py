@@ -21,7 +21,13 @@ the workers of a driver running in a background thread).
 
 Faults: an env that raises (or cannot be built) is answered with an error record (exception
 type and message, formatted traceback, env id) and the worker exits: a broken env is not
-reused; the driver restarts the worker.
+reused; the driver restarts the worker. An env that calls ``sys.exit()`` is answered the same
+way (the error names the call), rather than ending the worker with a bare exit code.
+
+Process group: each worker starts a session of its own (``os.setsid``), so the processes an
+env starts (a simulator, a renderer) belong to the worker's group, and the driver ends the
+whole group with the worker (`end_process_group`); the watchdog does the same when the
+driver is gone. A terminal's Ctrl-C no longer reaches workers directly: they ignored it anyway.
 
 This module imports numpy, gymnasium and `impala_lab.actor.rollout_worker` only, never TensorFlow.
 """
@@ -58,8 +64,11 @@ def worker_main(conn: Any, parent_pid: int, index: int, env_blob: bytes,
       env_blob: the env id or factory, pickled with cloudpickle.
       kwargs: the other arguments of `RolloutWorker`.
     """
-    # First: a Ctrl-C in a terminal reaches the whole process group; the driver stops us.
+    # First: a Ctrl-C reaches the driver, which stops us in order; our own session holds the
+    # env's helper processes, so that they end with us.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with contextlib.suppress(OSError):  # already a group leader (not under spawn)
+        os.setsid()
     _watch_parent(parent_pid)
     worker = _build_worker(conn, index, env_blob, kwargs)
     reader = SharedWeightsReader()
@@ -79,9 +88,19 @@ def _watch_parent(parent_pid: int) -> None:
         while True:
             time.sleep(_WATCHDOG_PERIOD_S)
             if os.getppid() != parent_pid:
+                end_process_group(os.getpid())  # the env's helpers, and this process
                 os._exit(0)
 
     threading.Thread(target=watch, name="impala_lab-parent-watchdog", daemon=True).start()
+
+
+def end_process_group(pgid: int) -> None:
+    """SIGKILLs every process of the worker's group ``pgid`` (its pid), if any is left; a no-op
+    where the worker is not a group leader or the group is gone."""
+    if pgid <= 1 or (pgid == os.getpgrp() and pgid != os.getpid()):
+        return  # never the driver's own group
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
 
 
 def _send(conn: Any, obj: Any) -> None:
@@ -105,10 +124,20 @@ def _build_worker(conn: Any, index: int, env_blob: bytes, kwargs: dict[str, Any]
         env = pickle.loads(env_blob)  # cloudpickle's output loads with plain pickle
         env_id = describe_env(env)
         return RolloutWorker(env=env, **kwargs)
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:
         with contextlib.suppress(OSError):  # the driver is gone already
-            _send_error(conn, exc, "could not start: ", env_id)
+            _send_error(conn, _named(exc), "could not start: ", env_id)
         sys.exit(1)
+
+
+def _named(exc: BaseException) -> BaseException:
+    """An env's ``sys.exit()`` as an error that says so; any other exception as it is."""
+    if not isinstance(exc, SystemExit):
+        return exc
+    err = RuntimeError(f"the env called sys.exit({exc.code!r}), which would end the worker "
+                       "process; an env must raise an exception (or end its episode) instead")
+    err.__cause__ = exc
+    return err
 
 
 def _serve(conn: Any, worker: Any, reader: SharedWeightsReader) -> None:
@@ -132,8 +161,8 @@ def _serve(conn: Any, worker: Any, reader: SharedWeightsReader) -> None:
                     worker.set_weights(reader.read(wanted), wanted.version)
                     current = wanted.serial
                 batch = worker.sample()
-            except Exception as exc:
-                _send_error(conn, exc, "", worker.env_id)
+            except (Exception, SystemExit) as exc:
+                _send_error(conn, _named(exc), "", worker.env_id)
                 sys.exit(1)  # a broken env is not reused: the driver restarts the worker
             _send(conn, ("ok", batch))
         elif cmd[0] == "info":
