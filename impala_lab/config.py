@@ -13,16 +13,15 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import functools
 import math
-import numbers
-import typing
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from impala_lab import memory_budget as memory
 from impala_lab.errors import ConfigError
+from impala_lab.field_checks import bad, check_choice, check_range, check_type, field_kinds
 from impala_lab.knobs import LIVE_KNOBS as LIVE_KNOBS  # re-exported: the live config fields
 from impala_lab.model_spec import CONV_NETS, ModelSpec
 from impala_lab.presets import TUNED_PRESETS as TUNED_PRESETS  # re-exported: ImpalaConfig.tuned
@@ -30,6 +29,7 @@ from impala_lab.presets import TUNED_PRESETS as TUNED_PRESETS  # re-exported: Im
 BACKENDS = ("process", "inline", "ray")
 OPTIMIZERS = ("adam", "rmsprop")
 OFF_POLICY_CORRECTIONS = ("vtrace", "is1", "epsilon", "none")
+WORKERS_PER_CPU = 8  # worker processes per CPU a config may ask for (max_num_workers=None)
 
 
 def _f(default: Any, help: str, **kw: Any) -> Any:
@@ -145,9 +145,12 @@ class ImpalaConfig:
     # --- resources --------------------------------------------------------------------
     max_memory_gb: float | None = _f(
         None, "Refuse a config whose estimated memory (learner queue, batch buffer, minibatch "
-        "ring, replay, samples in flight and the learner's working set, from the observation "
-        "size) exceeds this many GB (10^9 bytes); None = half of the memory available when the "
-        "config is validated.")
+        "ring, replay, samples in flight, the learner's working set and every copy of the "
+        "weights, from the observation size) exceeds this many GB (10^9 bytes); None = half "
+        "of the memory available when the config is validated.")
+    max_num_workers: int | None = _f(
+        None, "The most workers a config may ask for on this machine; None = 8 per CPU. A "
+        "Ray cluster's workers (ray_address set) are not bounded here.")
 
     def __post_init__(self) -> None:
         for name in ("model", "impala_channels", "conv_filters"):  # lists kept as tuples
@@ -172,54 +175,64 @@ class ImpalaConfig:
     def _check_values(self) -> None:
         """Each field on its own: ranges and choices."""
         if self.num_workers < 1:
-            _bad("num_workers", self.num_workers,
+            bad("num_workers", self.num_workers,
                  "training would hang with no worker to sample; set num_workers >= 1")
+        if self.max_num_workers is not None and self.max_num_workers < 1:
+            bad("max_num_workers", self.max_num_workers, "use a positive integer, or None")
+        limit = self.max_num_workers or WORKERS_PER_CPU * (os.cpu_count() or 1)
+        source = "max_num_workers" if self.max_num_workers else f"{WORKERS_PER_CPU} per CPU"
+        if self.num_workers > limit and not (self.backend == "ray" and self.ray_address):
+            bad("num_workers", self.num_workers,
+                f"it exceeds {limit} worker processes on this machine ({source}), which "
+                "would fill its memory and process table; lower it, or raise max_num_workers "
+                "if the machine can take them")
         for name in ("num_envs_per_worker", "sample_batch_size", "train_batch_size",
                      "max_sample_requests_in_flight_per_worker", "broadcast_interval",
                      "num_sgd_iter", "minibatch_buffer_size", "learner_queue_size",
                      "num_data_loader_buffers", "tf_intra_op_threads", "lstm_cell_size"):
             if getattr(self, name) < 1:
-                _bad(name, getattr(self, name), "it must be a positive integer (>= 1)")
+                bad(name, getattr(self, name), "it must be a positive integer (>= 1)")
         for name in ("lr", "grad_clip", "learner_queue_timeout", "epsilon"):
             value = getattr(self, name)
             if not (value > 0 and math.isfinite(value)):
-                _bad(name, value, "it must be a positive finite number")
-        if self.seed is not None and self.seed < 0:
-            _bad("seed", self.seed, "use a non-negative integer, or None for a random seed")
+                bad(name, value, "it must be a positive finite number")
+        if self.seed is not None and not 0 <= self.seed < 2**63:
+            bad("seed", self.seed, "use an integer in [0, 2**63), or None for a random seed "
+                "(TensorFlow keeps seeds as int64)")
         if self.num_gpus < 0:
-            _bad("num_gpus", self.num_gpus, "use 0 or 1 for one learner device, > 1 for several")
+            bad("num_gpus", self.num_gpus, "use 0 or 1 for one learner device, > 1 for several")
         if self.replay_buffer_num_slots < 0:
-            _bad("replay_buffer_num_slots", self.replay_buffer_num_slots, "use 0 to disable replay")
-        _check_range("gamma", self.gamma, 0.0, 1.0)
-        _check_range("decay", self.decay, 0.0, 1.0)
-        _check_range("momentum", self.momentum, 0.0, 1.0)
+            bad("replay_buffer_num_slots", self.replay_buffer_num_slots, "use 0 to disable replay")
+        check_range("gamma", self.gamma, 0.0, 1.0)
+        check_range("decay", self.decay, 0.0, 1.0)
+        check_range("momentum", self.momentum, 0.0, 1.0)
         for name in ("vf_loss_coeff", "entropy_coeff", "replay_proportion"):
-            _check_range(name, getattr(self, name), 0.0, math.inf)
+            check_range(name, getattr(self, name), 0.0, math.inf)
         for name in ("vtrace_clip_rho_threshold", "vtrace_clip_pg_rho_threshold"):
             value = getattr(self, name)
             if value is not None and not (value > 0 and math.isfinite(value)):
-                _bad(name, value, "use a positive number, or None to disable the clip")
+                bad(name, value, "use a positive number, or None to disable the clip")
         for name, unit in (("sample_timeout_s", "seconds, or None to wait forever"),
                            ("max_memory_gb", "GB, or None for half of the available memory")):
             if getattr(self, name) is not None and not getattr(self, name) > 0:
-                _bad(name, getattr(self, name), f"use a positive number of {unit}")
+                bad(name, getattr(self, name), f"use a positive number of {unit}")
         if not self.model or any(h < 1 for h in self.model):
-            _bad("model", self.model, "give one or more positive hidden sizes, e.g. [64, 64]")
-        _check_choice("backend", self.backend, BACKENDS)
-        _check_choice("conv_net", self.conv_net, CONV_NETS)
+            bad("model", self.model, "give one or more positive hidden sizes, e.g. [64, 64]")
+        check_choice("backend", self.backend, BACKENDS)
+        check_choice("conv_net", self.conv_net, CONV_NETS)
         if not self.impala_channels or any(c < 1 for c in self.impala_channels):
-            _bad("impala_channels", self.impala_channels,
+            bad("impala_channels", self.impala_channels,
                  "give one or more positive stack widths, e.g. [16, 32, 32]")
         if self.conv_filters is not None and (not self.conv_filters or any(
                 min(f) < 1 for f in self.conv_filters)):
-            _bad("conv_filters", self.conv_filters, "give one or more [filters, kernel, stride] "
+            bad("conv_filters", self.conv_filters, "give one or more [filters, kernel, stride] "
                  "triples of positive integers, e.g. [[16, 3, 1]], or None to pick by image size")
-        _check_choice("opt_type", self.opt_type, OPTIMIZERS)
-        _check_choice("off_policy_correction", self.off_policy_correction,
+        check_choice("opt_type", self.opt_type, OPTIMIZERS)
+        check_choice("off_policy_correction", self.off_policy_correction,
                       OFF_POLICY_CORRECTIONS)
         for name in ("max_policy_lag", "extra_policy_lag"):
             if getattr(self, name) < 0:
-                _bad(name, getattr(self, name), "it must be a non-negative integer (>= 0)")
+                bad(name, getattr(self, name), "it must be a non-negative integer (>= 0)")
 
     def _check_combinations(self) -> None:
         """Values that are fine alone but cannot work together."""
@@ -227,7 +240,7 @@ class ImpalaConfig:
             # Replay starts once the store holds more than ceil(train / sample) batches.
             needed = math.ceil(self.train_batch_size / self.sample_batch_size) + 1
             if self.replay_buffer_num_slots < needed:
-                _bad("replay_buffer_num_slots", self.replay_buffer_num_slots,
+                bad("replay_buffer_num_slots", self.replay_buffer_num_slots,
                      f"with replay_proportion={self.replay_proportion} the replay buffer "
                      f"(replay_buffer_num_slots * sample_batch_size = "
                      f"{self.replay_buffer_num_slots * self.sample_batch_size}) must hold more "
@@ -235,13 +248,13 @@ class ImpalaConfig:
                      f"replay_buffer_num_slots to at least {needed}, or replay_proportion=0")
         if self.uses_multi_gpu_learner:
             if self.num_data_loader_buffers < self.minibatch_buffer_size:
-                _bad("num_data_loader_buffers", self.num_data_loader_buffers,
+                bad("num_data_loader_buffers", self.num_data_loader_buffers,
                      f"the multi-device learner needs at least as many data loader buffers as "
                      f"minibatch buffers (minibatch_buffer_size={self.minibatch_buffer_size}); "
                      f"raise num_data_loader_buffers or lower minibatch_buffer_size")
             columns = self.train_batch_columns
             if columns % self.num_learner_devices:
-                _bad("train_batch_size", self.train_batch_size,
+                bad("train_batch_size", self.train_batch_size,
                      f"a train batch has {columns} columns (sample batches of "
                      f"{self.sample_batch_size} x {self.num_envs_per_worker} env steps "
                      f"concatenated to reach train_batch_size), which does not split evenly "
@@ -249,7 +262,7 @@ class ImpalaConfig:
                      f"train_batch_size and num_envs_per_worker so that the column count is a "
                      f"multiple of num_gpus")
         if self.fake_gpus and self.num_gpus < 1:
-            _bad("fake_gpus", self.fake_gpus, "set num_gpus >= 1 to say how many fake devices")
+            bad("fake_gpus", self.fake_gpus, "set num_gpus >= 1 to say how many fake devices")
         self._check_correction_and_lag()
 
     def _check_correction_and_lag(self) -> None:
@@ -265,7 +278,7 @@ class ImpalaConfig:
                 f"conflict: vtrace=True trains with V-trace; set vtrace=False to train with "
                 f"{self.off_policy_correction!r}, or off_policy_correction='vtrace'")
         if self.max_policy_lag <= self.extra_policy_lag:
-            _bad("max_policy_lag", self.max_policy_lag,
+            bad("max_policy_lag", self.max_policy_lag,
                  f"with extra_policy_lag={self.extra_policy_lag} every batch arrives at least "
                  f"that many updates behind and more than max_policy_lag would be dropped; set "
                  f"max_policy_lag above extra_policy_lag (e.g. "
@@ -275,14 +288,14 @@ class ImpalaConfig:
         if callable(self.env):
             return
         if not isinstance(self.env, str) or not self.env:
-            _bad("env", self.env, "give a gymnasium env id such as 'CartPole-v1' or a factory")
+            bad("env", self.env, "give a gymnasium env id such as 'CartPole-v1' or a factory")
         import gymnasium
 
         if self.env not in gymnasium.registry:
             close = difflib.get_close_matches(self.env, list(gymnasium.registry), n=3, cutoff=0.5)
             hint = f"did you mean {', '.join(map(repr, close))}?" if close else (
                 "see gymnasium.pprint_registry() for the registered ids")
-            _bad("env", self.env, f"gymnasium does not know this env id; {hint}")
+            bad("env", self.env, f"gymnasium does not know this env id; {hint}")
 
     # ------------------------------------------------------------------ derived values
     @property
@@ -396,92 +409,14 @@ def _check_known(key: Any) -> None:
         raise ConfigError(f"unknown config key {key!r}: {hint}")
 
 
-def _bad(name: str, value: Any, fix: str) -> None:
-    raise ConfigError(f"{name}={value!r} is invalid: {fix}")
-
-
-def _check_range(name: str, value: float, lo: float, hi: float) -> None:
-    if not (lo <= value <= hi) or math.isnan(value):
-        span = f"in [{lo}, {hi}]" if math.isfinite(hi) else f">= {lo}"
-        _bad(name, value, f"it must be {span}")
-
-
-def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        close = difflib.get_close_matches(value, choices, n=1, cutoff=0.4)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        _bad(name, value, f"choose one of {', '.join(map(repr, choices))}{hint}")
-
-
-_SCALAR_KINDS = {bool: "bool", int: "int", float: "float", str: "str"}
-
-
-@functools.cache
-def _kinds() -> dict[str, str]:
-    """Each field's kind, from its ``kind`` metadata or else its annotation: ``int``,
-    ``float``, ``bool``, ``str``, and ``X | None`` as the kind of X plus ``?``."""
-    hints = typing.get_type_hints(ImpalaConfig)
-    kinds = {}
-    for f in fields(ImpalaConfig):
-        if "kind" in f.metadata:
-            kinds[f.name] = f.metadata["kind"]
-            continue
-        hint, optional = hints[f.name], ""
-        args = typing.get_args(hint)
-        if type(None) in args:
-            (hint,) = (a for a in args if a is not type(None))
-            optional = "?"
-        kinds[f.name] = _SCALAR_KINDS[hint] + optional
-    return kinds
-
-
 def field_kind(name: str) -> str:
     """'int', 'float', 'bool', 'str', 'int?', 'float?', 'str?', 'model', 'filters?' or 'env'
     (CLI parsing)."""
-    return _kinds()[name]
+    return field_kinds(ImpalaConfig)[name]
 
 
 def _check_type(f: dataclasses.Field, value: Any) -> None:
-    kind = _kinds()[f.name]
-    optional = kind.endswith("?")
-    base = kind.rstrip("?")
-    if optional and value is None:
-        return
-    ok = True
-    if base == "bool":
-        ok = isinstance(value, bool)
-    elif base == "int":
-        ok = isinstance(value, numbers.Integral) and not isinstance(value, bool)
-    elif base == "float":
-        ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
-        try:
-            finite = ok and math.isfinite(float(value))
-        except OverflowError:  # an int too large for a float
-            finite = False
-        if ok and not finite:
-            _bad(f.name, value, "it must be a finite number")
-    elif base == "str":
-        ok = isinstance(value, str)
-    elif base == "model":
-        ok = isinstance(value, tuple | list) and all(
-            isinstance(h, numbers.Integral) and not isinstance(h, bool) for h in value)
-    elif base == "env":
-        ok = isinstance(value, str) or callable(value)
-    elif base == "filters":
-        ok = isinstance(value, tuple | list) and all(
-            isinstance(f, tuple | list) and len(f) == 3 and all(
-                isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in f)
-            for f in value)
-    if not ok:
-        expected = {"int": "an integer", "float": "a number", "bool": "true or false",
-                    "str": "a string", "model": "a list of positive integers, e.g. [64, 64]",
-                    "env": "a gymnasium env id or an env factory",
-                    "filters": "a list of [filters, kernel, stride] triples, e.g. [[16, 3, 1]]",
-                    }[base]
-        if optional:
-            expected += " or None"
-        raise ConfigError(
-            f"{f.name}={value!r} has type {type(value).__name__}: it must be {expected}")
+    check_type(f.name, field_kinds(ImpalaConfig)[f.name], value)
 
 
 def markdown_table() -> str:

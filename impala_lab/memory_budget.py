@@ -60,7 +60,13 @@ PART_FIELDS: dict[str, tuple[str, ...]] = {
     "samples in flight": ("num_workers", "max_sample_requests_in_flight_per_worker",
                           "sample_batch_size", "num_envs_per_worker"),
     "learner working set": ("train_batch_size", "model"),
+    "weights": ("model", "num_workers"),
 }
+# Copies of the weights (besides the LSTM's, counted in the working set): the learner's
+# variables, their gradient, Adam's two slots and the flat vector it broadcasts from (5), the
+# shared-memory blocks of the latest broadcast and the two kept for reuse (3), and one in each
+# worker (num_workers more).
+LEARNER_WEIGHT_COPIES = 5 + 3
 # With use_lstm, lstm_cell_size also sizes every part: the batches' state_in, and the learner's
 # per-step activations and the LSTM's weights.
 
@@ -117,9 +123,30 @@ def memory_estimate(config: MemorySizes, observation_space: Any = None,
         "samples in flight": (2 * c.num_workers
                               * c.max_sample_requests_in_flight_per_worker * sample),
         "learner working set": columns * T * learner_per_step + train + lstm_weights,
+        "weights": 4 * (LEARNER_WEIGHT_COPIES + c.num_workers) * weight_count(
+            spec, obs_elements, conv_out, num_actions),
     }
     parts["total"] = sum(parts.values())
     return parts
+
+
+def weight_count(spec: ModelSpec, obs_elements: int, conv_out: int, num_actions: int) -> int:
+    """Floats of the policy and value trunks and heads (the LSTM's are counted apart): each
+    dense layer's kernel and bias, the conv trunk's output as the MLP's input when there is
+    one (its own filters are few and left out)."""
+    def mlp(inputs: int) -> tuple[int, int]:
+        total = 0
+        for units in spec.hiddens:
+            total += (inputs + 1) * units
+            inputs = units
+        return total, inputs
+
+    features = conv_out or obs_elements
+    trunk, last = mlp(features)
+    head_inputs = spec.lstm_cell_size if spec.use_lstm else last
+    if spec.vf_share_layers or spec.use_lstm:
+        return trunk + (head_inputs + 1) * (num_actions + 1)
+    return 2 * trunk + (last + 1) * (num_actions + 1)
 
 
 def _learner_bytes(spec: ModelSpec, obs_elements: int, conv_units: int, conv_out: int

@@ -115,3 +115,17 @@ def test_weights_that_are_not_finite_are_refused_with_the_array_named(tmp_path, 
     with pytest.raises(ValueError, match=r"weights\.npz: array 0 \(<f4 \[4, 3\]\) holds 1 NaN "
                                          r"or infinite values"):
         read_checkpoint(path)
+
+
+def test_restore_never_joins_the_ray_address_a_checkpoint_names(tmp_path, caplog):
+    from impala_lab.config import ImpalaConfig
+    from impala_lab.driver.checkpoint import restored_config
+
+    config = ImpalaConfig(env="CartPole-v1", backend="ray", ray_address="ray-head.invalid:6379")
+    state = checkpoint_state(config.to_dict(), 3, COUNTERS)
+    caplog.set_level("WARNING", logger="impala_lab")
+    config = restored_config(tmp_path, state, {})
+    assert config.ray_address is None and config.backend == "ray"
+    assert "names ray_address='ray-head.invalid:6379'; restore does not connect" in caplog.text
+    told = restored_config(tmp_path, state, {"ray_address": "127.0.0.1:6379"})
+    assert told.ray_address == "127.0.0.1:6379"

@@ -175,7 +175,7 @@ def test_replay_slots_not_negative() -> None:
 
 def test_seed_not_negative() -> None:
     _assert_names(_error(seed=-1), "seed", -1,
-                  "use a non-negative integer, or None for a random seed")
+                  "use an integer in [0, 2**63), or None for a random seed")
     assert ImpalaConfig(seed=0).seed == 0
 
 

@@ -20,7 +20,8 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from impala_lab import Impala, ImpalaConfig
+from impala_lab import Impala, ImpalaConfig, memory_budget
+from impala_lab.actor.numpy_model import NumpyModel
 from impala_lab.batch import SampleBatch, concat_samples
 from impala_lab.errors import ConfigError
 from impala_lab.memory_budget import CONV_LAYERS as ESTIMATE_CONV_LAYERS
@@ -29,6 +30,7 @@ from impala_lab.memory_budget import (
     available_memory_bytes,
     lstm_weight_count,
 )
+from impala_lab.model_spec import ModelSpec
 from tests.leaks import no_leaks
 
 REPO = Path(__file__).resolve().parents[1]
@@ -97,7 +99,8 @@ def test_the_field_that_grew_is_named_first():
     message = error_of(replay_proportion=1.0, replay_buffer_num_slots=10**9)
     assert message.startswith("replay_buffer_num_slots=1000000000 is invalid")
     assert "replay " in message
-    message = error_of(num_workers=10**5, max_sample_requests_in_flight_per_worker=10**3)
+    message = error_of(num_workers=10**5, max_sample_requests_in_flight_per_worker=10**3,
+                       max_num_workers=10**6)
     assert message.startswith("num_workers=100000 is invalid")  # 50000x its default, not 500x
     assert "samples in flight" in message
 
@@ -266,3 +269,38 @@ def test_the_estimate_reads_any_object_with_the_sizes_and_a_model_spec():
         space, gym.spaces.Discrete(3))
     source = (REPO / "impala_lab" / "memory_budget.py").read_text()
     assert "impala_lab.config" not in source and "TYPE_CHECKING" not in source
+
+
+@pytest.mark.parametrize("spec", [ModelSpec((64, 64)), ModelSpec((64, 64), vf_share_layers=True),
+                                  ModelSpec((32,), use_lstm=True, lstm_cell_size=16)])
+def test_the_weight_count_is_the_models(spec):
+    obs = gym.spaces.Box(-1, 1, (4,), np.float32)
+    weights = NumpyModel(obs, gym.spaces.Discrete(3), spec).initial_weights(0)
+    lstm = memory_budget.lstm_weight_count(32, 16) if spec.use_lstm else 0
+    assert memory_budget.weight_count(spec, 4, 0, 3) + lstm == sum(w.size for w in weights)
+
+
+def test_huge_weights_are_refused_before_anything_starts():
+    message = error_of(model=(100_000, 100_000))
+    assert message.startswith("model=(100000, 100000) is invalid: this config would need at "
+                              "least 802 GB of memory (weights 800 GB (model x num_workers))")
+
+
+def test_the_weights_count_once_per_worker():
+    base = ImpalaConfig(env="CartPole-v1", num_workers=2, model=(256, 256)).memory_estimate()
+    more = ImpalaConfig(env="CartPole-v1", num_workers=6, model=(256, 256)).memory_estimate()
+    per_copy = 4 * memory_budget.weight_count(ModelSpec((256, 256)), 1, 0, 2)
+    assert more["weights"] - base["weights"] == 4 * per_copy
+    assert base["weights"] == (memory_budget.LEARNER_WEIGHT_COPIES + 2) * per_copy
+
+
+def test_num_workers_and_seed_are_bounded_before_anything_starts():
+    limit = 8 * (os.cpu_count() or 1)
+    assert error_of(num_workers=limit + 1).startswith(
+        f"num_workers={limit + 1} is invalid: it exceeds {limit} worker processes on this "
+        "machine (8 per CPU)")
+    ImpalaConfig(env="CartPole-v1", num_workers=limit + 1, max_num_workers=limit + 1,
+                 backend="inline")  # raised on purpose: accepted
+    assert error_of(seed=2**63).startswith("seed=9223372036854775808 is invalid: use an "
+                                           "integer in [0, 2**63)")
+    assert ImpalaConfig(env="CartPole-v1", seed=2**63 - 1).seed == 2**63 - 1

@@ -428,15 +428,27 @@ def _join_cluster(ray: Any, kwargs: dict[str, Any]) -> None:
         ) from None
 
 
+# The client preface of HTTP/2 and an empty SETTINGS frame: a gRPC server (Ray's GCS is one)
+# answers with a SETTINGS frame of its own (frame type 4, the 4th byte of its 9-byte header).
+_HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+_HTTP2_SETTINGS = 4
+
+
 def _probe(address: str, timeout: float) -> None:
-    """Raises `ConfigError` unless something accepts a TCP connection at ``host:port`` within
-    ``timeout`` seconds. Other address forms ("auto", "ray://...") are left to Ray."""
+    """Raises `ConfigError` unless a gRPC server (HTTP/2, as Ray's GCS) answers at
+    ``host:port`` within ``timeout`` seconds. ``ray.init`` retries an address that is not Ray
+    (an HTTP server, a database) for good, so this is checked first. Other address forms
+    ("auto", "ray://...") are left to Ray."""
     host, sep, port = address.rpartition(":")
     if not sep or not port.isdigit() or "/" in host:
         return
     try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
-            pass
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout) as conn:
+            conn.settimeout(timeout)
+            conn.sendall(_HTTP2_PREFACE)
+            header = conn.recv(64)
+    except TimeoutError:
+        header = b""
     except OSError as exc:
         raise ConfigError(
             f"ray_address={address!r} is unreachable: nothing accepted a connection there "
@@ -444,6 +456,14 @@ def _probe(address: str, timeout: float) -> None:
             f"there (ray start --head --port={port}) or fix the address; without "
             "ray_address a local Ray starts"
         ) from None
+    if len(header) < 4 or header[3] != _HTTP2_SETTINGS:
+        seen = header[:40].decode("latin-1").splitlines()[0] if header else "no answer"
+        raise ConfigError(
+            f"ray_address={address!r} is not a Ray cluster: the server there does not speak "
+            f"Ray's protocol (gRPC over HTTP/2; it answered: {seen!r} within {timeout:g} s). "
+            "Give the address of the cluster's head, the --port of `ray start --head` "
+            "(6379 by default)"
+        )
 
 
 def _free_cpus(ray: Any, config: ImpalaConfig, wait_s: float) -> float:

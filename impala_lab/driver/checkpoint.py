@@ -331,6 +331,9 @@ def restored_config(root: Path, state: Mapping[str, Any], overrides: dict[str, A
                     env_creator: Any = None) -> ImpalaConfig:
     """The checkpoint's config, with the config fields of ``overrides`` (taken out of it).
 
+    The checkpoint's ``ray_address`` is dropped (with a warning) unless ``overrides`` names one:
+    a checkpoint from elsewhere must not make this process join a cluster of its choosing.
+
     ``env_creator`` (a zero-argument env factory) replaces the config's ``env``. An invalid
     result is a `ConfigError` naming ``<root>/state.json``.
     """
@@ -339,6 +342,12 @@ def restored_config(root: Path, state: Mapping[str, Any], overrides: dict[str, A
         data["env"] = env_creator
     known = field_names()
     fields = {k: overrides.pop(k) for k in list(overrides) if k in known}
+    if data.get("ray_address") and "ray_address" not in fields:
+        # A file names the address: joining whatever listens there is the caller's call.
+        logger.warning("%s names ray_address=%r; restore does not connect to an address from a "
+                       "file: pass ray_address=... to join it (a local Ray starts instead)",
+                       root / "state.json", data["ray_address"])
+        data["ray_address"] = None
     try:
         return ImpalaConfig.from_dict({**data, **fields})
     except ConfigError as exc:
