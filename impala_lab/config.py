@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib.util
 import math
 import os
 from collections.abc import Mapping
@@ -196,6 +197,9 @@ class ImpalaConfig:
             value = getattr(self, name)
             if not (value > 0 and math.isfinite(value)):
                 bad(name, value, "it must be a positive finite number")
+        if self.backend == "ray" and importlib.util.find_spec("ray") is None:
+            bad("backend", self.backend, "Ray is not installed: pip install 'impala_lab[ray]', "
+                "or use backend='process' on this machine")
         if self.seed is not None and not 0 <= self.seed < 2**63:
             bad("seed", self.seed, "use an integer in [0, 2**63), or None for a random seed "
                 "(TensorFlow keeps seeds as int64)")
@@ -293,7 +297,8 @@ class ImpalaConfig:
 
         if self.env not in gymnasium.registry:
             close = difflib.get_close_matches(self.env, list(gymnasium.registry), n=3, cutoff=0.5)
-            hint = f"did you mean {', '.join(map(repr, close))}?" if close else (
+            hint = env_package_hint(self.env) or (
+                f"did you mean {', '.join(map(repr, close))}?" if close else
                 "see gymnasium.pprint_registry() for the registered ids")
             bad("env", self.env, f"gymnasium does not know this env id; {hint}")
 
@@ -407,6 +412,24 @@ def _check_known(key: Any) -> None:
         close = difflib.get_close_matches(str(key), known, n=1)
         hint = f"did you mean {close[0]!r}?" if close else "see the README's config table"
         raise ConfigError(f"unknown config key {key!r}: {hint}")
+
+
+# Env ids that packages register when installed: (how the id starts, the package to install).
+ENV_PACKAGES = (
+    ("ALE/", "Atari's games come with ale-py: pip install ale-py (or 'gymnasium[atari]')"),
+    ("MinAtar/", "MinAtar's games come with minatar: pip install 'impala_lab[minatar]'"),
+    (("Ant-", "HalfCheetah-", "Hopper-", "Humanoid", "InvertedPendulum-", "Pusher-",
+      "Reacher-", "Swimmer-", "Walker2d-", "InvertedDoublePendulum-"),
+     "MuJoCo's envs come with the mujoco package: pip install 'gymnasium[mujoco]'"),
+    (("LunarLander", "BipedalWalker", "CarRacing-"),
+     "Box2D's envs come with box2d: pip install 'gymnasium[box2d]'"),
+)
+
+
+def env_package_hint(env_id: str) -> str:
+    """Which package registers ``env_id``'s family, when gymnasium does not know it ("" if
+    none of `ENV_PACKAGES`)."""
+    return next((text for start, text in ENV_PACKAGES if env_id.startswith(start)), "")
 
 
 def field_kind(name: str) -> str:

@@ -160,10 +160,12 @@ def test_bad_input_exits_2_with_the_field_value_and_fix(args, fragments, capsys,
     assert "Traceback" not in err
 
 
-def test_unknown_option_exits_2():
-    with pytest.raises(SystemExit) as info:
-        main(["train", "--num-wrokers", "2"])
-    assert info.value.code == 2
+def test_unknown_option_exits_2_with_the_closest_options(capsys):
+    assert main(["train", "--num-wrokers", "2", "--lrr=0.1"]) == 2
+    err = capsys.readouterr().err
+    assert err == ("impala-lab train: error: unrecognized arguments: --num-wrokers (did you "
+                   "mean --num-workers or --max-num-workers?), 2, --lrr=0.1 (did you mean "
+                   "--lr?); see impala-lab train --help\n")
 
 
 def test_config_command_prints_the_table(capsys):
@@ -231,4 +233,5 @@ def test_ctrl_c_while_the_run_is_built_exits_130_without_a_traceback(tmp_path, c
     assert code == 130
     assert "interrupted before training started" in capsys.readouterr().err
     assert signal.getsignal(signal.SIGTERM) is handler
-    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["config.json"]
+    # the folder's lock file and config.json: nothing else was written
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [".lock", "config.json"]

@@ -17,6 +17,7 @@ writes, and its exit codes: `impala_lab.cli.train`.
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 from pathlib import Path
 from typing import Any
@@ -92,7 +93,18 @@ def _add_train_parser(sub: Any) -> None:
                      help="once --stop-return is reached, keep training this many seconds "
                      "more; result.json then says the lowest mean return after the target "
                      "(return_min_after_target)")
-    run.add_argument("--out", type=Path, default=Path("runs/latest"), help="output directory")
+    run.add_argument("--out", default="runs/latest",
+                     help="output folder: one run at a time; a folder holding other files is "
+                     "refused unless --overwrite")
+    run.add_argument("--overwrite", action="store_true",
+                     help="write into an --out folder that holds files that are not a run's")
+    run.add_argument("--resume", default=None, metavar="DIR",
+                     help="continue the run in DIR from its last checkpoint (weights, "
+                     "optimizer, counters), appending to its metrics; config flags given "
+                     "with it replace the run's")
+    run.add_argument("--checkpoint-every", type=float, default=60.0, metavar="SECONDS",
+                     help="save OUT/checkpoint this often while training (atomically), so a "
+                     "killed run can be resumed; 0 saves only at the end")
     run.add_argument("--report-interval", type=float, default=1.0,
                      help="seconds between progress lines and metrics.csv rows")
     run.add_argument("--quiet", action="store_true",
@@ -201,12 +213,31 @@ COMMANDS = {"train": lambda args: train_command(args, config_from_args(args)),
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        return _unknown_options(parser, args, unknown)
     try:
         return COMMANDS[args.command](args)
     except ConfigError as exc:
         print(f"impala-lab: error: {exc}", file=sys.stderr)
         return 2
+
+
+def _unknown_options(parser: argparse.ArgumentParser, args: argparse.Namespace,
+                     unknown: list[str]) -> int:
+    """One line for options the command does not know, with the closest known ones."""
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    known = [o for a in sub.choices[args.command]._actions for o in a.option_strings]
+    parts = []
+    for word in unknown:
+        close = (difflib.get_close_matches(word.split("=")[0], known, n=2, cutoff=0.6)
+                 if word.startswith("-") else [])
+        parts.append(f"{word} (did you mean {' or '.join(close)}?)" if close else word)
+    words = ", ".join(parts)
+    print(f"impala-lab {args.command}: error: unrecognized arguments: {words}; "
+          f"see impala-lab {args.command} --help", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

@@ -1,27 +1,32 @@
-"""``impala-lab train``: train a run with the CLI's limits and write its outputs.
+"""``impala-lab train``: train a run with the CLI's limits and write its outputs as it goes.
 
-At the end the output directory holds ``config.json``, ``metrics.csv`` (a row per report
-interval), ``result.json`` (solved, seconds_to_target, env_steps_to_target, the health
-monitor's findings, final stats), ``report.png``, ``policy.gif`` (one episode of the final
-policy, at most 300 frames, when the env renders ``rgb_array``), ``checkpoint/`` (and with
-``--tensorboard`` ``tensorboard/``, written at every report), and the last line says
-whether the target was reached, where the results are and, if not, what the health monitor
-saw. Ctrl-C or SIGTERM ends the run within seconds and still writes all of them (exit code
-130); so does an error of a worker, the learner or the loss (exit code 1, the error in
-``result.json`` and on stderr), and a run in which no worker returned a single sample (e.g.
-every env hangs) until ``--max-seconds``: that is a failed run, not a finished one (exit
-code 1, ``error`` names it, ``stop_reason`` stays ``max_seconds``).
+The output folder (`impala_lab.cli.run_folder.RunFolder`: one run per folder, locked) holds
+``config.json`` from the start; ``metrics.csv`` gains a row and ``result.json`` (the state so
+far: ``stop_reason`` "running") is replaced at every report; ``checkpoint/`` is saved every
+``--checkpoint-every`` seconds. At the end ``result.json`` says solved, seconds_to_target,
+env_steps_to_target, the health monitor's findings and the final stats, and ``report.png``,
+``policy.gif`` (one episode of the final policy, at most 300 frames, when the env renders
+``rgb_array``) and the last checkpoint are written (with ``--tensorboard`` also
+``tensorboard/``, at every report). The last line says whether the target was reached, where
+the results are and, if not, what the health monitor saw.
+
+Endings: Ctrl-C, SIGTERM or SIGHUP end the run within seconds and still write all of them
+(exit code 128 + the signal: 130, 143, 129); so does an error of a worker, the learner or the
+loss (exit code 1, the error in ``result.json`` and on stderr), and a run in which no worker
+returned a single sample (e.g. every env hangs) until ``--max-seconds``: that is a failed run,
+not a finished one (exit code 1, ``error`` names it, ``stop_reason`` stays ``max_seconds``). A
+closed stdout (``| head``) stops the progress view, not the run. A SIGKILL leaves the metrics,
+the last ``result.json`` and the last checkpoint: ``--resume OUT`` continues from there.
 
 ``--train-after-target SECONDS`` keeps training that long after ``--stop-return`` is reached
 (does the run stay solved?); ``--max-seconds`` stays the cap of the whole run, so give it room
 for both phases (e.g. ``--max-seconds 120 --train-after-target 60``).
 """
-
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
-import json
 import math
 import os
 import signal
@@ -32,11 +37,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from impala_lab.cli.progress import ProgressView, StopGoal
+from impala_lab.cli.run_folder import RunFolder
 from impala_lab.config import ImpalaConfig
 from impala_lab.driver.health import RETURN_MIN_EPISODES
 from impala_lab.errors import ConfigError, ImpalaError
 from impala_lab.health_flags import describe_seen
-from impala_lab.stats import jsonable
 
 if TYPE_CHECKING:  # pragma: no cover
     from impala_lab.driver.impala import Impala
@@ -71,6 +76,10 @@ def check_run_args(args: argparse.Namespace) -> None:
         raise ConfigError(f"--max-env-steps={args.max_env_steps!r} is invalid: it must be >= 1")
     if args.stop_return is not None and not math.isfinite(args.stop_return):
         raise ConfigError(f"--stop-return={args.stop_return!r} is invalid: it must be finite")
+    every = getattr(args, "checkpoint_every", 0.0)
+    if not (every >= 0 and math.isfinite(every)):
+        raise ConfigError(f"--checkpoint-every={every!r} is invalid: it must be a number of "
+                          "seconds >= 0 (0 saves only at the end)")
     after = args.train_after_target
     if not (after >= 0 and math.isfinite(after)):
         raise ConfigError(f"--train-after-target={after!r} is invalid: it must be a number of "
@@ -135,72 +144,163 @@ class TargetWatch:
 
 def train_command(args: argparse.Namespace, config: ImpalaConfig) -> int:
     """``impala-lab train``: train ``config`` (built from ``args`` by
-    `impala_lab.cli.main.config_from_args`) until a limit, write every output; the exit code:
-    0, 1 (an error, or no sample at all) or 130 (interrupted)."""
+    `impala_lab.cli.main.config_from_args`; with ``--resume`` the checkpoint's) until a limit,
+    writing the outputs as it goes; the exit code: 0, 1 (an error, or no sample at all), or
+    128 + the signal that ended it (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP)."""
     check_run_args(args)
-    out: Path = args.out
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(config.to_dict(), indent=2))
+    for name in ("out", "resume"):
+        value = getattr(args, name, None)
+        if value is not None and not str(value).strip():
+            raise ConfigError(f"--{name}={str(value)!r} is invalid: give a folder for this "
+                              "run's files, e.g. --out runs/cartpole")
+        if value is not None:
+            setattr(args, name, Path(value))
+    resume: Path | None = getattr(args, "resume", None)
+    out: Path = resume if resume is not None else args.out
+    args.out = out  # a resumed run writes (TensorBoard too) where it was
+    folder = RunFolder(out, overwrite=getattr(args, "overwrite", False),
+                       resume=resume is not None)
+    try:
+        return _run_in(folder, args, config, resume)
+    finally:
+        folder.close()
 
-    # SIGTERM ends the run like Ctrl-C: results and checkpoint are still written.
-    def on_sigterm(signum, frame):
-        raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, on_sigterm)
+def _run_in(folder: RunFolder, args: argparse.Namespace, config: ImpalaConfig,
+            resume: Path | None) -> int:
+    out = folder.out
+    if resume is None:
+        folder.write_json("config.json", config.to_dict())
+    ending = _EndingSignals()
     from impala_lab.driver.impala import Impala
 
     try:
-        impala = Impala(config)
+        if resume is not None:
+            impala = Impala.restore(resume / "checkpoint", **resume_overrides(args))
+            config = impala.config
+        else:
+            impala = Impala(config)
     except KeyboardInterrupt:  # Ctrl-C while TensorFlow loads or workers start
-        signal.signal(signal.SIGTERM, previous)
-        print(f"impala-lab: interrupted before training started; only {out}/config.json "
-              "was written", file=sys.stderr)
-        return 130
-    except BaseException:  # a config error found while building: the handler goes back
-        signal.signal(signal.SIGTERM, previous)
+        ending.restore()
+        _say(f"impala-lab: interrupted before training started; only {out}/config.json "
+             "was written", err=True)
+        return ending.exit_code()
+    except BaseException:  # a config error found while building: the handlers go back
+        ending.restore()
         raise
     try:
-        result, error = _train_and_save(impala, config, args, out)
+        result, error = _train_and_save(impala, config, args, folder)
     finally:
         impala.stop()
-        signal.signal(signal.SIGTERM, previous)
+        ending.restore()
     if error is not None:
         # The error's own text names the stage, the env and the worker's traceback; the
         # driver's stack under it would only bury that.
-        print(f"impala-lab: error: {type(error).__name__}: {error}", file=sys.stderr)
+        _say(f"impala-lab: error: {type(error).__name__}: {error}", err=True)
         seen = describe_seen(result["health"])
         saw = f"; health monitor saw: {seen}" if seen else ""
-        print(f"impala-lab: the run stopped{saw}; metrics, result and checkpoint are in {out}/",
-              file=sys.stderr)
+        _say(f"impala-lab: the run stopped{saw}; metrics, result and checkpoint are in {out}/",
+             err=True)
         return 1
     interrupted = result["stop_reason"] == "interrupted"
-    print(final_line(result, args, out, interrupted))
-    return 130 if interrupted else 0
+    _say(final_line(result, args, out, interrupted))
+    return ending.exit_code() if interrupted else 0
 
 
-def _train_and_save(impala: Impala, config: ImpalaConfig, args: argparse.Namespace, out: Path
-                    ) -> tuple[dict[str, Any], ImpalaError | None]:
-    """Train until a limit, an interrupt or an error, then write every output; returns
-    ``result.json``'s dict and the error that ended the run (None if none did)."""
+def resume_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The config fields given on the command line of ``--resume``: they replace the run's."""
+    from impala_lab.cli.main import _parse_value
+    from impala_lab.config import field_names
+
+    return {name: _parse_value(name, getattr(args, name)) for name in field_names()
+            if getattr(args, name, None) is not None}
+
+
+class _EndingSignals:
+    """SIGTERM and SIGHUP end the run as Ctrl-C does (outputs written); the exit code then
+    says which signal it was (128 + its number)."""
+
+    SIGNALS = tuple(s for s in (signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s)
+
+    def __init__(self) -> None:
+        self.signum = signal.SIGINT
+        self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.signum = signum
+        raise KeyboardInterrupt
+
+    def exit_code(self) -> int:
+        return 128 + int(self.signum)
+
+    def restore(self) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+
+
+def _say(text: str, err: bool = False) -> None:
+    """Prints a line; a closed stdout (``impala-lab train ... | head``) costs nothing."""
+    stream = sys.stderr if err else sys.stdout
+    try:
+        print(text, file=stream, flush=True)
+    except BrokenPipeError:
+        _silence(stream)
+
+
+def _silence(stream: Any) -> None:
+    """Points a stream whose reader is gone at /dev/null, so that later writes (and Python's
+    flush at exit) do not raise again."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, stream.fileno())
+        os.close(devnull)
+
+
+def _train_and_save(impala: Impala, config: ImpalaConfig, args: argparse.Namespace,
+                    folder: RunFolder) -> tuple[dict[str, Any], ImpalaError | None]:
+    """Train until a limit, an interrupt or an error, writing metrics, result and checkpoints
+    as it goes, then every output; returns ``result.json``'s dict and the error that ended
+    the run (None if none did)."""
     watch = TargetWatch(args)
     # A terminal gets a progress bar over the live panel, redrawn in place; a log gets one
     # progress line per report.
     view = ProgressView(StopGoal(args.stop_return, args.max_env_steps, args.max_seconds),
                         title=f"{config.env_id} ({config.backend}, {config.num_workers} workers)")
+    shown = [not args.quiet]
+    every = getattr(args, "checkpoint_every", None)
+    last_save = [time.monotonic()]
 
     def on_report(s: dict) -> None:
         watch.on_report(s)
-        if not args.quiet:
-            view.update(s)
+        if shown[0]:
+            try:
+                view.update(s)
+            except BrokenPipeError:  # the reader of stdout is gone: the run goes on
+                shown[0] = False
+                _silence(sys.stdout)
+        folder.append_metrics(impala.history.rows())
+        running = {**s, "stop_reason": "running"}
+        folder.write_json("result.json", _result(watch, args, running, None, time.monotonic()))
+        if every and time.monotonic() - last_save[0] >= every:
+            last_save[0] = time.monotonic()
+            _save_checkpoint(impala, folder.out)
 
     final, error = _train(impala, args, watch, view, on_report)
     watch.note_best(final)  # a run shorter than one report interval has only its final stats
     ended = time.monotonic()
-    view.close()
+    with contextlib.suppress(BrokenPipeError):
+        view.close()
     impala.stop()
     result = _result(watch, args, final, error, ended)
-    _save_outputs(impala, config, out, result)
+    _save_outputs(impala, config, folder, result)
     return result, error
+
+
+def _save_checkpoint(impala: Impala, out: Path) -> None:
+    try:
+        impala.save(out / "checkpoint")
+    except Exception as exc:  # e.g. a full disk: the metrics and result still count
+        _say(f"impala-lab: could not save the checkpoint: {exc}", err=True)
 
 
 def _train(impala: Impala, args: argparse.Namespace, watch: TargetWatch, view: ProgressView,
@@ -257,15 +357,14 @@ def _result(watch: TargetWatch, args: argparse.Namespace, final: dict[str, Any],
             "final": final}
 
 
-def _save_outputs(impala: Impala, config: ImpalaConfig, out: Path, result: dict[str, Any]) -> None:
-    """The checkpoint, ``metrics.csv``, ``result.json`` and ``report.png``; a checkpoint or a
-    plot that cannot be written is reported on stderr and costs nothing else."""
-    try:
-        impala.save(out / "checkpoint")
-    except Exception as exc:  # e.g. a disk error: the metrics and result still count
-        print(f"impala-lab: could not save the checkpoint: {exc}", file=sys.stderr)
-    write_metrics_csv(out / "metrics.csv", impala.history.rows())
-    (out / "result.json").write_text(json.dumps(jsonable(result), indent=2))
+def _save_outputs(impala: Impala, config: ImpalaConfig, folder: RunFolder,
+                  result: dict[str, Any]) -> None:
+    """The checkpoint, ``metrics.csv``, ``result.json`` and ``report.png``; each that cannot be
+    written is reported on stderr and costs nothing else."""
+    out = folder.out
+    _save_checkpoint(impala, out)
+    folder.append_metrics(impala.history.rows())
+    folder.write_json("result.json", result)
     _save_policy_gif(impala, config, out / "policy.gif")
     try:
         from impala_lab.dashboard.plots import save_report
@@ -273,7 +372,7 @@ def _save_outputs(impala: Impala, config: ImpalaConfig, out: Path, result: dict[
         save_report(impala.history.rows(), out / "report.png",
                     title=f"{config.env_id} ({config.backend}, {config.num_workers} workers)")
     except Exception as exc:  # a plot must never cost the run's results
-        print(f"impala-lab: could not draw report.png: {exc}", file=sys.stderr)
+        _say(f"impala-lab: could not draw report.png: {exc}", err=True)
 
 
 def _save_policy_gif(impala: Impala, config: ImpalaConfig, path: Path) -> None:
@@ -293,7 +392,7 @@ def _save_policy_gif(impala: Impala, config: ImpalaConfig, path: Path) -> None:
                                     seed=config.seed)
         write_gif(frames, path)
     except Exception as exc:  # a GIF must never cost the run's results
-        print(f"impala-lab: no {path.name}: {exc}", file=sys.stderr)
+        _say(f"impala-lab: no {path.name}: {exc}", err=True)
 
 
 def final_line(result: dict[str, Any], args: argparse.Namespace, out: Path,
