@@ -168,3 +168,20 @@ def test_cli_tensorboard_matches_metrics_csv(tmp_path):
     assert np.allclose(walls, [float(r["time"]) for r in rows], atol=1.0)
     assert lag_counts(acc) == [(s, (s - prev) // BATCH_STEPS)
                                for prev, s in zip([0, *steps], steps, strict=False)]
+
+
+def test_a_failed_write_turns_the_writer_off_with_one_warning(tmp_path, caplog):
+    caplog.set_level("WARNING", logger="impala_lab")
+    writer = TensorBoardWriter(tmp_path / "tb")
+    writer.write({"num_steps_sampled": 1, "x": 1.0})
+
+    def full_disk() -> None:
+        raise OSError(28, "No space left on device")
+
+    writer._writer.flush = full_disk
+    writer.write({"num_steps_sampled": 2, "x": 2.0})  # does not raise: the run goes on
+    writer.write({"num_steps_sampled": 3, "x": 3.0})
+    warnings = [r for r in caplog.records if "TensorBoard summaries are off" in r.message]
+    assert len(warnings) == 1 and "No space left on device" in warnings[0].message
+    assert writer.failed == "OSError: [Errno 28] No space left on device"
+    writer.close()

@@ -18,10 +18,14 @@ Each report writes, at step ``num_steps_sampled`` (the same step axis as ``metri
 
 TensorFlow (``tf.summary``, which needs the ``tensorboard`` package) is imported when a writer
 is built, so the module itself is cheap to import; actor processes never build one.
+
+A write that fails (a full disk, a folder removed) turns the writer off with one warning on
+the ``impala_lab`` logger: summaries are a view of the run, and the run goes on without them.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import numbers
 import os
@@ -37,6 +41,7 @@ LAG_DESCRIPTION = ("Updates between the policy that sampled a batch and the lear
                    "batch reached the driver: one value per batch since the previous report.")
 
 Hook = Callable[[dict], None]
+logger = logging.getLogger("impala_lab")
 
 
 def scalar_tags(snapshot: Mapping[str, Any]) -> dict[str, float]:
@@ -112,6 +117,7 @@ class TensorBoardWriter:
         self._knobs_written = 0
         self._policy_lags = policy_lags
         self._closed = False
+        self.failed: str | None = None  # why writing stopped, once a write failed
 
     @classmethod
     def for_run(cls, run: Any, logdir: str | os.PathLike) -> TensorBoardWriter:
@@ -122,9 +128,20 @@ class TensorBoardWriter:
                    policy_lags=run.run_stats.take_policy_lags)
 
     def write(self, snapshot: Mapping[str, Any]) -> None:
-        """Writes one report: its scalars, new knob changes and the lag histogram."""
+        """Writes one report: its scalars, new knob changes and the lag histogram; after a
+        failed write (see the module docstring) nothing more."""
         if self._closed:
             raise ValueError(f"this TensorBoardWriter ({self.logdir}) is closed")
+        if self.failed is not None:
+            return
+        try:
+            self._write(snapshot)
+        except Exception as exc:  # tf.errors.OpError, OSError: the disk, not the run
+            self.failed = f"{type(exc).__name__}: {exc}"
+            logger.warning("TensorBoard summaries are off from here: writing to %s failed "
+                           "(%s); training goes on", self.logdir, self.failed)
+
+    def _write(self, snapshot: Mapping[str, Any]) -> None:
         step = int(snapshot[STEP_KEY])
         # The whole report goes out as one Summary proto, one op: a tf.summary.scalar op per
         # tag (an eager op each) cost the driver tens of times more per report.
@@ -158,7 +175,12 @@ class TensorBoardWriter:
         """Flushes and closes the event file; later closes do nothing."""
         if not self._closed:
             self._closed = True
-            self._writer.close()
+            try:
+                self._writer.close()
+            except Exception as exc:  # the last flush of a full disk
+                if self.failed is None:
+                    logger.warning("TensorBoard summaries: closing %s failed (%s: %s)",
+                                   self.logdir, type(exc).__name__, exc)
 
     def __enter__(self) -> TensorBoardWriter:
         return self
