@@ -161,7 +161,8 @@ def bwrap_problem() -> str:
     if os.geteuid() == 0 and shutil.which("setpriv") is None:
         return "setpriv is missing"
     probe = Path(__file__)
-    cmd = [*bwrap_args(probe.parent, probe, Limits(10, 256)), sys.executable, "-E", "-s", "-c", "import numpy"]
+    cmd = [*bwrap_args(probe.parent, probe, Limits(10, 256)),
+           sys.executable, "-E", "-s", "-c", "import numpy"]
     try:
         done = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as exc:

@@ -28,7 +28,9 @@ PACKAGE_DIR = Path(impala_lab.__file__).resolve().parent
 REMOVED: dict[str, tuple[str, ...]] = {
     "minibatch_get": ("learner/minibatch_buffer.py:MinibatchBuffer.get",),
     "replay_mix": ("driver/replay_mixer.py:ReplayMixer.mix",),
-    "vtrace_numpy": (*tuple(f"learner/vtrace.py:{name}" for name in ("from_importance_weights_numpy", "from_importance_weights", "from_logits_numpy", "from_logits", "_discounted_sum_reverse")), "learner/corrections.py:correction_terms"),
+    "vtrace_numpy": (*(f"learner/vtrace.py:{name}" for name in (
+        "from_importance_weights_numpy", "from_importance_weights", "from_logits_numpy",
+        "from_logits", "_discounted_sum_reverse")), "learner/corrections.py:correction_terms"),
     "driver_step": ("driver/driver_loop.py:DriverLoop.step", "driver/impala.py:Impala._step",
                     "driver/impala.py:Impala.step"),
     "vtrace_loss": ("learner/vtrace_policy.py:VTracePolicy.loss_and_stats",
@@ -40,7 +42,10 @@ REMOVED: dict[str, tuple[str, ...]] = {
                     "learner/keras_model.py:lstm_unroll"),
 }
 # The checkers' reference side, removed from every build (the child never needs it).
-CHECKERS_REFERENCES = (*tuple(f"classroom/exercises/{name}.py:_reference_trace" for name in REMOVED), "classroom/exercises/vtrace_loss.py:_Reference.loss", "classroom/exercises/lstm_unroll.py:_variant")
+CHECKERS_REFERENCES = (
+    *(f"classroom/exercises/{name}.py:_reference_trace" for name in REMOVED),
+    "classroom/exercises/vtrace_loss.py:_Reference.loss",
+    "classroom/exercises/lstm_unroll.py:_variant")
 
 _STUB = ("raise __import__('impala_lab.classroom.exercises._guard', fromlist=['_'])"
          ".ReferenceCalled({name!r})")
