@@ -472,13 +472,16 @@ def final_line(result: dict[str, Any], args: argparse.Namespace, out: Path,
 
 def notebooks_command(args: argparse.Namespace) -> int:
     """``impala-lab notebooks DIR``: copies the course; exit code 2 if DIR has its files."""
-    from impala_lab.classroom.course import CourseExistsError, copy_course
+    from impala_lab.classroom.course import CourseExistsError, NoSolutionsError, copy_course
 
     try:
         copied = copy_course(args.dir, solutions=args.solutions, force=args.force)
     except CourseExistsError as exc:
         print(f"impala-lab: error: {exc}; nothing was copied (--force overwrites them)",
               file=sys.stderr)
+        return 2
+    except NoSolutionsError as exc:
+        print(f"impala-lab: error: {exc}", file=sys.stderr)
         return 2
     rel = [p.relative_to(args.dir) for p in copied]
     lectures = sum(len(r.parts) == 1 for r in rel)

@@ -231,6 +231,15 @@ def loaded(module: str, *names: str) -> list[Any]:
     return out
 
 
+def same(a: Any, b: Any) -> bool:
+    """``a == b`` as a plain bool, False where the comparison itself fails (an array inside
+    a tuple, an answer's object whose ``__eq__`` raises)."""
+    try:
+        return bool(a == b)
+    except Exception:
+        return False
+
+
 def first_difference(expected: np.ndarray, actual: np.ndarray, rtol: float,
                      atol: float) -> tuple[int, ...] | None:
     """Index of the first element where `actual` is not close to `expected` (or None)."""
