@@ -59,6 +59,14 @@ def _changed(before: dict[str, int], after: dict[str, int]) -> list[str]:
     return sorted(k for k, v in before.items() if after.get(k, v) != v)
 
 
+def _reference_raised(traces: list[Any]) -> bool:
+    """Whether a trace ends in the answer's call of a library function (its own message)."""
+    from impala_lab.classroom.exercises._guard import Raised
+
+    last = [t[-1] if isinstance(t, list) and t else t for t in traces]
+    return any(isinstance(t, Raised) and t.reference for t in last)
+
+
 def _limit(memory_mb: int, processes: int) -> None:
     for what, value in ((resource.RLIMIT_AS, memory_mb * 2**20),
                         (resource.RLIMIT_FSIZE, FILE_BYTES), (resource.RLIMIT_CORE, 0),
@@ -75,7 +83,7 @@ def _send(out: IO[str], message: dict[str, Any]) -> None:
 
 
 def _run(exercise: str, path: str, seed: int, out: IO[str]) -> None:
-    from impala_lab.classroom.exercises import EXERCISES
+    from impala_lab.classroom.exercises import EXERCISES, _guard
     from impala_lab.classroom.exercises._spec import all_cases, run_answer
     from impala_lab.classroom.exercises._wire import encode
     from impala_lab.classroom.exercises.notebook import (
@@ -99,12 +107,18 @@ def _run(exercise: str, path: str, seed: int, out: IO[str]) -> None:
             raise exc.__cause__ from None
         _send(out, {"error": str(exc)})
         return
+    absent = _guard.ABSENT_CALLS
+    absent.clear()  # the try-it cells may show the library's results: not the answer's doing
     report = run_answer(spec, answer, cases=cases, on_case=lambda n: progress(
         f"case {n} of {len(cases)} of the check of {name}"))
     changed = _changed(before, _snapshot())
     if changed and report.flagged is None:
         report.flagged = (f"changes the grader's own code ({', '.join(changed[:3])}): the "
                           f"answer must leave impala_lab as it is")
+    if absent and report.flagged is None and not _reference_raised(report.traces):
+        # a call the traces do not show, e.g. from a thread of its own
+        report.flagged = (f"calls the library's {absent[0]}, which the grader's sandbox does "
+                          f"not have")
     _send(out, {"result": {"label": answer_label(ex, answer), "flagged": report.flagged,
                            "traces": encode(report.traces)}})
 

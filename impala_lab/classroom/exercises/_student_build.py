@@ -48,7 +48,7 @@ CHECKERS_REFERENCES = (
     "classroom/exercises/lstm_unroll.py:_variant")
 
 _STUB = ("raise __import__('impala_lab.classroom.exercises._guard', fromlist=['_'])"
-         ".ReferenceCalled({name!r})")
+         ".reference_absent({name!r})")
 _builds: dict[str, Path] = {}
 
 
