@@ -61,12 +61,6 @@ def write(tmp_path: Path, folder: str, name: str, nb: dict) -> str:
     return str(path)
 
 
-def group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 # ------------------------------------------------------------------ limits and the batch
