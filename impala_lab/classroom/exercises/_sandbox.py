@@ -98,7 +98,8 @@ def _python_dirs() -> list[str]:
         if entry and os.path.isdir(entry) and not os.path.isfile(
                 os.path.join(entry, "impala_lab", "__init__.py")):
             dirs.add(os.path.abspath(entry))
-    dirs = {d for d in dirs if not d.startswith((*_SYSTEM, "/proc", "/dev", "/tmp"))}
+    dirs = {d for d in dirs if d not in ("/", "/tmp") and not any(
+        d == s or d.startswith(s + os.sep) for s in (*_SYSTEM, "/proc", "/dev"))}
     kept = sorted(d for d in dirs if not any(d.startswith(o + os.sep) for o in dirs))
     return kept
 
@@ -124,14 +125,17 @@ def bwrap_args(build: Path, handin: Path, limits: Limits) -> list[str]:
                 out += ["--perms", "0755", "--dir", p]
         return out
 
+    # /tmp first: a virtualenv that lives under /tmp is bound on top of it
+    args += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", str(TMP_BYTES),
+             "--tmpfs", "/tmp"]
+    made.add("/tmp")
     for d in _python_dirs():
         args += [*ancestors(d), "--ro-bind", d, d]
         if os.path.isdir(os.path.join(d, "impala_lab")):  # an installed impala_lab: hidden
             args += ["--tmpfs", os.path.join(d, "impala_lab")]
     args += [*ancestors(INSIDE_BUILD + "/x"), "--ro-bind", str(build), INSIDE_BUILD]
     args += ["--ro-bind", str(handin.parent), INSIDE_HANDIN]
-    args += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", str(TMP_BYTES),
-             "--tmpfs", "/tmp", "--chdir", "/tmp", "--clearenv"]
+    args += ["--chdir", "/tmp", "--clearenv"]
     for key, value in _child_env().items():
         args += ["--setenv", key, value]
     if os.geteuid() == 0:
