@@ -1,9 +1,7 @@
 """The course installs with pip: a built (student) wheel carries the notebooks and exercises but
 no solutions; installed into a fresh virtualenv outside the repository, ``impala-lab notebooks
 DIR`` copies them (and refuses ``--solutions``), ``00_quickstart`` runs there in fast mode and
-``python -m impala_lab.classroom.exercises``
-grades
-a solution there.
+``python -m impala_lab.classroom.exercises`` grades a solution there.
 
 The fresh virtualenv gets the wheel with ``--no-deps`` and reaches the dev environment's
 site-packages for the dependencies through a ``.pth`` file (TensorFlow is not downloaded
