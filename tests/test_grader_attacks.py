@@ -373,3 +373,33 @@ def test_what_the_grader_reads_is_capped(tmp_path, capsys, monkeypatch, sandbox)
     assert rc == 1 and "1 of 4 notebooks pass" in out, out
     assert "not a regular file" in out and "links are not followed" in out, out
     assert "1073741824 bytes; a notebook may have 32 MiB at most" in out, out
+
+
+@isolated
+def test_a_library_module_imported_while_the_answer_runs_fails(tmp_path, capsys, monkeypatch):
+    late = ex3_region(tmp_path, (
+        "import importlib\n"
+        "m = importlib.import_module('impala_lab.learner.' + 'vtrace')\n"
+        f"out = getattr(m, 'from_importance_' + 'weights_numpy')({ARGS})\n"
+        "return out.vs, out.pg_advantages\n"))
+    first = graded_beside(capsys, monkeypatch, late)
+    assert "case 1 of 10: vtrace calls the library's from_importance_weights_numpy" in first, \
+        first
+
+
+def test_without_bwrap_the_grader_falls_back_and_says_why(tmp_path, capsys, monkeypatch):
+    from impala_lab.classroom.exercises import _sandbox
+
+    monkeypatch.setattr(_sandbox.shutil, "which", lambda name: None)
+    _sandbox.bwrap_problem.cache_clear()
+    try:
+        rc, _, out = grade(capsys, monkeypatch, [NEIGHBOUR])
+        assert rc == 0 and out.count(NEIGHBOUR_PASSES) == 1, out
+        assert out.startswith("sandbox: fallback, hand-ins NOT isolated (bwrap is not "
+                              "installed (Debian: apt-get install bubblewrap))"), out
+        monkeypatch.setenv("IMPALA_LAB_SANDBOX", "bwrap")
+        assert cli_main([NEIGHBOUR]) == 2
+        assert "IMPALA_LAB_SANDBOX=bwrap, but bwrap is not installed" in capsys.readouterr().err
+    finally:
+        monkeypatch.undo()
+        _sandbox.bwrap_problem.cache_clear()
