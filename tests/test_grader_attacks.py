@@ -403,3 +403,14 @@ def test_without_bwrap_the_grader_falls_back_and_says_why(tmp_path, capsys, monk
     finally:
         monkeypatch.undo()
         _sandbox.bwrap_problem.cache_clear()
+
+
+@BOTH
+def test_cpu_time_is_limited_per_process(tmp_path, capsys, monkeypatch, sandbox):
+    from impala_lab.classroom.exercises import _sandbox
+
+    # the limit is the wall time on every core (a backstop): made small here to see it act
+    monkeypatch.setattr(_sandbox.Limits, "cpu_seconds", property(lambda self: 3))
+    spin = ex1_with(tmp_path, "while True:\n    pass\n")
+    first = graded_beside(capsys, monkeypatch, spin, sandbox=sandbox)
+    assert "used more than 3 s of CPU time (the limit) while running code cell" in first, first

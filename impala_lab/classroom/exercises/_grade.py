@@ -5,10 +5,10 @@ Started by `impala_lab.classroom.exercises.notebook.grade_notebook` (through
 `impala_lab` first on its path: the implementations the exercise asks for are absent there, so
 nothing here can compute an expected value. ``main(argv)`` takes::
 
-    EXERCISE NOTEBOOK MEMORY_MB PROCESSES SEED RESULT_FD
+    EXERCISE NOTEBOOK MEMORY_MB PROCESSES CPU_SECONDS SEED RESULT_FD
 
-It sets its own limits before any student code runs (address space, file size, process
-count, no core files), runs the notebook's cells and then the answer
+It sets its own limits before any student code runs (address space, CPU time, file size,
+process count, no core files), runs the notebook's cells and then the answer
 (`impala_lab.classroom.exercises._spec.run_answer`), and writes JSON lines to RESULT_FD:
 ``{"progress": ...}`` before each cell and case (for a time-out's message), then one of
 ``{"result": {"label", "flagged", "traces"}}`` (the traces as `_wire` data),
@@ -67,12 +67,15 @@ def _reference_raised(traces: list[Any]) -> bool:
     return any(isinstance(t, Raised) and t.reference for t in last)
 
 
-def _limit(memory_mb: int, processes: int) -> None:
-    for what, value in ((resource.RLIMIT_AS, memory_mb * 2**20),
-                        (resource.RLIMIT_FSIZE, FILE_BYTES), (resource.RLIMIT_CORE, 0),
-                        (resource.RLIMIT_NPROC, processes)):
+def _limit(memory_mb: int, processes: int, cpu_s: int) -> None:
+    # CPU: SIGXCPU at the limit (its message), SIGKILL five seconds of CPU later
+    for what, soft, hard in ((resource.RLIMIT_AS, memory_mb * 2**20, memory_mb * 2**20),
+                             (resource.RLIMIT_CPU, cpu_s, cpu_s + 5),
+                             (resource.RLIMIT_FSIZE, FILE_BYTES, FILE_BYTES),
+                             (resource.RLIMIT_CORE, 0, 0),
+                             (resource.RLIMIT_NPROC, processes, processes)):
         try:
-            resource.setrlimit(what, (value, value))
+            resource.setrlimit(what, (soft, hard))
         except (ValueError, OSError) as exc:  # a platform that refuses one: the rest stay
             print(f"limit {what} not set: {exc}", file=sys.stderr)
 
@@ -125,8 +128,8 @@ def _run(exercise: str, path: str, seed: int, out: IO[str]) -> None:
 
 def main(argv: list[str]) -> int:
     """Grades one hand-in (see the module docstring); always returns 0."""
-    exercise, path, memory_mb, processes, seed, fd = argv[:6]
-    _limit(int(memory_mb), int(processes))
+    exercise, path, memory_mb, processes, cpu_s, seed, fd = argv[:7]
+    _limit(int(memory_mb), int(processes), int(cpu_s))
     out = os.fdopen(int(fd), "w", encoding="utf-8")
     try:
         _run(exercise, path, int(seed), out)

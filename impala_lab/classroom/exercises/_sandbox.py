@@ -47,11 +47,18 @@ INSIDE_BUILD, INSIDE_HANDIN = "/grader/lib", "/grader/handin"
 
 @dataclass
 class Limits:
-    """What one hand-in may use: wall seconds, MiB of memory (the whole tree), processes."""
+    """What one hand-in may use: wall seconds, MiB of memory (the whole tree), processes
+    (and threads) of its user, CPU seconds per process (`cpu_seconds`)."""
 
     timeout: float
     memory_mb: int
     processes: int = field(default_factory=lambda: max(256, 4 * (os.cpu_count() or 1) + 64))
+
+    @property
+    def cpu_seconds(self) -> int:
+        """RLIMIT_CPU of each process: what every core busy for the whole wall time uses (so
+        it never ends an honest run first), a bound on a process that escapes the clock."""
+        return int(self.timeout * (os.cpu_count() or 1)) + 10
 
 
 @dataclass

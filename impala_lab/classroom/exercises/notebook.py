@@ -263,7 +263,8 @@ def child_command(mode: str, ex: exercises.Exercise, handin: Path, limits: _sand
     """The grading child's command line (its last argument is the result pipe's fd, filled
     in by `_sandbox.run`)."""
     build = build_for(ex.name)
-    args = [str(limits.memory_mb), str(limits.processes), str(seed), "FD"]
+    args = [str(limits.memory_mb), str(limits.processes), str(limits.cpu_seconds), str(seed),
+            "FD"]
     if mode == "bwrap":
         inside = f"{_sandbox.INSIDE_HANDIN}/{handin.name}"
         return [*_sandbox.bwrap_args(build, handin, limits), sys.executable, "-E", "-s", "-B",
@@ -343,6 +344,10 @@ def _verdict(ex: exercises.Exercise, nb_name: str, outcome: _sandbox.Outcome,
                      show)
     if outcome.stopped == "memory" or (final is not None and "memory" in final):
         return _fail(nb_name, memory, show)
+    if outcome.returncode in (-signal.SIGXCPU, 128 + signal.SIGXCPU):
+        return _fail(nb_name, f"used more than {limits.cpu_seconds} s of CPU time (the limit) "
+                     f"while running {where}\n  hint:     an endless loop? look at "
+                     f"{ex.culprit}.", show)
     if outcome.stopped == "processes":
         return _fail(nb_name, f"started more than {limits.processes} processes or threads "
                      f"while running {where}: a hand-in runs in one process", show)
