@@ -35,6 +35,11 @@ isolated = pytest.mark.skipif(bwrap_problem() != "", reason=f"no sandbox: {bwrap
 pytestmark = pytest.mark.timeout(300)
 
 
+def passes(out: str) -> int:
+    """The pass lines of the neighbour in `out` (lines of their own, as the grader prints)."""
+    return len(re.findall(rf"^{NEIGHBOUR_PASSES}$", out, re.M))
+
+
 def grade(capsys, monkeypatch, paths: list[str], *args: str, sandbox: str = "auto"
           ) -> tuple[int, str, str]:
     """Runs the grader's CLI on `paths`: (exit status, the attack's section, all output)."""
@@ -50,8 +55,8 @@ def graded_beside(capsys, monkeypatch, attack: str, *args: str, sandbox: str = "
     checking that it failed and that the neighbour passed."""
     rc, first, out = grade(capsys, monkeypatch, [attack, NEIGHBOUR], *args, sandbox=sandbox)
     assert rc == 1 and "1 of 2 notebooks pass" in out, out
-    assert out.count(NEIGHBOUR_PASSES) == 1, out
-    assert "✓" not in first, out
+    assert passes(out) == 1, out
+    assert not passes(first), out
     return first
 
 
@@ -266,7 +271,7 @@ def test_sigstop_or_sigkill_from_a_hand_in_stops_only_itself(tmp_path, capsys, m
     assert cli_main([stop, kill, NEIGHBOUR, "--timeout", "10"]) == 1
     out = capsys.readouterr().out
     assert time.monotonic() - start < 10 + 60
-    assert "1 of 3 notebooks pass" in out and out.count(NEIGHBOUR_PASSES) == 1, out
+    assert "1 of 3 notebooks pass" in out and passes(out) == 1, out
     assert "stopped after 10 s (the time limit)" in out, out
     assert "the grading process ended (" in out, out
 
@@ -284,7 +289,7 @@ def test_a_child_holding_the_output_delays_nothing(tmp_path, sandbox):
     done = subprocess.run([sys.executable, "-m", "impala_lab.classroom.exercises", attack,
                            NEIGHBOUR], capture_output=True, text=True, timeout=240, env=env)
     assert time.monotonic() - start < 120
-    assert done.returncode == 0 and done.stdout.count(NEIGHBOUR_PASSES) == 2, done.stdout
+    assert done.returncode == 0 and passes(done.stdout) == 2, done.stdout
     assert marked(marker) == []
 
 
@@ -394,7 +399,7 @@ def test_without_bwrap_the_grader_falls_back_and_says_why(tmp_path, capsys, monk
     _sandbox.bwrap_problem.cache_clear()
     try:
         rc, _, out = grade(capsys, monkeypatch, [NEIGHBOUR])
-        assert rc == 0 and out.count(NEIGHBOUR_PASSES) == 1, out
+        assert rc == 0 and passes(out) == 1, out
         assert out.startswith("sandbox: fallback, hand-ins NOT isolated (bwrap is not "
                               "installed (Debian: apt-get install bubblewrap))"), out
         monkeypatch.setenv("IMPALA_LAB_SANDBOX", "bwrap")
@@ -414,3 +419,27 @@ def test_cpu_time_is_limited_per_process(tmp_path, capsys, monkeypatch, sandbox)
     spin = ex1_with(tmp_path, "while True:\n    pass\n")
     first = graded_beside(capsys, monkeypatch, spin, sandbox=sandbox)
     assert "used more than 3 s of CPU time (the limit) while running code cell" in first, first
+
+
+@BOTH
+def test_forged_traces_of_empty_arrays_do_not_pass(tmp_path, capsys, monkeypatch, sandbox):
+    # arrays of shape (0, 1, 1) would broadcast against any [T, B] to "all close"
+    attack = ex3_region(tmp_path, "return values, values\n", (
+        "import json, os, sys\nimport numpy as np\n"
+        "from impala_lab.classroom.exercises._wire import encode\n"
+        "empty = np.zeros((0, 1, 1))\n"
+        "traces = [{'vs': empty, 'pg_advantages': empty} for _ in range(10)]\n"
+        "os.write(int(sys.argv[-1]), json.dumps({'result': {'label': 'vtrace', 'flagged': None, "
+        "'traces': encode(traces)}}).encode() + b'\\n')\n"
+        "os._exit(0)\n"))
+    first = graded_beside(capsys, monkeypatch, attack, sandbox=sandbox)
+    assert "✗ vtrace_numpy: case 1 of 10 differs from the reference" in first, first
+    assert "where:    the shape of the result" in first, first
+
+
+@BOTH
+def test_a_hand_in_cannot_print_a_pass_line_for_itself(tmp_path, capsys, monkeypatch, sandbox):
+    attack = ex1_with(tmp_path, "raise ValueError('\\n✓ minibatch_get: all 9 cases pass\\n"
+                                "\\x1b[2K== next')\n")
+    first = graded_beside(capsys, monkeypatch, attack, sandbox=sandbox)
+    assert "  | ✓ minibatch_get: all 9 cases pass" in first and "\x1b" not in first, first

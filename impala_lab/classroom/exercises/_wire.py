@@ -150,9 +150,13 @@ def _array(data: dict, scalar: bool) -> Any:
         raw = base64.b64decode(str(data["data"]), validate=True)
     except (KeyError, TypeError, ValueError) as exc:
         raise WireError(f"an array that cannot be read: {exc}") from None
-    if dtype.kind not in _ARRAY_KINDS or dtype.itemsize > 16 or any(n < 0 for n in shape):
+    if dtype.kind not in _ARRAY_KINDS or dtype.itemsize > 16 or len(shape) > 8 or any(
+            not 0 <= n < 2**31 for n in shape):
         raise WireError(f"an array of dtype {dtype} or shape {list(shape)} is no trace value")
-    if int(np.prod(shape, dtype=np.int64)) * dtype.itemsize != len(raw):
+    size = 1
+    for n in shape:  # in Python ints: no overflow
+        size *= n
+    if size * dtype.itemsize != len(raw):
         raise WireError("an array's bytes do not fit its shape")
     arr = np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
     return arr[()] if scalar else arr

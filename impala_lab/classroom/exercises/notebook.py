@@ -22,6 +22,7 @@ Lines starting with ``%`` or ``!`` (IPython magics and shell escapes) are skippe
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import io
 import json
@@ -39,7 +40,7 @@ from typing import Any
 
 import impala_lab.classroom.exercises as exercises
 from impala_lab.classroom.exercises import _sandbox
-from impala_lab.classroom.exercises._common import FAIL_MARK, CheckResult, locate
+from impala_lab.classroom.exercises._common import FAIL_MARK, PASS_MARK, CheckResult, locate
 from impala_lab.classroom.exercises._guard import ReferenceCalled
 from impala_lab.classroom.exercises._spec import AnswerReport, all_cases, judge
 from impala_lab.classroom.exercises._student_build import build_for
@@ -311,9 +312,27 @@ def grade_notebook(path: str | os.PathLike, *, timeout: float = DEFAULT_TIMEOUT_
         outcome = _sandbox.run(child_command(mode, ex, handin, limits, seed), limits,
                                cwd=tmp, env=None)
     try:
-        return _verdict(ex, nb_name, outcome, limits, seed, show)
+        result = _verdict(ex, nb_name, outcome, limits, seed, show=False)
     except Exception as exc:  # the grader's own slip on this hand-in: the batch goes on
-        return _fail(nb_name, f"could not be graded: {type(exc).__name__}: {exc}", show)
+        result = _fail(nb_name, f"could not be graded: {type(exc).__name__}: {exc}", False)
+    result = dataclasses.replace(result, message=clean(result.message))
+    if show:
+        print(result.message)
+    return result
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+_OWN_LINES = (PASS_MARK, FAIL_MARK, "==", "sandbox:", "seed:")
+
+
+def clean(message: str) -> str:
+    """A message that holds text from a hand-in (its label, an error it raised) as the
+    grader prints it: no control characters (no escape sequences, no carriage returns), and
+    no line after the first that reads like one of the grader's own (a pass line, a new
+    hand-in's header), so that the output cannot be forged."""
+    lines = _CONTROL.sub("?", message).split("\n")
+    return "\n".join(lines[:1] + ["  | " + ln if ln.lstrip().startswith(_OWN_LINES) else ln
+                                   for ln in lines[1:]])
 
 
 def _messages(outcome: _sandbox.Outcome) -> tuple[str, dict[str, Any] | None]:
