@@ -40,7 +40,9 @@ LOG_KEEP = 4000  # characters of the child's output kept for a message
 TMP_BYTES = 256 * 2**20  # the sandbox's /tmp
 FILE_BYTES = 64 * 2**20  # RLIMIT_FSIZE
 POLL_S = 0.1
-_ENV_KEEP = ("IMPALA_LAB_", "TF_", "OMP_", "MKL_", "OPENBLAS_", "CUDA_VISIBLE_DEVICES")
+# the only variables a hand-in sees (no tokens, no paths of the machine)
+_ENV_KEEP = ("IMPALA_LAB_", "TF_CPP_", "TF_NUM_", "TF_ENABLE_", "OMP_", "MKL_", "OPENBLAS_",
+             "CUDA_VISIBLE_DEVICES")
 _SYSTEM = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 INSIDE_BUILD, INSIDE_HANDIN = "/grader/lib", "/grader/handin"
 
@@ -143,7 +145,7 @@ def bwrap_args(build: Path, handin: Path, limits: Limits) -> list[str]:
     args += [*ancestors(INSIDE_BUILD + "/x"), "--ro-bind", str(build), INSIDE_BUILD]
     args += ["--ro-bind", str(handin.parent), INSIDE_HANDIN]
     args += ["--chdir", "/tmp", "--clearenv"]
-    for key, value in _child_env().items():
+    for key, value in child_env().items():
         args += ["--setenv", key, value]
     if os.geteuid() == 0:
         uid = str(_uid())
@@ -154,7 +156,8 @@ def bwrap_args(build: Path, handin: Path, limits: Limits) -> list[str]:
     return args
 
 
-def _child_env() -> dict[str, str]:
+def child_env() -> dict[str, str]:
+    """The grading child's environment, in both modes."""
     env = {k: v for k, v in os.environ.items() if k.startswith(_ENV_KEEP)}
     env.update(HOME="/tmp", TMPDIR="/tmp", PATH="/usr/local/bin:/usr/bin:/bin",
                LANG="C.UTF-8", PYTHONDONTWRITEBYTECODE="1", MPLCONFIGDIR="/tmp",
@@ -204,8 +207,9 @@ def _become_subreaper() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
 
 
-def _table() -> dict[int, tuple[int, int]]:
-    """pid -> (parent pid, resident bytes) of every process visible here."""
+def _table() -> dict[int, tuple[int, int, int]]:
+    """pid -> (parent pid, resident bytes, start time in clock ticks after boot) of every
+    process visible here."""
     page = os.sysconf("SC_PAGE_SIZE")
     out = {}
     for name in os.listdir("/proc"):
@@ -218,15 +222,15 @@ def _table() -> dict[int, tuple[int, int]]:
                 rss = int(fh.read().split()[1]) * page
         except (OSError, IndexError, ValueError):
             continue
-        out[int(name)] = (int(stat[1]), rss)
+        out[int(name)] = (int(stat[1]), rss, int(stat[19]))
     return out
 
 
-def tree(root: int, table: dict[int, tuple[int, int]] | None = None) -> list[int]:
+def tree(root: int, table: dict[int, tuple[int, int, int]] | None = None) -> list[int]:
     """`root` and its descendants."""
     table = _table() if table is None else table
     children: dict[int, list[int]] = {}
-    for pid, (ppid, _) in table.items():
+    for pid, (ppid, *_) in table.items():
         children.setdefault(ppid, []).append(pid)
     out, todo = [], [root]
     while todo:
@@ -286,21 +290,26 @@ class _Reader:
         return self.result, self.log.decode("utf-8", errors="replace")
 
 
-def run(cmd: list[str], limits: Limits, *, cwd: str, env: dict[str, str] | None) -> Outcome:
+def run(cmd: list[str], limits: Limits, *, cwd: str, env: dict[str, str] | None,
+        subreaper: bool) -> Outcome:
     """Runs the child `cmd` (whose last argument is replaced by the result pipe's fd) under
-    `limits`; returns when it and everything it started are gone."""
-    _become_subreaper()
+    `limits`; returns when it and everything it started are gone. With `subreaper` (the
+    fallback mode) this process becomes the child subreaper, and whatever the child started
+    that comes back to it is killed too."""
+    if subreaper:
+        _become_subreaper()
     result_r, result_w = os.pipe()
     log_r, log_w = os.pipe()
-    before = {pid for pid, (ppid, _) in _table().items() if ppid == os.getpid()}
+    before = {pid for pid, (ppid, *_) in _table().items() if ppid == os.getpid()}
     cmd = [*cmd[:-1], str(result_w)]
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log_w, stderr=log_w,
                             pass_fds=(result_w,), cwd=cwd, env=env, start_new_session=True)
+    born = _table().get(proc.pid, (0, 0, 0))[2]  # its start time, read while it runs
     os.close(result_w)
     os.close(log_w)
     reader = _Reader(result_r, log_r)
     stopped = _watch(proc, reader, limits)
-    _reap(proc, before)
+    _reap(proc, before, born)
     grace = time.monotonic() + 1.0
     while reader.fds and time.monotonic() < grace:  # what is still in the pipes
         reader.pump(0.05)
@@ -321,20 +330,21 @@ def _watch(proc: subprocess.Popen, reader: _Reader, limits: Limits) -> str:
             next_check = now + 2 * POLL_S
             table = _table()
             pids = tree(proc.pid, table)
-            if sum(table.get(p, (0, 0))[1] for p in pids) > limits.memory_mb * 2**20:
+            if sum(table.get(p, (0, 0, 0))[1] for p in pids) > limits.memory_mb * 2**20:
                 return "memory"
             if len(pids) > limits.processes:
                 return "processes"
     return ""
 
 
-def _reap(proc: subprocess.Popen, before: set[int]) -> None:
+def _reap(proc: subprocess.Popen, before: set[int], born: int) -> None:
     """Kills the child's tree, then every process that came back to this one (the
-    subreaper) since it started, until none is left."""
+    subreaper) since the child started (an older orphan that came back is not its), until
+    none is left."""
     for _ in range(50):
         table = _table()
-        strays = [p for p, (ppid, _) in table.items() if ppid == os.getpid()
-                  and p not in before and p != proc.pid]
+        strays = [p for p, (ppid, _, start) in table.items() if ppid == os.getpid()
+                  and p not in before and p != proc.pid and start >= born]
         victims = (tree(proc.pid, table) if proc.poll() is None else []) + [
             d for s in strays for d in tree(s, table)]
         if not victims:

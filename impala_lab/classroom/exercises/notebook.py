@@ -310,7 +310,8 @@ def grade_notebook(path: str | os.PathLike, *, timeout: float = DEFAULT_TIMEOUT_
     with tempfile.TemporaryDirectory(prefix="impala_lab_grade_") as tmp:
         handin = _private_copy(data, nb_name, Path(tmp))
         outcome = _sandbox.run(child_command(mode, ex, handin, limits, seed), limits,
-                               cwd=tmp, env=None)
+                               cwd=tmp, env=_sandbox.child_env(),
+                               subreaper=mode != "bwrap")
     try:
         result = _verdict(ex, nb_name, outcome, limits, seed, show=False)
     except Exception as exc:  # the grader's own slip on this hand-in: the batch goes on
