@@ -1,10 +1,11 @@
 """``python -m impala_lab.classroom.exercises NOTEBOOK.ipynb ...``: check exercise notebooks.
 
-Each notebook is graded in a process of its own, with a wall-time and a memory limit
-(``--timeout``, ``--memory``; `impala_lab.classroom.exercises.notebook.grade_notebook`): a hand-in
-that
-loops or allocates without end fails with a hint, and the batch goes on. Prints each
-notebook's result; the exit status is 0 when every answer passes, else 1.
+Each notebook is graded in a sandbox of its own, with limits on wall time and memory
+(``--timeout``, ``--memory``; `impala_lab.classroom.exercises.notebook.grade_notebook`) and on
+the cases the grader draws at random besides the fixed ones (``--seed`` repeats a draw): a
+hand-in that loops or allocates without end fails with a hint, and the batch goes on. Prints
+the sandbox's mode, the seed and each notebook's result; the exit status is 0 when every
+answer passes, else 1.
 ``--list`` prints the exercises. ``python -m impala_lab.classroom.exercises export --nbgrader DIR``
 writes nbgrader source notebooks (`impala_lab.classroom.exercises.nbgrader_export`).
 """

@@ -9,12 +9,16 @@ that a message can point at the cell, and returns the answer the exercise names.
 
     python -m impala_lab.classroom.exercises hand-ins/*/ex1_minibatch_buffer_get.ipynb
 
-It runs the notebook and the answer in a child process of its own
-(`impala_lab.classroom.exercises._grade`)
-with a wall-time and a memory limit, in a process group that is killed afterwards, and
-compares the answer's traces with the reference here, in the grader's process, where no
-student code ran: a hand-in cannot hang the batch, poison the next hand-in, or reach the
-expected values.
+It runs the notebook and the answer in a sandbox (`impala_lab.classroom.exercises._sandbox`:
+bubblewrap where it can, a plain child process otherwise), against a student build of
+impala_lab in which the exercise's implementations are absent
+(`impala_lab.classroom.exercises._student_build`), with limits on time, memory, processes and
+file size; the child (`impala_lab.classroom.exercises._grade`) sends the answer's traces back as
+data (`impala_lab.classroom.exercises._wire`), and this process computes the reference and
+compares: a hand-in cannot hang the batch, harm another hand-in, or reach the expected values.
+The exercise comes from the notebook's metadata, file name and check cell together
+(`exercise_of`); hand-in files are read without following links and with a size cap
+(`read_bytes`).
 
 Lines starting with ``%`` or ``!`` (IPython magics and shell escapes) are skipped.
 """
