@@ -49,9 +49,11 @@ def _course_paths(root: Path, solutions: bool = True) -> list[str]:
                   for p in root.glob(pattern))
 
 
-def _run(cmd: list[str | Path], cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(TF_CPP_MIN_LOG_LEVEL="3", IMPALA_LAB_FAST="1")
+def _run(cmd: list[str | Path], cwd: Path, timeout: float = 120,
+         **extra: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "IMPALA_LAB_INSTRUCTOR_BUILD")}
+    env.update(TF_CPP_MIN_LOG_LEVEL="3", IMPALA_LAB_FAST="1", **extra)
     return subprocess.run([str(c) for c in cmd], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout)
 
@@ -66,10 +68,8 @@ def _can_build_offline() -> bool:
     return setuptools >= Version("70.1") or importlib.util.find_spec("wheel") is not None
 
 
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory) -> Path:
-    """The wheel, built by pip from a copy of the working tree."""
-    tmp = tmp_path_factory.mktemp("wheel")
+def _build_wheel(tmp: Path, **env: str) -> Path:
+    """A wheel built by pip from a copy of the working tree (`env`: variables for the build)."""
     src = tmp / "src"
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".ipynb_checkpoints", "*.egg-info")
     for name in BUILD_INPUTS:
@@ -81,10 +81,16 @@ def wheel(tmp_path_factory) -> Path:
             shutil.copy2(path, src / name)
     isolation = ["--no-build-isolation"] if _can_build_offline() else []
     proc = _run([sys.executable, "-m", "pip", "wheel", "--no-deps", *isolation,
-                 "-w", tmp / "dist", src], cwd=tmp, timeout=300)
+                 "-w", tmp / "dist", src], cwd=tmp, timeout=300, **env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (built,) = (tmp / "dist").glob("impala_lab-*.whl")
     return built
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    """The student wheel (no solutions)."""
+    return _build_wheel(tmp_path_factory.mktemp("wheel"))
 
 
 @pytest.fixture(scope="module")
@@ -132,6 +138,14 @@ def test_the_wheel_carries_the_course_without_outputs(wheel):
             nb = json.loads(whl.read(prefix + name))
             for cell in nb["cells"]:
                 assert not cell.get("outputs") and cell.get("execution_count") is None, name
+
+
+def test_an_instructor_build_carries_the_solutions(tmp_path):
+    built = _build_wheel(tmp_path, IMPALA_LAB_INSTRUCTOR_BUILD="1")
+    with zipfile.ZipFile(built) as whl:
+        prefix = "impala_lab/classroom/notebooks/"
+        shipped = sorted(n[len(prefix):] for n in whl.namelist() if n.startswith(prefix))
+    assert shipped == _course_paths(NOTEBOOKS) and len(shipped) == 28
 
 
 def test_the_fresh_environment_imports_the_wheel_not_the_checkout(venv):
