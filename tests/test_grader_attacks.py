@@ -443,3 +443,30 @@ def test_a_hand_in_cannot_print_a_pass_line_for_itself(tmp_path, capsys, monkeyp
                                 "\\x1b[2K== next')\n")
     first = graded_beside(capsys, monkeypatch, attack, sandbox=sandbox)
     assert "  | ✓ minibatch_get: all 9 cases pass" in first and "\x1b" not in first, first
+
+
+def test_the_wire_carries_traces_and_nothing_else():
+    from impala_lab.classroom.exercises._common import Mismatch, verbatim
+    from impala_lab.classroom.exercises._guard import Opaque, Raised
+    from impala_lab.classroom.exercises._wire import WireError, decode, dumps
+
+    trace = [{"vs": np.arange(6.0).reshape(2, 3), ("w0", 1): (True, None, np.int64(3))},
+             Mismatch("call 2", verbatim("x"), Opaque("<obj>"), "hint"),
+             Raised("ValueError", "bad", "cell 3", "", "")]
+    back = decode(dumps(trace))
+    assert np.array_equal(back[0]["vs"], trace[0]["vs"]) and back[0]["vs"].dtype == np.float64
+    assert back[0][("w0", 1)] == (True, None, 3) and isinstance(back[0][("w0", 1)][2], np.int64)
+    assert (back[1].what, str(back[1].expected), back[1].actual) == ("call 2", "x", Opaque("<obj>"))
+    assert (back[2].type_name, back[2].where) == ("ValueError", "cell 3")
+    assert decode(dumps(object()))  # anything else travels as the text of its repr
+    for bad, why in [('{"$": "pickle"}', "unknown tag"),
+                     ('{"a": 1}', "unknown tag None"),
+                     ('{"$": "array", "dtype": "|O", "shape": [1], "data": ""}', "no trace"),
+                     ('{"$": "array", "dtype": "<f8", "shape": [4294967296, 4294967296], '
+                      '"data": ""}', "no trace value"),
+                     ('{"$": "array", "dtype": "<f8", "shape": [65536, 65536, 65536, 65536], '
+                      '"data": ""}', "do not fit"),
+                     ('{"$": "raised", "fields": ["a"]}', "five texts"),
+                     ("[" * 100 + "]" * 100, "too deep")]:
+        with pytest.raises(WireError, match=why):
+            decode(bad)

@@ -58,7 +58,7 @@ def encode(value: Any, depth: int = 0) -> Any:
         return {"$": "dict", "items": [[encode(k, depth + 1), encode(v, depth + 1)]
                                        for k, v in value.items()]}
     if isinstance(value, np.ndarray | np.generic) and value.dtype.kind in _ARRAY_KINDS:
-        arr = np.ascontiguousarray(value)
+        arr = np.asarray(value)  # a scalar stays 0-d; tobytes() is in C order
         return {"$": "array" if isinstance(value, np.ndarray) else "scalar",
                 "dtype": arr.dtype.str, "shape": list(arr.shape),
                 "data": base64.b64encode(arr.tobytes()).decode("ascii")}
