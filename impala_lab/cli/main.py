@@ -476,12 +476,10 @@ def notebooks_command(args: argparse.Namespace) -> int:
 
     try:
         copied = copy_course(args.dir, solutions=args.solutions, force=args.force)
-    except CourseExistsError as exc:
-        print(f"impala-lab: error: {exc}; nothing was copied (--force overwrites them)",
+    except (CourseExistsError, NoSolutionsError) as exc:
+        more = "; nothing was copied (--force overwrites them)"
+        print(f"impala-lab: error: {exc}{more * isinstance(exc, CourseExistsError)}",
               file=sys.stderr)
-        return 2
-    except NoSolutionsError as exc:
-        print(f"impala-lab: error: {exc}", file=sys.stderr)
         return 2
     rel = [p.relative_to(args.dir) for p in copied]
     lectures = sum(len(r.parts) == 1 for r in rel)
