@@ -470,3 +470,19 @@ def test_the_wire_carries_traces_and_nothing_else():
                      ("[" * 100 + "]" * 100, "too deep")]:
         with pytest.raises(WireError, match=why):
             decode(bad)
+
+
+def test_the_student_build_removes_what_the_library_has_now(tmp_path):
+    from impala_lab.classroom.exercises import _student_build
+
+    assert _student_build.missing() == []  # a renamed implementation would stay reachable
+    text = _student_build.strip_functions(
+        "class A:\n    def f(self):\n        '''doc'''\n        return 1\n\n    x = 2\n",
+        ["A.f", "A.gone"])
+    namespace: dict = {}
+    exec(text, namespace)
+    from impala_lab.classroom.exercises._guard import ABSENT_CALLS, ReferenceCalled
+
+    with pytest.raises(ReferenceCalled, match=r"^A\.f$"):
+        namespace["A"]().f()
+    assert namespace["A"].x == 2 and ABSENT_CALLS.pop() == "A.f"

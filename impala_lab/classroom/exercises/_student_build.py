@@ -52,35 +52,46 @@ _STUB = ("raise __import__('impala_lab.classroom.exercises._guard', fromlist=['_
 _builds: dict[str, Path] = {}
 
 
-def _find(tree: ast.Module, qualname: str) -> ast.FunctionDef | ast.AsyncFunctionDef:
+def _find(tree: ast.Module, qualname: str) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
     body: list[ast.stmt] = tree.body
     node: ast.AST | None = None
     for part in qualname.split("."):
         node = next((n for n in body if isinstance(
             n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) and n.name == part), None)
         if node is None:
-            raise LookupError(f"{qualname} is not defined there")
+            return None
         body = node.body
-    assert isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef), qualname
-    return node
+    return node if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) else None
 
 
 def strip_functions(text: str, qualnames: list[str]) -> str:
     """`text` (a module's source) with the bodies of `qualnames` replaced by a raise of
-    `ReferenceCalled`; the signatures and everything else stay as they are.
-
-    Raises:
-      LookupError: one of the names is not a function in the module (the table above is out
-        of date: a build without the removal would be unsafe).
+    `ReferenceCalled`; the signatures and everything else stay as they are. A name the module
+    does not define is skipped: there is nothing of it to reach (`missing` lists them, and a
+    test keeps the table above in step with the library).
     """
     tree = ast.parse(text)
     lines = text.splitlines(keepends=True)
-    found = sorted(((_find(tree, q), q) for q in qualnames), key=lambda p: -p[0].lineno)
+    nodes = [(_find(tree, q), q) for q in qualnames]
+    found = sorted(((n, q) for n, q in nodes if n is not None), key=lambda p: -p[0].lineno)
     for node, qualname in found:  # bottom up: the line numbers above stay right
         first = node.body[0]
         stub = " " * first.col_offset + _STUB.format(name=qualname) + "\n"
         lines[first.lineno - 1:node.end_lineno] = [stub]
     return "".join(lines)
+
+
+def missing() -> list[str]:
+    """The entries of `REMOVED` and `CHECKERS_REFERENCES` that name no function of the
+    library as it is now (a renamed implementation would stay reachable: keep this empty)."""
+    out = []
+    for entry in sorted({e for v in REMOVED.values() for e in v} | set(CHECKERS_REFERENCES)):
+        rel, qualname = entry.split(":")
+        path = PACKAGE_DIR / rel
+        text = path.read_text(encoding="utf-8") if path.is_file() else ""
+        if not text or _find(ast.parse(text), qualname) is None:
+            out.append(entry)
+    return out
 
 
 def _write_build(exercise: str, root: Path) -> None:
