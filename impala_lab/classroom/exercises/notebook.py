@@ -311,12 +311,12 @@ def grade_notebook(path: str | os.PathLike, *, timeout: float = DEFAULT_TIMEOUT_
         return _fail(nb_name, str(exc), show)
     seed = fresh_seed() if seed is None else seed
     limits = _sandbox.Limits(timeout, memory_mb)
-    with tempfile.TemporaryDirectory(prefix="impala_lab_grade_") as tmp:
-        handin = _private_copy(data, nb_name, Path(tmp))
-        outcome = _sandbox.run(child_command(mode, ex, handin, limits, seed), limits,
-                               cwd=tmp, env=_sandbox.child_env(),
-                               subreaper=mode != "bwrap")
     try:
+        with tempfile.TemporaryDirectory(prefix="impala_lab_grade_") as tmp:
+            handin = _private_copy(data, nb_name, Path(tmp))
+            outcome = _sandbox.run(child_command(mode, ex, handin, limits, seed), limits,
+                                   cwd=tmp, env=_sandbox.child_env(),
+                                   subreaper=mode != "bwrap")
         result = _verdict(ex, nb_name, outcome, limits, seed, show=False)
     except Exception as exc:  # the grader's own slip on this hand-in: the batch goes on
         result = _fail(nb_name, f"could not be graded: {type(exc).__name__}: {exc}", False)
