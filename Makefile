@@ -17,7 +17,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 BASE_STAMP := $(VENV)/.installed-base
 DEV_STAMP := $(VENV)/.installed-dev
 
-.PHONY: help setup demo test test-oldest lab bench bench-peers nbstrip browser-deps clean
+.PHONY: help setup demo test test-oldest lab bench bench-peers nbstrip browser-deps grader-deps clean
 
 help:
 	@echo "make demo          set up .venv and train CartPole-v1 to a mean return of 475 (5 min at most)"
@@ -30,6 +30,7 @@ help:
 	@echo "make nbstrip       strip outputs from notebooks/ (they are committed without them)"
 	@echo "make setup         only create .venv and install .[dev,ray]"
 	@echo "make browser-deps  install Debian's chromium for the browser tests (as root)"
+	@echo "make grader-deps   install bubblewrap, the exercise grader's sandbox (as root)"
 	@echo "make clean         remove .venv, caches and test artifacts (keeps runs/)"
 
 $(BIN)/python:
@@ -62,7 +63,7 @@ setup: $(DEV_STAMP)
 demo: $(BASE_STAMP)
 	$(BIN)/impala-lab train --env CartPole-v1 --stop-return 475 --max-seconds 300 --out runs/demo
 
-test: browser-deps $(DEV_STAMP)
+test: browser-deps grader-deps $(DEV_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
 
@@ -106,6 +107,21 @@ browser-deps:
 	else \
 	  echo "browser-deps: /usr/bin/chromium is missing and this is not root with apt-get;" \
 	       "skipping (install Debian's chromium to run the browser tests)"; \
+	fi
+
+# The exercise grader runs each hand-in in a bubblewrap sandbox (without it, it falls back to
+# a plain child process and says so; tests/test_grader_attacks.py then skips the isolation tests).
+grader-deps:
+	@if command -v bwrap >/dev/null; then \
+	  echo "grader-deps: bwrap is there"; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "grader-deps: installing Debian's bubblewrap"; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null; \
+	  command -v bwrap >/dev/null || { echo "grader-deps: bubblewrap did not install" >&2; exit 1; }; \
+	else \
+	  echo "grader-deps: bwrap is missing and this is not root with apt-get; skipping" \
+	       "(the grader falls back to unisolated grading; install bubblewrap to isolate)"; \
 	fi
 
 clean:

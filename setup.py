@@ -1,5 +1,7 @@
 """The wheel carries the course: notebooks/ becomes the package data
-``impala_lab/classroom/notebooks/``.
+``impala_lab/classroom/notebooks/``: the lecture notebooks and the exercise stubs, and the
+solutions only in an instructor build (``IMPALA_LAB_INSTRUCTOR_BUILD=1 pip wheel .``). A
+student's wheel has none, so no hand-in can read them from the installed package.
 
 Everything else about the package is declared in pyproject.toml. The notebooks stay at the
 repository's top level (``make lab``, the tests and the README use ``notebooks/``), so
@@ -7,14 +9,17 @@ build_py copies them into the built package, where `impala_lab.classroom.course`
 editable install builds nothing: `impala_lab.classroom.course` then reads ``notebooks/`` in place.
 """
 
+import os
 from pathlib import Path
 
 from setuptools import setup
 from setuptools.command.build_py import build_py
 
 NOTEBOOKS = Path(__file__).resolve().parent / "notebooks"
-# lecture notebooks, exercise stubs, solutions (MANIFEST.in puts the same files in an sdist)
-COURSE_GLOBS = ("*.ipynb", "exercises/*.ipynb", "solutions/*.ipynb")
+# lecture notebooks and exercise stubs; the solutions only in an instructor build (an sdist
+# carries all of them: MANIFEST.in)
+INSTRUCTOR = os.environ.get("IMPALA_LAB_INSTRUCTOR_BUILD") == "1"
+COURSE_GLOBS = ("*.ipynb", "exercises/*.ipynb") + (("solutions/*.ipynb",) if INSTRUCTOR else ())
 
 
 class BuildPyWithCourse(build_py):

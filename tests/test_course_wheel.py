@@ -1,8 +1,7 @@
-"""The course installs with pip: a built wheel carries the notebooks, exercises and solutions;
-installed into a fresh virtualenv outside the repository, ``impala-lab notebooks DIR`` copies
-them, ``00_quickstart`` runs there in fast mode and ``python -m impala_lab.classroom.exercises``
-grades
-a solution there.
+"""The course installs with pip: a built (student) wheel carries the notebooks and exercises but
+no solutions; installed into a fresh virtualenv outside the repository, ``impala-lab notebooks
+DIR`` copies them (and refuses ``--solutions``), ``00_quickstart`` runs there in fast mode and
+``python -m impala_lab.classroom.exercises`` grades a solution there.
 
 The fresh virtualenv gets the wheel with ``--no-deps`` and reaches the dev environment's
 site-packages for the dependencies through a ``.pth`` file (TensorFlow is not downloaded
@@ -44,15 +43,17 @@ SOLUTION = "solutions/ex1_minibatch_buffer_get.ipynb"
 pytestmark = pytest.mark.timeout(600)
 
 
-def _course_paths(root: Path) -> list[str]:
-    return sorted(p.relative_to(root).as_posix()
-                  for pattern in ("*.ipynb", "exercises/*.ipynb", "solutions/*.ipynb")
+def _course_paths(root: Path, solutions: bool = True) -> list[str]:
+    patterns = ("*.ipynb", "exercises/*.ipynb") + (("solutions/*.ipynb",) if solutions else ())
+    return sorted(p.relative_to(root).as_posix() for pattern in patterns
                   for p in root.glob(pattern))
 
 
-def _run(cmd: list[str | Path], cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(TF_CPP_MIN_LOG_LEVEL="3", IMPALA_LAB_FAST="1")
+def _run(cmd: list[str | Path], cwd: Path, timeout: float = 120,
+         **extra: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "IMPALA_LAB_INSTRUCTOR_BUILD")}
+    env.update(TF_CPP_MIN_LOG_LEVEL="3", IMPALA_LAB_FAST="1", **extra)
     return subprocess.run([str(c) for c in cmd], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout)
 
@@ -67,10 +68,8 @@ def _can_build_offline() -> bool:
     return setuptools >= Version("70.1") or importlib.util.find_spec("wheel") is not None
 
 
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory) -> Path:
-    """The wheel, built by pip from a copy of the working tree."""
-    tmp = tmp_path_factory.mktemp("wheel")
+def _build_wheel(tmp: Path, **env: str) -> Path:
+    """A wheel built by pip from a copy of the working tree (`env`: variables for the build)."""
     src = tmp / "src"
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".ipynb_checkpoints", "*.egg-info")
     for name in BUILD_INPUTS:
@@ -82,10 +81,16 @@ def wheel(tmp_path_factory) -> Path:
             shutil.copy2(path, src / name)
     isolation = ["--no-build-isolation"] if _can_build_offline() else []
     proc = _run([sys.executable, "-m", "pip", "wheel", "--no-deps", *isolation,
-                 "-w", tmp / "dist", src], cwd=tmp, timeout=300)
+                 "-w", tmp / "dist", src], cwd=tmp, timeout=300, **env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (built,) = (tmp / "dist").glob("impala_lab-*.whl")
     return built
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    """The student wheel (no solutions)."""
+    return _build_wheel(tmp_path_factory.mktemp("wheel"))
 
 
 @pytest.fixture(scope="module")
@@ -108,12 +113,14 @@ def venv(wheel, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def course(venv, tmp_path_factory) -> Path:
-    """``impala-lab notebooks my-course --solutions``, run with the fresh environment."""
+    """``impala-lab notebooks my-course``, run with the fresh environment, and one solution
+    copied from the checkout (the instructor's) to grade there."""
     where = tmp_path_factory.mktemp("student")
-    proc = _run([venv / "impala-lab", "notebooks", "my-course", "--solutions"], cwd=where)
+    proc = _run([venv / "impala-lab", "notebooks", "my-course"], cwd=where)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "copied 16 lecture notebooks, 6 in exercises/, 6 in solutions/ to my-course/" \
-        in proc.stdout
+    assert "copied 16 lecture notebooks, 6 in exercises/ to my-course/" in proc.stdout
+    (where / "my-course" / "solutions").mkdir()
+    shutil.copyfile(NOTEBOOKS / SOLUTION, where / "my-course" / SOLUTION)
     return where / "my-course"
 
 
@@ -122,8 +129,8 @@ def test_the_wheel_carries_the_course_without_outputs(wheel):
         names = whl.namelist()
         prefix = "impala_lab/classroom/notebooks/"
         shipped = sorted(n[len(prefix):] for n in names if n.startswith(prefix))
-        assert shipped == _course_paths(NOTEBOOKS)
-        assert len(shipped) == 28 and "00_quickstart.ipynb" in shipped
+        assert shipped == _course_paths(NOTEBOOKS, solutions=False)  # no solutions in it
+        assert len(shipped) == 22 and "00_quickstart.ipynb" in shipped
         assert "impala_lab/classroom/exercises/__main__.py" in names  # the grader and its checkers
         assert "impala_lab/data/collapse_cartpole_metrics.csv" in names  # notebook 06 reads it
         assert "impala_lab/data/breakout_policy.gif" in names  # notebook 11 shows it
@@ -131,6 +138,14 @@ def test_the_wheel_carries_the_course_without_outputs(wheel):
             nb = json.loads(whl.read(prefix + name))
             for cell in nb["cells"]:
                 assert not cell.get("outputs") and cell.get("execution_count") is None, name
+
+
+def test_an_instructor_build_carries_the_solutions(tmp_path):
+    built = _build_wheel(tmp_path, IMPALA_LAB_INSTRUCTOR_BUILD="1")
+    with zipfile.ZipFile(built) as whl:
+        prefix = "impala_lab/classroom/notebooks/"
+        shipped = sorted(n[len(prefix):] for n in whl.namelist() if n.startswith(prefix))
+    assert shipped == _course_paths(NOTEBOOKS) and len(shipped) == 28
 
 
 def test_the_fresh_environment_imports_the_wheel_not_the_checkout(venv):
@@ -152,16 +167,20 @@ def test_notebooks_copies_lectures_and_exercises_and_refuses_to_overwrite(venv, 
 
     stub = tmp_path / "course" / "exercises" / "ex1_minibatch_buffer_get.ipynb"
     stub.write_text("my answer")
-    again = _run([venv / "impala-lab", "notebooks", "course", "--solutions"], cwd=tmp_path)
+    again = _run([venv / "impala-lab", "notebooks", "course"], cwd=tmp_path)
     assert again.returncode == 2
     assert again.stderr.startswith("impala-lab: error: course already holds 00_quickstart.ipynb,")
     assert "nothing was copied (--force overwrites them)" in again.stderr
-    assert stub.read_text() == "my answer" and not (tmp_path / "course" / "solutions").exists()
+    assert stub.read_text() == "my answer"
 
-    forced = _run([venv / "impala-lab", "notebooks", "course", "--solutions", "--force"],
-                  cwd=tmp_path)
+    solutions = _run([venv / "impala-lab", "notebooks", "other", "--solutions"], cwd=tmp_path)
+    assert solutions.returncode == 2
+    assert "is a student build and carries no solutions" in solutions.stderr, solutions.stderr
+    assert not (tmp_path / "other").exists()
+
+    forced = _run([venv / "impala-lab", "notebooks", "course", "--force"], cwd=tmp_path)
     assert forced.returncode == 0, forced.stderr[-3000:]
-    assert _course_paths(tmp_path / "course") == _course_paths(NOTEBOOKS)
+    assert _course_paths(tmp_path / "course") == _course_paths(NOTEBOOKS, solutions=False)
     assert stub.read_bytes() == (NOTEBOOKS / "exercises" / stub.name).read_bytes()
 
 

@@ -8,10 +8,14 @@ install of one, reads ``notebooks/`` in place. `copy_course` writes them into a 
     DIR/00_quickstart.ipynb ... 12_off_policy_corrections.ipynb  lecture notebooks
     DIR/exercises/ex1_minibatch_buffer_get.ipynb ...             stubs to fill in
     DIR/solutions/ex1_minibatch_buffer_get.ipynb ...             only when asked
+                                                                 (clone or instructor build)
 
-The notebooks need nothing but the installed package (recorded runs come from
-``importlib.resources``), so the folder works anywhere; ``python -m impala_lab.classroom.exercises
-exercises/ex1_minibatch_buffer_get.ipynb`` grades an answer there.
+A student's wheel carries no solutions (``setup.py`` leaves them out unless
+``IMPALA_LAB_INSTRUCTOR_BUILD=1``): ``--solutions`` works from a clone of the repository, or
+from a wheel built that way for the instructor. The notebooks need nothing but the installed
+package (recorded runs come from ``importlib.resources``), so the folder works anywhere;
+``python -m impala_lab.classroom.exercises exercises/ex1_minibatch_buffer_get.ipynb`` grades an
+answer there.
 """
 
 from __future__ import annotations
@@ -50,9 +54,22 @@ def course_root() -> Path:
                             "without them; install it from a wheel or a clone")
 
 
+class NoSolutionsError(FileNotFoundError):
+    """This install of impala_lab is a student build: it carries no solutions."""
+
+
 def course_files(*, solutions: bool = False) -> list[Path]:
-    """The course's notebooks, relative to `course_root`, lectures first."""
+    """The course's notebooks, relative to `course_root`, lectures first.
+
+    Raises:
+      NoSolutionsError: `solutions` asked for, and this install carries none.
+    """
     root = course_root()
+    if solutions and not any((root / "solutions").glob("*.ipynb")):
+        raise NoSolutionsError(
+            "this impala_lab is a student build and carries no solutions; copy them from a "
+            "clone of the repository (impala-lab notebooks DIR --solutions run there), or "
+            "install an instructor build (IMPALA_LAB_INSTRUCTOR_BUILD=1 pip wheel .)")
     patterns = (LECTURES, EXERCISES, SOLUTIONS) if solutions else (LECTURES, EXERCISES)
     return [p.relative_to(root) for pattern in patterns for p in sorted(root.glob(pattern))]
 
@@ -69,6 +86,7 @@ def copy_course(dest: str | os.PathLike, *, solutions: bool = False,
     Raises:
       CourseExistsError: `dest` already holds some of the files and `force` is False;
         nothing was copied.
+      NoSolutionsError: `solutions` asked for, and this install carries none.
     """
     dest = Path(dest)
     root = course_root()

@@ -159,12 +159,13 @@ def config_from_args(args: argparse.Namespace) -> ImpalaConfig:
 
 def notebooks_command(args: argparse.Namespace) -> int:
     """``impala-lab notebooks DIR``: copies the course; exit code 2 if DIR has its files."""
-    from impala_lab.classroom.course import CourseExistsError, copy_course
+    from impala_lab.classroom.course import CourseExistsError, NoSolutionsError, copy_course
 
     try:
         copied = copy_course(args.dir, solutions=args.solutions, force=args.force)
-    except CourseExistsError as exc:
-        print(f"impala-lab: error: {exc}; nothing was copied (--force overwrites them)",
+    except (CourseExistsError, NoSolutionsError) as exc:
+        more = "; nothing was copied (--force overwrites them)"
+        print(f"impala-lab: error: {exc}{more * isinstance(exc, CourseExistsError)}",
               file=sys.stderr)
         return 2
     rel = [p.relative_to(args.dir) for p in copied]

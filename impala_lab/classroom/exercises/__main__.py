@@ -1,10 +1,11 @@
 """``python -m impala_lab.classroom.exercises NOTEBOOK.ipynb ...``: check exercise notebooks.
 
-Each notebook is graded in a process of its own, with a wall-time and a memory limit
-(``--timeout``, ``--memory``; `impala_lab.classroom.exercises.notebook.grade_notebook`): a hand-in
-that
-loops or allocates without end fails with a hint, and the batch goes on. Prints each
-notebook's result; the exit status is 0 when every answer passes, else 1.
+Each notebook is graded in a sandbox of its own, with limits on wall time and memory
+(``--timeout``, ``--memory``; `impala_lab.classroom.exercises.notebook.grade_notebook`) and on
+the cases the grader draws at random besides the fixed ones (``--seed`` repeats a draw): a
+hand-in that loops or allocates without end fails with a hint, and the batch goes on. Prints
+the sandbox's mode, the seed and each notebook's result; the exit status is 0 when every
+answer passes, else 1.
 ``--list`` prints the exercises. ``python -m impala_lab.classroom.exercises export --nbgrader DIR``
 writes nbgrader source notebooks (`impala_lab.classroom.exercises.nbgrader_export`).
 """
@@ -15,9 +16,11 @@ import argparse
 import sys
 
 from impala_lab.classroom.exercises import EXERCISES
+from impala_lab.classroom.exercises._sandbox import choose_mode
 from impala_lab.classroom.exercises.notebook import (
     DEFAULT_MEMORY_MB,
     DEFAULT_TIMEOUT_S,
+    fresh_seed,
     grade_notebook,
 )
 
@@ -37,15 +40,27 @@ def main(argv: list[str] | None = None) -> int:
                         help="wall time one hand-in may run (default %(default)g)")
     parser.add_argument("--memory", type=int, default=DEFAULT_MEMORY_MB, metavar="MB",
                         help="memory one hand-in may use, in MiB (default %(default)d)")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="seed of the cases drawn at random (default: a fresh one, printed)")
     args = parser.parse_args(argv)
     if args.list or not args.notebooks:
         for ex in EXERCISES.values():
             print(f"{ex.name:14} {ex.notebook:34} answer: {ex.answer:18} ({ex.title})")
         return 0 if args.list else 2
+    try:
+        mode, why = choose_mode()
+    except RuntimeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print("sandbox: bwrap (each hand-in isolated: own user, PID namespace, no network, "
+          "student build of impala_lab)" if mode == "bwrap" else
+          f"sandbox: fallback, hand-ins NOT isolated ({why}); install bubblewrap to isolate")
+    seed = fresh_seed() if args.seed is None else args.seed
+    print(f"seed: {seed} (--seed {seed} draws the same random cases again)")
     failed = 0
     for path in args.notebooks:
-        print(f"== {path}")
-        result = grade_notebook(path, timeout=args.timeout, memory_mb=args.memory)
+        print(f"== {path}", flush=True)
+        result = grade_notebook(path, timeout=args.timeout, memory_mb=args.memory, seed=seed)
         failed += not result.passed
     print(f"{len(args.notebooks) - failed} of {len(args.notebooks)} notebooks pass")
     return 1 if failed else 0

@@ -231,9 +231,32 @@ def loaded(module: str, *names: str) -> list[Any]:
     return out
 
 
+def same(a: Any, b: Any) -> bool:
+    """``a == b`` as a plain bool, False where the comparison itself fails (an array inside
+    a tuple, an answer's object whose ``__eq__`` raises)."""
+    try:
+        return bool(a == b)
+    except Exception:
+        return False
+
+
 def first_difference(expected: np.ndarray, actual: np.ndarray, rtol: float,
                      atol: float) -> tuple[int, ...] | None:
-    """Index of the first element where `actual` is not close to `expected` (or None)."""
+    """Index of the first element where `actual` is not close to `expected` (or None).
+
+    Raises:
+      Mismatch: `actual` is not a real array of `expected`'s shape (no broadcasting: an empty
+        array of shape (0, 1, 1) must not count as close to everything).
+    """
+    expected = np.asarray(expected)
+    try:
+        actual = np.asarray(actual, dtype=np.float64)
+    except (TypeError, ValueError):
+        actual = None
+    if actual is None or actual.shape != expected.shape:
+        raise Mismatch("the shape of the result", verbatim(str(list(expected.shape))),
+                       verbatim("not an array" if actual is None else str(list(actual.shape))),
+                       "The result must have exactly the reference's shape.")
     close = np.isclose(actual, expected, rtol=rtol, atol=atol) & np.isfinite(actual)
     if close.all():
         return None

@@ -1,37 +1,35 @@
-"""The grading child: ``python -m impala_lab.classroom.exercises._grade NOTEBOOK OUTDIR MEMORY_MB``.
+"""The grading child: runs one hand-in's notebook and its answer on every case.
 
-Started by `impala_lab.classroom.exercises.notebook.grade_notebook`, one per hand-in. It limits its
-own
-address space, runs the notebook's cells and then the answer on every case of its exercise
-(`impala_lab.classroom.exercises._spec.run_answer`: the library's implementation trapped, no
-reference computed here), and writes to OUTDIR:
+Started by `impala_lab.classroom.exercises.notebook.grade_notebook` (through
+`impala_lab.classroom.exercises._sandbox`), one per hand-in, with the student build of
+`impala_lab` first on its path: the implementations the exercise asks for are absent there, so
+nothing here can compute an expected value. ``main(argv)`` takes::
 
-- ``progress``: what it is running (a code cell, a case), for a time-out's message;
-- ``status``: ``memory`` after a `MemoryError`, ``error: ...`` when the notebook could not be
-  run, ``done`` otherwise;
-- ``answer.pkl``: the answer's label and its traces, which the grader compares with the
-  reference.
+    EXERCISE NOTEBOOK MEMORY_MB PROCESSES CPU_SECONDS SEED RESULT_FD
 
-It also notes a hand-in that changed the library's or the checkers' code (a cell that
-replaces ``impala_lab.classroom.exercises.check_*``, or the function the check compares with).
+It sets its own limits before any student code runs (address space, CPU time, file size,
+process count, no core files), runs the notebook's cells and then the answer
+(`impala_lab.classroom.exercises._spec.run_answer`), and writes JSON lines to RESULT_FD:
+``{"progress": ...}`` before each cell and case (for a time-out's message), then one of
+``{"result": {"label", "flagged", "traces"}}`` (the traces as `_wire` data),
+``{"memory": true}`` or ``{"error": ...}``. The grader computes the reference and the verdict;
+nothing written here is trusted beyond being data.
+
+It also notes a hand-in that changed the library's or the checkers' code (in the fallback
+mode, where the real library is what a cell could reach).
 """
 
 from __future__ import annotations
 
+import json
 import os
-import pickle
 import resource
 import sys
 import types
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
-
-def _write(out: Path, name: str, text: str | bytes) -> None:
-    tmp = out / f".{name}"
-    data = text.encode("utf-8") if isinstance(text, str) else text
-    tmp.write_bytes(data)
-    os.replace(tmp, out / name)
+FILE_BYTES = 64 * 2**20
 
 
 def _snapshot() -> dict[str, int]:
@@ -61,58 +59,82 @@ def _changed(before: dict[str, int], after: dict[str, int]) -> list[str]:
     return sorted(k for k, v in before.items() if after.get(k, v) != v)
 
 
-def main(argv: list[str]) -> int:
-    path, out, memory_mb = argv[0], Path(argv[1]), int(argv[2])
-    limit = memory_mb * 2**20
-    try:
-        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    except (ValueError, OSError) as exc:  # a platform that refuses it: the time limit stays
-        print(f"no memory limit: {exc}", file=sys.stderr)
-    name = Path(path).name
-    try:
-        from impala_lab.classroom.exercises._spec import run_answer
-        from impala_lab.classroom.exercises.notebook import (
-            NotebookError,
-            answer_label,
-            exercise_of,
-            load_answer,
-            read_notebook,
-            spec_of,
-        )
+def _reference_raised(traces: list[Any]) -> bool:
+    """Whether a trace ends in the answer's call of a library function (its own message)."""
+    from impala_lab.classroom.exercises._guard import Raised
 
-        # Taken before any cell runs: what a cell replaces later is not what grades it.
-        spec = spec_of(exercise_of(path, read_notebook(path)))
-        # The light reference modules are watched too (those of V-trace load TensorFlow: a
-        # cell that changes them is caught by the reference, computed in the grader).
+    last = [t[-1] if isinstance(t, list) and t else t for t in traces]
+    return any(isinstance(t, Raised) and t.reference for t in last)
 
-        before = _snapshot()
-        progress = lambda text: _write(out, "progress", text)  # noqa: E731
+
+def _limit(memory_mb: int, processes: int, cpu_s: int) -> None:
+    # CPU: SIGXCPU at the limit (its message), SIGKILL five seconds of CPU later
+    for what, soft, hard in ((resource.RLIMIT_AS, memory_mb * 2**20, memory_mb * 2**20),
+                             (resource.RLIMIT_CPU, cpu_s, cpu_s + 5),
+                             (resource.RLIMIT_FSIZE, FILE_BYTES, FILE_BYTES),
+                             (resource.RLIMIT_CORE, 0, 0),
+                             (resource.RLIMIT_NPROC, processes, processes)):
         try:
-            ex, answer = load_answer(
-                path, on_cell=lambda n: progress(f"code cell {n} of {name}"))
-        except NotebookError as exc:
-            if isinstance(exc.__cause__, MemoryError):
-                raise exc.__cause__ from None
-            _write(out, "status", f"error: {exc}")
-            return 0
-        cases = spec.cases()
-        report = run_answer(spec, answer, on_case=lambda n: progress(
-            f"case {n} of {len(cases)} of the check of {name}"))
-        changed = _changed(before, _snapshot())
-        if changed and report.flagged is None:
-            report.flagged = (f"changes the grader's own code ({', '.join(changed[:3])}): the "
-                              f"answer must leave impala_lab as it is")
-        data: dict[str, Any] = {"label": answer_label(ex, answer),
-                                "report": {"flagged": report.flagged,
-                                           "traces": report.traces}}
-        _write(out, "answer.pkl", pickle.dumps(data, protocol=pickle.HIGHEST_PROTOCOL))
-        _write(out, "status", "done")
+            resource.setrlimit(what, (soft, hard))
+        except (ValueError, OSError) as exc:  # a platform that refuses one: the rest stay
+            print(f"limit {what} not set: {exc}", file=sys.stderr)
+
+
+def _send(out: IO[str], message: dict[str, Any]) -> None:
+    out.write(json.dumps(message, separators=(",", ":")) + "\n")
+    out.flush()
+
+
+def _run(exercise: str, path: str, seed: int, out: IO[str]) -> None:
+    from impala_lab.classroom.exercises import EXERCISES, _guard
+    from impala_lab.classroom.exercises._spec import all_cases, run_answer
+    from impala_lab.classroom.exercises._wire import encode
+    from impala_lab.classroom.exercises.notebook import (
+        NotebookError,
+        answer_label,
+        load_answer,
+        spec_of,
+    )
+
+    ex = EXERCISES[exercise]
+    spec = spec_of(ex)  # taken before any cell runs: what a cell replaces later is not used
+    cases = all_cases(spec, seed)
+    name = Path(path).name
+    before = _snapshot()
+    progress = lambda text: _send(out, {"progress": text})  # noqa: E731
+    try:
+        _, answer = load_answer(path, exercise=ex,
+                             on_cell=lambda n: progress(f"code cell {n} of {name}"))
+    except NotebookError as exc:
+        if isinstance(exc.__cause__, MemoryError):
+            raise exc.__cause__ from None
+        _send(out, {"error": str(exc)})
+        return
+    absent = _guard.ABSENT_CALLS
+    absent.clear()  # the try-it cells may show the library's results: not the answer's doing
+    report = run_answer(spec, answer, cases=cases, on_case=lambda n: progress(
+        f"case {n} of {len(cases)} of the check of {name}"))
+    changed = _changed(before, _snapshot())
+    if changed and report.flagged is None:
+        report.flagged = (f"changes the grader's own code ({', '.join(changed[:3])}): the "
+                          f"answer must leave impala_lab as it is")
+    if absent and report.flagged is None and not _reference_raised(report.traces):
+        # a call the traces do not show, e.g. from a thread of its own
+        report.flagged = (f"calls the library's {absent[0]}, which the grader's sandbox does "
+                          f"not have")
+    _send(out, {"result": {"label": answer_label(ex, answer), "flagged": report.flagged,
+                           "traces": encode(report.traces)}})
+
+
+def main(argv: list[str]) -> int:
+    """Grades one hand-in (see the module docstring); always returns 0."""
+    exercise, path, memory_mb, processes, cpu_s, seed, fd = argv[:7]
+    _limit(int(memory_mb), int(processes), int(cpu_s))
+    out = os.fdopen(int(fd), "w", encoding="utf-8")
+    try:
+        _run(exercise, path, int(seed), out)
     except MemoryError:
-        _write(out, "status", "memory")
+        _send(out, {"memory": True})
     except Exception as exc:  # the grader's own failure, or a hand-in that broke it
-        _write(out, "status", f"error: the grading process failed: {type(exc).__name__}: {exc}")
+        _send(out, {"error": f"the grading process failed: {type(exc).__name__}: {exc}"})
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -63,6 +63,18 @@ class ReferenceCalled(Exception):
         self.name = name
 
 
+# Names of the absent implementations something called (the student build's stubs note them
+# here, from whatever thread), so that the grading child can say why an answer failed.
+ABSENT_CALLS: list[str] = []
+
+
+def reference_absent(name: str) -> ReferenceCalled:
+    """What a student build's stub raises: the library's `name`, which the grader's sandbox
+    does not have (noted in `ABSENT_CALLS`)."""
+    ABSENT_CALLS.append(name)
+    return ReferenceCalled(name)
+
+
 class Opaque:
     """An answer's value that cannot leave its process: kept as its repr."""
 

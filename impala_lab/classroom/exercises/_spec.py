@@ -9,6 +9,7 @@ Nothing here imports TensorFlow.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +44,8 @@ class Spec:
       references: the library functions the answer must not call (imported lazily, and only
         the ones whose modules are loaded already: a stub check must not import TensorFlow).
       forbidden: names the code between the markers must not use (see `flag_region`).
+      draw: a fresh case drawn with the given `random.Random` (the grader adds `DRAWN` of
+        them to the fixed cases, from a seed it prints), or None.
     """
 
     exercise: str
@@ -52,6 +55,23 @@ class Spec:
     compare: Callable[[Case, Any, Any], None]
     references: Callable[[], list[Any]]
     forbidden: dict[str, str]
+    draw: Callable[[random.Random], Case] | None = None
+
+
+DRAWN = 2  # fresh cases per grading
+
+
+def all_cases(spec: Spec, seed: int | None) -> list[Case]:
+    """The fixed cases, then (with a seed) `DRAWN` cases drawn from it: the grader's."""
+    cases = spec.cases()
+    if seed is None or spec.draw is None:
+        return cases
+    rng = random.Random(f"{spec.exercise}:{seed}")
+    for k in range(DRAWN):
+        case = spec.draw(rng)
+        case.description += f" [drawn at random: grading seed {seed}, draw {k + 1}]"
+        cases.append(case)
+    return cases
 
 
 @dataclass
@@ -63,20 +83,21 @@ class AnswerReport:
     traces: list[Any]
 
 
-def run_answer(spec: Spec, answer: Any, *,
+def run_answer(spec: Spec, answer: Any, *, cases: list[Case] | None = None,
                on_case: Callable[[int], None] | None = None) -> AnswerReport:
     """Runs the answer on every case (with the references trapped); no reference runs.
 
     Args:
       spec: the exercise.
       answer: the student's function or class.
+      cases: the cases (default: the fixed ones).
       on_case: called with a case's number before it runs (the grader's progress).
     """
     flagged = flag_region(answer, spec.forbidden)
     traces: list[Any] = []
     if flagged is None:
         with forbid(spec.references()):
-            for number, case in enumerate(spec.cases(), start=1):
+            for number, case in enumerate(cases or spec.cases(), start=1):
                 if on_case is not None:
                     on_case(number)
                 try:
@@ -92,10 +113,75 @@ def run_answer(spec: Spec, answer: Any, *,
     return AnswerReport(flagged, traces)
 
 
+def _flagged(spec: Spec, label: str, flag: str, n: int) -> CheckResult:
+    return CheckResult(spec.exercise, False,
+                       f"{FAIL_MARK} {spec.exercise}: {label} {flag}\n"
+                       f"  hint:     the check compares your answer with the library's own "
+                       f"code: write it yourself, from the inputs it is given.", n,
+                       flagged=flag)
+
+
+def _raised(spec: Spec, label: str, exc: Raised, case: Case, number: int,
+            n: int) -> CheckResult:
+    exercise = spec.exercise
+    if exc.not_implemented:
+        return CheckResult(exercise, False, not_implemented_message(exercise, label, exc.fill),
+                           n, None, not_implemented=True)
+    if exc.reference:
+        flag = f"calls the library's {exc.reference}" + (
+            f" (at {exc.where})" if exc.where else "")
+        return CheckResult(exercise, False,
+                           f"{FAIL_MARK} {exercise}: case {number} of {n}: {label} {flag}\n"
+                           f"  hint:     the check compares your answer with that very "
+                           f"function: write it yourself.", n, number, flagged=flag)
+    lines = [f"{FAIL_MARK} {exercise}: case {number} of {n} raised an error in {label}",
+             f"  case:     {case.description}",
+             f"  error:    {exc.type_name}: {format_value(verbatim(exc.text))}"]
+    if exc.where:
+        lines.append(f"  at:       {exc.where}")
+    lines.append(f"  hint:     {case.hint}")
+    return CheckResult(exercise, False, "\n".join(lines), n, number)
+
+
+def _differs(spec: Spec, diff: Mismatch, case: Case, number: int, n: int) -> CheckResult:
+    lines = [f"{FAIL_MARK} {spec.exercise}: case {number} of {n} differs from the reference",
+             f"  case:     {case.description}",
+             f"  where:    {diff.what}",
+             f"  expected: {format_value(diff.expected)}",
+             f"  actual:   {format_value(diff.actual)}",
+             f"  hint:     {diff.hint or case.hint}"]
+    if diff.hint:
+        lines.append(f"  more:     {case.hint}")
+    return CheckResult(spec.exercise, False, "\n".join(lines), n, number)
+
+
+def _judge_case(spec: Spec, label: str, case: Case, number: int, n: int, trace: Any,
+                reference: Callable[[Case], Any]) -> CheckResult | None:
+    """The failure of one case, or None when it matches."""
+    try:
+        if isinstance(trace, Raised | Mismatch):
+            raise trace
+        spec.compare(case, reference(case), trace)
+    except Raised as exc:
+        return _raised(spec, label, exc, case, number, n)
+    except Mismatch as diff:
+        return _differs(spec, diff, case, number, n)
+    except Exception as exc:  # a trace of a shape no honest answer gives: still its failure
+        return CheckResult(spec.exercise, False,
+                           f"{FAIL_MARK} {spec.exercise}: case {number} of {n}: what {label} "
+                           f"returned could not be compared with the reference "
+                           f"({type(exc).__name__}: {format_value(verbatim(str(exc)), 300)})\n"
+                           f"  case:     {case.description}\n"
+                           f"  hint:     {case.hint}", n, number)
+    return None
+
+
 def judge(spec: Spec, label: str, report: AnswerReport,
-          reference: Callable[[Case], Any] | None = None, *, show: bool = True) -> CheckResult:
+          reference: Callable[[Case], Any] | None = None, *, cases: list[Case] | None = None,
+          show: bool = True) -> CheckResult:
     """Compares the answer's traces with the reference's, case by case, and stops at the
-    first difference; prints and returns the result.
+    first difference; prints and returns the result. Whatever goes wrong while comparing a
+    case fails the answer with a message, never raises.
 
     Args:
       spec: the exercise.
@@ -103,64 +189,27 @@ def judge(spec: Spec, label: str, report: AnswerReport,
       report: `run_answer`'s report.
       reference: computes a case's reference trace (default ``spec.reference_trace``); it is
         called only for cases the answer got through, so a stub never loads the reference.
+      cases: the cases the report's traces belong to (default: the fixed ones).
       show: print the message.
     """
     reference = reference or spec.reference_trace
-    exercise, cases = spec.exercise, spec.cases()
+    cases = cases or spec.cases()
     n = len(cases)
     result = None
     if report.flagged is not None:
-        result = CheckResult(
-            exercise, False,
-            f"{FAIL_MARK} {exercise}: {label} {report.flagged}\n"
-            f"  hint:     the check compares your answer with the library's own code: write "
-            f"it yourself, from the inputs it is given.", n, flagged=report.flagged)
+        result = _flagged(spec, label, report.flagged, n)
     for number, case in enumerate(cases, start=1):
         if result is not None:
             break
         if number > len(report.traces):
-            result = CheckResult(exercise, False, f"{FAIL_MARK} {exercise}: the answer's run "
-                                 f"stopped before case {number}", n, number)
+            result = CheckResult(spec.exercise, False, f"{FAIL_MARK} {spec.exercise}: the "
+                                 f"answer's run stopped before case {number}", n, number)
             break
-        trace = report.traces[number - 1]
-        try:
-            if isinstance(trace, Raised | Mismatch):
-                raise trace
-            spec.compare(case, reference(case), trace)
-        except Raised as exc:
-            if exc.not_implemented:
-                result = CheckResult(exercise, False,
-                                     not_implemented_message(exercise, label, exc.fill), n,
-                                     None, not_implemented=True)
-            elif exc.reference:
-                flag = f"calls the library's {exc.reference}" + (
-                    f" (at {exc.where})" if exc.where else "")
-                result = CheckResult(
-                    exercise, False,
-                    f"{FAIL_MARK} {exercise}: case {number} of {n}: {label} {flag}\n"
-                    f"  hint:     the check compares your answer with that very function: "
-                    f"write it yourself.", n, number, flagged=flag)
-            else:
-                lines = [f"{FAIL_MARK} {exercise}: case {number} of {n} raised an error in "
-                         f"{label}",
-                         f"  case:     {case.description}",
-                         f"  error:    {exc.type_name}: {format_value(verbatim(exc.text))}"]
-                if exc.where:
-                    lines.append(f"  at:       {exc.where}")
-                lines.append(f"  hint:     {case.hint}")
-                result = CheckResult(exercise, False, "\n".join(lines), n, number)
-        except Mismatch as diff:
-            lines = [f"{FAIL_MARK} {exercise}: case {number} of {n} differs from the reference",
-                     f"  case:     {case.description}",
-                     f"  where:    {diff.what}",
-                     f"  expected: {format_value(diff.expected)}",
-                     f"  actual:   {format_value(diff.actual)}",
-                     f"  hint:     {diff.hint or case.hint}"]
-            if diff.hint:
-                lines.append(f"  more:     {case.hint}")
-            result = CheckResult(exercise, False, "\n".join(lines), n, number)
+        result = _judge_case(spec, label, case, number, n, report.traces[number - 1],
+                             reference)
     if result is None:
-        result = CheckResult(exercise, True, f"{PASS_MARK} {exercise}: all {n} cases pass", n)
+        result = CheckResult(spec.exercise, True,
+                             f"{PASS_MARK} {spec.exercise}: all {n} cases pass", n)
     if show:
         print(result.message)
     return result

@@ -30,6 +30,7 @@ from impala_lab.classroom.exercises._common import (
     Mismatch,
     call_answer,
     loaded,
+    same,
     verbatim,
 )
 from impala_lab.classroom.exercises._guard import Raised, portable
@@ -333,18 +334,18 @@ def _compare(case: Case, expected: list[Any], actual: list[Any]) -> None:
         for i in range(max(len(ref_events), len(ans_events))):
             e = ref_events[i] if i < len(ref_events) else None
             a = ans_events[i] if i < len(ans_events) else None
-            if e != a:
+            if not same(e, a):
                 raise Mismatch(f"step {step}, call {i + 1} the driver makes in this step",
                                verbatim(_window(ref_events, i)),
                                verbatim(_window(ans_events, i)), _event_hint(e, a))
-        if ans["out"] != ref["out"]:
+        if not same(ans["out"], ref["out"]):
             hint = ("Return (sample_timesteps, train_timesteps): the env steps of the new "
                     "batches of this step (not replays), and the env steps the learner trained "
                     "on since the last step: driver.learner.drain_trained(), once, at the "
                     "end.")
             raise Mismatch(f"step {step}: what driver_step returns", ref["out"], ans["out"],
                            hint)
-        if ans["state"] != ref["state"]:
+        if not same(ans["state"], ref["state"]):
             raise Mismatch(f"step {step}: the driver's state after the step", ref["state"],
                            ans["state"],
                            "Keep driver.batch_buffer (the batches waiting for a train batch) "
@@ -360,20 +361,33 @@ def _references() -> list[Any]:
 SPEC = Spec(EXERCISE, lambda: cases(), _answer_trace, _reference_trace, _compare,
             _references, {"DriverLoop": "the library's DriverLoop.step",
                           "Impala": "the library's Impala",
-                          ".step": "the library's DriverLoop.step"})
+                          ".step": "the library's DriverLoop.step"}, lambda r: draw(r))
+
+
+def _case(name: str, widths: tuple[int, ...], T: int, train: int, interval: int, rp: float,
+          slots: int, steps: int, seed: int, hint: str) -> Case:
+    desc = (f"{name}: workers of widths {list(widths)}, T={T}, train_batch_size={train}, "
+            f"broadcast_interval={interval}, replay_proportion={rp}, 2 requests in flight "
+            f"per worker, {steps} steps (seed {seed})")
+    return Case(desc, hint, {"widths": widths, "T": T, "train": train, "interval": interval,
+                             "rp": rp, "slots": slots, "steps": steps, "seed": seed,
+                             "in_flight": 2})
+
+
+def draw(rng: random.Random) -> Case:
+    """A case drawn at random (the grader's fresh cases)."""
+    widths = tuple(rng.randint(1, 3) for _ in range(rng.randint(1, 3)))
+    T, train, rp = rng.randint(1, 3), rng.randint(2, 12), rng.choice([0.0, 0.5, 1.0])
+    # the replay store must outgrow the threshold ceil(train / T), as ReplayMixer demands
+    slots = -(-train // T) + rng.randint(1, 4) if rp else 0
+    return _case("drawn", widths, T, train, rng.randint(1, 3), rp, slots, rng.randint(4, 10),
+                 rng.randrange(10**6), "A case drawn at random: follow RLlib's loop, call "
+                 "by call.")
 
 
 def cases() -> list[Case]:
     """The checker's cases, simplest first."""
-    out = []
-    for name, widths, T, train, interval, rp, slots, steps, seed, hint in _CASES:
-        desc = (f"{name}: workers of widths {list(widths)}, T={T}, train_batch_size={train}, "
-                f"broadcast_interval={interval}, replay_proportion={rp}, 2 requests in flight "
-                f"per worker, {steps} steps (seed {seed})")
-        out.append(Case(desc, hint, {"widths": widths, "T": T, "train": train,
-                                     "interval": interval, "rp": rp, "slots": slots,
-                                     "steps": steps, "seed": seed, "in_flight": 2}))
-    return out
+    return [_case(*row) for row in _CASES]
 
 
 def check_driver_step(answer: Any, *, show: bool = True) -> CheckResult:

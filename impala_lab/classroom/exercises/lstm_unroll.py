@@ -16,6 +16,7 @@ While the answer runs the library's LSTM (`layers.lstm_step`, `lstm_sequence`,
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import numpy as np
@@ -201,21 +202,31 @@ SPEC = Spec(EXERCISE, lambda: cases(), _answer_trace, _reference_trace, _compare
                           "lstm_sequence": "the library's layers.lstm_sequence",
                           ".unroll": "the library's NumpyModel.unroll",
                           ".lstm_unroll": "the library's keras_model.lstm_unroll",
-                          "keras": "Keras's LSTM", "LSTMCell": "Keras's LSTMCell"})
+                          "keras": "Keras's LSTM", "LSTMCell": "Keras's LSTMCell"},
+            lambda r: draw(r))
+
+
+def _case(name: str, T: int, B: int, F: int, C: int, carried: bool, ends: str, seed: int,
+          hint: str) -> Case:
+    where = {"none": "no episode ends", "middle": f"column 1 ends an episode at step {T // 2}",
+             "edges": "episodes end at steps 0 and T - 1",
+             "random": "about 1 in 5 steps ends an episode"}[ends]
+    desc = (f"{name}: T={T}, B={B}, F={F}, C={C}, xs and weights ~ N(0, 1) x scale "
+            f"(seed {seed}), state_in {'~ N(0, 1)' if carried else 'zeros'}, {where}")
+    return Case(desc, hint, {"T": T, "B": B, "F": F, "C": C, "carried": carried,
+                             "ends": ends, "seed": seed})
+
+
+def draw(rng: random.Random) -> Case:
+    """A case drawn at random (the grader's fresh cases)."""
+    return _case("drawn", rng.randint(1, 12), rng.randint(1, 4), rng.randint(1, 4),
+                 rng.randint(1, 5), True, "random", rng.randrange(10**6),
+                 "A case drawn at random: check the reset's timing and the carried state.")
 
 
 def cases() -> list[Case]:
     """The checker's cases, simplest first."""
-    out = []
-    for name, T, B, F, C, carried, ends, seed, hint in _CASES:
-        where = {"none": "no episode ends", "middle": f"column 1 ends an episode at step {T // 2}",
-                 "edges": "episodes end at steps 0 and T - 1",
-                 "random": "about 1 in 5 steps ends an episode"}[ends]
-        desc = (f"{name}: T={T}, B={B}, F={F}, C={C}, xs and weights ~ N(0, 1) x scale "
-                f"(seed {seed}), state_in {'~ N(0, 1)' if carried else 'zeros'}, {where}")
-        out.append(Case(desc, hint, {"T": T, "B": B, "F": F, "C": C, "carried": carried,
-                                     "ends": ends, "seed": seed}))
-    return out
+    return [_case(*row) for row in _CASES]
 
 
 def check_lstm_unroll(answer: Any, *, show: bool = True) -> CheckResult:

@@ -12,6 +12,7 @@ no answer).
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 from impala_lab.classroom.exercises._common import (
@@ -21,6 +22,7 @@ from impala_lab.classroom.exercises._common import (
     Mismatch,
     call_answer,
     loaded,
+    same,
     verbatim,
 )
 from impala_lab.classroom.exercises._guard import Raised, portable
@@ -93,7 +95,7 @@ def _diagnose(exp_out: tuple, out: Any, exp: dict[str, Any], act: dict[str, Any]
     if act["items_taken"] != exp["items_taken"]:
         return ("Take a new item from self.inqueue only when the current slot is empty, i.e. "
                 "self.ttl[self.idx] <= 0, and then only one.")
-    if out[0] != exp_out[0]:
+    if not same(out[0], exp_out[0]):
         return "Serve the item of the current slot, self.buffers[self.idx]."
     if act["cur_max_ttl"] != exp["cur_max_ttl"] or act["ttl"] != exp["ttl"]:
         # released is only where a wrong ttl shows: the ramp is the first thing to look at.
@@ -152,7 +154,7 @@ def _compare(case: Case, expected: list[Any], actual: list[Any]) -> None:
             act.expected = _show(exp_out, exp_state)
             raise act
         out, state = act
-        if out != exp_out or state["items_taken"] != exp_state["items_taken"]:
+        if not same(out, exp_out) or not same(state["items_taken"], exp_state["items_taken"]):
             raise Mismatch(f"call {call} of get()", _show(exp_out, exp_state),
                            _show(out, state), _diagnose(exp_out, out, exp_state, state))
     if len(actual) < len(expected):  # cannot happen: the answer ran every call or raised
@@ -164,16 +166,25 @@ def _references() -> list[Any]:
     return loaded("impala_lab.learner.minibatch_buffer", "MinibatchBuffer.get")
 
 
+def _case(size: int, passes: int, calls: int, hint: str) -> Case:
+    return Case(f"size={size}, num_sgd_iter={passes}: the queue holds item0, item1, ...; "
+                f"get() is called {calls} times", hint,
+                {"size": size, "passes": passes, "calls": calls})
+
+
+def draw(rng: random.Random) -> Case:
+    """A case drawn at random (the grader's fresh cases)."""
+    return _case(rng.randint(1, 5), rng.randint(1, 6), rng.randint(10, 40),
+                 "A case drawn at random: check the ring's ttl ramp and the slot order.")
+
+
 SPEC = Spec(EXERCISE, lambda: cases(), _answer_trace, _reference_trace, _compare,
-            _references, {"MinibatchBuffer": "the library's MinibatchBuffer"})
+            _references, {"MinibatchBuffer": "the library's MinibatchBuffer"}, draw)
 
 
 def cases() -> list[Case]:
     """The checker's cases, simplest first."""
-    return [Case(f"size={size}, num_sgd_iter={passes}: the queue holds item0, item1, ...; "
-                 f"get() is called {calls} times", hint,
-                 {"size": size, "passes": passes, "calls": calls})
-            for size, passes, calls, hint in _CASES]
+    return [_case(*row) for row in _CASES]
 
 
 def check_minibatch_get(answer_cls: Any, *, show: bool = True) -> CheckResult:

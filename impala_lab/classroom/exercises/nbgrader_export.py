@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import impala_lab.classroom.exercises as exercises
-from impala_lab.classroom.course import course_root
+from impala_lab.classroom.course import NoSolutionsError, course_files, course_root
 from impala_lab.classroom.exercises._common import MARK_END, MARK_START
 from impala_lab.classroom.exercises.notebook import (
     CHECK_TAG,
@@ -210,6 +210,10 @@ def export_nbgrader(course_dir: str | os.PathLike, *,
     if assignment is not None and not re.fullmatch(r"[A-Za-z0-9_.-]+", assignment):
         raise ExportError(f"assignment name {assignment!r}: use letters, digits, _ . - only")
     course = Path(course_dir)
+    try:
+        course_files(solutions=True)
+    except NoSolutionsError as exc:  # a student's wheel: the export needs the solutions
+        raise ExportError(str(exc)) from None
     solutions = course_root() / "solutions"
     planned: list[tuple[Path, dict[str, Any]]] = []
     for name in chosen:

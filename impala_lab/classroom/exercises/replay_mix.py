@@ -32,6 +32,7 @@ from impala_lab.classroom.exercises._common import (
     Mismatch,
     call_answer,
     loaded,
+    same,
     verbatim,
 )
 from impala_lab.classroom.exercises._guard import portable
@@ -163,12 +164,11 @@ def _reference_trace(case: Case) -> dict[str, Any]:
 def _compare(case: Case, expected: dict[str, Any], actual: dict[str, Any]) -> None:
     exp_items, act_items = expected["items"], actual["items"]
     for i in range(max(len(exp_items), len(act_items))):
-        same = i < len(exp_items) and i < len(act_items) and act_items[i] == exp_items[i]
-        if not same:
+        if not (i < len(exp_items) and i < len(act_items) and same(act_items[i], exp_items[i])):
             raise Mismatch(f"item {i} of what mix yields ({len(exp_items)} items expected)",
                            verbatim(_window(exp_items, i)), verbatim(_window(act_items, i)),
                            _diagnose(exp_items, act_items, i))
-    if actual["store"] != expected["store"]:
+    if not same(actual["store"], expected["store"]):
         raise Mismatch("the store after the last batch", expected["store"], actual["store"],
                        "Append each new batch to store (never a replayed one); the deque's "
                        "maxlen drops the oldest by itself.")
@@ -181,20 +181,30 @@ def _references() -> list[Any]:
 SPEC = Spec(EXERCISE, lambda: cases(), _answer_trace, _reference_trace, _compare,
             _references, {"ReplayMixer": "the library's ReplayMixer",
                           ".mix": "the library's ReplayMixer.mix",
-                          "_augment_with_replay": "the library's replay"})
+                          "_augment_with_replay": "the library's replay"}, lambda r: draw(r))
+
+
+def _case(rp: float, slots: int, train: int, sample: int, n_new: int, seed: int,
+          hint: str) -> Case:
+    threshold = -(-train // sample)
+    return Case(f"replay_proportion={rp}, store maxlen={slots}, replay_threshold="
+                f"{threshold}, {n_new} new batches b0, b1, ... from workers w0, w1, "
+                f"w2, rng=random.Random({seed})", hint,
+                {"rp": rp, "slots": slots, "train": train, "sample": sample,
+                 "n_new": n_new, "seed": seed})
+
+
+def draw(rng: random.Random) -> Case:
+    """A case drawn at random (the grader's fresh cases)."""
+    train = rng.choice([50, 100, 150])
+    slots = train // 50 + rng.randint(1, 7)  # ReplayMixer: the store outgrows the threshold
+    return _case(round(rng.uniform(0.0, 2.5), 2), slots, train, 50, rng.randint(5, 25),
+                 rng.randrange(10**6), "A case drawn at random. " + DRAWS)
 
 
 def cases() -> list[Case]:
     """The checker's cases, simplest first."""
-    out = []
-    for rp, slots, train, sample, n_new, seed, hint in _CASES:
-        threshold = -(-train // sample)
-        out.append(Case(f"replay_proportion={rp}, store maxlen={slots}, replay_threshold="
-                        f"{threshold}, {n_new} new batches b0, b1, ... from workers w0, w1, "
-                        f"w2, rng=random.Random({seed})", hint,
-                        {"rp": rp, "slots": slots, "train": train, "sample": sample,
-                         "n_new": n_new, "seed": seed}))
-    return out
+    return [_case(*row) for row in _CASES]
 
 
 def check_replay_mix(answer: Any, *, show: bool = True) -> CheckResult:

@@ -14,6 +14,7 @@ trapped.
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import numpy as np
@@ -137,20 +138,31 @@ def _references() -> list[Any]:
 SPEC = Spec(EXERCISE, lambda: cases(), _answer_trace, _reference_trace, _compare,
             _references, {name: f"the library's vtrace.{name}" for name in (
                 "from_importance_weights_numpy", "from_importance_weights",
-                "from_logits_numpy", "from_logits")})
+                "from_logits_numpy", "from_logits")}, lambda r: draw(r))
+
+
+def _case(name: str, T: int, B: int, scale: float, ends: bool, clip_rho: float | None,
+          clip_pg: float | None, seed: int, hint: str) -> Case:
+    desc = (f"{name}: T={T}, B={B}, log_rhos ~ {scale} * N(0, 1), discounts 0.9"
+            f"{' (0 at about 1 in 4 steps)' if ends else ''}, rewards, values, "
+            f"bootstrap_value ~ N(0, 1) (seed {seed}), clip_rho_threshold={clip_rho}, "
+            f"clip_pg_rho_threshold={clip_pg}")
+    return Case(desc, hint, {"T": T, "B": B, "scale": scale, "ends": ends,
+                             "clip_rho": clip_rho, "clip_pg": clip_pg, "seed": seed})
+
+
+def draw(rng: random.Random) -> Case:
+    """A case drawn at random (the grader's fresh cases)."""
+    clips = [None, 0.5, 1.0, 2.0]
+    return _case("drawn", rng.randint(1, 12), rng.randint(1, 4), round(rng.uniform(0, 2), 2),
+                 rng.random() < 0.5, rng.choice(clips), rng.choice(clips),
+                 rng.randrange(10**6), "A case drawn at random: check the clips, the "
+                 "discounts and the trace product.")
 
 
 def cases() -> list[Case]:
     """The checker's cases, simplest first."""
-    out = []
-    for name, T, B, scale, ends, clip_rho, clip_pg, seed, hint in _CASES:
-        desc = (f"{name}: T={T}, B={B}, log_rhos ~ {scale} * N(0, 1), discounts 0.9"
-                f"{' (0 at about 1 in 4 steps)' if ends else ''}, rewards, values, "
-                f"bootstrap_value ~ N(0, 1) (seed {seed}), clip_rho_threshold={clip_rho}, "
-                f"clip_pg_rho_threshold={clip_pg}")
-        out.append(Case(desc, hint, {"T": T, "B": B, "scale": scale, "ends": ends,
-                                     "clip_rho": clip_rho, "clip_pg": clip_pg, "seed": seed}))
-    return out
+    return [_case(*row) for row in _CASES]
 
 
 def check_vtrace_numpy(answer: Any, *, show: bool = True) -> CheckResult:
