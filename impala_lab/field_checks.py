@@ -100,3 +100,38 @@ def check_type(name: str, kind: str, value: Any) -> None:
             expected += " or None"
         raise ConfigError(
             f"{name}={value!r} has type {type(value).__name__}: it must be {expected}")
+
+
+def parse_text(name: str, kind: str, text: str) -> Any:
+    """A command-line flag's text as a value of ``kind`` (see `field_kinds`); a text that is
+    not one is a `ConfigError` naming the flag and what it must be."""
+    base = kind.rstrip("?")
+    if kind.endswith("?") and text.lower() in ("none", "null"):
+        return None
+    try:
+        if base == "int":
+            return int(text)
+        if base == "float":
+            return float(text)
+        if base == "bool":
+            lowered = text.lower()
+            if lowered in ("1", "true", "yes", "on"):
+                return True
+            if lowered in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(text)
+        if base == "model":
+            return tuple(int(x) for x in text.replace(",", " ").split())
+        if base == "filters":  # 16x3x1,32x3x1: (filters, kernel, stride) per layer
+            layers = tuple(tuple(int(v) for v in layer.split("x"))
+                           for layer in text.replace(",", " ").split())
+            if not layers or any(len(layer) != 3 for layer in layers):
+                raise ValueError(text)
+            return layers
+    except ValueError:
+        expected = {"int": "an integer", "float": "a number", "bool": "true or false",
+                    "model": "hidden sizes such as 64,64",
+                    "filters": "conv layers FILTERSxKERNELxSTRIDE such as 16x3x1,32x3x1"}[base]
+        raise ConfigError(f"--{name.replace('_', '-')}={text!r} is invalid: it must be "
+                          f"{expected}") from None
+    return text

@@ -31,40 +31,12 @@ from impala_lab.config import (
     field_names,
 )
 from impala_lab.errors import ConfigError
+from impala_lab.field_checks import parse_text
 
 
 def _parse_value(name: str, text: str) -> Any:
-    kind = field_kind(name)
-    base = kind.rstrip("?")
-    if kind.endswith("?") and text.lower() in ("none", "null"):
-        return None
-    try:
-        if base == "int":
-            return int(text)
-        if base == "float":
-            return float(text)
-        if base == "bool":
-            lowered = text.lower()
-            if lowered in ("1", "true", "yes", "on"):
-                return True
-            if lowered in ("0", "false", "no", "off"):
-                return False
-            raise ValueError(text)
-        if base == "model":
-            return tuple(int(x) for x in text.replace(",", " ").split())
-        if base == "filters":  # 16x3x1,32x3x1: (filters, kernel, stride) per layer
-            layers = tuple(tuple(int(v) for v in layer.split("x"))
-                           for layer in text.replace(",", " ").split())
-            if not layers or any(len(layer) != 3 for layer in layers):
-                raise ValueError(text)
-            return layers
-    except ValueError:
-        expected = {"int": "an integer", "float": "a number", "bool": "true or false",
-                    "model": "hidden sizes such as 64,64",
-                    "filters": "conv layers FILTERSxKERNELxSTRIDE such as 16x3x1,32x3x1"}[base]
-        raise ConfigError(f"--{name.replace('_', '-')}={text!r} is invalid: it must be "
-                          f"{expected}") from None
-    return text
+    """A config flag's text as the value of its field (`impala_lab.field_checks.parse_text`)."""
+    return parse_text(name, field_kind(name), text)
 
 
 def build_parser() -> argparse.ArgumentParser:

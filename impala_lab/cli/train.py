@@ -209,11 +209,11 @@ def _run_in(folder: RunFolder, args: argparse.Namespace, config: ImpalaConfig,
 
 def resume_overrides(args: argparse.Namespace) -> dict[str, Any]:
     """The config fields given on the command line of ``--resume``: they replace the run's."""
-    from impala_lab.cli.main import _parse_value
-    from impala_lab.config import field_names
+    from impala_lab.config import field_kind, field_names
+    from impala_lab.field_checks import parse_text
 
-    return {name: _parse_value(name, getattr(args, name)) for name in field_names()
-            if getattr(args, name, None) is not None}
+    return {name: parse_text(name, field_kind(name), getattr(args, name))
+            for name in field_names() if getattr(args, name, None) is not None}
 
 
 class _EndingSignals:
