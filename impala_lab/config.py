@@ -24,6 +24,7 @@ from typing import Any
 from impala_lab import conv_layout
 from impala_lab import memory_budget as memory
 from impala_lab.errors import ConfigError
+from impala_lab.evaluation_settings import check_evaluation_fields
 from impala_lab.knobs import LIVE_KNOBS as LIVE_KNOBS  # re-exported: the live config fields
 
 BACKENDS = ("process", "inline", "ray")
@@ -183,6 +184,14 @@ class ImpalaConfig:
         "ring, replay, samples in flight and the learner's working set, from the observation "
         "size) exceeds this many GB (10^9 bytes); None = half of the memory available when the "
         "config is validated.")
+    # --- evaluation of the learner's policy (impala_lab.driver.evaluation) --------------
+    evaluation_interval: int | None = _f(
+        None, "Reports of train() between evaluations of the learner's current weights on "
+        "envs of their own (RLlib's name, counted in reports); None or 0: no evaluation.")
+    evaluation_num_episodes: int = _f(10, "Episodes each evaluation plays per action choice.")
+    evaluation_actions: str = _f(
+        "both", "How the evaluated policy acts: 'greedy' (most likely action), 'sampled' "
+        "(drawn from the policy, as the actors do) or 'both'.")
 
     def __post_init__(self) -> None:
         if isinstance(self.model, list):
@@ -202,6 +211,7 @@ class ImpalaConfig:
         self._check_env()
         self._check_values()
         self._check_combinations()
+        check_evaluation_fields(self)
         if self.max_memory_gb is not None and not self.max_memory_gb > 0:
             _bad("max_memory_gb", self.max_memory_gb,
                  "use a positive number of GB, or None for half of the available memory")

@@ -75,6 +75,9 @@ def check_run_args(args: argparse.Namespace) -> None:
     if not (after >= 0 and math.isfinite(after)):
         raise ConfigError(f"--train-after-target={after!r} is invalid: it must be a number of "
                           "seconds >= 0")
+    if getattr(args, "stop_on", "train") == "eval" and args.stop_return is None:
+        raise ConfigError("--stop-on=eval is invalid without --stop-return: it says which "
+                          "return --stop-return watches; add --stop-return RETURN")
     if after > 0 and args.stop_return is None:
         raise ConfigError(f"--train-after-target={after!r} is invalid without --stop-return: "
                           "it counts from the moment the target is reached; add "
@@ -92,6 +95,25 @@ def write_metrics_csv(path: Path, rows: list[dict]) -> None:
         writer.writerows(rows)
 
 
+def check_stop_on(args: argparse.Namespace, config: ImpalaConfig) -> None:
+    """``--stop-on eval`` needs evaluations to watch: a config with evaluation_interval."""
+    if getattr(args, "stop_on", "train") == "eval" and not config.evaluation_interval:
+        raise ConfigError(
+            f"--stop-on=eval is invalid with evaluation_interval="
+            f"{config.evaluation_interval!r}: no evaluation would ever run; add "
+            f"--evaluation-interval N (reports between evaluations), or --stop-on train")
+
+
+def evaluation_return(s: dict) -> float:
+    """The return an evaluation reported: the greedy policy's where it was played, else
+    the sampled one's; NaN before the first evaluation (or with evaluation off)."""
+    ev = s.get("evaluation") or {}
+    if not ev.get("num_evaluations"):
+        return math.nan
+    greedy = ev.get("episode_return_mean_greedy", math.nan)
+    return greedy if math.isfinite(greedy) else ev.get("episode_return_mean_sampled", math.nan)
+
+
 class TargetWatch:
     """Watches the reports for ``--stop-return``: when it was first reached (seconds from
     process start, env steps, and on the monotonic clock), the mean returns reported from then
@@ -99,6 +121,7 @@ class TargetWatch:
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.stop_return: float | None = args.stop_return
+        self.stop_on: str = getattr(args, "stop_on", "train")
         self.train_after_target: float = args.train_after_target
         self.seconds: float | None = None
         self.env_steps: int | None = None
@@ -110,9 +133,16 @@ class TargetWatch:
     def reached(self) -> bool:
         return self.at is not None
 
+    def watched_return(self, s: dict) -> float:
+        """The return ``--stop-return`` watches: the actors' trailing mean (``--stop-on
+        train``, once 100 episodes finished) or the latest evaluation's (``eval``)."""
+        if self.stop_on == "eval":
+            return evaluation_return(s)
+        return s["episode_return_mean"] if s["episode_return_count"] >= 100 else math.nan
+
     def solved(self, s: dict) -> bool:
-        return (self.stop_return is not None and s["episode_return_count"] >= 100
-                and s["episode_return_mean"] >= self.stop_return)
+        ret = self.watched_return(s)
+        return self.stop_return is not None and math.isfinite(ret) and ret >= self.stop_return
 
     def note_best(self, s: dict) -> None:
         ret = s["episode_return_mean"]
@@ -126,7 +156,7 @@ class TargetWatch:
             self.seconds = round(self.at - process_start(), 2)
             self.env_steps = s["num_steps_sampled"]
         if self.at is not None:
-            self.returns_after.append(s["episode_return_mean"])
+            self.returns_after.append(self.watched_return(s))
 
     def stop(self, s: dict) -> bool:
         """Reached, and trained ``--train-after-target`` seconds since."""
@@ -138,6 +168,7 @@ def train_command(args: argparse.Namespace, config: ImpalaConfig) -> int:
     `impala_lab.cli.main.config_from_args`) until a limit, write every output; the exit code:
     0, 1 (an error, or no sample at all) or 130 (interrupted)."""
     check_run_args(args)
+    check_stop_on(args, config)
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(config.to_dict(), indent=2))
@@ -194,6 +225,8 @@ def _train_and_save(impala: Impala, config: ImpalaConfig, args: argparse.Namespa
             view.update(s)
 
     final, error = _train(impala, args, watch, view, on_report)
+    if error is None and impala.evaluator.enabled:
+        final = _final_evaluation(impala, final)
     watch.note_best(final)  # a run shorter than one report interval has only its final stats
     ended = time.monotonic()
     view.close()
@@ -235,16 +268,32 @@ def _train(impala: Impala, args: argparse.Namespace, watch: TargetWatch, view: P
     return final, error
 
 
+def _final_evaluation(impala: Impala, final: dict[str, Any]) -> dict[str, Any]:
+    """The final weights evaluated once more, into the final stats and a last metrics.csv
+    row; an evaluation that fails is said on stderr and leaves the stats as they were."""
+    from impala_lab.driver.run_stats import history_row
+
+    try:
+        evaluation = impala.evaluator.evaluate()
+    except ImpalaError as exc:
+        print(f"impala-lab: the final evaluation failed: {exc}", file=sys.stderr)
+        return final
+    final = {**final, "evaluation": evaluation}
+    impala.history.append(history_row({k: v for k, v in final.items() if k != "stop_reason"}))
+    return final
+
+
 def _result(watch: TargetWatch, args: argparse.Namespace, final: dict[str, Any],
             error: ImpalaError | None, ended: float) -> dict[str, Any]:
     """``result.json``: was the target reached, when, how the run did after it, and why it
     stopped; ``ended`` is when training ended, on the monotonic clock."""
     returns_after = list(watch.returns_after)
     if watch.reached:
-        returns_after.append(final["episode_return_mean"])
+        returns_after.append(watch.watched_return(final))
     finite_after = [r for r in returns_after if math.isfinite(r)]
     return {"solved": watch.reached,
             "stop_return": args.stop_return,
+            "stop_on": watch.stop_on,
             "seconds_to_target": watch.seconds,
             "env_steps_to_target": watch.env_steps,
             "train_after_target": args.train_after_target,
@@ -316,7 +365,8 @@ def final_line(result: dict[str, Any], args: argparse.Namespace, out: Path,
     steps = final.get("num_steps_sampled", 0)
     prefix = "impala-lab: interrupted: " if interrupted else "impala-lab: "
     if result["solved"]:
-        text = (f"reached mean return {args.stop_return:g} in {result['seconds_to_target']:.1f} s "
+        which = "evaluation return" if result.get("stop_on") == "eval" else "mean return"
+        text = (f"reached {which} {args.stop_return:g} in {result['seconds_to_target']:.1f} s "
                 f"({result['env_steps_to_target']:,} env steps)")
         if args.train_after_target > 0:
             low = result["return_min_after_target"]
