@@ -196,3 +196,29 @@ def test_the_cli_refuses_stop_on_eval_without_evaluations(tmp_path):
     assert proc.returncode == 2
     assert "--stop-on=eval is invalid with evaluation_interval=None" in proc.stderr
     assert "add --evaluation-interval N" in proc.stderr
+
+
+def test_the_dashboard_shows_the_evaluation_beside_the_actors_return():
+    from impala_lab.dashboard import markup
+    from impala_lab.dashboard.plots import view_panels
+
+    both = {"evaluation": {"episode_return_mean_greedy": 500.0,
+                           "episode_return_mean_sampled": 487.25}}
+    assert markup.eval_figure(both["evaluation"]) == "500 / 487"
+    assert markup.eval_figure({"episode_return_mean_sampled": 12.5}) == "12.5"
+    assert markup.eval_figure(None) == "off"
+    assert "eval return" in markup.card_html("evaluation", both)
+    (panel,) = view_panels("return")
+    assert [s.key for s in panel.series] == [
+        "episode_return_mean", "evaluation.episode_return_mean_greedy",
+        "evaluation.episode_return_mean_sampled"]
+
+
+def test_tensorboard_gets_the_evaluation_scalars():
+    from impala_lab.dashboard.tensorboard import scalar_tags
+
+    tags = scalar_tags({"evaluation": {"episode_return_mean_greedy": 20.0,
+                                       "episode_return_mean_sampled": math.nan,
+                                       "weights_version": 3}})
+    assert tags == {"evaluation/episode_return_mean_greedy": 20.0,
+                    "evaluation/weights_version": 3.0}
