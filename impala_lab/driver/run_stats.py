@@ -174,8 +174,7 @@ class RunStats:
             not training; a stalled sample is then nobody's fault.
           pipeline: the diagram's view of every stage.
           last_error: the error that ended ``train()``, as text, or None.
-          evaluation: the latest evaluation of the learner's weights
-            (`impala_lab.driver.evaluation`), or None when evaluation is off (no key then).
+          evaluation: the latest `Evaluator` result, or None (evaluation off: no key).
         """
         returns = list(self.episode_returns)
         return_mean = float(np.mean(returns)) if returns else math.nan
@@ -210,9 +209,8 @@ class RunStats:
             "workers": workers,
             "pipeline": pipeline,
             "knobs": {k: getattr(config, k) for k in LIVE_KNOBS},
+            **({"evaluation": evaluation} if evaluation is not None else {}),
         }
-        if evaluation is not None:
-            snapshot["evaluation"] = evaluation
         snapshot["health"] = self._judge_health(snapshot, health, learner, policy, config,
                                                 judging_liveness)
         return snapshot
