@@ -11,7 +11,8 @@ the interquartile mean with a bootstrap 95% interval (`bench.seed_stats`) of:
 
 Two or more settings are compared pairwise on each figure ("A better", "B better" or
 "inconclusive" from the interval of the difference of their IQMs, n per side); two or more
-figures of one setting are compared run by run (a paired interval). Seeds are drawn at random
+figures of one setting are compared run by run (a paired interval) with
+``--compare-metrics``. Seeds are drawn at random
 for each invocation and printed (``--seeds`` gives them); every setting runs on the same
 seeds, in an order that rotates from seed to seed, ``--jobs`` runs at a time (by default the
 cores / 2: an impala_lab run keeps two cores busy).
@@ -178,9 +179,10 @@ def default_budget(runs: list[Run], metrics: list[str]) -> float:
 
 
 def analyse(runs: list[Run], metrics: list[str], budget: float, solve_return: float | None,
-            rng: np.random.Generator) -> dict[str, Any]:
+            rng: np.random.Generator, compare_metrics: bool = False) -> dict[str, Any]:
     """Per setting and metric: each run's figures and their summaries; then the comparisons
-    between settings (per metric) and between metrics (per setting, paired by run)."""
+    between settings (per metric) and, with ``compare_metrics``, of each metric with the
+    first one (per setting, paired by run: figures on one scale, e.g. two returns)."""
     settings = list(dict.fromkeys(run.setting for run in runs))
     per: dict[str, dict[str, Any]] = {}
     for name in settings:
@@ -194,7 +196,7 @@ def analyse(runs: list[Run], metrics: list[str], budget: float, solve_return: fl
                                               [r["solved"] for r in rows]),
                 "auc": seed_stats.summarize([r["auc"] for r in rows], rng)}
     return {"settings": per, "between_settings": _between_settings(per, metrics, rng),
-            "between_metrics": _between_metrics(per, metrics, rng)}
+            "between_metrics": _between_metrics(per, metrics, rng) if compare_metrics else []}
 
 
 def _compare(a: list[float], b: list[float], names: tuple[str, str],
@@ -326,6 +328,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--solve-return", type=float, default=None,
                    help="a run counts as solved (per metric) when the metric reached this at "
                    "some report")
+    p.add_argument("--compare-metrics", action="store_true",
+                   help="compare each metric with the first, run by run (paired): for figures "
+                   "on one scale, such as the training and the evaluation return")
     p.add_argument("--timeout", type=float, default=None, help="seconds a run may take")
     p.add_argument("--out", type=Path, default=Path("runs/seeds"), help="output directory")
     p.add_argument("--bootstrap-seed", type=int, default=None,
@@ -361,7 +366,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     boot_seed = (args.bootstrap_seed if args.bootstrap_seed is not None
                  else random.SystemRandom().randrange(2**31))
     analysis = analyse(runs, metrics, budget, args.solve_return,
-                       np.random.default_rng(boot_seed))
+                       np.random.default_rng(boot_seed), args.compare_metrics)
     report = {"settings": settings, "seeds": seeds,
               "seeds_drawn": "at random" if drawn else "by --seeds", "metrics": metrics,
               "x": args.x, "budget": budget, "solve_return": args.solve_return,

@@ -94,7 +94,8 @@ def test_the_runner_reports_n_intervals_and_verdicts_of_fake_runs(tmp_path, caps
         "--setting", f"high={fake} --level 300", "--seeds", "10,11,12,13,14,15,16,17",
         "--jobs", "2", "--metric", "episode_return_mean",
         "--metric", "evaluation.episode_return_mean_greedy", "--solve-return", "250",
-        "--budget", "10", "--out", str(tmp_path), "--bootstrap-seed", "0"])
+        "--budget", "10", "--out", str(tmp_path), "--bootstrap-seed", "0",
+        "--compare-metrics"])
     printed = capsys.readouterr().out
     assert "seeds given: 10, 11, 12, 13, 14, 15, 16, 17" in printed
     assert "low seed 17" in printed and "FAILED: exit code 3" in printed
@@ -129,7 +130,9 @@ def test_the_runner_reports_n_intervals_and_verdicts_of_fake_runs(tmp_path, caps
 def test_drawn_seeds_are_printed_and_bad_arguments_refused(tmp_path, capsys):
     fake = f"{sys.executable} {FAKE} --seed {{seed}} --out {{out}}"
     report = seeds.main(["--setting", f"one={fake}", "--n", "3", "--jobs", "2",
-                         "--out", str(tmp_path)])
+                         "--out", str(tmp_path), "--metric", "episode_return_mean",
+                         "--metric", "evaluation.episode_return_mean_greedy"])
+    assert report["analysis"]["between_metrics"] == []  # not asked for
     printed = capsys.readouterr().out
     drawn = report["seeds"]
     assert len(drawn) == 3 and report["seeds_drawn"] == "at random"

@@ -112,7 +112,8 @@ class Evaluator:
         self.seeds = [int(s) for s in seq.generate_state(self.num_episodes, np.uint32)]
         self._rng_seed = seq.spawn(1)[0]
         self._reports = 0
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards _latest
+        self._playing = threading.Lock()  # one evaluation at a time on the one env and model
         self._thread: threading.Thread | None = None
         self._env: Any = None
         self._model: NumpyModel | None = None
@@ -165,6 +166,10 @@ class Evaluator:
             thread.join(timeout)
 
     def _run(self, weights_and_version: tuple[list, int]) -> None:
+        with self._playing:
+            self._play(weights_and_version)
+
+    def _play(self, weights_and_version: tuple[list, int]) -> None:
         weights, version = weights_and_version
         started = time.perf_counter()
         env_steps = self._get_env_steps()
