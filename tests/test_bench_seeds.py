@@ -144,3 +144,18 @@ def test_drawn_seeds_are_printed_and_bad_arguments_refused(tmp_path, capsys):
         with pytest.raises(SystemExit):
             seeds.parse_args(bad)
         assert words in capsys.readouterr().err
+
+
+def test_the_evaluation_cost_is_the_ratio_of_neighbouring_windows():
+    from bench import evaluation_cost
+
+    pairs = [{"on": {"env_steps_per_s": on, "driver_step_ms": 10.0},
+              "off": {"env_steps_per_s": off, "driver_step_ms": 10.0}}
+             for on, off in ((90.0, 100.0), (45.0, 50.0), (180.0, 200.0), (9.0, 10.0))]
+    s = evaluation_cost.summary({"pairs": pairs}, np.random.default_rng(0))
+    steps = s["env_steps_per_s"]
+    # the load moved the rates 20-fold, but each pair's ratio is 0.9
+    assert steps["n"] == 4 and steps["median_ratio"] == pytest.approx(0.9)
+    assert steps["ci95"] == pytest.approx([0.9, 0.9])
+    assert steps["verdict"] == "evaluation on is lower"
+    assert s["driver_step_ms"]["verdict"] == "inconclusive"  # ratios of exactly 1
