@@ -181,6 +181,7 @@ def test_the_cli_stops_on_the_evaluation_return(tmp_path):
     assert result["solved"] and result["stop_on"] == "eval"
     assert result["stop_reason"] == "stop condition"
     assert "reached evaluation return 5" in proc.stdout
+    assert "the final weights evaluated (greedy): " in proc.stdout
     final = result["final"]["evaluation"]
     assert final["num_evaluations"] >= 2  # the one it stopped on, and the final one
     with open(out / "metrics.csv") as fh:
@@ -222,3 +223,13 @@ def test_tensorboard_gets_the_evaluation_scalars():
                                        "weights_version": 3}})
     assert tags == {"evaluation/episode_return_mean_greedy": 20.0,
                     "evaluation/weights_version": 3.0}
+
+
+def test_the_progress_line_shows_the_evaluation_only_when_it_runs():
+    from impala_lab.dashboard.terminal import progress_line
+
+    base = {"time_total_s": 3.0, "num_steps_sampled": 1000, "episode_return_mean": 21.5}
+    assert "eval" not in progress_line(base)
+    line = progress_line({**base, "evaluation": {"episode_return_mean_greedy": 500.0,
+                                                 "episode_return_mean_sampled": 35.25}})
+    assert "  eval 500 / 35.2" in line

@@ -390,4 +390,10 @@ def final_line(result: dict[str, Any], args: argparse.Namespace, out: Path,
                 f"{result['stop_reason']}); {returns}")
         if seen:
             text += f"; health monitor saw: {seen}"
+    if final.get("evaluation"):
+        from impala_lab.dashboard.markup import eval_figure
+
+        ev = final["evaluation"]
+        modes = " / ".join(m for m in ("greedy", "sampled") if f"episode_return_mean_{m}" in ev)
+        text += f"; the final weights evaluated ({modes}): {eval_figure(ev)}"
     return f"{prefix}{text}; results in {out}/"
