@@ -22,6 +22,7 @@ from typing import Any
 
 from impala_lab import memory_budget as memory
 from impala_lab.errors import ConfigError
+from impala_lab.evaluation_settings import check_evaluation_fields
 from impala_lab.field_checks import bad, check_choice, check_range, check_type, field_kinds
 from impala_lab.knobs import LIVE_KNOBS as LIVE_KNOBS  # re-exported: the live config fields
 from impala_lab.model_spec import CONV_NETS, ModelSpec
@@ -152,6 +153,14 @@ class ImpalaConfig:
     max_num_workers: int | None = _f(
         None, "The most workers a config may ask for on this machine; None = 8 per CPU. A "
         "Ray cluster's workers (ray_address set) are not bounded here.")
+    # --- evaluation of the learner's policy (impala_lab.driver.evaluation) --------------
+    evaluation_interval: int | None = _f(
+        None, "Reports of train() between evaluations of the learner's current weights on "
+        "envs of their own (RLlib's name, counted in reports); None or 0: no evaluation.")
+    evaluation_num_episodes: int = _f(10, "Episodes each evaluation plays per action choice.")
+    evaluation_actions: str = _f(
+        "both", "How the evaluated policy acts: 'greedy' (most likely action), 'sampled' "
+        "(drawn from the policy, as the actors do) or 'both'.")
 
     def __post_init__(self) -> None:
         for name in ("model", "impala_channels", "conv_filters"):  # lists kept as tuples
@@ -169,6 +178,7 @@ class ImpalaConfig:
         self._check_env()
         self._check_values()
         self._check_combinations()
+        check_evaluation_fields(self)
         # Cheap and TF-free: no env is made here, so observations count as one float each
         # (a lower bound); Impala checks again with the env's spaces before anything starts.
         self.check_memory()

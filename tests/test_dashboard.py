@@ -229,6 +229,7 @@ def test_refresh_shows_every_figure_of_the_stats():
     cards = {name: " ".join(visible(w.value)) for name, w in board.cards.items()}
     assert cards == {"sample_throughput": "sampled 7,324/s", "train_throughput": "trained 19,094/s",
                      "episode_return_mean": "return (last 100) 33.9",
+                     "evaluation": "eval return off",
                      "num_steps_sampled": "env steps 22,400", "weights_version": "weights v74",
                      "policy_lag": "policy lag 4.4",
                      "policy_lag_at_training": "lag at training 9.1",

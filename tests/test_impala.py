@@ -119,7 +119,8 @@ def test_readme_explains_every_logged_metric():
     documented = set()
     for row in re.findall(r"^\| (`.+?`) \|", section, flags=re.M):
         documented |= set(re.findall(r"`([a-z_]+)`", row))
-    with Impala(ImpalaConfig(**SMALL), start_learner=False) as run:
+    # with evaluation on, so that its key (absent when off) is there too
+    with Impala(ImpalaConfig(**SMALL, evaluation_interval=1), start_learner=False) as run:
         run.step()
         keys = set(run.stats())
     assert documented == keys, (f"README lacks {sorted(keys - documented)}, documents "

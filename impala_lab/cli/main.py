@@ -57,6 +57,11 @@ def _add_train_parser(sub: Any) -> None:
     run = train.add_argument_group("run")
     run.add_argument("--stop-return", type=float, default=None,
                      help="stop once the mean return of the last 100 episodes reaches this")
+    run.add_argument("--stop-on", choices=("train", "eval"), default="train",
+                     help="which return --stop-return watches: the actors' (the lagged "
+                     "behaviour policy, mean of the last 100 episodes) or the latest "
+                     "evaluation of the learner's weights (greedy where played; needs "
+                     "--evaluation-interval)")
     run.add_argument("--max-seconds", type=float, default=None,
                      help="wall-clock limit of the whole training (with --train-after-target "
                      "too: leave room for both phases)")

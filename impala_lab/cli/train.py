@@ -84,6 +84,9 @@ def check_run_args(args: argparse.Namespace) -> None:
     if not (after >= 0 and math.isfinite(after)):
         raise ConfigError(f"--train-after-target={after!r} is invalid: it must be a number of "
                           "seconds >= 0")
+    if getattr(args, "stop_on", "train") == "eval" and args.stop_return is None:
+        raise ConfigError("--stop-on=eval is invalid without --stop-return: it says which "
+                          "return --stop-return watches; add --stop-return RETURN")
     if after > 0 and args.stop_return is None:
         raise ConfigError(f"--train-after-target={after!r} is invalid without --stop-return: "
                           "it counts from the moment the target is reached; add "
@@ -101,6 +104,25 @@ def write_metrics_csv(path: Path, rows: list[dict]) -> None:
         writer.writerows(rows)
 
 
+def check_stop_on(args: argparse.Namespace, config: ImpalaConfig) -> None:
+    """``--stop-on eval`` needs evaluations to watch: a config with evaluation_interval."""
+    if getattr(args, "stop_on", "train") == "eval" and not config.evaluation_interval:
+        raise ConfigError(
+            f"--stop-on=eval is invalid with evaluation_interval="
+            f"{config.evaluation_interval!r}: no evaluation would ever run; add "
+            f"--evaluation-interval N (reports between evaluations), or --stop-on train")
+
+
+def evaluation_return(s: dict) -> float:
+    """The return an evaluation reported: the greedy policy's where it was played, else
+    the sampled one's; NaN before the first evaluation (or with evaluation off)."""
+    ev = s.get("evaluation") or {}
+    if not ev.get("num_evaluations"):
+        return math.nan
+    greedy = ev.get("episode_return_mean_greedy", math.nan)
+    return greedy if math.isfinite(greedy) else ev.get("episode_return_mean_sampled", math.nan)
+
+
 class TargetWatch:
     """Watches the reports for ``--stop-return``: when it was first reached (seconds from
     process start, env steps, and on the monotonic clock), the mean returns reported from then
@@ -108,6 +130,7 @@ class TargetWatch:
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.stop_return: float | None = args.stop_return
+        self.stop_on: str = getattr(args, "stop_on", "train")
         self.train_after_target: float = args.train_after_target
         self.seconds: float | None = None
         self.env_steps: int | None = None
@@ -119,9 +142,16 @@ class TargetWatch:
     def reached(self) -> bool:
         return self.at is not None
 
+    def watched_return(self, s: dict) -> float:
+        """The return ``--stop-return`` watches: the actors' trailing mean (``--stop-on
+        train``, once 100 episodes finished) or the latest evaluation's (``eval``)."""
+        if self.stop_on == "eval":
+            return evaluation_return(s)
+        return s["episode_return_mean"] if s["episode_return_count"] >= 100 else math.nan
+
     def solved(self, s: dict) -> bool:
-        return (self.stop_return is not None and s["episode_return_count"] >= 100
-                and s["episode_return_mean"] >= self.stop_return)
+        ret = self.watched_return(s)
+        return self.stop_return is not None and math.isfinite(ret) and ret >= self.stop_return
 
     def note_best(self, s: dict) -> None:
         ret = s["episode_return_mean"]
@@ -135,7 +165,7 @@ class TargetWatch:
             self.seconds = round(self.at - process_start(), 2)
             self.env_steps = s["num_steps_sampled"]
         if self.at is not None:
-            self.returns_after.append(s["episode_return_mean"])
+            self.returns_after.append(self.watched_return(s))
 
     def stop(self, s: dict) -> bool:
         """Reached, and trained ``--train-after-target`` seconds since."""
@@ -155,6 +185,7 @@ def train_command(args: argparse.Namespace, config: ImpalaConfig) -> int:
                               "run's files, e.g. --out runs/cartpole")
         if value is not None:
             setattr(args, name, Path(value))
+    check_stop_on(args, config)
     resume: Path | None = getattr(args, "resume", None)
     out: Path = resume if resume is not None else args.out
     args.out = out  # a resumed run writes (TensorBoard too) where it was
@@ -286,6 +317,8 @@ def _train_and_save(impala: Impala, config: ImpalaConfig, args: argparse.Namespa
             _save_checkpoint(impala, folder.out)
 
     final, error = _train(impala, args, watch, view, on_report)
+    if error is None and impala.evaluator.enabled:
+        final = _final_evaluation(impala, final)
     watch.note_best(final)  # a run shorter than one report interval has only its final stats
     ended = time.monotonic()
     with contextlib.suppress(BrokenPipeError):
@@ -335,16 +368,32 @@ def _train(impala: Impala, args: argparse.Namespace, watch: TargetWatch, view: P
     return final, error
 
 
+def _final_evaluation(impala: Impala, final: dict[str, Any]) -> dict[str, Any]:
+    """The final weights evaluated once more, into the final stats and a last metrics.csv
+    row; an evaluation that fails is said on stderr and leaves the stats as they were."""
+    from impala_lab.driver.run_stats import history_row
+
+    try:
+        evaluation = impala.evaluator.evaluate()
+    except ImpalaError as exc:
+        print(f"impala-lab: the final evaluation failed: {exc}", file=sys.stderr)
+        return final
+    final = {**final, "evaluation": evaluation}
+    impala.history.append(history_row({k: v for k, v in final.items() if k != "stop_reason"}))
+    return final
+
+
 def _result(watch: TargetWatch, args: argparse.Namespace, final: dict[str, Any],
             error: ImpalaError | None, ended: float) -> dict[str, Any]:
     """``result.json``: was the target reached, when, how the run did after it, and why it
     stopped; ``ended`` is when training ended, on the monotonic clock."""
     returns_after = list(watch.returns_after)
     if watch.reached:
-        returns_after.append(final["episode_return_mean"])
+        returns_after.append(watch.watched_return(final))
     finite_after = [r for r in returns_after if math.isfinite(r)]
     return {"solved": watch.reached,
             "stop_return": args.stop_return,
+            "stop_on": watch.stop_on,
             "seconds_to_target": watch.seconds,
             "env_steps_to_target": watch.env_steps,
             "train_after_target": args.train_after_target,
@@ -415,7 +464,8 @@ def final_line(result: dict[str, Any], args: argparse.Namespace, out: Path,
     steps = final.get("num_steps_sampled", 0)
     prefix = "impala-lab: interrupted: " if interrupted else "impala-lab: "
     if result["solved"]:
-        text = (f"reached mean return {args.stop_return:g} in {result['seconds_to_target']:.1f} s "
+        which = "evaluation return" if result.get("stop_on") == "eval" else "mean return"
+        text = (f"reached {which} {args.stop_return:g} in {result['seconds_to_target']:.1f} s "
                 f"({result['env_steps_to_target']:,} env steps)")
         if args.train_after_target > 0:
             low = result["return_min_after_target"]
@@ -439,4 +489,10 @@ def final_line(result: dict[str, Any], args: argparse.Namespace, out: Path,
                 f"{result['stop_reason']}); {returns}")
         if seen:
             text += f"; health monitor saw: {seen}"
+    if final.get("evaluation"):
+        from impala_lab.dashboard.markup import eval_figure
+
+        ev = final["evaluation"]
+        modes = " / ".join(m for m in ("greedy", "sampled") if f"episode_return_mean_{m}" in ev)
+        text += f"; the final weights evaluated ({modes}): {eval_figure(ev)}"
     return f"{prefix}{text}; results in {out}/"

@@ -54,6 +54,15 @@ LABELS: dict[str, Label] = {label.key: label for label in (
           "counts)"),
     Label("episode_return_mean", "return (last 100)", "return", "",
           "mean return of the last 100 finished episodes", legend="return"),
+    Label("evaluation", "eval return", "eval", "",
+          "the latest evaluation of the learner's weights on envs of its own: mean return "
+          "greedy / sampled (config evaluation_interval; 'off' without it)"),
+    Label("evaluation.episode_return_mean_greedy", "eval return (greedy)", "eval", "",
+          "mean return of the latest evaluation of the learner's weights, most likely "
+          "action at every step (config evaluation_interval)", legend="eval greedy"),
+    Label("evaluation.episode_return_mean_sampled", "eval return (sampled)", "eval~", "",
+          "mean return of the latest evaluation of the learner's weights, actions drawn from "
+          "the policy (config evaluation_interval)", legend="eval sampled"),
     Label("num_steps_sampled", "env steps", "steps", "env steps",
           "env steps the workers returned, in total"),
     Label("weights_version", "weights", "weights", "versions",
@@ -100,6 +109,10 @@ LABELS: dict[str, Label] = {label.key: label for label in (
     Label("learner.vf_explained_var", "vf explained var", "expl.var", "",
           "the share of the returns' variance that the value function explains"),
 )}
+
+
+#: The evaluation's returns (greedy, sampled): beside the actors' return in plots and cards.
+EVAL_KEYS = ("evaluation.episode_return_mean_greedy", "evaluation.episode_return_mean_sampled")
 
 
 def group(prefix: str) -> dict[str, Label]:

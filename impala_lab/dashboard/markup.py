@@ -32,6 +32,7 @@ CARDS: dict[str, tuple[str, Callable[[Mapping[str, Any]], str]]] = {
                          lambda s: f"{fmt_count(s.get('train_throughput'))}/s"),
     "episode_return_mean": ("episode_return_mean",
                             lambda s: fmt_float(s.get("episode_return_mean"))),
+    "evaluation": ("evaluation", lambda s: eval_figure(s.get("evaluation"))),
     "num_steps_sampled": ("num_steps_sampled", lambda s: fmt_count(s.get("num_steps_sampled"))),
     "weights_version": ("weights_version", lambda s: f"v{s.get('weights_version', 0)}"),
     "policy_lag": ("policy_lag.mean",
@@ -41,6 +42,15 @@ CARDS: dict[str, tuple[str, Callable[[Mapping[str, Any]], str]]] = {
         lambda s: fmt_float((s.get("policy_lag_at_training") or {}).get("mean"), 2)),
     "time_total_s": ("time_total_s", lambda s: f"{s.get('time_total_s', 0.0):,.0f} s"),
 }
+
+def eval_figure(evaluation: Mapping[str, Any] | None) -> str:
+    """The eval card's figure: ``"off"``, or the returns played (greedy / sampled)."""
+    if evaluation is None:
+        return "off"
+    return " / ".join(fmt_float(evaluation[f"episode_return_mean_{mode}"])
+                      for mode in ("greedy", "sampled")
+                      if f"episode_return_mean_{mode}" in evaluation)
+
 
 # run state -> (the header's status text, its colour)
 STATES = {

@@ -39,7 +39,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from impala_lab.dashboard.format import fmt_knob, nice_ceil
-from impala_lab.dashboard.labels import LABELS, TIMERS
+from impala_lab.dashboard.labels import EVAL_KEYS, LABELS, TIMERS
 from impala_lab.knobs import LIVE_KNOBS, cast
 
 X_KEY = "time_total_s"
@@ -384,8 +384,8 @@ def view_panels(view: str) -> list[LinePanel | TimingPanel]:
                                          Series("train_throughput", "#218a3b")],
                           "env steps / s", y_floor=0.0)]
     if view == "return":
-        return [LinePanel("episode return (mean of last 100)",
-                          [Series("episode_return_mean", "#d35400")], "return")]
+        return [LinePanel("episode return", [Series("episode_return_mean", "#d35400"), Series(
+            EVAL_KEYS[0], "#8e44ad"), Series(EVAL_KEYS[1], "#16a085")], "return")]
     if view == "queues":
         return [LinePanel("",  # the legend says it all; a title would collide with it
                           [Series("learner_queue.mean", "#c0392b"),

@@ -25,6 +25,7 @@ from typing import Any, TextIO
 
 from impala_lab.dashboard.format import bar, fmt_count, fmt_float, fmt_knob, fraction, is_number
 from impala_lab.dashboard.labels import LEARNER, QUEUES, TIMERS, queue_figures
+from impala_lab.dashboard.markup import eval_figure
 from impala_lab.health_flags import flag_labels
 
 
@@ -41,8 +42,9 @@ def no_samples_note(s: Mapping[str, Any]) -> str:
 
 
 def progress_line(s: Mapping[str, Any], no_samples: bool = False) -> str:
-    """One line: time, env steps, return, throughputs, learner queue, policy lag, the health
-    flags when there are any, and `no_samples_note` when ``no_samples``."""
+    """One line: time, env steps, return, throughputs, learner queue, policy lag, the latest
+    evaluation's returns (greedy / sampled) with evaluation on, the health flags when there
+    are any, and `no_samples_note` when ``no_samples``."""
     q = queue_figures(s)["learner_queue"]
     lag = (s.get("policy_lag") or {}).get("mean", math.nan)
     ret = s.get("episode_return_mean", math.nan)
@@ -52,6 +54,7 @@ def progress_line(s: Mapping[str, Any], no_samples: bool = False) -> str:
             f"  sample {fmt_count(s.get('sample_throughput')):>8}/s"
             f"  train {fmt_count(s.get('train_throughput')):>8}/s"
             f"  queue {q[0]:>2.0f}/{q[1]:.0f}  lag {lag if is_number(lag) else math.nan:.1f}"
+            + (f"  eval {eval_figure(s['evaluation'])}" if "evaluation" in s else "")
             + (f"  {no_samples_note(s)}" if no_samples else "")
             + (f"  health: {flags}" if flags else ""))
 

@@ -13,13 +13,11 @@ timed and counted::
                 ask the worker for another sample
     count the env steps the learner reports trained since the last turn
 
-`Impala` builds the parts and runs them: the `DriverLoop` (one turn), the `Actors` (the
-backend, the task pool and the `WorkerSupervisor`: worker failures and liveness), the
-`RunStats` (counters and the ``stats()`` dict, `impala_lab.driver.run_stats`), the learner
-thread and the replay mixer. ``train()`` repeats the turn until a stop condition,
-``start()`` does so in a background thread, and ``save()``/``restore()`` keep a run in a
-checkpoint (the files: `impala_lab.driver.checkpoint`); `impala_lab.driver.lifetime` ends
-runs. Everything the dashboard, the CLI and the tests read comes from ``stats()``.
+`Impala` builds the parts and runs them: the `DriverLoop`, the `Actors` (backend, task pool,
+`WorkerSupervisor`), the `RunStats` (``stats()``), the learner thread, the replay mixer and
+the `Evaluator` (the learner's weights on envs of its own). ``train()`` repeats the turn
+until a stop condition, ``start()`` in a background thread; ``save()``/``restore()`` keep a
+run in a checkpoint (`impala_lab.driver.checkpoint`); `impala_lab.driver.lifetime` ends runs.
 """
 
 from __future__ import annotations
@@ -39,6 +37,7 @@ from impala_lab.driver import checkpoint
 from impala_lab.driver.actors import Actors
 from impala_lab.driver.build import as_config, build_learner, check_env
 from impala_lab.driver.driver_loop import DriverLoop
+from impala_lab.driver.evaluation import Evaluator
 from impala_lab.driver.health import HealthMonitor
 from impala_lab.driver.latest_frames import LatestFrames
 from impala_lab.driver.lifetime import cleanup, live_runs, run_clock, shutdown_all
@@ -177,6 +176,8 @@ class Impala:
                                     c.learner_queue_size, clock=run_clock(weakref.ref(self)))
         self.learner.on_train_step = self.health.observe_learner_step
         self.history = StatsHistory(maxlen=100_000)
+        self.evaluator = Evaluator(c, self.observation_space, self.action_space,
+                                   self.policy.get_weights, lambda: self.num_steps_sampled)
 
     def _init_controls(self) -> None:
         """Live knobs, train()'s state and background training (start/pause)."""
@@ -241,7 +242,8 @@ class Impala:
             config=self.config, learner=self.learner, replay=self.replay, policy=self.policy,
             health=self.health, num_worker_failures=self.supervisor.num_worker_failures,
             liveness=self.supervisor.liveness(judging), judging_liveness=judging,
-            pipeline=self._pipeline_view(), last_error=self.last_error)
+            pipeline=self._pipeline_view(), last_error=self.last_error,
+            evaluation=self.evaluator.latest() if self.evaluator.enabled else None)
 
     def latest_frames(self) -> Frames | None:
         """The last `impala_lab.envs.frames.FRAME_STRIP_LENGTH` observations of one
@@ -268,6 +270,7 @@ class Impala:
         `impala_lab.driver.run_stats.history_row`) and return it."""
         snapshot = self.stats()
         self.history.append(history_row(snapshot))
+        self.evaluator.on_report()  # every evaluation_interval reports (driver/evaluation.py)
         return snapshot
 
     # ------------------------------------------------------------------ train
@@ -475,6 +478,8 @@ class Impala:
             self._pause_requested.set()
             background.join(10.0)
         self._stopped = True
+        if hasattr(self, "evaluator"):
+            self.evaluator.close()
         if hasattr(self, "_finalizer"):
             self._finalizer()  # runs cleanup once
         live_runs.discard(self)

@@ -158,7 +158,8 @@ class RunStats:
     def snapshot(self, *, config: Any, learner: Any, replay: Any, policy: Any, health: Any,
                  num_worker_failures: int, liveness: tuple[float, list[dict[str, Any]]],
                  judging_liveness: bool, pipeline: dict[str, Any],
-                 last_error: str | None) -> dict[str, Any]:
+                 last_error: str | None, evaluation: dict[str, Any] | None = None
+                 ) -> dict[str, Any]:
         """``Impala.stats()``: every figure of the run, from these counters and the parts.
 
         Args:
@@ -173,6 +174,7 @@ class RunStats:
             not training; a stalled sample is then nobody's fault.
           pipeline: the diagram's view of every stage.
           last_error: the error that ended ``train()``, as text, or None.
+          evaluation: the latest `Evaluator` result, or None (evaluation off: no key).
         """
         returns = list(self.episode_returns)
         return_mean = float(np.mean(returns)) if returns else math.nan
@@ -207,6 +209,7 @@ class RunStats:
             "workers": workers,
             "pipeline": pipeline,
             "knobs": {k: getattr(config, k) for k in LIVE_KNOBS},
+            **({"evaluation": evaluation} if evaluation is not None else {}),
         }
         snapshot["health"] = self._judge_health(snapshot, health, learner, policy, config,
                                                 judging_liveness)

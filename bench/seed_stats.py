@@ -1,0 +1,126 @@
+"""Statistics over seeds: the interquartile mean, bootstrap intervals, curves' areas, verdicts.
+
+Learning results vary a lot from seed to seed, so one run says little and a mean over a few
+is pulled around by one outlier. This module reports what Agarwal et al. (2021, "Deep RL at
+the edge of the statistical precipice") recommend and their `rliable` package computes:
+
+- the interquartile mean (IQM): the mean of the middle half of the runs (a quarter of them,
+  rounded down, cut from each end, as ``scipy.stats.trim_mean(x, 0.25)``), robust to an
+  outlier yet using more runs than the median;
+- a percentile bootstrap 95% interval of it: resample the runs with replacement many times,
+  take each resample's IQM, report the 2.5th and 97.5th percentiles;
+- for two settings, the interval of the difference of their IQMs (each side resampled on its
+  own); it says "A better" when it lies above 0, "B better" below, else "inconclusive";
+- for two figures of the same runs (e.g. training return and evaluation return), the
+  interval of their paired difference (the runs resampled together).
+
+Only numpy; the random generator of each bootstrap is passed in, so a test can fix it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+#: Bootstrap resamples for an interval: enough that its ends move by well under their width.
+NUM_RESAMPLES = 5000
+
+
+def iqm(values: Sequence[float] | np.ndarray) -> float:
+    """The interquartile mean: the mean after cutting floor(n / 4) values from each end."""
+    x = np.sort(np.asarray(values, dtype=np.float64).ravel())
+    if x.size == 0:
+        return math.nan
+    cut = x.size // 4
+    return float(np.mean(x[cut:x.size - cut]))
+
+
+def _iqm_rows(samples: np.ndarray) -> np.ndarray:
+    """The IQM of each row of a [resamples, n] array."""
+    x = np.sort(samples, axis=1)
+    cut = x.shape[1] // 4
+    return x[:, cut:x.shape[1] - cut].mean(axis=1)
+
+
+def bootstrap_interval(values: Sequence[float], rng: np.random.Generator,
+                       num_resamples: int = NUM_RESAMPLES, level: float = 0.95
+                       ) -> tuple[float, float]:
+    """The percentile bootstrap interval of the IQM of ``values`` (NaN, NaN for none)."""
+    x = np.asarray(values, dtype=np.float64)
+    if x.size == 0:
+        return math.nan, math.nan
+    picks = rng.integers(0, x.size, size=(num_resamples, x.size))
+    stats = _iqm_rows(x[picks])
+    tail = (1.0 - level) / 2 * 100
+    low, high = np.percentile(stats, [tail, 100 - tail])
+    return float(low), float(high)
+
+
+def difference_interval(a: Sequence[float], b: Sequence[float], rng: np.random.Generator,
+                        num_resamples: int = NUM_RESAMPLES, level: float = 0.95,
+                        paired: bool = False) -> tuple[float, float, float]:
+    """IQM(a) - IQM(b), and the bootstrap interval of that difference.
+
+    Unpaired: each side is resampled on its own (two groups of runs). Paired: ``a[i]`` and
+    ``b[i]`` belong to the same run, and the runs are resampled together.
+    """
+    x, y = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    if paired and x.size != y.size:
+        raise ValueError(f"paired figures need one value per run on both sides, got {x.size} "
+                         f"and {y.size}")
+    if x.size == 0 or y.size == 0:
+        return math.nan, math.nan, math.nan
+    px = rng.integers(0, x.size, size=(num_resamples, x.size))
+    py = px if paired else rng.integers(0, y.size, size=(num_resamples, y.size))
+    diffs = _iqm_rows(x[px]) - _iqm_rows(y[py])
+    tail = (1.0 - level) / 2 * 100
+    low, high = np.percentile(diffs, [tail, 100 - tail])
+    return iqm(x) - iqm(y), float(low), float(high)
+
+
+def verdict(low: float, high: float, names: tuple[str, str] = ("A", "B")) -> str:
+    """"A better" when the difference's interval lies above 0, "B better" below it, else
+    "inconclusive" (higher is better)."""
+    if low > 0:
+        return f"{names[0]} better"
+    if high < 0:
+        return f"{names[1]} better"
+    return "inconclusive"
+
+
+def area_under_curve(xs: Sequence[float], ys: Sequence[float], budget: float) -> float:
+    """The curve's mean height over [0, budget]: each report's value held until the next
+    one (a step curve), the first finite value also before it, the last one until the
+    budget; divided by the budget. NaN when no value is finite.
+
+    A run that stopped early (it reached its target) counts its last value for the rest of
+    the budget, so stopping does not lower its area.
+    """
+    x = np.asarray(xs, np.float64)
+    y = np.asarray(ys, np.float64)
+    keep = np.isfinite(x) & np.isfinite(y) & (x <= budget)
+    x, y = x[keep], y[keep]
+    if x.size == 0 or not budget > 0:
+        return math.nan
+    edges = np.concatenate([[0.0], x[1:], [budget]])
+    return float(np.sum(y * np.diff(edges)) / budget)
+
+
+def summarize(values: Sequence[float], rng: np.random.Generator,
+              solve_return: float | None = None, solved: Sequence[bool] | None = None
+              ) -> dict[str, Any]:
+    """n, IQM and its interval, median, worst and best of one figure over runs."""
+    x = np.asarray([v for v in values if math.isfinite(v)], np.float64)
+    low, high = bootstrap_interval(x, rng)
+    out: dict[str, Any] = {"n": len(values), "n_finite": int(x.size), "iqm": iqm(x),
+                           "ci95": [low, high],
+                           "median": float(np.median(x)) if x.size else math.nan,
+                           "worst": float(x.min()) if x.size else math.nan,
+                           "best": float(x.max()) if x.size else math.nan}
+    if solved is not None:
+        out["solved"] = int(sum(bool(s) for s in solved))
+        out["solve_return"] = solve_return
+    return out

@@ -1,0 +1,206 @@
+"""Evaluation of the learner's current weights, on envs that no actor steps.
+
+The returns the actors report come from the behaviour policy: weights one or more updates
+old (the policy lag) and actions drawn at random from them. An `Evaluator` answers a
+different question: how well does the learner's newest policy do? Every
+``evaluation_interval`` reports of ``train()`` it reads the learner's weights, loads them
+into a numpy model (the actors' `NumpyModel`: no TensorFlow), and plays
+``evaluation_num_episodes`` episodes per action choice on one env of its own:
+
+- ``greedy``: the most likely action at every step;
+- ``sampled``: an action drawn from the policy, as the actors draw theirs.
+
+The episodes run in a daemon thread of the driver's process, so ``train()`` keeps turning
+while they play (the GIL is shared: each step's numpy forward briefly holds it). One
+evaluation runs at a time; a report that falls due while one is running is skipped. The
+env seeds are the same at every evaluation (drawn from ``config.seed``), so two
+evaluations differ by their weights, not by their start states.
+
+``stats()["evaluation"]`` holds the latest finished evaluation::
+
+    {"episode_return_mean_greedy": 500.0, "episode_return_mean_sampled": 487.5,
+     "weights_version": 812, "num_steps_sampled": 204000, "num_episodes": 10,
+     "num_evaluations": 7, "time_s": 0.41}
+
+(NaN returns and version -1 until the first evaluation ends.)
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from impala_lab.actor.numpy_model import NumpyModel, sample_actions
+from impala_lab.errors import ImpalaError
+from impala_lab.evaluation_settings import evaluation_enabled, evaluation_modes
+
+__all__ = ["Evaluator", "play_episodes", "evaluation_model"]
+
+#: An episode longer than this ends the evaluation with an error (an env without a time limit).
+MAX_EPISODE_STEPS = 1_000_000
+
+
+def evaluation_model(config: Any, observation_space: Any, action_space: Any) -> NumpyModel:
+    """The numpy network that ``config`` trains, for these spaces (no weights loaded)."""
+    return NumpyModel(observation_space, action_space, hiddens=tuple(config.model),
+                      vf_share_layers=config.vf_share_layers, use_lstm=config.use_lstm,
+                      lstm_cell_size=config.lstm_cell_size, conv_net=config.conv_net,
+                      conv_filters=config.conv_filters, impala_channels=config.impala_channels)
+
+
+def play_episodes(env: Any, model: NumpyModel, seeds: list[int], greedy: bool,
+                  rng: np.random.Generator) -> list[float]:
+    """Play one episode per seed (``env.reset(seed=...)``) with ``model``; their returns.
+
+    Args:
+      env: a gymnasium env with the model's spaces.
+      model: a `NumpyModel` holding the weights to evaluate.
+      seeds: one reset seed per episode.
+      greedy: take the most likely action (True) or draw one from the policy (False).
+      rng: draws the sampled actions.
+    """
+    returns = []
+    for seed in seeds:
+        obs, _ = env.reset(seed=int(seed))
+        state = model.initial_state(1) if model.use_lstm else None
+        total, done, steps = 0.0, False, 0
+        while not done:
+            steps += 1
+            if steps > MAX_EPISODE_STEPS:
+                raise ImpalaError(f"an evaluation episode ran past {MAX_EPISODE_STEPS:,} steps; "
+                                  "give the env a time limit (gymnasium's TimeLimit)")
+            if state is None:
+                logits = model.logits(np.asarray(obs)[None])
+            else:
+                logits, _, state = model.step(np.asarray(obs)[None], state)
+            action = int(logits.argmax(axis=1)[0] if greedy else sample_actions(logits, rng)[0])
+            obs, reward, terminated, truncated, _ = env.step(action)
+            total += float(reward)
+            done = terminated or truncated
+        returns.append(total)
+    return returns
+
+
+class Evaluator:
+    """Evaluations of the learner's weights every ``config.evaluation_interval`` reports.
+
+    Args:
+      config: the run's `ImpalaConfig` (``env``, the model fields, the evaluation fields,
+        ``seed``).
+      observation_space, action_space: the env's spaces (the model is built for them).
+      get_weights: returns the learner's current ``(weights, version)``.
+      get_env_steps: returns the env steps sampled so far (recorded with each result).
+    """
+
+    def __init__(self, config: Any, observation_space: Any, action_space: Any,
+                 get_weights: Callable[[], tuple[list, int]],
+                 get_env_steps: Callable[[], int] = lambda: 0) -> None:
+        self.enabled = evaluation_enabled(config)
+        self.interval = int(config.evaluation_interval or 0)
+        self.num_episodes = config.evaluation_num_episodes
+        self.modes = evaluation_modes(config.evaluation_actions)
+        self._config = config
+        self._spaces = (observation_space, action_space)
+        self._get_weights, self._get_env_steps = get_weights, get_env_steps
+        seq = np.random.SeedSequence(config.seed, spawn_key=(0xE7A1,))
+        self.seeds = [int(s) for s in seq.generate_state(self.num_episodes, np.uint32)]
+        self._rng_seed = seq.spawn(1)[0]
+        self._reports = 0
+        self._lock = threading.Lock()  # guards _latest
+        self._playing = threading.Lock()  # one evaluation at a time on the one env and model
+        self._thread: threading.Thread | None = None
+        self._env: Any = None
+        self._model: NumpyModel | None = None
+        self.error: str | None = None
+        self._latest = self._empty()
+
+    def _empty(self) -> dict[str, Any]:
+        out: dict[str, Any] = {f"episode_return_mean_{m}": math.nan for m in self.modes}
+        out.update(weights_version=-1, num_steps_sampled=0, num_episodes=self.num_episodes,
+                   num_evaluations=0, time_s=math.nan)
+        return out
+
+    def latest(self) -> dict[str, Any]:
+        """A copy of the latest finished evaluation (see the module docstring)."""
+        with self._lock:
+            return dict(self._latest)
+
+    @property
+    def running(self) -> bool:
+        """True while an evaluation plays in the background."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def on_report(self) -> bool:
+        """Count one report; start a background evaluation when one falls due and none
+        runs. Returns whether one started."""
+        if not self.enabled:
+            return False
+        self._reports += 1
+        if self._reports % self.interval or self.running:
+            return False
+        weights = self._get_weights()  # read now: the evaluation is of these weights
+        self._thread = threading.Thread(target=self._run, args=(weights,),
+                                        name="impala-evaluation", daemon=True)
+        self._thread.start()
+        return True
+
+    def evaluate(self) -> dict[str, Any]:
+        """Evaluate the learner's current weights now, in this thread; the result (also
+        ``latest()`` from now on)."""
+        self.wait()
+        self._run(self._get_weights())
+        if self.error is not None:
+            raise ImpalaError(f"evaluation failed: {self.error}")
+        return self.latest()
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Block until a background evaluation (if any) has finished."""
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+
+    def _run(self, weights_and_version: tuple[list, int]) -> None:
+        with self._playing:
+            self._play(weights_and_version)
+
+    def _play(self, weights_and_version: tuple[list, int]) -> None:
+        weights, version = weights_and_version
+        started = time.perf_counter()
+        env_steps = self._get_env_steps()
+        try:
+            env, model = self._env_and_model()
+            model.set_weights(weights)
+            rng = np.random.default_rng(self._rng_seed)  # the same draws at every evaluation
+            means = {f"episode_return_mean_{mode}": float(np.mean(play_episodes(
+                env, model, self.seeds, mode == "greedy", rng))) for mode in self.modes}
+        except Exception as exc:  # reported in stats(), never the driver's failure
+            self.error = f"{type(exc).__name__}: {exc}"
+            return
+        with self._lock:
+            self._latest = {**means, "weights_version": int(version),
+                            "num_steps_sampled": int(env_steps),
+                            "num_episodes": self.num_episodes,
+                            "num_evaluations": self._latest["num_evaluations"] + 1,
+                            "time_s": round(time.perf_counter() - started, 4)}
+            self.error = None
+
+    def _env_and_model(self) -> tuple[Any, NumpyModel]:
+        if self._env is None:
+            env = self._config.env
+            self._env = env() if callable(env) else gym.make(env)
+            self._model = evaluation_model(self._config, *self._spaces)
+        assert self._model is not None
+        return self._env, self._model
+
+    def close(self) -> None:
+        """Let a running evaluation finish (a few seconds at most), then close its env."""
+        self.wait(30.0)
+        if self._env is not None and not self.running:
+            self._env.close()
+            self._env = None
