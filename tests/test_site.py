@@ -166,6 +166,10 @@ def test_the_built_site_has_every_page(built_site: Path) -> None:
         rel = path.relative_to(ROOT).with_suffix(".html")
         assert (built_site / rel).is_file(), f"{rel} is missing"
     assert not (built_site / "notebooks" / "solutions").exists()
+    # the files the pages link to came along: a figure, the GIF, a results page
+    for rel in ("docs/results/results.png", "impala_lab/data/breakout_policy.gif",
+                "docs/results/results.html"):
+        assert (built_site / rel).is_file(), rel
     for name in ("training", "performance", "reliability", "off_policy", "map", "api"):
         assert (built_site / "docs" / f"{name}.html").is_file(), name
     config = (built_site / "docs" / "configuration.html").read_text(encoding="utf-8")

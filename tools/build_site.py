@@ -212,9 +212,11 @@ def api_page() -> str:
     return "\n".join(parts)
 
 
-def copy_linked_files(page: Path, stage: Path) -> None:
-    """Copy into the stage each repository file a staged page links to (not the pages)."""
+def copy_linked_files(page: Path, stage: Path) -> list[Path]:
+    """Copy into the stage each repository file a staged page links to that is not there yet
+    (figures, the GIF, a results page; never a notebook); returns the copies."""
     rel_dir = page.parent.relative_to(stage)
+    copied = []
     for target in RELATIVE_LINK.findall(page.read_text(encoding="utf-8")):
         target = target.split("#", 1)[0]
         if not target or target.endswith(".ipynb"):
@@ -224,6 +226,8 @@ def copy_linked_files(page: Path, stage: Path) -> None:
         if source.is_file() and ROOT in source.parents and not dest.exists():
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, dest)
+            copied.append(dest)
+    return copied
 
 
 def stage(dest: Path = STAGE) -> Path:
@@ -242,8 +246,10 @@ def stage(dest: Path = STAGE) -> Path:
         out.parent.mkdir(parents=True, exist_ok=True)
         nb = json.loads(copy.read_text(encoding="utf-8"))
         out.write_text(json.dumps(without_live_widgets(nb), indent=1), encoding="utf-8")
-    for page in dest.rglob("*.md"):
-        copy_linked_files(page, dest)
+    pages = list(dest.rglob("*.md"))
+    while pages:  # a copied page may link further files
+        copied = copy_linked_files(pages.pop(), dest)
+        pages += [p for p in copied if p.suffix == ".md"]
     copy_mathjax(dest / "mathjax")
     return dest
 
