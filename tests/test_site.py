@@ -160,6 +160,7 @@ def built_site() -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # run alone, the build executes every notebook itself
 def test_the_built_site_has_every_page(built_site: Path) -> None:
     assert (built_site / "index.html").is_file()
     for path in build_site.lecture_notebooks():
@@ -239,7 +240,7 @@ FIGURES_JS = """() => [...document.querySelectorAll('.jp-OutputArea-output img')
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(1800)
 def test_the_site_opens_in_a_browser(built_site: Path) -> None:
     ARTIFACTS.mkdir(exist_ok=True)
     with serve(built_site) as url, chromium_page() as page:
