@@ -17,13 +17,14 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 BASE_STAMP := $(VENV)/.installed-base
 DEV_STAMP := $(VENV)/.installed-dev
 
-.PHONY: help setup demo test test-oldest lab bench bench-peers nbstrip browser-deps grader-deps clean
+.PHONY: help setup demo test test-oldest lab docs bench bench-peers nbstrip browser-deps grader-deps clean
 
 help:
 	@echo "make demo          set up .venv and train CartPole-v1 to a mean return of 475 (5 min at most)"
 	@echo "make test          set up .venv (with the dev and ray extras), then ruff and pytest"
 	@echo "make test-oldest   the fast tests against the oldest declared versions (own venv, .venv-oldest)"
 	@echo "make lab           JupyterLab on 127.0.0.1 in notebooks/"
+	@echo "make docs          the course website in site/ (notebooks executed in fast mode, or reused)"
 	@echo "make tensorboard   TensorBoard on 127.0.0.1:6006 over runs/ (LOGDIR=..., TENSORBOARD_PORT=...)"
 	@echo "make bench         python -m bench"
 	@echo "make bench-peers   impala_lab against SB3 PPO on random seeds (own venv, bench/.peers-venv)"
@@ -76,6 +77,12 @@ lab: $(DEV_STAMP)
 	$(BIN)/jupyter lab --ip=127.0.0.1 --ServerApp.root_dir=notebooks \
 	  $$([ "$$(id -u)" = 0 ] && echo --allow-root)
 
+# The course website: README, docs/*.md, the lecture notebooks and exercises executed in fast mode
+# (copies that tests/test_notebooks.py left in test-artifacts/ are reused), the config table and
+# the API reference, built with `mkdocs build --strict` into site/.
+docs: $(DEV_STAMP)
+	$(BIN)/python tools/build_site.py
+
 # The summaries of every run trained with `impala-lab train --tensorboard` (runs/NAME/tensorboard).
 LOGDIR ?= runs
 TENSORBOARD_PORT ?= 6006
@@ -125,5 +132,6 @@ grader-deps:
 	fi
 
 clean:
-	rm -rf $(VENV) .venv-oldest .pytest_cache .ruff_cache .hypothesis test-artifacts bench/out *.egg-info
+	rm -rf $(VENV) .venv-oldest .pytest_cache .ruff_cache .hypothesis test-artifacts bench/out *.egg-info \
+	  site build/site-src build/mkdocs.yml
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

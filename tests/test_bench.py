@@ -272,15 +272,15 @@ def test_main_writes_results_and_plot(tmp_path, monkeypatch):
     assert "| 2 | 1,000 | 700.0 |" in table
 
 
-def test_readme_shows_the_committed_bench_results():
+def test_the_performance_page_shows_the_committed_bench_results():
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
     results = json.loads((root / "docs" / "results" / "results.json").read_text())
     assert not results["quick"], "docs/results/results.json must come from a full `make bench`"
-    readme = (root / "README.md").read_text()
-    assert bench_main.format_markdown(results) in readme, (
-        "README's Performance table differs from docs/results/results.json: "
+    page = (root / "docs" / "performance.md").read_text()
+    assert bench_main.format_markdown(results) in page, (
+        "docs/performance.md's table differs from docs/results/results.json: "
         "paste docs/results/results.md")
     assert (root / "docs" / "results" / "results.png").is_file()
 

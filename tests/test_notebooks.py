@@ -4,7 +4,10 @@ Notebooks are found by globbing ``notebooks/**/*.ipynb``, so a new one is execut
 for outputs) as soon as it lands. Each runs in a fresh kernel of this interpreter with
 ``IMPALA_LAB_FAST=1``; a cell that prints a ``✓`` check must print it, an exercise stub must
 show its checker's NotImplementedError message (pointing at the student's cell) and a solution
-its pass line. The executed copies are never written back.
+its pass line. The executed copies are never written back: each goes to
+``test-artifacts/executed-notebooks/`` instead, marked with its source's hash, where the course
+website's build (tools/build_site.py, tests/test_site.py) reuses it rather than running the
+notebook a second time.
 """
 
 from __future__ import annotations
@@ -41,6 +44,9 @@ TF_NOISE = re.compile(r"I0000|W0000|oneDNN|absl::InitializeLog|triggered tf\.fun
 _spec = importlib.util.spec_from_file_location("nbstrip", ROOT / "tools" / "nbstrip.py")
 nbstrip = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(nbstrip)
+_spec = importlib.util.spec_from_file_location("build_site", ROOT / "tools" / "build_site.py")
+build_site = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(build_site)
 
 
 def text_of(cell) -> str:
@@ -130,6 +136,7 @@ def execute(path: Path, kernel_dir: Path, monkeypatch) -> tuple[object, float]:
 def test_runs_top_to_bottom_in_fast_mode(path, kernel_dir, monkeypatch):
     nb, seconds = execute(path, kernel_dir, monkeypatch)
     print(f"{path.relative_to(NOTEBOOK_DIR)}: {seconds:.1f} s")
+    build_site.save_executed(nb, path)  # the site shows this run, not a second one
     code_cells = [c for c in nb.cells if c.cell_type == "code"]
     for cell in code_cells:
         if CHECK_PRINT.search(cell.source):

@@ -151,6 +151,10 @@ def test_make_targets_run_the_documented_commands(tmp_path: Path) -> None:
     lab = _make("-n", venv, "lab")
     assert "jupyter lab --ip=127.0.0.1 --ServerApp.root_dir=notebooks" in lab.stdout
     assert f"{tmp_path}/venv/bin/python -m bench" in _make("-n", venv, "bench").stdout
+    docs = _make("-n", venv, "docs")
+    assert docs.returncode == 0, docs.stderr
+    assert "install --progress-bar off -e '.[dev,ray]'" in docs.stdout  # mkdocs is in dev
+    assert f"{tmp_path}/venv/bin/python tools/build_site.py" in docs.stdout
 
 
 def test_make_recipes_never_let_playwright_download_a_browser() -> None:
@@ -188,10 +192,11 @@ def test_ci_runs_the_readme_test_command() -> None:
 def test_gitignore_keeps_outputs_out_but_bench_results_in() -> None:
     for path in (".venv/bin/python", ".venv-oldest/bin/python", "runs/demo/x",
                  "test-artifacts/shot.png", "bench/out/x", "impala_lab/__pycache__/x.pyc",
-                 "impala_lab.egg-info/PKG-INFO"):
+                 "impala_lab.egg-info/PKG-INFO", "site/index.html", "build/site-src/README.md"):
         out = subprocess.run(["git", "-C", str(ROOT), "check-ignore", "--no-index", "-q", path])
         assert out.returncode == 0, f"{path} should be ignored"
-    for path in ("docs/results/results.json", "impala_lab/config.py", "notebooks/01.ipynb"):
+    for path in ("docs/results/results.json", "impala_lab/config.py", "notebooks/01.ipynb",
+                 "docs/training.md", "mkdocs.yml", "tools/build_site.py"):
         out = subprocess.run(["git", "-C", str(ROOT), "check-ignore", "--no-index", "-q", path])
         assert out.returncode == 1, f"{path} should not be ignored"
 
