@@ -79,6 +79,7 @@ GUIDES = [
     ("Dependable learning", "dependable_learning.md"),
     ("Performance", "performance.md"),
     ("Reliability", "reliability.md"),
+    ("Evaluation", "evaluation.md"),
     ("Off-policy corrections", "off_policy.md"),
     ("Configuration", "configuration.md"),
     ("Map", "map.md"),

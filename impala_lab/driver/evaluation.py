@@ -36,7 +36,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from impala_lab.actor.numpy_model import NumpyModel, sample_actions
+from impala_lab.actor.numpy_model import NumpyModel
 from impala_lab.errors import ImpalaError
 from impala_lab.evaluation_settings import evaluation_enabled, evaluation_modes
 
@@ -48,10 +48,7 @@ MAX_EPISODE_STEPS = 1_000_000
 
 def evaluation_model(config: Any, observation_space: Any, action_space: Any) -> NumpyModel:
     """The numpy network that ``config`` trains, for these spaces (no weights loaded)."""
-    return NumpyModel(observation_space, action_space, hiddens=tuple(config.model),
-                      vf_share_layers=config.vf_share_layers, use_lstm=config.use_lstm,
-                      lstm_cell_size=config.lstm_cell_size, conv_net=config.conv_net,
-                      conv_filters=config.conv_filters, impala_channels=config.impala_channels)
+    return NumpyModel(observation_space, action_space, config.model_spec)
 
 
 def play_episodes(env: Any, model: NumpyModel, seeds: list[int], greedy: bool,
@@ -79,7 +76,10 @@ def play_episodes(env: Any, model: NumpyModel, seeds: list[int], greedy: bool,
                 logits = model.logits(np.asarray(obs)[None])
             else:
                 logits, _, state = model.step(np.asarray(obs)[None], state)
-            action = int(logits.argmax(axis=1)[0] if greedy else sample_actions(logits, rng)[0])
+            # the action distribution's own twin: greedy is its mode, sampled its draw
+            dist = model.distribution
+            action = dist.mode(logits)[0] if greedy else dist.sample(logits, rng)[0]
+            action = action.item() if np.ndim(action) == 0 else action
             obs, reward, terminated, truncated, _ = env.step(action)
             total += float(reward)
             done = terminated or truncated
