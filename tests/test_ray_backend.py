@@ -22,7 +22,7 @@ import impala_lab
 from impala_lab.backends import make_backend
 from impala_lab.backends.ray import RAY_MISSING, RayBackend, RayWorkerHandle
 from impala_lab.config import ImpalaConfig
-from impala_lab.errors import WorkerError
+from impala_lab.errors import ConfigError, WorkerError
 from tests import backend_helpers as helpers
 from tests.backend_helpers import ENV3, model_for, results
 from tests.envs import RaisingEnv
@@ -43,9 +43,15 @@ def ray_backend():
 
 
 def test_missing_ray_names_the_extra(monkeypatch):
+    built = config()
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now raises ImportError
+    # a config is refused before any process starts (tests/test_clear_errors.py); a backend
+    # built from a config made while Ray was there still names the extra
+    with pytest.raises(ConfigError, match=r"backend='ray' is invalid: Ray is not installed: "
+                                          r"pip install 'impala_lab\[ray\]'"):
+        config()
     with pytest.raises(ImportError) as info:
-        make_backend(config())
+        make_backend(built)
     assert str(info.value) == RAY_MISSING
     assert RAY_MISSING == "backend='ray' needs the 'ray' extra: pip install 'impala_lab[ray]'"
 

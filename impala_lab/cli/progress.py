@@ -17,13 +17,17 @@ Pure Python, like the dashboard's text view: the CLI imports it before TensorFlo
 
 from __future__ import annotations
 
+import argparse
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TextIO
 
 from impala_lab.dashboard.format import is_number
 from impala_lab.dashboard.terminal import TerminalView
+from impala_lab.health_flags import describe_seen
 
 BAR_WIDTH = 30
 
@@ -136,3 +140,57 @@ class ProgressView(TerminalView):
         """The bar line over the dashboard's panel."""
         bar = bar_line(self.progress(stats), self._clock() - self._started)
         return bar + "\n" + super().panel(stats, no_samples)
+
+
+def final_line(result: dict[str, Any], args: argparse.Namespace, out: Path,
+               interrupted: bool = False) -> str:
+    """The one line ``train`` ends with: was the target reached, and if not, what the health
+    monitor saw; where the results are.
+
+    E.g. ``impala-lab: reached mean return 475 in 14.2 s (812,000 env steps); results in
+    runs/demo/`` or ``impala-lab: did NOT reach mean return 475 within 300 s (best trailing
+    mean 382.1, last 9.3); health monitor saw: value-loss spike at 40 s (3 times), entropy
+    collapsed at 41 s; results in runs/demo/``.
+    """
+    final = result["final"]
+    seen = describe_seen(result.get("health"))
+    last = final.get("episode_return_mean", math.nan)
+    best = result.get("best_return_mean")
+    returns = (f"best trailing mean {best:.1f}, last {last:.1f}" if best is not None
+               else f"{final.get('episode_return_count', 0)} episodes, too few for a mean")
+    elapsed = final.get("time_total_s", 0.0)
+    steps = final.get("num_steps_sampled", 0)
+    prefix = "impala-lab: interrupted: " if interrupted else "impala-lab: "
+    if result["solved"]:
+        which = "evaluation return" if result.get("stop_on") == "eval" else "mean return"
+        text = (f"reached {which} {args.stop_return:g} in {result['seconds_to_target']:.1f} s "
+                f"({result['env_steps_to_target']:,} env steps)")
+        if args.train_after_target > 0:
+            low = result["return_min_after_target"]
+            text += (f", then trained {result['seconds_after_target']:.1f} s more (lowest mean "
+                     f"return {low if low is not None else math.nan:.1f})")
+        if seen:
+            text += f"; health monitor saw: {seen}"
+    elif args.stop_return is not None:
+        if interrupted:
+            limit = f"before the interrupt at {elapsed:.1f} s"
+        elif result["stop_reason"] == "max_env_steps":
+            limit = f"within {args.max_env_steps:,} env steps"
+        elif result["stop_reason"] == "max_seconds":
+            limit = f"within {args.max_seconds:g} s"
+        else:
+            limit = f"in {elapsed:.1f} s"
+        text = (f"did NOT reach mean return {args.stop_return:g} {limit} ({returns}); health "
+                f"monitor saw: {seen or 'nothing wrong'}")
+    else:
+        text = (f"trained {elapsed:.1f} s, {steps:,} env steps (stop: "
+                f"{result['stop_reason']}); {returns}")
+        if seen:
+            text += f"; health monitor saw: {seen}"
+    if final.get("evaluation"):
+        from impala_lab.dashboard.markup import eval_figure
+
+        ev = final["evaluation"]
+        modes = " / ".join(m for m in ("greedy", "sampled") if f"episode_return_mean_{m}" in ev)
+        text += f"; the final weights evaluated ({modes}): {eval_figure(ev)}"
+    return f"{prefix}{text}; results in {out}/"

@@ -36,7 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from impala_lab.cli.progress import ProgressView, StopGoal
+from impala_lab.cli.progress import ProgressView, StopGoal, final_line
 from impala_lab.cli.run_folder import RunFolder
 from impala_lab.config import ImpalaConfig
 from impala_lab.driver.health import RETURN_MIN_EPISODES
@@ -187,6 +187,10 @@ def train_command(args: argparse.Namespace, config: ImpalaConfig) -> int:
             setattr(args, name, Path(value))
     check_stop_on(args, config)
     resume: Path | None = getattr(args, "resume", None)
+    if resume is not None and not (resume / "checkpoint" / "state.json").is_file():
+        raise ConfigError(f"--resume={str(resume)!r} is invalid: there is no checkpoint to resume "
+                          f"from ({resume / 'checkpoint' / 'state.json'} is missing); give the "
+                          "--out folder of an earlier impala-lab train")
     out: Path = resume if resume is not None else args.out
     args.out = out  # a resumed run writes (TensorBoard too) where it was
     folder = RunFolder(out, overwrite=getattr(args, "overwrite", False),
@@ -207,7 +211,7 @@ def _run_in(folder: RunFolder, args: argparse.Namespace, config: ImpalaConfig,
 
     try:
         if resume is not None:
-            impala = Impala.restore(resume / "checkpoint", **resume_overrides(args))
+            impala = _restore(Impala, resume, args)
             config = impala.config
         else:
             impala = Impala(config)
@@ -236,6 +240,18 @@ def _run_in(folder: RunFolder, args: argparse.Namespace, config: ImpalaConfig,
     interrupted = result["stop_reason"] == "interrupted"
     _say(final_line(result, args, out, interrupted))
     return ending.exit_code() if interrupted else 0
+
+
+def _restore(impala_class: Any, resume: Path, args: argparse.Namespace) -> Impala:
+    """The run of ``--resume DIR``; a damaged checkpoint is a one-line `ConfigError`."""
+    try:
+        return impala_class.restore(resume / "checkpoint", fallback_to_prev=True,
+                                    **resume_overrides(args))
+    except (OSError, ValueError) as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        raise ConfigError(f"--resume={str(resume)!r}: the checkpoint cannot be read ({exc})"
+                          ) from None
 
 
 def resume_overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -442,57 +458,3 @@ def _save_policy_gif(impala: Impala, config: ImpalaConfig, path: Path) -> None:
         write_gif(frames, path)
     except Exception as exc:  # a GIF must never cost the run's results
         _say(f"impala-lab: no {path.name}: {exc}", err=True)
-
-
-def final_line(result: dict[str, Any], args: argparse.Namespace, out: Path,
-               interrupted: bool = False) -> str:
-    """The one line ``train`` ends with: was the target reached, and if not, what the health
-    monitor saw; where the results are.
-
-    E.g. ``impala-lab: reached mean return 475 in 14.2 s (812,000 env steps); results in
-    runs/demo/`` or ``impala-lab: did NOT reach mean return 475 within 300 s (best trailing
-    mean 382.1, last 9.3); health monitor saw: value-loss spike at 40 s (3 times), entropy
-    collapsed at 41 s; results in runs/demo/``.
-    """
-    final = result["final"]
-    seen = describe_seen(result.get("health"))
-    last = final.get("episode_return_mean", math.nan)
-    best = result.get("best_return_mean")
-    returns = (f"best trailing mean {best:.1f}, last {last:.1f}" if best is not None
-               else f"{final.get('episode_return_count', 0)} episodes, too few for a mean")
-    elapsed = final.get("time_total_s", 0.0)
-    steps = final.get("num_steps_sampled", 0)
-    prefix = "impala-lab: interrupted: " if interrupted else "impala-lab: "
-    if result["solved"]:
-        which = "evaluation return" if result.get("stop_on") == "eval" else "mean return"
-        text = (f"reached {which} {args.stop_return:g} in {result['seconds_to_target']:.1f} s "
-                f"({result['env_steps_to_target']:,} env steps)")
-        if args.train_after_target > 0:
-            low = result["return_min_after_target"]
-            text += (f", then trained {result['seconds_after_target']:.1f} s more (lowest mean "
-                     f"return {low if low is not None else math.nan:.1f})")
-        if seen:
-            text += f"; health monitor saw: {seen}"
-    elif args.stop_return is not None:
-        if interrupted:
-            limit = f"before the interrupt at {elapsed:.1f} s"
-        elif result["stop_reason"] == "max_env_steps":
-            limit = f"within {args.max_env_steps:,} env steps"
-        elif result["stop_reason"] == "max_seconds":
-            limit = f"within {args.max_seconds:g} s"
-        else:
-            limit = f"in {elapsed:.1f} s"
-        text = (f"did NOT reach mean return {args.stop_return:g} {limit} ({returns}); health "
-                f"monitor saw: {seen or 'nothing wrong'}")
-    else:
-        text = (f"trained {elapsed:.1f} s, {steps:,} env steps (stop: "
-                f"{result['stop_reason']}); {returns}")
-        if seen:
-            text += f"; health monitor saw: {seen}"
-    if final.get("evaluation"):
-        from impala_lab.dashboard.markup import eval_figure
-
-        ev = final["evaluation"]
-        modes = " / ".join(m for m in ("greedy", "sampled") if f"episode_return_mean_{m}" in ev)
-        text += f"; the final weights evaluated ({modes}): {eval_figure(ev)}"
-    return f"{prefix}{text}; results in {out}/"
