@@ -107,23 +107,26 @@ def test_entropy_is_not_judged_on_too_few_episodes_or_steps():
 def test_a_value_loss_spike_against_the_recent_median_is_flagged_then_held_then_cleared():
     m, clock = monitor()
     steps(m, 50, vf_loss=1000.0)
+    assert m.check(episode_return_mean=400.0, episode_return_count=100)["flags"] == []
     clock.t = 40.0
     steps(m, 1, vf_loss=15_000.0)  # 15x: below the 20x threshold
-    assert m.check()["flags"] == []
+    assert m.check(episode_return_mean=150.0, episode_return_count=100)["flags"] == []
     steps(m, 1, vf_loss=3.2e6)  # the issue's 3.2M
     steps(m, 99, vf_loss=1000.0)  # a spike between two checks is not missed
     clock.t = 41.0
-    flag = only_flag(m.check())
+    flag = only_flag(m.check(episode_return_mean=150.0, episode_return_count=100))
     assert flag == {
         "code": "value_loss_spike", "since_s": 40.0,
         "message": "value-loss spike: a spike in the last 30 s, the largest vf_loss=3.20e+06 "
                    "at 40.0 s, 3,200x the median 1,000 of the previous 100 learner steps "
-                   "(threshold 20x); large value losses can wreck the policy (lower lr or "
-                   "vf_loss_coeff, or grad_clip)"}
+                   "(threshold 20x), while the mean return fell below 50% of the best so far; "
+                   "large value losses can wreck the policy (lower lr or vf_loss_coeff, or "
+                   "grad_clip)"}
     clock.t = 69.0
-    assert codes(m.check()) == ["value_loss_spike"]  # held for SPIKE_HOLD_S
+    assert codes(m.check(episode_return_mean=150.0, episode_return_count=100)) == [
+        "value_loss_spike"]  # held for SPIKE_HOLD_S
     clock.t = 70.5
-    h = m.check()
+    h = m.check(episode_return_mean=150.0, episode_return_count=100)
     assert h["status"] == "ok" and h["flags"] == []
     assert h["seen"]["value_loss_spike"] == {
         "first_s": 40.0, "last_s": 40.0, "times": 1,
@@ -142,8 +145,9 @@ def test_gradient_norm_spikes_are_counted_and_the_largest_is_named():
         "code": "grad_norm_spike", "since_s": 11.0,
         "message": "gradient-norm spike: 2 spikes in the last 30 s, the largest "
                    "grad_gnorm=1.35e+05 at 11.5 s, 67.5x the median 2,000 of the previous 100 "
-                   "learner steps (threshold 20x); large gradient norms can wreck the policy "
-                   "(lower lr or vf_loss_coeff, or grad_clip)"}
+                   "learner steps (threshold 20x), before enough episodes ended to judge the "
+                   "return; large gradient norms can wreck the policy (lower lr or "
+                   "vf_loss_coeff, or grad_clip)"}
     assert h["seen"]["grad_norm_spike"]["times"] == 2
     assert h["seen"]["grad_norm_spike"]["first_s"] == 11.0
     assert h["seen"]["grad_norm_spike"]["last_s"] == 11.5
@@ -157,6 +161,45 @@ def test_steady_growth_and_the_first_steps_are_no_spikes():
         steps(m, 1, vf_loss=1000.0 * 1.03**i)
     steps(m, 1, vf_loss=math.nan)  # non-finite values are no spikes (and not kept)
     assert m.check()["flags"] == [] and m.seen == {}
+
+
+def test_a_healthy_run_near_the_top_with_one_failed_episode_raises_no_spike():
+    """Issue 29's false alarm: the value head fits a solved CartPole so well that its median
+    loss is about 6; one failed episode's batch is thousands of times that (and the gradient
+    norm 80x), yet the mean return barely moves. No flag, nothing in ``seen``; if the return
+    does fall within SPIKE_HOLD_S, the spike is raised with its own time."""
+    m, clock = monitor()
+    steps(m, 100, vf_loss=6.0, grad_gnorm=26.0)
+    assert m.check(episode_return_mean=498.0, episode_return_count=100)["flags"] == []
+    clock.t = 60.0
+    steps(m, 3, vf_loss=58_645.0, grad_gnorm=2_156.0)
+    steps(m, 50, vf_loss=6.0, grad_gnorm=26.0)
+    for t, ret in ((60.5, 493.0), (70.0, 480.0), (80.0, 251.0)):  # 251: above half of 498
+        clock.t = t
+        h = m.check(episode_return_mean=ret, episode_return_count=100)
+        assert h["flags"] == [] and h["seen"] == {}, (t, h)
+    clock.t = 89.0
+    h = m.check(episode_return_mean=240.0, episode_return_count=100)  # fell, 29 s after
+    assert codes(h) == ["value_loss_spike", "grad_norm_spike"]
+    assert [f["since_s"] for f in h["flags"]] == [60.0, 60.0]
+    assert h["seen"]["value_loss_spike"]["times"] == 3
+    assert h["seen"]["value_loss_spike"]["first_s"] == 60.0
+    clock.t = 91.0  # the spikes are over 30 s old: a return still low raises nothing more
+    h = m.check(episode_return_mean=240.0, episode_return_count=100)
+    assert h["flags"] == [] and h["seen"]["value_loss_spike"]["times"] == 3
+
+
+def test_a_spike_long_after_the_return_fell_counts_once_and_only_while_held():
+    m, clock = monitor()
+    steps(m, 30, vf_loss=10.0)
+    m.check(episode_return_mean=300.0, episode_return_count=100)
+    clock.t = 5.0
+    steps(m, 1, vf_loss=500.0)
+    h = m.check(episode_return_mean=100.0, episode_return_count=100)
+    assert codes(h) == ["value_loss_spike"] and h["seen"]["value_loss_spike"]["times"] == 1
+    clock.t = 6.0
+    h = m.check(episode_return_mean=100.0, episode_return_count=100)
+    assert h["seen"]["value_loss_spike"]["times"] == 1  # the same spike is not counted twice
 
 
 # ---------------------------------------------------------------------- skipped updates

@@ -11,9 +11,18 @@ name what crosses it. Eight flags (their codes):
   relative, so CartPole's collapsed policy (return about 9, the random policy's is about 22)
   is caught after a fall from 400 as well as from the start.
 - ``value_loss_spike`` / ``grad_norm_spike``: one learner step's ``vf_loss`` (``grad_gnorm``)
-  at least `SPIKE_RATIO` times the median of the previous `SPIKE_WINDOW` steps. The learner
-  thread feeds every step (`observe_learner_step`), so a spike between two reports is not
-  missed; the flag stays up for `SPIKE_HOLD_S` seconds after the latest spike.
+  at least `SPIKE_RATIO` times the median of the previous `SPIKE_WINDOW` steps, while the
+  mean return is below `SPIKE_RETURN_FRACTION` of the best trailing mean seen so far (or no
+  return is known yet, then the ratio alone decides). The learner thread feeds every step
+  (`observe_learner_step`), so a spike between two reports is not missed; a spike counts for
+  `SPIKE_HOLD_S` seconds, so a return that falls within that time after it raises the flag,
+  with the spike's time. Why the return too: a healthy run near the top keeps the median
+  tiny (its value head predicts its long episodes well, CartPole's median ``vf_loss`` is
+  about 6), and one episode that fails there gives its last states value errors of about 50
+  to 100, a loss thousands of times that median. Measured against its own median such a step
+  looks like a disaster, yet the run's mean return barely moves and the next steps fit the
+  failure: the ratio alone cried wolf on healthy ``make demo`` runs. A spike that wrecks the
+  policy, like notebook 06's recorded collapse, takes the return down with it.
 - ``updates_skipped``: updates rejected because the loss or gradient norm was not finite
   (``VTracePolicy.num_updates_skipped``), counted since the start; the flag stays up.
 - ``learner_starved``: the learner queue held at most `STARVED_QUEUE_FRACTION` of its
@@ -74,10 +83,14 @@ ENTROPY_WINDOW = 20
 LOW_RETURN_FRACTION = 0.5
 #: Episodes a trailing mean needs before it counts (for the best, and for "low").
 RETURN_MIN_EPISODES = 20
-#: A step's vf_loss or grad_gnorm at least this many times the recent median is a spike: a
-#: healthy tuned CartPole run peaks at 12-14x (the value targets jump as the return first
-#: rises from 22 to 150), one that collapsed to a return of 9.3 reached about 50x as it fell.
+#: A step's vf_loss or grad_gnorm at least this many times the recent median is a spike.
+#: Healthy tuned CartPole runs reach it too (about 27x as the return rises, thousands of
+#: times near the top when one episode fails), hence the return test below; the recorded
+#: collapse reached 30-100x as it fell.
 SPIKE_RATIO = 20.0
+#: A spike raises its flag only while the mean return is below this fraction of the best
+#: trailing mean so far (the same "low" as the entropy flag's): the spike came with a fall.
+SPIKE_RETURN_FRACTION = LOW_RETURN_FRACTION
 #: Learner steps in the median a spike is measured against.
 SPIKE_WINDOW = 100
 #: Steps of history needed before spikes are looked for (the first steps move a lot).
@@ -136,7 +149,14 @@ class _Series:
         self.values: deque[float] = deque(maxlen=SPIKE_WINDOW)
         self.median = math.nan
         self.until_refresh = 0
-        self.spikes: deque[tuple[float, float, float]] = deque(maxlen=100)  # (t, value, median)
+        # (t, value, median, number): every spike, whether or not it raised the flag
+        self.spikes: deque[tuple[float, float, float, int]] = deque(maxlen=100)
+        self.num_spikes = 0
+        self.num_noted = 0  # spikes 1..num_noted are in the monitor's `seen`
+
+    def recent(self, now: float) -> list[tuple[float, float, float, int]]:
+        """The spikes of the last `SPIKE_HOLD_S` seconds, oldest first."""
+        return [spike for spike in self.spikes if now - spike[0] <= SPIKE_HOLD_S]
 
     def push(self, value: float, now: float) -> bool:
         """Add one step's value; True if it is a spike against the previous steps."""
@@ -145,7 +165,8 @@ class _Series:
             return False
         if (len(self.values) >= SPIKE_MIN_STEPS and self.median > 0
                 and value >= SPIKE_RATIO * self.median):
-            self.spikes.append((now, value, self.median))
+            self.num_spikes += 1
+            self.spikes.append((now, value, self.median, self.num_spikes))
             spike = True
         self.values.append(value)
         self.until_refresh -= 1
@@ -190,8 +211,8 @@ class HealthMonitor:
                 self._entropy.append(float(entropy))
             for code, series in self._series.items():
                 value = stats.get(SPIKE_STATS[code])
-                if value is not None and series.push(float(value), now):
-                    self._note(code, now, now, self._spike_message(code, now), True)
+                if value is not None:  # a spike is judged with the return, in `check`
+                    series.push(float(value), now)
 
     # ------------------------------------------------------------------ the check
     def check(self, *, episode_return_mean: float = math.nan, episode_return_count: int = 0,
@@ -223,11 +244,9 @@ class HealthMonitor:
         with self._lock:
             now = self._clock()
             flags: dict[str, str] = {}
-            self._check_entropy(flags, episode_return_mean, episode_return_count)
-            for code in SPIKE_CODES:
-                message = self._spike_message(code, now)
-                if message:
-                    flags[code] = message
+            low = self._low_return(episode_return_mean, episode_return_count)
+            self._check_entropy(flags, episode_return_mean, low)
+            self._check_spikes(flags, now, low)
             self._check_skipped(flags, num_updates_skipped, now)
             self._check_pipeline(flags, learner_queue or {}, learner_wait_ms, learner_grad_ms,
                                  driver_blocked_fraction, policy_lag)
@@ -266,16 +285,20 @@ class HealthMonitor:
                 f"{self._last_skip_s:.1f} s); check the env's rewards and observations, "
                 f"or lower lr or grad_clip")
 
-    def _check_entropy(self, flags: dict[str, str], ret: float, count: int) -> None:
-        have_return = count >= RETURN_MIN_EPISODES and math.isfinite(ret)
-        if have_return:
-            self.best_return_mean = max(self.best_return_mean, ret)
-        if not (have_return and len(self._entropy) >= ENTROPY_WINDOW and self.max_entropy > 0):
+    def _low_return(self, ret: float, count: int) -> bool | None:
+        """Whether the mean return is below `LOW_RETURN_FRACTION` of the best trailing mean so
+        far (which it updates); None while too few episodes ended to tell."""
+        if not (count >= RETURN_MIN_EPISODES and math.isfinite(ret)):
+            return None
+        self.best_return_mean = max(self.best_return_mean, float(ret))
+        return bool(ret < LOW_RETURN_FRACTION * self.best_return_mean)
+
+    def _check_entropy(self, flags: dict[str, str], ret: float, low: bool | None) -> None:
+        if low is None or len(self._entropy) < ENTROPY_WINDOW or self.max_entropy <= 0:
             return
         entropy = sum(self._entropy) / len(self._entropy)
         limit = ENTROPY_COLLAPSE_FRACTION * self.max_entropy
-        low = LOW_RETURN_FRACTION * self.best_return_mean
-        if entropy < limit and ret < low:
+        if entropy < limit and low:
             flags["entropy_collapsed"] = (
                 f"entropy collapsed: the policy's mean entropy over the last {ENTROPY_WINDOW} "
                 f"learner steps is {_num(entropy)} nats, below {_num(limit)} "
@@ -284,24 +307,40 @@ class HealthMonitor:
                 f"best so far ({_num(self.best_return_mean)}); a near-deterministic policy that "
                 f"does badly no longer explores (raise entropy_coeff or lower lr)")
 
-    def _spike_message(self, code: str, now: float) -> str:
-        recent = [s for s in self._series[code].spikes if now - s[0] <= SPIKE_HOLD_S]
-        if not recent:
-            return ""
-        t, value, median = max(recent, key=lambda s: s[1] / s[2])
+    def _check_spikes(self, flags: dict[str, str], now: float, low: bool | None) -> None:
+        """Raise each spike flag whose spikes of the last `SPIKE_HOLD_S` seconds came with a
+        low return (``low`` True, or None: no return known yet); note those spikes in
+        ``seen``, each once, at its own time."""
+        if low is False:
+            return
+        for code, series in self._series.items():
+            recent = series.recent(now)
+            if not recent:
+                continue
+            flags[code] = message = self._spike_message(code, recent, low)
+            for t, _, _, number in recent:
+                if number > series.num_noted:
+                    self._note(code, t, t, message, True)
+                    series.num_noted = number
+
+    def _spike_message(self, code: str, recent: list[tuple[float, float, float, int]],
+                       low: bool | None) -> str:
+        t, value, median, _ = max(recent, key=lambda s: s[1] / s[2])
         name = "value losses" if code == "value_loss_spike" else "gradient norms"
         key = SPIKE_STATS[code]
         times = f"{len(recent)} spikes" if len(recent) > 1 else "a spike"
+        fell = (f"while the mean return fell below {SPIKE_RETURN_FRACTION:.0%} of the best so "
+                f"far" if low else "before enough episodes ended to judge the return")
         return (f"{LABELS[code]}: {times} in the last {SPIKE_HOLD_S:.0f} s, the largest "
                 f"{key}={_num(value)} at {t:.1f} s, {_num(value / median)}x the median "
                 f"{_num(median)} of the previous {SPIKE_WINDOW} learner steps (threshold "
-                f"{SPIKE_RATIO:g}x); large {name} can wreck the policy (lower lr or "
+                f"{SPIKE_RATIO:g}x), {fell}; large {name} can wreck the policy (lower lr or "
                 f"vf_loss_coeff, or grad_clip)")
 
     def _since(self, code: str, now: float) -> float:
         if code in SPIKE_CODES:
-            recent = [s[0] for s in self._series[code].spikes if now - s[0] <= SPIKE_HOLD_S]
-            return min(recent) if recent else now
+            recent = self._series[code].recent(now)
+            return recent[0][0] if recent else now
         if code == "updates_skipped":
             return self._last_skip_s
         return now
