@@ -28,6 +28,10 @@ from impala_lab.config import ImpalaConfig
 
 # pygame (gymnasium's classic-control renderer) greets on import; the run's output stays quiet.
 os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")
+# Without a display SDL prints "XDG_RUNTIME_DIR is invalid" as it looks for one; rgb_array
+# frames need none, and a window could not open there anyway.
+if not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
+    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
 
 __all__ = ["load_policy", "policy_model", "record_episodes", "write_gif", "play_checkpoint"]
 
