@@ -104,7 +104,7 @@ def test_no_notebook_or_install_source_points_at_a_placeholder_repository():
         assert "your-org" not in path.read_text("utf-8"), path.name
     if colab_cell.GITHUB_REPO is None:
         version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
-        assert colab_cell.INSTALL_SOURCE == f"impala_lab-{version}-py3-none-any.whl"
+        assert f"impala_lab-{version}-py3-none-any.whl" == colab_cell.INSTALL_SOURCE
 
 
 def test_a_new_repository_rewrites_the_badge_in_place(tmp_path, monkeypatch):

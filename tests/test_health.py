@@ -268,6 +268,10 @@ def test_a_starved_learner_is_flagged_only_when_the_queue_is_empty_and_it_waits(
     clock.t = 5.0
     starved = dict(learner_queue={"mean": 0.2, "count": 50}, learner_wait_ms=45.0,
                    learner_grad_ms=5.0)
+    assert m.check(**starved)["flags"] == []  # it must last PIPELINE_PERSIST_S first
+    clock.t = 14.9
+    assert m.check(**starved)["flags"] == []
+    clock.t = 15.0
     assert only_flag(m.check(**starved)) == {
         "code": "learner_starved", "since_s": 5.0,
         "message": "learner starved: it waited for data 90% of its time (45 ms per step "
@@ -280,9 +284,25 @@ def test_a_starved_learner_is_flagged_only_when_the_queue_is_empty_and_it_waits(
     assert m.check(**{**starved, "learner_queue": {"mean": 2.0, "count": 50}})["flags"] == []
     assert m.check(**{**starved, "learner_wait_ms": 9.0})["flags"] == []
     assert m.seen["learner_starved"]["first_s"] == 5.0
-    clock.t = 9.0
+    clock.t = 20.0  # it came back: counted once it has lasted again
     m.check(**starved)
-    assert m.seen["learner_starved"]["times"] == 2 and m.seen["learner_starved"]["last_s"] == 9
+    assert m.seen["learner_starved"]["times"] == 1
+    clock.t = 30.0
+    m.check(**starved)
+    assert m.seen["learner_starved"]["times"] == 2 and m.seen["learner_starved"]["last_s"] == 30
+
+
+def test_a_starved_moment_in_a_healthy_run_is_no_flag():
+    """Issue 29's 20-seed check: one report at 82% waiting, under load, in a healthy run."""
+    m, clock = monitor(queue_size=16)
+    starved = dict(learner_queue={"mean": 0.6, "count": 50}, learner_wait_ms=9.48,
+                   learner_grad_ms=2.04)
+    calm = {**starved, "learner_wait_ms": 3.5}
+    for t in range(60):  # 60 reports, every seventh one starved for a moment
+        clock.t = float(t)
+        h = m.check(**(starved if t % 7 == 3 else calm))
+        assert h["flags"] == [], (t, h)
+    assert m.seen == {}
 
 
 def test_an_overfed_learner_is_flagged_with_the_policy_lag_and_clears():
@@ -290,6 +310,8 @@ def test_an_overfed_learner_is_flagged_with_the_policy_lag_and_clears():
     clock.t = 7.0
     overfed = dict(learner_queue={"mean": 15.5, "count": 50}, learner_wait_ms=0.01,
                    learner_grad_ms=8.0, driver_blocked_fraction=0.7, policy_lag=14.2)
+    assert m.check(**overfed)["flags"] == []
+    clock.t = 17.0
     assert only_flag(m.check(**overfed)) == {
         "code": "learner_overfed", "since_s": 7.0,
         "message": "learner overfed: the learner queue held 15.5 of 16 batches on average and "
@@ -297,13 +319,15 @@ def test_an_overfed_learner_is_flagged_with_the_policy_lag_and_clears():
                    "learner is the bottleneck and batches grow stale while they wait (lower "
                    "learner_queue_size or num_sgd_iter, or use fewer workers)"}
     assert m.check(**{**overfed, "driver_blocked_fraction": 0.3})["flags"] == []
-    clock.t = 8.0
+    clock.t = 18.0
     h = m.check(**{**overfed, "learner_queue": {"mean": 8.0, "count": 50}})
     assert h["status"] == "ok" and list(h["seen"]) == ["learner_overfed"]
 
 
-def test_a_runs_queue_and_timers_reach_the_monitor():
+def test_a_runs_queue_and_timers_reach_the_monitor(monkeypatch):
     from impala_lab import Impala, ImpalaConfig
+
+    monkeypatch.setattr(H, "PIPELINE_PERSIST_S", 0.0)  # the figures, not the waiting, here
 
     with Impala(ImpalaConfig(**SMALL), start_learner=False) as run:
         learner = run.learner

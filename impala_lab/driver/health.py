@@ -31,6 +31,11 @@ name what crosses it. Eight flags (their codes):
 - ``learner_overfed``: the queue held at least `OVERFED_QUEUE_FRACTION` of its capacity and
   the driver was blocked on the full queue at least `OVERFED_BLOCKED_FRACTION` of the time:
   the learner is the bottleneck, and batches grow stale (policy lag) while they wait.
+
+  Both pipeline flags come up only once their condition has held at every check for
+  `PIPELINE_PERSIST_S` seconds (``since_s`` is when it began): on a shared machine another
+  process can take the CPU from the actors for a moment, and a healthy run's learner then
+  waits more than usual for a report or two; an imbalance worth a warning lasts.
 - ``no_samples``: while ``train()`` runs, no worker's sample reached the driver for
   `NO_SAMPLES_S` seconds: every env hangs, or every worker fails while starting.
 - ``worker_stalled``: while ``train()`` runs, a worker's last sample is `stalled_after_s`
@@ -101,6 +106,10 @@ MEDIAN_REFRESH_STEPS = 10
 SPIKE_HOLD_S = 30.0
 #: Learner steps in the learner_queue window needed before starved/overfed are judged.
 PIPELINE_MIN_STEPS = 20
+#: A pipeline condition (starved, overfed) must hold this many seconds before it is raised:
+#: a healthy tuned CartPole run's learner waited 82% of its time at one report of the
+#: 20-seed check of issue 29, while other processes loaded the machine.
+PIPELINE_PERSIST_S = 10.0
 #: Starved: mean queue length at most this fraction of learner_queue_size ...
 STARVED_QUEUE_FRACTION = 0.1
 #: ... and the learner waited for data at least this fraction of its time (a healthy tuned
@@ -123,6 +132,7 @@ WORKER_STALLED_S = 15.0
 #: The spike flags and the learner stat each watches.
 SPIKE_STATS = {"value_loss_spike": "vf_loss", "grad_norm_spike": "grad_gnorm"}
 SPIKE_CODES = tuple(SPIKE_STATS)
+PIPELINE_CODES = ("learner_starved", "learner_overfed")
 
 def stalled_after_s(sample_timeout_s: float | None) -> float:
     """Seconds without a sample after which a worker is marked stalled (see the module docs)."""
@@ -196,6 +206,7 @@ class HealthMonitor:
         self.num_learner_steps = 0
         self.best_return_mean = -math.inf
         self._active: dict[str, float] = {}  # code -> since_s
+        self._pipeline_since: dict[str, float] = {}  # code -> when its condition began
         self.seen: dict[str, dict[str, Any]] = {}
         self._num_skipped = 0
         self._last_skip_s = math.nan
@@ -250,6 +261,7 @@ class HealthMonitor:
             self._check_skipped(flags, num_updates_skipped, now)
             self._check_pipeline(flags, learner_queue or {}, learner_wait_ms, learner_grad_ms,
                                  driver_blocked_fraction, policy_lag)
+            self._hold_back_pipeline(flags, now)
             self._check_sampling(flags, seconds_since_sample, stalled_workers, sample_timeout_s)
             out = self._raise_flags(flags, now)
             return {"status": "warning" if out else "ok", "flags": out,
@@ -343,7 +355,20 @@ class HealthMonitor:
             return recent[0][0] if recent else now
         if code == "updates_skipped":
             return self._last_skip_s
+        if code in self._pipeline_since:
+            return self._pipeline_since[code]
         return now
+
+    def _hold_back_pipeline(self, flags: dict[str, str], now: float) -> None:
+        """Drop a pipeline flag whose condition has not yet held `PIPELINE_PERSIST_S` seconds;
+        forget when a condition began once it is gone."""
+        for code in PIPELINE_CODES:
+            if code not in flags:
+                self._pipeline_since.pop(code, None)
+                continue
+            began = self._pipeline_since.setdefault(code, now)
+            if now - began < PIPELINE_PERSIST_S:
+                del flags[code]
 
     def _check_pipeline(self, flags: dict[str, str], q: Mapping[str, float], wait_ms: float,
                         grad_ms: float, blocked: float, lag: float) -> None:
