@@ -12,17 +12,20 @@ name what crosses it. Eight flags (their codes):
   is caught after a fall from 400 as well as from the start.
 - ``value_loss_spike`` / ``grad_norm_spike``: one learner step's ``vf_loss`` (``grad_gnorm``)
   at least `SPIKE_RATIO` times the median of the previous `SPIKE_WINDOW` steps, while the
-  mean return is below `SPIKE_RETURN_FRACTION` of the best trailing mean seen so far (or no
-  return is known yet, then the ratio alone decides). The learner thread feeds every step
-  (`observe_learner_step`), so a spike between two reports is not missed; a spike counts for
-  `SPIKE_HOLD_S` seconds, so a return that falls within that time after it raises the flag,
-  with the spike's time. Why the return too: a healthy run near the top keeps the median
+  mean return has stayed below `SPIKE_RETURN_FRACTION` of the best trailing mean seen so far
+  for `SPIKE_CONFIRM_S` seconds (or no return is known yet: then the ratio alone decides).
+  The learner thread feeds every step (`observe_learner_step`), so a spike between two
+  reports is not missed; a spike counts for `SPIKE_HOLD_S` seconds, so a return that falls
+  and stays down within that time after it raises the flag, with the spike's time. Why the
+  return too: a healthy run near the top keeps the median
   tiny (its value head predicts its long episodes well, CartPole's median ``vf_loss`` is
   about 6), and one episode that fails there gives its last states value errors of about 50
   to 100, a loss thousands of times that median. Measured against its own median such a step
   looks like a disaster, yet the run's mean return barely moves and the next steps fit the
   failure: the ratio alone cried wolf on healthy ``make demo`` runs. A spike that wrecks the
-  policy, like notebook 06's recorded collapse, takes the return down with it.
+  policy, like notebook 06's recorded collapse, takes the return down with it, and it stays
+  down; a healthy run on its way up can halve its mean return for a second (100 short
+  episodes end within one report) and be back the next, which is why the fall must last.
 - ``updates_skipped``: updates rejected because the loss or gradient norm was not finite
   (``VTracePolicy.num_updates_skipped``), counted since the start; the flag stays up.
 - ``learner_starved``: the learner queue held at most `STARVED_QUEUE_FRACTION` of its
@@ -96,6 +99,10 @@ SPIKE_RATIO = 20.0
 #: A spike raises its flag only while the mean return is below this fraction of the best
 #: trailing mean so far (the same "low" as the entropy flag's): the spike came with a fall.
 SPIKE_RETURN_FRACTION = LOW_RETURN_FRACTION
+#: ... and it must have stayed there this many seconds: a healthy CartPole run of the 20-seed
+#: check fell from 463 to 209 for one report (a spike 56x its median just before) and was at
+#: 449 the next.
+SPIKE_CONFIRM_S = 10.0
 #: Learner steps in the median a spike is measured against.
 SPIKE_WINDOW = 100
 #: Steps of history needed before spikes are looked for (the first steps move a lot).
@@ -205,6 +212,7 @@ class HealthMonitor:
         self._entropy: deque[float] = deque(maxlen=ENTROPY_WINDOW)
         self.num_learner_steps = 0
         self.best_return_mean = -math.inf
+        self._low_since = math.nan  # when the mean return last went low (nan: it is not)
         self._active: dict[str, float] = {}  # code -> since_s
         self._pipeline_since: dict[str, float] = {}  # code -> when its condition began
         self.seen: dict[str, dict[str, Any]] = {}
@@ -255,7 +263,7 @@ class HealthMonitor:
         with self._lock:
             now = self._clock()
             flags: dict[str, str] = {}
-            low = self._low_return(episode_return_mean, episode_return_count)
+            low = self._low_return(episode_return_mean, episode_return_count, now)
             self._check_entropy(flags, episode_return_mean, low)
             self._check_spikes(flags, now, low)
             self._check_skipped(flags, num_updates_skipped, now)
@@ -297,13 +305,18 @@ class HealthMonitor:
                 f"{self._last_skip_s:.1f} s); check the env's rewards and observations, "
                 f"or lower lr or grad_clip")
 
-    def _low_return(self, ret: float, count: int) -> bool | None:
+    def _low_return(self, ret: float, count: int, now: float) -> bool | None:
         """Whether the mean return is below `LOW_RETURN_FRACTION` of the best trailing mean so
-        far (which it updates); None while too few episodes ended to tell."""
+        far (which it updates, with when it went low); None while too few episodes ended."""
         if not (count >= RETURN_MIN_EPISODES and math.isfinite(ret)):
             return None
         self.best_return_mean = max(self.best_return_mean, float(ret))
-        return bool(ret < LOW_RETURN_FRACTION * self.best_return_mean)
+        low = bool(ret < LOW_RETURN_FRACTION * self.best_return_mean)
+        if not low:
+            self._low_since = math.nan
+        elif math.isnan(self._low_since):
+            self._low_since = now
+        return low
 
     def _check_entropy(self, flags: dict[str, str], ret: float, low: bool | None) -> None:
         if low is None or len(self._entropy) < ENTROPY_WINDOW or self.max_entropy <= 0:
@@ -321,28 +334,29 @@ class HealthMonitor:
 
     def _check_spikes(self, flags: dict[str, str], now: float, low: bool | None) -> None:
         """Raise each spike flag whose spikes of the last `SPIKE_HOLD_S` seconds came with a
-        low return (``low`` True, or None: no return known yet); note those spikes in
-        ``seen``, each once, at its own time."""
-        if low is False:
+        return low for `SPIKE_CONFIRM_S` seconds (or ``low`` None: no return known yet); note
+        those spikes in ``seen``, each once, at its own time."""
+        if low is False or (low and not now - self._low_since >= SPIKE_CONFIRM_S):
             return
         for code, series in self._series.items():
             recent = series.recent(now)
             if not recent:
                 continue
-            flags[code] = message = self._spike_message(code, recent, low)
+            flags[code] = message = self._spike_message(code, recent, low, now)
             for t, _, _, number in recent:
                 if number > series.num_noted:
                     self._note(code, t, t, message, True)
                     series.num_noted = number
 
     def _spike_message(self, code: str, recent: list[tuple[float, float, float, int]],
-                       low: bool | None) -> str:
+                       low: bool | None, now: float) -> str:
         t, value, median, _ = max(recent, key=lambda s: s[1] / s[2])
         name = "value losses" if code == "value_loss_spike" else "gradient norms"
         key = SPIKE_STATS[code]
         times = f"{len(recent)} spikes" if len(recent) > 1 else "a spike"
-        fell = (f"while the mean return fell below {SPIKE_RETURN_FRACTION:.0%} of the best so "
-                f"far" if low else "before enough episodes ended to judge the return")
+        fell = (f"while the mean return has stayed below {SPIKE_RETURN_FRACTION:.0%} of the "
+                f"best so far for {now - self._low_since:.0f} s" if low
+                else "before enough episodes ended to judge the return")
         return (f"{LABELS[code]}: {times} in the last {SPIKE_HOLD_S:.0f} s, the largest "
                 f"{key}={_num(value)} at {t:.1f} s, {_num(value / median)}x the median "
                 f"{_num(median)} of the previous {SPIKE_WINDOW} learner steps (threshold "
