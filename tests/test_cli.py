@@ -27,6 +27,25 @@ def run_cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=timeout)
 
 
+def assert_a_cartpole_gif(path: Path) -> None:
+    """A looping GIF of CartPole frames (320 px wide), at least a reset and one step: white
+    with a dark cart in every frame, and the pole moves."""
+    import numpy as np
+    from PIL import Image
+
+    with Image.open(path) as gif:
+        assert gif.format == "GIF" and gif.size == (320, 213) and gif.info.get("loop") == 0
+        assert 2 <= gif.n_frames <= 300
+        frames = []
+        for k in (0, gif.n_frames - 1):
+            gif.seek(k)
+            frames.append(np.asarray(gif.convert("RGB"), dtype=np.int32))
+    for frame in frames:
+        dark = (frame.sum(axis=2) < 100).mean()
+        assert (frame == 255).all(axis=2).mean() > 0.8 and 0.002 < dark < 0.1
+    assert np.abs(frames[0] - frames[1]).sum() > 0
+
+
 def test_a_short_run_writes_config_metrics_result_report_and_checkpoint(tmp_path):
     out = tmp_path / "run"
     proc = run_cli("train", "--backend", "inline", "--num-envs-per-worker", "4",
@@ -53,6 +72,11 @@ def test_a_short_run_writes_config_metrics_result_report_and_checkpoint(tmp_path
     assert rows[-1]["health.flags"] == ";".join(f["code"] for f in health["flags"])
     assert (out / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (out / "checkpoint" / "state.json").is_file()
+    # The agent itself: one episode of the final policy, CartPole drawn by pygame, as a GIF,
+    # and not a word from pygame or SDL on the way.
+    assert_a_cartpole_gif(out / "policy.gif")
+    for noise in ("pygame", "XDG_RUNTIME_DIR", "policy.gif"):
+        assert noise not in proc.stdout + proc.stderr, proc.stderr[-3000:]
     assert "steps" in proc.stdout
     # One clear last line: not reached, the best trailing mean, what the monitor saw, where.
     last = proc.stdout.rstrip("\n").splitlines()[-1]

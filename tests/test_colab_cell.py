@@ -11,6 +11,7 @@ import importlib.util
 import json
 import os
 import subprocess
+import tomllib
 import venv
 from pathlib import Path
 
@@ -43,7 +44,13 @@ def test_notebook_has_the_badge_and_the_install_cell(path):
     first = "".join(nb["cells"][0]["source"])
     rel = path.relative_to(ROOT).as_posix()
     assert first.lstrip().startswith("#"), "the first cell still starts with the title"
-    assert colab_cell.colab_url(rel.replace("/solutions/", "/exercises/")) in first.splitlines()[2]
+    if colab_cell.GITHUB_REPO:
+        assert colab_cell.colab_url(rel.replace("/solutions/", "/exercises/")) in \
+            first.splitlines()[2]
+    else:  # no public repository: no badge, and the cell installs from a wheel
+        assert colab_cell.BADGE_ID_TEXT not in old
+        assert json.dumps(colab_cell.INSTALL_SOURCE) in "".join(
+            next(c for c in nb["cells"] if c["cell_type"] == "code")["source"])
     code = [c for c in nb["cells"] if c["cell_type"] == "code"]
     assert code[0]["id"] == colab_cell.INSTALL_CELL_ID
     extras = "impala_lab[ray] @ " if path.name.startswith("09_") else "impala_lab @ "
@@ -85,7 +92,19 @@ def test_the_script_is_idempotent_and_keeps_cell_ids(tmp_path):
         # everything but the first markdown cell and the new cell is untouched
         rest = [c for c in after["cells"] if c["id"] != colab_cell.INSTALL_CELL_ID]
         assert rest[1:] == before["cells"][1:]
-        assert "".join(rest[0]["source"]).count(colab_cell.BADGE_ID_TEXT) == 1
+        assert "".join(rest[0]["source"]).count(colab_cell.BADGE_ID_TEXT) == (
+            1 if colab_cell.GITHUB_REPO else 0)
+
+
+def test_no_notebook_or_install_source_points_at_a_placeholder_repository():
+    """Issue 29: every badge opened `your-org/impala_lab`, which is nobody's repository."""
+    assert colab_cell.GITHUB_REPO is None or "your-org" not in colab_cell.GITHUB_REPO
+    assert "your-org" not in colab_cell.INSTALL_SOURCE
+    for path in NOTEBOOKS:
+        assert "your-org" not in path.read_text("utf-8"), path.name
+    if colab_cell.GITHUB_REPO is None:
+        version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+        assert f"impala_lab-{version}-py3-none-any.whl" == colab_cell.INSTALL_SOURCE
 
 
 def test_a_new_repository_rewrites_the_badge_in_place(tmp_path, monkeypatch):
@@ -105,9 +124,15 @@ def test_a_new_repository_rewrites_the_badge_in_place(tmp_path, monkeypatch):
     assert "someone/else" in colab_cell.badge_line("nb.ipynb")
     assert [c["id"] for c in out["cells"]] == ["t", colab_cell.INSTALL_CELL_ID, "c"]
     assert "impala_lab[ray] @ " in "".join(out["cells"][1]["source"])
+    monkeypatch.setattr(colab_cell, "GITHUB_REPO", None)  # and back: the badge goes
+    colab_cell.main([str(path)])
+    out = json.loads(path.read_text())
+    assert "".join(out["cells"][0]["source"]) == "# Title\n\nText"
+    assert colab_cell.has_colab(out)
 
 
-def test_a_solution_and_its_exercise_get_the_same_badge_and_cell(tmp_path):
+def test_a_solution_and_its_exercise_get_the_same_badge_and_cell(tmp_path, monkeypatch):
+    monkeypatch.setattr(colab_cell, "GITHUB_REPO", "someone/else")
     course = tmp_path / "notebooks"  # the badge's path starts at a folder named notebooks
     for folder in ("exercises", "solutions"):
         (course / folder).mkdir(parents=True)
@@ -187,13 +212,24 @@ def test_the_cell_installs_impala_lab_when_missing(fresh_python, tmp_path):
 
 
 def test_the_cell_installs_from_a_url_as_given(fresh_python, tmp_path):
-    calls = run_cell(fresh_python, tmp_path, colab_cell.install_cell_source([]))
-    assert calls == [["install", "-q", f"impala_lab @ {colab_cell.INSTALL_SOURCE}"]]
-    assert colab_cell.INSTALL_SOURCE.startswith("git+https://github.com/")
+    url = "git+https://example.org/impala_lab@main"
+    calls = run_cell(fresh_python, tmp_path, colab_cell.install_cell_source([], source=url))
+    assert calls == [["install", "-q", f"impala_lab @ {url}"]]
+
+
+def test_the_cell_says_what_to_do_when_its_wheel_is_not_there(fresh_python, tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    proc = subprocess.run([str(fresh_python), "-c", colab_cell.install_cell_source([])],
+                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("FileNotFoundError: impala_lab is not installed and ")
+    assert "pip wheel --no-deps -w dist ." in last and "IMPALA_LAB_SOURCE" in last
 
 
 def test_the_cell_keeps_a_preinstalled_tensorflow(fresh_python, tmp_path):
     wheel = tmp_path / "impala_lab-0.1.0-py3-none-any.whl"
+    wheel.write_bytes(b"")  # the cell looks for it; the recording pip never opens it
     code = colab_cell.install_cell_source([], source=str(wheel))
     calls = run_cell(fresh_python, tmp_path, code, present=("tensorflow",))
     deps, _ = colab_cell.requirements()

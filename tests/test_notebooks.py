@@ -41,6 +41,8 @@ CHECK_PRINT = re.compile(r'print\(f?"✓')
 TF_NOISE = re.compile(r"I0000|W0000|oneDNN|absl::InitializeLog|triggered tf\.function retracing"
                       r"|authentication_token_setup")
 
+NUMPY_REPR = re.compile(r"\bnp\.(float|int|uint|bool|complex|str)\w*\(|\bnp\.(True|False)_")
+
 _spec = importlib.util.spec_from_file_location("nbstrip", ROOT / "tools" / "nbstrip.py")
 nbstrip = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(nbstrip)
@@ -148,6 +150,10 @@ def test_runs_top_to_bottom_in_fast_mode(path, kernel_dir, monkeypatch):
              for line in out["text"].splitlines() if TF_NOISE.search(line)]
     assert not noise, (
         "TensorFlow's or Ray's log lines in the output:\n" + "\n".join(noise[:5]))
+    # numpy 2 prints a scalar in a dict or list as np.float64(1.0): print plain numbers.
+    reprs = [line for cell in code_cells for line in text_of(cell).splitlines()
+             if NUMPY_REPR.search(line)]
+    assert not reprs, "numpy scalar reprs in the output:\n" + "\n".join(reprs[:5])
     if folder not in ("exercises", "solutions"):
         return
     exercise = EXERCISES[nb.metadata["impala_lab"]["exercise"]]

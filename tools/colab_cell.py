@@ -5,10 +5,13 @@
 
 Each notebook gets:
 
-- a Colab badge, as the line after the title of its first markdown cell (the first cell then
-  still starts with a heading), linking to the notebook on GitHub through
+- once the repository has a public home on GitHub (``GITHUB_REPO`` below), a Colab badge, as
+  the line after the title of its first markdown cell (the first cell then still starts with
+  a heading), linking to the notebook through
   ``colab.research.google.com/github/GITHUB_REPO/blob/BRANCH/<path in the repository>``
-  (a solution's badge opens its exercise: see `badge_target`);
+  (a solution's badge opens its exercise: see `badge_target`). Today it has none, so
+  ``GITHUB_REPO`` is None and the script removes any badge: a badge that opens somebody
+  else's repository, or none at all, would only mislead;
 - a first code cell (id ``colab-install``) that installs impala_lab from ``INSTALL_SOURCE``
   when it cannot be imported, with the extras the notebook needs (``ray`` where a cell uses
   Ray), and otherwise does nothing: in a clone, in CI and in a course copied out of a wheel
@@ -19,9 +22,14 @@ Where TensorFlow is preinstalled (Colab) the cell keeps it: it installs impala_l
 runs, without the ``tensorflow``/``tensorflow-cpu`` lines (a second TensorFlow beside Colab's
 would shadow it). Everywhere else pip installs the requirements as declared.
 
-To point the course at another repository or install source, change ``GITHUB_REPO`` (and
-``BRANCH``) or ``INSTALL_SOURCE`` below and run the script again: it rewrites the badge and the
-cell in place (same cell ids), and a second run changes nothing. Standard library only.
+Without a public repository the cell installs from a wheel next to the notebook
+(``INSTALL_SOURCE`` is the wheel's file name: build it in a clone with ``pip wheel --no-deps
+-w dist .`` and upload it, to Colab's Files pane for instance) and says so when it is not
+there; a student may set ``IMPALA_LAB_SOURCE`` in the cell to a clone's path or git URL.
+
+To publish, set ``GITHUB_REPO`` (and ``BRANCH``) below and run the script again: it writes the
+badges and points the cell at the repository, in place (same cell ids), and a second run
+changes nothing. Standard library only.
 """
 
 from __future__ import annotations
@@ -36,12 +44,22 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# The repository the badges open in Colab: "owner/name" on GitHub. Set it once, here.
-GITHUB_REPO = "your-org/impala_lab"
+# The repository the badges open in Colab, "owner/name" on GitHub; None while it has no
+# public home (no badges then). Set it once, here.
+GITHUB_REPO: str | None = None
 BRANCH = "main"
+
+
+def _wheel_name(pyproject: Path = ROOT / "pyproject.toml") -> str:
+    """The file name of the wheel ``pip wheel --no-deps -w dist .`` builds in a clone."""
+    version = tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]["version"]
+    return f"impala_lab-{version}-py3-none-any.whl"
+
+
 # What the install cell installs from: a pip URL (git+https://..., https://.../x.whl) or a path
 # to a wheel or a source folder (turned into a file:// URL by the cell).
-INSTALL_SOURCE = f"git+https://github.com/{GITHUB_REPO}@{BRANCH}"
+INSTALL_SOURCE = (f"git+https://github.com/{GITHUB_REPO}@{BRANCH}" if GITHUB_REPO
+                  else _wheel_name())
 
 BADGE_ID_TEXT = "colab-badge.svg"
 BADGE_IMAGE = "https://colab.research.google.com/assets/colab-badge.svg"
@@ -100,7 +118,13 @@ if importlib.util.find_spec("impala_lab") is None:
 
     _source = {SOURCE_VARIABLE}
     if "://" not in _source and not _source.startswith("git+"):  # a local wheel or folder
-        _source = pathlib.Path(_source).expanduser().resolve().as_uri()
+        _path = pathlib.Path(_source).expanduser().resolve()
+        if not _path.exists():
+            raise FileNotFoundError(
+                f"impala_lab is not installed and {{_path}} is not here: build the wheel in a "
+                "clone (pip wheel --no-deps -w dist .) and put it next to this notebook, or "
+                "set {SOURCE_VARIABLE} to a clone's path or git URL")
+        _source = _path.as_uri()
     _pip = [sys.executable, "-m", "pip", "install", "-q"]
     if importlib.util.find_spec("tensorflow") is None:
         subprocess.check_call([*_pip, "{spec} @ " + _source])
@@ -146,7 +170,6 @@ def rel_path(path: Path) -> str:
 def add_colab(nb: dict[str, Any], rel: str) -> dict[str, Any]:
     """Puts (or updates) the badge and the install cell in `nb`, in place; returns it."""
     cells = nb["cells"]
-    badge = badge_line(rel)
     first_md = next((c for c in cells if c["cell_type"] == "markdown"), None)
     if first_md is None:  # a notebook without any text: the badge gets a cell of its own
         first_md = {"cell_type": "markdown", "id": "colab-badge", "metadata": {}, "source": ""}
@@ -156,10 +179,11 @@ def add_colab(nb: dict[str, Any], rel: str) -> dict[str, Any]:
     lines = _text(first_md).split("\n")
     for i in reversed([i for i, line in enumerate(lines) if BADGE_ID_TEXT in line]):
         del lines[i: i + (2 if i + 1 < len(lines) and not lines[i + 1].strip() else 1)]
-    at = next((i + 1 for i, line in enumerate(lines) if line.lstrip().startswith("#")), 0)
-    lines[at:at] = ["", badge, ""] if at else [badge, ""]
-    while at and at + 3 < len(lines) and not lines[at + 3].strip():  # one blank line after
-        del lines[at + 3]
+    if GITHUB_REPO:  # no public repository, no badge
+        at = next((i + 1 for i, line in enumerate(lines) if line.lstrip().startswith("#")), 0)
+        lines[at:at] = ["", badge_line(rel), ""] if at else [badge_line(rel), ""]
+        while at and at + 3 < len(lines) and not lines[at + 3].strip():  # one blank line after
+            del lines[at + 3]
     first_md["source"] = _lines("\n".join(lines))
 
     source = _lines(install_cell_source(notebook_extras(nb)))
@@ -176,9 +200,11 @@ def add_colab(nb: dict[str, Any], rel: str) -> dict[str, Any]:
 
 
 def has_colab(nb: dict[str, Any]) -> bool:
-    """True if the notebook has a badge and the install cell (up to date or not)."""
+    """True if the notebook has the install cell (up to date or not), and a badge exactly when
+    ``GITHUB_REPO`` is set."""
     text = "".join(_text(c) for c in nb["cells"] if c["cell_type"] == "markdown")
-    return BADGE_ID_TEXT in text and any(c.get("id") == INSTALL_CELL_ID for c in nb["cells"])
+    return ((BADGE_ID_TEXT in text) == bool(GITHUB_REPO)
+            and any(c.get("id") == INSTALL_CELL_ID for c in nb["cells"]))
 
 
 def dumps(nb: dict[str, Any]) -> str:

@@ -5,7 +5,8 @@
 (`impala_lab.actor.numpy_model.NumpyModel`) on the checkpoint's weights: no TensorFlow, so a GIF of
 a
 MinAtar game costs well under a second. Frames are the env's ``rgb_array`` renders (MinAtar's
-colours for its games, `impala_lab.envs.minatar`); GIFs are written with Pillow, which
+colours for its games, `impala_lab.envs.minatar`; gymnasium's classic-control envs such as
+CartPole draw theirs with pygame, a base dependency); GIFs are written with Pillow, which
 matplotlib already depends on.
 
 Imports numpy and gymnasium only (Pillow when writing).
@@ -13,6 +14,7 @@ Imports numpy and gymnasium only (Pillow when writing).
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,6 +25,13 @@ import numpy as np
 
 from impala_lab.actor.numpy_model import NumpyModel
 from impala_lab.config import ImpalaConfig
+
+# pygame (gymnasium's classic-control renderer) greets on import; the run's output stays quiet.
+os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")
+# Without a display SDL prints "XDG_RUNTIME_DIR is invalid" as it looks for one; rgb_array
+# frames need none, and a window could not open there anyway.
+if not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
+    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
 
 __all__ = ["load_policy", "policy_model", "record_episodes", "write_gif", "play_checkpoint"]
 

@@ -51,8 +51,9 @@ _CASES = [
     ("clips disabled (None)", 5, 2, 1.0, False, None, None, 4,
      "None disables a clip: use exp(log_rho) unclipped (c_i stays min(1, exp(log_rho)))."),
     ("unequal clips", 5, 2, 1.0, True, 0.5, 2.0, 5,
-     "clip_rho_threshold clips the rho in delta_t; clip_pg_rho_threshold clips the rho of "
-     "pg_advantages; they are separate."),
+     "Three separate clips: clip_rho_threshold (0.5 here) clips only the rho in delta_t; "
+     "the trace's c_i = min(1, rho_i) whatever clip_rho_threshold is; clip_pg_rho_threshold "
+     "clips the rho of pg_advantages."),
     ("pg clip only", 4, 3, 1.5, False, 3.7, None, 6,
      "pg_advantages_s = min(clip_pg_rho_threshold, rho_s) (r_s + gamma_s v_{s+1} - V(x_s)) "
      "with v_T = bootstrap_value (None: no clip)."),
