@@ -128,15 +128,16 @@ class ImpalaConfig:
     tf_intra_op_threads: int = _f(
         1, "TensorFlow intra-op threads for the learner (1 leaves the other core to the actors).")
     # --- off-policy corrections and policy lag ---------------------------------------
-    vtrace: bool = _f(
-        True, "RLlib's switch: True trains with V-trace; False without it (RLlib's loss is "
-        "off_policy_correction='none'; 'is1' and 'epsilon' are the other choices). Must agree "
-        "with off_policy_correction.")
-    off_policy_correction: str = _f(
-        "vtrace", "How the loss treats lagged data (IMPALA paper, section 5.2.2): 'vtrace', "
+    vtrace: bool | None = _f(
+        None, "RLlib's switch: True trains with V-trace, False without it (RLlib's loss, "
+        "off_policy_correction 'none'); None follows off_policy_correction. Given together, "
+        "the two must agree.")
+    off_policy_correction: str | None = _f(
+        None, "How the loss treats lagged data (IMPALA paper, section 5.2.2): 'vtrace', "
         "'is1' (policy gradient weighted by the clipped importance weight, value target "
         "uncorrected), 'epsilon' (log(pi + 1e-6) in the policy gradient) or 'none' (as if "
-        "on-policy); the equations are in impala_lab/learner/corrections.py.")
+        "on-policy); None: 'vtrace', or 'none' with vtrace=False. The equations are in "
+        "impala_lab/learner/corrections.py.", kind="str")
     max_policy_lag: int = _f(
         1000, "Drop a new sample batch that reaches the driver more than this many learner "
         "updates behind (Sample Factory's knob); counted in stats() as "
@@ -163,6 +164,7 @@ class ImpalaConfig:
         "(drawn from the policy, as the actors do) or 'both'.")
 
     def __post_init__(self) -> None:
+        self._resolve_correction()
         for name in ("model", "impala_channels", "conv_filters"):  # lists kept as tuples
             value = getattr(self, name)
             if isinstance(value, list | tuple):
@@ -279,18 +281,25 @@ class ImpalaConfig:
             bad("fake_gpus", self.fake_gpus, "set num_gpus >= 1 to say how many fake devices")
         self._check_correction_and_lag()
 
+    def _resolve_correction(self) -> None:
+        """One switch is enough: the one left None follows the other (both None: V-trace)."""
+        if self.off_policy_correction is None:
+            self.off_policy_correction = "none" if self.vtrace is False else "vtrace"
+        if self.vtrace is None and isinstance(self.off_policy_correction, str):
+            self.vtrace = self.off_policy_correction == "vtrace"
+
     def _check_correction_and_lag(self) -> None:
         """``vtrace`` must agree with ``off_policy_correction``; lag limits must leave work."""
         if not self.vtrace and self.off_policy_correction == "vtrace":
             raise ConfigError(
                 "vtrace=False and off_policy_correction='vtrace' conflict: vtrace=False is "
                 "RLlib's loss without V-trace; set off_policy_correction='none' (that loss), "
-                "'is1' or 'epsilon', or set vtrace=True")
+                "'is1' or 'epsilon', or leave vtrace out (it follows off_policy_correction)")
         if self.vtrace and self.off_policy_correction != "vtrace":
             raise ConfigError(
                 f"vtrace=True and off_policy_correction={self.off_policy_correction!r} "
-                f"conflict: vtrace=True trains with V-trace; set vtrace=False to train with "
-                f"{self.off_policy_correction!r}, or off_policy_correction='vtrace'")
+                f"conflict: vtrace=True trains with V-trace; leave vtrace out (it follows "
+                f"off_policy_correction) to train with {self.off_policy_correction!r}")
         if self.max_policy_lag <= self.extra_policy_lag:
             bad("max_policy_lag", self.max_policy_lag,
                  f"with extra_policy_lag={self.extra_policy_lag} every batch arrives at least "
@@ -391,6 +400,11 @@ class ImpalaConfig:
         merged = self.to_dict()
         if callable(self.env):
             merged["env"] = self.env
+        # Changing one of the two correction switches re-derives the other.
+        pair = ("vtrace", "off_policy_correction")
+        for one, other in (pair, pair[::-1]):
+            if one in changes and other not in changes:
+                merged[other] = None
         merged.update(changes)
         return type(self).from_dict(merged)
 

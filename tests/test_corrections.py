@@ -222,13 +222,37 @@ def test_the_default_is_vtrace_and_the_knob_names_a_bad_choice():
         ImpalaConfig(vtrace=False, off_policy_correction="is2")
 
 
-def test_vtrace_and_off_policy_correction_must_agree_and_the_error_names_both():
+def test_one_switch_is_enough_the_other_follows():
+    for correction in ("is1", "epsilon", "none"):
+        config = ImpalaConfig(off_policy_correction=correction)
+        assert (config.vtrace, config.off_policy_correction) == (False, correction)
+    assert ImpalaConfig(vtrace=False).off_policy_correction == "none"  # RLlib's loss
+    assert ImpalaConfig(vtrace=True).off_policy_correction == "vtrace"
+    # a copy that changes one switch re-derives the other, and the saved dict round-trips
+    assert ImpalaConfig().replace(off_policy_correction="is1").vtrace is False
+    assert ImpalaConfig(off_policy_correction="is1").replace(vtrace=True).off_policy_correction \
+        == "vtrace"
+    saved = ImpalaConfig(off_policy_correction="epsilon").to_dict()
+    assert ImpalaConfig.from_dict(saved).off_policy_correction == "epsilon"
+
+
+def test_the_cli_trains_with_is1_from_one_option():
+    from impala_lab.cli.main import build_parser, config_from_args
+
+    args = build_parser().parse_args(["train", "--off-policy-correction", "is1"])
+    config = config_from_args(args)
+    assert (config.vtrace, config.off_policy_correction) == (False, "is1")
+    args = build_parser().parse_args(["train", "--off-policy-correction", "none"])
+    assert config_from_args(args).off_policy_correction == "none"  # the name, not None
+
+
+def test_vtrace_and_off_policy_correction_given_together_must_agree():
     with pytest.raises(ConfigError, match=r"vtrace=False and off_policy_correction='vtrace' "
                                           r"conflict: .*set off_policy_correction='none'"):
-        ImpalaConfig(vtrace=False)
+        ImpalaConfig(vtrace=False, off_policy_correction="vtrace")
     with pytest.raises(ConfigError, match=r"vtrace=True and off_policy_correction='is1' "
-                                          r"conflict: .*set vtrace=False"):
-        ImpalaConfig(off_policy_correction="is1")
+                                          r"conflict: .*leave vtrace out"):
+        ImpalaConfig(vtrace=True, off_policy_correction="is1")
     for correction in ("is1", "epsilon", "none"):
         assert ImpalaConfig(vtrace=False, off_policy_correction=correction).vtrace is False
 
