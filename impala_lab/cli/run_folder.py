@@ -71,7 +71,8 @@ class RunFolder:
                 f"({', '.join(others[:5])}{', ...' if len(others) > 5 else ''}): pick another "
                 "folder, or pass --overwrite to write the run's files beside them")
         if resume:
-            self._columns, self._rows_written = _existing_columns(out / "metrics.csv")
+            # the earlier process's rows stay in the file; this process's history is new
+            self._columns = _existing_header(out / "metrics.csv")
 
     def _make_folder(self) -> None:
         if self.out.exists() and not self.out.is_dir():
@@ -170,11 +171,9 @@ class RunFolder:
         return False
 
 
-def _existing_columns(path: Path) -> tuple[list[str], int]:
-    """(the header, the number of rows) of a resumed run's metrics.csv."""
+def _existing_header(path: Path) -> list[str]:
+    """The columns of a resumed run's metrics.csv ([] if there is none)."""
     if not path.exists():
-        return [], 0
+        return []
     with open(path, newline="") as fh:
-        reader = csv.reader(fh)
-        header = next(reader, [])
-        return header, 0  # rows of the earlier process are kept; this one's start at 0
+        return next(csv.reader(fh), [])

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import csv
 import math
 import os
 import signal
@@ -91,17 +90,6 @@ def check_run_args(args: argparse.Namespace) -> None:
         raise ConfigError(f"--train-after-target={after!r} is invalid without --stop-return: "
                           "it counts from the moment the target is reached; add "
                           "--stop-return RETURN")
-
-
-def write_metrics_csv(path: Path, rows: list[dict]) -> None:
-    """The history rows as CSV; columns in order of first appearance."""
-    columns: list[str] = []
-    for row in rows:
-        columns.extend(k for k in row if k not in columns)
-    with open(path, "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=columns)
-        writer.writeheader()
-        writer.writerows(rows)
 
 
 def check_stop_on(args: argparse.Namespace, config: ImpalaConfig) -> None:
