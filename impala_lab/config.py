@@ -185,8 +185,9 @@ class ImpalaConfig:
         # (a lower bound); Impala checks again with the env's spaces before anything starts.
         self.check_memory()
 
-    def _check_values(self) -> None:
-        """Each field on its own: ranges and choices."""
+    def _check_workers(self) -> None:
+        """At least one worker, and no more than this machine can hold (a Ray cluster's
+        workers are the cluster's business)."""
         if self.num_workers < 1:
             bad("num_workers", self.num_workers,
                  "training would hang with no worker to sample; set num_workers >= 1")
@@ -199,6 +200,10 @@ class ImpalaConfig:
                 f"it exceeds {limit} worker processes on this machine ({source}), which "
                 "would fill its memory and process table; lower it, or raise max_num_workers "
                 "if the machine can take them")
+
+    def _check_values(self) -> None:
+        """Each field on its own: ranges and choices."""
+        self._check_workers()
         for name in ("num_envs_per_worker", "sample_batch_size", "train_batch_size",
                      "max_sample_requests_in_flight_per_worker", "broadcast_interval",
                      "num_sgd_iter", "minibatch_buffer_size", "learner_queue_size",
