@@ -54,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=3, help="seeds per cell of the table")
     parser.add_argument("--lags", default="0,8,32,128", help="the sweep's extra_policy_lag values")
     parser.add_argument("--sweep-seeds", type=int, default=2, help="seeds per point of the sweep")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="runs at a time, each in a process of its own")
     parser.add_argument("--out", type=Path, default=RESULTS / "offpolicy_results",
                         help="path prefix of the .json, .md and .png")
     args = parser.parse_args(argv)
@@ -62,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
                              lags=tuple(int(v) for v in args.lags.split(",")),
                              sweep_seeds=args.sweep_seeds)
     start = time.monotonic()
-    results = run_study(settings, HERE / "out" / "offpolicy" / settings.key())
+    results = run_study(settings, HERE / "out" / "offpolicy" / settings.key(), jobs=args.jobs)
     results["seconds"] = round(time.monotonic() - start, 1)
     # what the study costs from scratch (runs already in the study directory were read)
     results["run_seconds_total"] = round(sum(r["seconds"] for r in results["runs"]), 1)

@@ -156,35 +156,65 @@ def study_seeds(settings: StudySettings, directory: Path) -> list[int]:
     return seeds
 
 
+def _run_and_save(settings: StudySettings, run: dict[str, Any], path: Path) -> dict[str, Any]:
+    """Train one run of the study and write its record to ``path`` (also in a worker
+    process: everything here is picklable)."""
+    config = study_config(settings, run["correction"], run["replay"], run["lag"], run["seed"])
+    record = {**run, **run_one(config, settings.env_steps,
+                               SOLVED_AT.get(settings.env, math.inf))}
+    path.write_text(json.dumps(record))
+    return record
+
+
 def run_study(settings: StudySettings, directory: str | Path,
-              progress: Callable[[str], None] | None = print) -> dict[str, Any]:
-    """Run (or read from ``directory``) every run of the study.
+              progress: Callable[[str], None] | None = print, jobs: int = 1) -> dict[str, Any]:
+    """Run (or read from ``directory``) every run of the study, ``jobs`` at a time (each
+    more than 1 in a process of its own).
 
     Returns:
       ``{"settings": ..., "seeds": [...], "runs": [record + correction, replay, lag]}``.
     """
+    if jobs < 1:
+        raise ValueError(f"jobs={jobs!r}: run at least 1 run at a time (jobs=1)")
     directory = Path(directory)
     seeds = study_seeds(settings, directory)
     if progress:
         progress(f"seeds (drawn at random for this study): {seeds}")
-    records = []
     todo = _runs(settings, seeds)
-    for i, run in enumerate(todo):
-        path = directory / f"{_name(run)}.json"
-        if path.exists():
-            record = json.loads(path.read_text())
-        else:
-            config = study_config(settings, run["correction"], run["replay"], run["lag"],
-                                  run["seed"])
-            record = {**run, **run_one(config, settings.env_steps,
-                                       SOLVED_AT.get(settings.env, math.inf))}
-            path.write_text(json.dumps(record))
-        records.append(record)
+    paths = [directory / f"{_name(run)}.json" for run in todo]
+    records: dict[int, dict[str, Any]] = {}
+    done = 0
+
+    def finished(i: int, record: dict[str, Any]) -> None:
+        nonlocal done
+        records[i] = record
+        done += 1
         if progress:
-            progress(f"[{i + 1}/{len(todo)}] {_name(run)}: final return "
+            progress(f"[{done}/{len(todo)}] {_name(todo[i])}: final return "
                      f"{record['final_return']:.1f}, lag at training "
                      f"{record['policy_lag_at_training']}, {record['seconds']} s")
-    return {"settings": dataclasses.asdict(settings), "seeds": seeds, "runs": records}
+
+    missing = []
+    for i, path in enumerate(paths):
+        if path.exists():
+            finished(i, json.loads(path.read_text()))
+        else:
+            missing.append(i)
+    if jobs == 1:
+        for i in missing:
+            finished(i, _run_and_save(settings, todo[i], paths[i]))
+    else:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        # spawn: a fresh interpreter per worker, never a fork of one holding TF's threads
+        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures = {pool.submit(_run_and_save, settings, todo[i], paths[i]): i
+                       for i in missing}
+            for future in as_completed(futures):
+                finished(futures[future], future.result())
+    return {"settings": dataclasses.asdict(settings), "seeds": seeds,
+            "runs": [records[i] for i in range(len(todo))]}
 
 
 # ---------------------------------------------------------------------- summaries
