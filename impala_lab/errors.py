@@ -64,6 +64,11 @@ class WorkerError(StageError):
                              self.remote_traceback))
 
 
+class ClusterLostError(ImpalaError):
+    """The Ray cluster under the run went away (the driver's raylet or the head died): no
+    worker can be replaced, so the run ends with its outputs written."""
+
+
 class LearnerError(StageError):
     """The learner thread (or one of its loader threads) raised."""
 

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from impala_lab.backends.ray import JOIN_PROBE_TIMEOUT_S, _probe
+from impala_lab.backends.ray_cluster import JOIN_PROBE_TIMEOUT_S, probe
 from impala_lab.errors import ConfigError
 
 
@@ -66,18 +66,18 @@ def test_an_http_server_is_not_taken_for_a_ray_head(http_server):
     # Python's server answers HTTP/2's preface with an HTML error page: the message quotes it.
     with pytest.raises(ConfigError, match=rf"^ray_address='{http_server}' is not a Ray "
                                           r"cluster: .*it answered: '<!DOCTYPE HTML>'"):
-        _probe(http_server, 5.0)
+        probe(http_server, 5.0)
     assert time.monotonic() - t0 < 5.0
 
 
 def test_a_server_that_never_answers_is_refused_after_the_deadline(silent_server):
     with pytest.raises(ConfigError, match=r"is not a Ray cluster: .*it answered: 'no answer' "
                                           r"within 0\.5 s"):
-        _probe(silent_server, 0.5)
+        probe(silent_server, 0.5)
 
 
-def test_a_grpc_server_passes_the_probe(http2_server):
-    _probe(http2_server, 5.0)  # no error: ray.init is left to join it
+def test_a_grpc_server_passes_theprobe(http2_server):
+    probe(http2_server, 5.0)  # no error: ray.init is left to join it
 
 
 def test_the_run_refuses_an_http_server_before_starting_anything(http_server):

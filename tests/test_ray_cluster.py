@@ -9,12 +9,16 @@ takes 20-60 s here (the nodes' Python agents are the slow part on a loaded machi
 whole module 130-150 s. Every process of the cluster is killed when the module ends, passed
 or failed.
 
-The tests run in file order: the one that kills the second node's raylet comes last.
+The tests run in file order: the one that kills the second node's raylet, then the one that
+kills the head, come last.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -23,7 +27,7 @@ import pytest
 import ray
 
 from impala_lab import Impala, ImpalaConfig
-from impala_lab.backends.ray import FREE_CPU_WAIT_S, JOIN_PROBE_TIMEOUT_S
+from impala_lab.backends.ray_cluster import FREE_CPU_WAIT_S, JOIN_PROBE_TIMEOUT_S
 from impala_lab.errors import ConfigError
 from tests.ray_cluster import TOKEN_AUTH, LocalCluster, free_port
 
@@ -211,3 +215,33 @@ def test_workers_spread_over_both_nodes_and_a_lost_nodes_worker_is_replaced(clus
         assert sorted(placement(run).values()) == ["node_a", "node_a"]
         assert run.num_steps_sampled > sampled
     wait_for(lambda: live_actors() == [], 30, "the run's actors to end")
+
+
+def test_a_lost_head_ends_a_cli_run_with_a_clear_error_and_its_outputs(cluster, tmp_path):
+    # Last: it kills the head. This process leaves the cluster first (Ray would end it too).
+    if ray.is_initialized():
+        ray.shutdown()
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "impala_lab.cli.main", "train", "--backend", "ray",
+         "--ray-address", cluster.address, "--num-workers", "1", "--max-seconds", "200",
+         "--quiet", "--out", str(out)],
+        cwd=REPO, env=os.environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: (out / "result.json").exists() or proc.poll() is not None, 120,
+                 "the run's first report")
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        (head,) = [n for n in cluster.nodes if n.resource == "node_a"]
+        for pid in head.pids():
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        _, err = proc.communicate(timeout=90)  # Ray's own retries would take minutes
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, err[-3000:]
+    errors = [ln for ln in err.splitlines() if ln.startswith("impala-lab: error:")]
+    assert len(errors) == 1 and "the Ray cluster was lost" in errors[0], err[-3000:]
+    result = json.loads((out / "result.json").read_text())
+    assert result["stop_reason"] == "error" and "the Ray cluster was lost" in result["error"]
+    assert (out / "metrics.csv").stat().st_size > 0

@@ -195,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     args, unknown = parser.parse_known_args(argv)
     if unknown:
         return _unknown_options(parser, args, unknown)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # the Ray watchman reruns it
     try:
         return COMMANDS[args.command](args)
     except ConfigError as exc:

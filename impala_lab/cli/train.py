@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from impala_lab.cli.progress import ProgressView, StopGoal, final_line
 from impala_lab.cli.run_folder import RunFolder
+from impala_lab.cli.supervise import should_supervise, supervise
 from impala_lab.config import ImpalaConfig
 from impala_lab.driver.health import RETURN_MIN_EPISODES
 from impala_lab.errors import ConfigError, ImpalaError
@@ -181,6 +182,8 @@ def train_command(args: argparse.Namespace, config: ImpalaConfig) -> int:
                           "--out folder of an earlier impala-lab train")
     out: Path = resume if resume is not None else args.out
     args.out = out  # a resumed run writes (TensorBoard too) where it was
+    if should_supervise(config.backend) and getattr(args, "argv", None) is not None:
+        return supervise(args.argv, out)
     folder = RunFolder(out, overwrite=getattr(args, "overwrite", False),
                        resume=resume is not None)
     try:
