@@ -225,13 +225,16 @@ def check_notebook(path: str | os.PathLike, *, show: bool = True) -> CheckResult
 def answer_label(ex: exercises.Exercise, answer: Any) -> str:
     """How the checker names the answer in its messages."""
     name = getattr(answer, "__name__", "the answer")
-    return f"{name}.get" if ex.name == "minibatch_get" else name
+    return f"{name}.get" if (ex.base or ex.name) == "minibatch_get" else name
 
 
 def spec_of(ex: exercises.Exercise) -> Any:
-    """The exercise's `Spec`: ``SPEC`` of its checker module, which has the exercise's name."""
+    """The exercise's `Spec`: ``SPEC`` of its checker module, which has the exercise's name
+    (a challenge's: ``SPECS[name]`` of `impala_lab.classroom.exercises.challenges`)."""
+    if ex.base:
+        return importlib.import_module("impala_lab.classroom.exercises.challenges").SPECS[
+            ex.name]
     return importlib.import_module(f"impala_lab.classroom.exercises.{ex.name}").SPEC
-
 
 
 def fresh_seed() -> int:
