@@ -42,7 +42,7 @@ from impala_lab.classroom.exercises._common import (
     same,
     verbatim,
 )
-from impala_lab.classroom.exercises._guard import Raised, flag_syntax
+from impala_lab.classroom.exercises._guard import Raised, flag_region, flag_syntax
 from impala_lab.classroom.exercises._spec import Spec, run_check
 
 
@@ -165,6 +165,17 @@ def _vtrace_loss_references() -> list[Any]:
         "log_probs_from_logits_and_actions", "_discounted_sum_reverse")
 
 
+def _no_library_vtrace(answer: Any) -> str | None:
+    hit = flag_region(answer, dict.fromkeys(_VTRACE_NAMES, "the library's V-trace"))
+    if hit is None:
+        return None
+    return (f"breaks the challenge's rule \"no library V-trace\": {hit}\n"
+            f"  hint:     this rule catches handing V-trace to the library's vtrace module "
+            f"(from_logits, from_importance_weights). Compute log pi(a) - log mu(a) from the "
+            f"two logits (tf.nn.log_softmax at the actions), then the targets with a loop "
+            f"over the T steps backwards (or tf.scan), as in exercise 3.")
+
+
 # ------------------------------------------------------------------ 6: masks, no if
 _BRANCHES = {ast.If: "an if statement", ast.IfExp: "a conditional expression (x if c else y)"}
 
@@ -189,11 +200,8 @@ SPECS: dict[str, Spec] = {s.exercise: s for s in (
     _challenge(replay_mix.SPEC),
     _challenge(vtrace_numpy.SPEC, compare=_vtrace_compare, rule=_no_loops),
     _challenge(driver_step.SPEC),
-    _challenge(vtrace_loss.SPEC, references=_vtrace_loss_references, forbidden={
-        **vtrace_loss.SPEC.forbidden,
-        **{name: f"the library's vtrace module (`{name}`): this challenge catches leaning on "
-                 f"it; compute the log-rhos from the logits and the V-trace targets with tf "
-                 f"ops yourself" for name in _VTRACE_NAMES}}),
+    _challenge(vtrace_loss.SPEC, references=_vtrace_loss_references,
+               rule=_no_library_vtrace),
     _challenge(lstm_unroll.SPEC, rule=_no_if),
 )}
 
