@@ -167,7 +167,7 @@ def test_minibatch_without_the_ramp(solutions):
           "where:    call 1 of get()",
           "expected: returned ('item0', True); ttl=[0] idx=0 cur_max_ttl=2",
           "actual:   returned ('item0', False); ttl=[2] idx=0 cur_max_ttl=1",
-          "hint:     A new item's ttl is self.cur_max_ttl")
+          "hint:     Wrong ttl: this catches a missing or unbounded ramp")
 
 
 def test_minibatch_that_never_moves_on(solutions):
@@ -258,7 +258,7 @@ def test_vtrace_with_wrong_pg_advantages(solutions):
         return vs, pg + 0.5
 
     fails(ex.check_vtrace_numpy(vtrace, show=False), 1, "pg_advantages[0, 0]",
-          "vs is right; pg_advantages_s = min(clip_pg_rho_threshold, rho_s)")
+          "vs is right, pg_advantages is not: this catches V(x_{s+1})")
 
 
 def test_vtrace_that_raises_is_located_in_the_answer():
@@ -268,7 +268,7 @@ def test_vtrace_that_raises_is_located_in_the_answer():
 
     result = ex.check_vtrace_numpy(vtrace, show=False)
     fails(result, 1, "case 1 of 8 raised an error in vtrace", "error:    ValueError",
-          "matmul", "hint:     With T = 1")
+          "matmul", "hint:     This case catches a wrong one-step target")
     line = vtrace.__code__.co_firstlineno + 2
     assert f"at:       {__file__}, line {line}: `return np.minimum(" in result.message
 
