@@ -176,6 +176,34 @@ def _no_library_vtrace(answer: Any) -> str | None:
             f"over the T steps backwards (or tf.scan), as in exercise 3.")
 
 
+# The exercise's hints name vtrace.from_logits, which this challenge does without.
+_OWN_VTRACE = (("vtrace.from_logits(...) gives vs", "your V-trace gives vs"),
+               ("to from_logits", "to your V-trace"),
+               ("vtrace.from_logits)", "your V-trace)"),
+               ("as vtrace.from_logits returns them", "yours must return them"))
+
+
+def _own_vtrace(text: str) -> str:
+    for old, new in _OWN_VTRACE:
+        text = text.replace(old, new)
+    return text
+
+
+def _vtrace_loss_cases() -> list[Case]:
+    out = vtrace_loss.cases()
+    for case in out:
+        case.hint = _own_vtrace(case.hint)
+    return out
+
+
+def _vtrace_loss_compare(case: Case, expected: Any, actual: Any) -> None:
+    try:
+        vtrace_loss.SPEC.compare(case, expected, actual)
+    except Mismatch as diff:
+        diff.hint = _own_vtrace(diff.hint or "")
+        raise
+
+
 # ------------------------------------------------------------------ 6: masks, no if
 _BRANCHES = {ast.If: "an if statement", ast.IfExp: "a conditional expression (x if c else y)"}
 
@@ -200,8 +228,8 @@ SPECS: dict[str, Spec] = {s.exercise: s for s in (
     _challenge(replay_mix.SPEC),
     _challenge(vtrace_numpy.SPEC, compare=_vtrace_compare, rule=_no_loops),
     _challenge(driver_step.SPEC),
-    _challenge(vtrace_loss.SPEC, references=_vtrace_loss_references,
-               rule=_no_library_vtrace),
+    _challenge(vtrace_loss.SPEC, cases=_vtrace_loss_cases, compare=_vtrace_loss_compare,
+               references=_vtrace_loss_references, rule=_no_library_vtrace),
     _challenge(lstm_unroll.SPEC, rule=_no_if),
 )}
 
