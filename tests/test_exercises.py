@@ -103,7 +103,7 @@ def test_untouched_stub_fails_with_the_helpful_message(name, capsys):
     e = EXERCISES[name]
     result = check_notebook(STUBS / e.notebook)
     assert not result.passed and result.not_implemented and result.failed_case is None
-    label = f"{e.answer}.get" if (e.base or name) == "minibatch_get" else e.answer
+    label = f"{e.answer}.get" if name == "minibatch_get" else e.answer
     cell = student_cell_number(STUBS / e.notebook)
     assert result.message == (
         f"✗ {name}: {label} still raises NotImplementedError: fill in the code between the "

@@ -234,16 +234,14 @@ SPECS: dict[str, Spec] = {s.exercise: s for s in (
 )}
 
 
-def _check(name: str, answer: Any, show: bool, label: str | None = None) -> CheckResult:
-    label = label or getattr(answer, "__name__", "the answer")
-    return run_check(SPECS[name], label, answer, show=show)
+def _check(name: str, answer: Any, show: bool) -> CheckResult:
+    return run_check(SPECS[name], getattr(answer, "__name__", "the answer"), answer, show=show)
 
 
 def check_minibatch_get_challenge(answer_cls: Any, *, show: bool = True) -> CheckResult:
     """Checks a ring buffer written from scratch (``answer_cls(inqueue, size,
     num_sgd_iter)``, no base class, ``get() -> (item, released)``) against the library's."""
-    return _check("minibatch_get_challenge", answer_cls, show,
-                  f"{getattr(answer_cls, '__name__', 'the answer')}.get")
+    return _check("minibatch_get_challenge", answer_cls, show)
 
 
 def check_replay_mix_challenge(answer: Any, *, show: bool = True) -> CheckResult:
