@@ -369,7 +369,7 @@ def test_minibatch_hint_names_the_ramp_when_released_shows_it():
     assert not result.passed and result.failed_case == 2, result.message
     assert "expected: returned ('item0', True)" in result.message
     assert "actual:   returned ('item0', False)" in result.message
-    assert "hint:     A new item's ttl is self.cur_max_ttl" in result.message
+    assert "hint:     Wrong ttl: this catches a missing or unbounded ramp" in result.message
 
 
 def test_minibatch_internal_state_is_not_graded(solutions):

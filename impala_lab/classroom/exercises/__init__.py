@@ -30,6 +30,10 @@ Exercise, the answer the student writes, its checker and the reference it is com
 - ``lstm_unroll``: ``lstm_unroll(xs, state_in, dones, kernel, recurrent_kernel, bias)``;
   `check_lstm_unroll`; ``layers.lstm_sequence``.
 
+Each exercise has an optional, harder challenge (``<name>_challenge``, notebook
+``exNc_<name>_challenge.ipynb``, checker ``check_<name>_challenge``): the same answer, cases
+and reference, with less scaffolding and a rule (`impala_lab.classroom.exercises.challenges`).
+
 ``python -m impala_lab.classroom.exercises NOTEBOOK.ipynb ...`` checks handed-in notebooks (see
 `impala_lab.classroom.exercises.notebook`). Importing this package does not import TensorFlow; the
 V-trace checkers import it when they first need the reference.
@@ -45,6 +49,14 @@ from impala_lab.classroom.exercises._common import (
     CheckResult,
     fast_mode,
 )
+from impala_lab.classroom.exercises.challenges import (
+    check_driver_step_challenge,
+    check_lstm_unroll_challenge,
+    check_minibatch_get_challenge,
+    check_replay_mix_challenge,
+    check_vtrace_loss_challenge,
+    check_vtrace_numpy_challenge,
+)
 from impala_lab.classroom.exercises.driver_step import check_driver_step
 from impala_lab.classroom.exercises.lstm_unroll import check_lstm_unroll
 from impala_lab.classroom.exercises.minibatch_get import check_minibatch_get
@@ -54,14 +66,18 @@ from impala_lab.classroom.exercises.vtrace_numpy import check_vtrace_numpy
 
 __all__ = ["CheckResult", "Exercise", "EXERCISES", "MARK_START", "MARK_END", "fast_mode",
            "check_minibatch_get", "check_replay_mix", "check_vtrace_numpy",
-           "check_driver_step", "check_vtrace_loss", "check_lstm_unroll"]
+           "check_driver_step", "check_vtrace_loss", "check_lstm_unroll",
+           "check_minibatch_get_challenge", "check_replay_mix_challenge",
+           "check_vtrace_numpy_challenge", "check_driver_step_challenge",
+           "check_vtrace_loss_challenge", "check_lstm_unroll_challenge"]
 
 
 @dataclass(frozen=True)
 class Exercise:
     """One exercise: its notebook (same name in exercises/ and solutions/), the name the
-    notebook gives the answer, the checker's name in this package, and where to look first
-    when a hand-in runs out of time or memory (the grader's hint)."""
+    notebook gives the answer, the checker's name in this package, where to look first
+    when a hand-in runs out of time or memory (the grader's hint), and for a challenge the
+    exercise it is the harder version of (``base``; empty for an exercise)."""
 
     name: str
     title: str
@@ -69,6 +85,7 @@ class Exercise:
     answer: str
     checker: str
     culprit: str = "the loops in the code between the markers"
+    base: str = ""
 
 
 EXERCISES: dict[str, Exercise] = {e.name: e for e in (
@@ -96,4 +113,31 @@ EXERCISES: dict[str, Exercise] = {e.name: e for e in (
              "check_lstm_unroll",
              "the loop over the time steps: it runs T times (for t in range(T)), one cell "
              "step each"),
+    Exercise("minibatch_get_challenge", "the minibatch ring from scratch (challenge)",
+             "ex1c_minibatch_get_challenge.ipynb", "MyMinibatchBuffer",
+             "check_minibatch_get_challenge",
+             "get(): a queue get() waits for ever once get() asks for more items than the "
+             "queue holds; take a new item only when the slot you serve is empty",
+             "minibatch_get"),
+    Exercise("replay_mix_challenge", "the replay mixer from its rule (challenge)",
+             "ex2c_replay_mix_challenge.ipynb", "mix", "check_replay_mix_challenge",
+             "the loop that draws the replays: it must use up replay_proportion (one less "
+             "left after each replay), or it never ends once replay_proportion >= 1",
+             "replay_mix"),
+    Exercise("vtrace_numpy_challenge", "V-trace without a loop (challenge)",
+             "ex3c_vtrace_numpy_challenge.ipynb", "vtrace", "check_vtrace_numpy_challenge",
+             "the [T, T] arrays: they are T x T x B numbers, built once", "vtrace_numpy"),
+    Exercise("driver_step_challenge", "the driver's step from its invariants (challenge)",
+             "ex4c_driver_step_challenge.ipynb", "driver_step", "check_driver_step_challenge",
+             "the loop over driver.replay.mix(driver.completed_samples(timeout)): it ends "
+             "when the finished samples do; a loop of your own around it never does",
+             "driver_step"),
+    Exercise("vtrace_loss_challenge", "the V-trace loss, V-trace included (challenge)",
+             "ex5c_vtrace_loss_challenge.ipynb", "vtrace_loss", "check_vtrace_loss_challenge",
+             "the loop over the time steps of your V-trace: it runs T times, backwards",
+             "vtrace_loss"),
+    Exercise("lstm_unroll_challenge", "the LSTM unroll with masks (challenge)",
+             "ex6c_lstm_unroll_challenge.ipynb", "lstm_unroll", "check_lstm_unroll_challenge",
+             "the loop over the time steps: it runs T times, one cell step each",
+             "lstm_unroll"),
 )}

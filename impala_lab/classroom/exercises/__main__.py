@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.list or not args.notebooks:
         for ex in EXERCISES.values():
-            print(f"{ex.name:14} {ex.notebook:34} answer: {ex.answer:18} ({ex.title})")
+            print(f"{ex.name:23} {ex.notebook:35} answer: {ex.answer:18} ({ex.title})")
         return 0 if args.list else 2
     try:
         mode, why = choose_mode()

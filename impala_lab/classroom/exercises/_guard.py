@@ -189,9 +189,15 @@ def _regions(answer: Any) -> list[tuple[str, str, int]]:
             lines = whole[first - 1:]
         start = [i for i, ln in enumerate(lines) if ln.strip() == MARK_START]
         end = [i for i, ln in enumerate(lines) if ln.strip() == MARK_END]
+        if not start and whole:  # markers around the whole method (a challenge's class body)
+            lines, first = whole, 1
+            start = [i for i, ln in enumerate(lines) if ln.strip() == MARK_START]
+            end = [i for i, ln in enumerate(lines) if ln.strip() == MARK_END]
         if len(start) == 1 and len(end) == 1 and start[0] < end[0]:
             region = textwrap.dedent("".join(lines[start[0] + 1:end[0]]))
-            out.append((region, fn.__code__.co_filename, first + start[0] + 1))
+            found = (region, fn.__code__.co_filename, first + start[0] + 1)
+            if found not in out:
+                out.append(found)
     return out
 
 
@@ -231,4 +237,25 @@ def flag_region(answer: Any, forbidden: dict[str, str]) -> str | None:
             cell = _cell_label(filename)
             where = cell if cell is not None else filename
             return (f"{what} (`{ast.unparse(node)}`, {where}, line {first + lineno - 1})")
+    return None
+
+
+def flag_syntax(answer: Any, kinds: dict[type, str]) -> tuple[str, str] | None:
+    """The first statement or expression of one of `kinds` between the markers (a
+    challenge's structural rule, e.g. no loop): ``(what, "`<code>`, <where>, line N")``, with
+    ``what`` from `kinds` (``{ast.For: "a for loop", ...}``), or None."""
+    for text, filename, first in _regions(answer):
+        try:
+            tree = ast.parse(text)
+        except SyntaxError:
+            continue
+        hits = [node for node in ast.walk(tree) if isinstance(node, tuple(kinds))]
+        if hits:
+            node = min(hits, key=lambda n: (n.lineno, n.col_offset))
+            what = next(v for k, v in kinds.items() if isinstance(node, k))
+            code = ast.unparse(node).splitlines()[0]
+            code = code if len(code) <= 60 else code[:57] + "..."
+            cell = _cell_label(filename)
+            where = cell if cell is not None else filename
+            return what, f"`{code}`, {where}, line {first + node.lineno - 1}"
     return None

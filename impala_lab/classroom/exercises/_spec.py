@@ -46,6 +46,8 @@ class Spec:
       forbidden: names the code between the markers must not use (see `flag_region`).
       draw: a fresh case drawn with the given `random.Random` (the grader adds `DRAWN` of
         them to the fixed cases, from a seed it prints), or None.
+      rule: a challenge's structural rule (no loop, no ``if``, no base class...): given the
+        answer, the message of the rule it breaks (with its own ``hint:`` line), or None.
     """
 
     exercise: str
@@ -56,6 +58,7 @@ class Spec:
     references: Callable[[], list[Any]]
     forbidden: dict[str, str]
     draw: Callable[[random.Random], Case] | None = None
+    rule: Callable[[Any], str | None] | None = None
 
 
 DRAWN = 2  # fresh cases per grading
@@ -94,6 +97,8 @@ def run_answer(spec: Spec, answer: Any, *, cases: list[Case] | None = None,
       on_case: called with a case's number before it runs (the grader's progress).
     """
     flagged = flag_region(answer, spec.forbidden)
+    if flagged is None and spec.rule is not None:
+        flagged = spec.rule(answer)
     traces: list[Any] = []
     if flagged is None:
         with forbid(spec.references()):
@@ -114,11 +119,12 @@ def run_answer(spec: Spec, answer: Any, *, cases: list[Case] | None = None,
 
 
 def _flagged(spec: Spec, label: str, flag: str, n: int) -> CheckResult:
-    return CheckResult(spec.exercise, False,
-                       f"{FAIL_MARK} {spec.exercise}: {label} {flag}\n"
-                       f"  hint:     the check compares your answer with the library's own "
-                       f"code: write it yourself, from the inputs it is given.", n,
-                       flagged=flag)
+    # A challenge's rule brings its own hint (the mistake it catches, and the way round it).
+    hint = "" if "\n  hint:" in flag else (
+        "\n  hint:     the check compares your answer with the library's own code: write it "
+        "yourself, from the inputs it is given.")
+    return CheckResult(spec.exercise, False, f"{FAIL_MARK} {spec.exercise}: {label} {flag}{hint}",
+                       n, flagged=flag)
 
 
 def _raised(spec: Spec, label: str, exc: Raised, case: Case, number: int,

@@ -42,6 +42,20 @@ REMOVED: dict[str, tuple[str, ...]] = {
                     "actor/numpy_model.py:NumpyModel.unroll",
                     "learner/keras_model.py:lstm_unroll"),
 }
+# A challenge (``<exercise>_challenge``) removes what its exercise does, and more where it
+# forbids more: the V-trace loss's challenge writes V-trace itself.
+CHALLENGE_EXTRA: dict[str, tuple[str, ...]] = {
+    "vtrace_loss": REMOVED["vtrace_numpy"],
+}
+
+
+def removed(exercise: str) -> tuple[str, ...]:
+    """The entries of `REMOVED` that the student build of `exercise` strips."""
+    base = exercise.removesuffix("_challenge")
+    extra = CHALLENGE_EXTRA.get(base, ()) if base != exercise else ()
+    return REMOVED[base] + tuple(e for e in extra if e not in REMOVED[base])
+
+
 # The checkers' reference side, removed from every build (the child never needs it).
 CHECKERS_REFERENCES = (
     *(f"classroom/exercises/{name}.py:_reference_trace" for name in REMOVED),
@@ -99,7 +113,7 @@ def _write_build(exercise: str, root: Path) -> None:
     shutil.copytree(PACKAGE_DIR, root / "impala_lab", ignore=shutil.ignore_patterns(
         "notebooks"))  # compiled files come along: compileall below skips the fresh ones
     by_file: dict[str, list[str]] = {}
-    for entry in REMOVED[exercise] + CHECKERS_REFERENCES:
+    for entry in removed(exercise) + CHECKERS_REFERENCES:
         rel, qualname = entry.split(":")
         by_file.setdefault(rel, []).append(qualname)
     for rel, qualnames in by_file.items():

@@ -225,21 +225,25 @@ def make_step_driver(widths: tuple[int, ...] = (1, 1), T: int = 2, train_batch_s
 # name, widths, T, train_batch_size, broadcast_interval, replay, slots, steps, seed, hint
 _CASES = [
     ("two workers, a train batch of two samples", (1, 1), 2, 4, 1, 0.0, 0, 6, 0,
-     "Follow RLlib's loop: for each (worker, batch) of "
+     "This case catches a turn that skips or reorders a part. Follow RLlib's loop: for each "
+     "(worker, batch) of "
      "driver.replay.mix(driver.completed_samples(timeout)): buffer it, maybe put a train "
      "batch, then (new batches only) record, maybe broadcast, send weights and a request."),
     ("workers of widths B = 1, 2, 3; train batch not a multiple", (1, 2, 3), 2, 9, 1, 0.0, 0,
-     8, 1, "Count env steps (batch.count = T * B), not batches: the buffer goes to the "
+     8, 1, "This case catches counting batches instead of env steps. Count env steps "
+     "(batch.count = T * B), not batches: the buffer goes to the "
      "learner once it holds >= train_batch_size env steps, however far past it."),
     ("broadcast_interval = 3", (1, 1), 2, 4, 3, 0.0, 0, 10, 2,
-     "Broadcast only when driver.num_sent >= broadcast_interval and then "
+     "This case catches a broadcast on every update, or the flag taken before the interval "
+     "is reached. Broadcast only when driver.num_sent >= broadcast_interval and then "
      "driver.learner.take_weights_updated() is True; num_sent counts the batches answered "
      "since the last broadcast."),
     ("replay_proportion = 1.0", (1, 2), 2, 6, 1, 1.0, 6, 8, 3,
-     "Replayed batches (worker is None) go into the batch buffer but are not counted as "
+     "This case catches replays counted as sampled, recorded or answered. Replayed batches "
+     "(worker is None) go into the batch buffer but are not counted as "
      "sampled, not recorded, and get no weights and no new request."),
     ("three workers, replay 0.5, broadcast_interval 2", (2, 1, 1), 3, 12, 2, 0.5, 8, 10, 4,
-     "Everything together: replays, an interval, uneven widths."),
+     "This case catches slips that show only together: replays, an interval, uneven widths."),
 ]
 
 
@@ -381,8 +385,8 @@ def draw(rng: random.Random) -> Case:
     # the replay store must outgrow the threshold ceil(train / T), as ReplayMixer demands
     slots = -(-train // T) + rng.randint(1, 4) if rp else 0
     return _case("drawn", widths, T, train, rng.randint(1, 3), rp, slots, rng.randint(4, 10),
-                 rng.randrange(10**6), "A case drawn at random: follow RLlib's loop, call "
-                 "by call.")
+                 rng.randrange(10**6), "A case drawn at random: it catches a slip in the "
+                 "order of the calls that the fixed cases miss; follow RLlib's loop.")
 
 
 def cases() -> list[Case]:

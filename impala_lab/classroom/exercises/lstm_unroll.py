@@ -39,22 +39,28 @@ RTOL, ATOL = 1e-5, 1e-5
 # seed, hint
 _CASES = [
     ("one step from zeros", 1, 2, 3, 4, False, "none", 0,
-     "One step of the cell: z = x @ kernel + h @ recurrent_kernel + bias, split into four "
+     "This case catches the gates in another order or a wrong activation. One step of the "
+     "cell: z = x @ kernel + h @ recurrent_kernel + bias, split into four "
      "blocks of C in the order input, forget, cell, output: i, f, o = sigmoid, g = tanh; "
      "c' = f * c + i * g, h' = o * tanh(c')."),
     ("one step from a carried state", 1, 2, 3, 4, True, "none", 1,
-     "From a nonzero state_in: h = state_in[:, 0], c = state_in[:, 1]; the new state is "
+     "This case catches h and c read from the wrong half of state_in. From a nonzero "
+     "state_in: h = state_in[:, 0], c = state_in[:, 1]; the new state is "
      "(h', c') stacked the same way."),
     ("a sequence, no episode ends", 6, 3, 3, 4, True, "none", 2,
-     "Carry (h, c) from each step to the next; hs[t] is h after step t."),
+     "This case catches a state not carried from step to step: carry (h, c) to the next "
+     "step; hs[t] is h after step t."),
     ("an episode ends in the middle", 8, 3, 3, 4, True, "middle", 3,
-     "Where dones[t, b] is True, column b's state is zeroed after step t: step t + 1 starts "
+     "This case catches the reset a step early or late. Where dones[t, b] is True, column "
+     "b's state is zeroed after step t: step t + 1 starts "
      "from zeros, step t itself does not."),
     ("episodes end at the first and the last step", 6, 4, 2, 5, True, "edges", 4,
-     "dones[0] resets the state before step 1; dones[T - 1] resets state_out, the state the "
+     "This case catches a reset skipped at the first or the last step: dones[0] resets the "
+     "state before step 1; dones[T - 1] resets state_out, the state the "
      "next unroll starts from."),
     ("a long unroll, many ends", 30, 5, 4, 6, True, "random", 5,
-     "A long unroll with many episode ends: check the reset's timing and the carried state."),
+     "This case catches slips in the reset's timing or the carried state that show only "
+     "over a long unroll with many episode ends."),
 ]
 
 
@@ -221,7 +227,8 @@ def draw(rng: random.Random) -> Case:
     """A case drawn at random (the grader's fresh cases)."""
     return _case("drawn", rng.randint(1, 12), rng.randint(1, 4), rng.randint(1, 4),
                  rng.randint(1, 5), True, "random", rng.randrange(10**6),
-                 "A case drawn at random: check the reset's timing and the carried state.")
+                 "A case drawn at random: it catches slips in the reset's timing or the "
+                 "carried state that the fixed cases miss.")
 
 
 def cases() -> list[Case]:

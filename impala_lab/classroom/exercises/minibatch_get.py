@@ -32,13 +32,19 @@ EXERCISE = "minibatch_get"
 
 # (size, num_sgd_iter, calls of get()): simplest first.
 _CASES = [
-    (1, 1, 5, "one slot, one pass: every call takes a new item and releases it."),
-    (1, 3, 10, "one slot, three passes: an item stays for its ttl, the ttl ramps 1, 2, 3."),
-    (2, 1, 6, "two slots, one pass: the slots alternate, each item is used once."),
-    (2, 3, 14, "two slots, three passes: the README example (0,T) (1,F) (2,F) (1,T) ..."),
-    (3, 2, 15, "three slots, two passes: the ramp reaches num_sgd_iter after one item."),
-    (4, 4, 30, "four slots, four passes: a long ramp, slots released at different calls."),
-    (2, 6, 40, "two slots, six passes: cur_max_ttl must stop at num_sgd_iter."),
+    (1, 1, 5, "This case catches an item kept past its only pass: with one slot and one pass, "
+     "every call takes a new item and releases it."),
+    (1, 3, 10, "This case catches a missing ttl ramp: with one slot and three passes, the items "
+     "stay "
+     "for 1, 2, then 3 calls."),
+    (2, 1, 6, "This case catches a slot order that does not alternate (two slots, one pass: each "
+     "item is used once)."),
+    (2, 3, 14, "This case catches the ramp and the slot order together: the README example (0,T) "
+     "(1,F) (2,F) (1,T) ..."),
+    (3, 2, 15, "This case catches a ramp that overshoots: with two passes it reaches num_sgd_iter "
+     "after one item and stays there."),
+    (4, 4, 30, "This case catches slots released at the wrong call: four slots on a long ramp."),
+    (2, 6, 40, "This case catches cur_max_ttl growing past num_sgd_iter (two slots, six passes)."),
 ]
 
 
@@ -90,19 +96,25 @@ def _diagnose(exp_out: tuple, out: Any, exp: dict[str, Any], act: dict[str, Any]
     if not (isinstance(out, tuple) and len(out) == 2):
         return "get() must return a pair (item, released)."
     if act["idx"] != exp["idx"]:  # a slot served twice in a row: items and takes go wrong
-        return ("Move to the next slot on every call, wrapping around: "
+        return ("Wrong slot: this catches an index that does not move on. Move to the next "
+                "slot on every call, wrapping around: "
                 "self.idx = (self.idx + 1) % len(self.buffers).")
     if act["items_taken"] != exp["items_taken"]:
-        return ("Take a new item from self.inqueue only when the current slot is empty, i.e. "
+        return ("Wrong number of items taken: this catches fetching while the slot still has "
+                "passes left, or not fetching into an empty one. "
+                "Take a new item from self.inqueue only when the current slot is empty, i.e. "
                 "self.ttl[self.idx] <= 0, and then only one.")
     if not same(out[0], exp_out[0]):
-        return "Serve the item of the current slot, self.buffers[self.idx]."
+        return ("Wrong item: this catches serving another slot's item. Serve the item of the "
+                "current slot, self.buffers[self.idx].")
     if act["cur_max_ttl"] != exp["cur_max_ttl"] or act["ttl"] != exp["ttl"]:
         # released is only where a wrong ttl shows: the ramp is the first thing to look at.
-        return ("A new item's ttl is self.cur_max_ttl; after that, cur_max_ttl grows by 1 "
+        return ("Wrong ttl: this catches a missing or unbounded ramp. "
+                "A new item's ttl is self.cur_max_ttl; after that, cur_max_ttl grows by 1 "
                 "until it reaches self.num_sgd_iter (the ramp). Each call then uses one pass: "
                 "self.ttl[self.idx] -= 1, and released is True when that was the last one.")
-    return ("released is True when this call used the item's last pass (its ttl is now "
+    return ("Wrong released flag: this catches releasing an item a call early or late. "
+            "released is True when this call used the item's last pass (its ttl is now "
             "0); then empty the slot (self.buffers[self.idx] = None).")
 
 
@@ -121,8 +133,9 @@ def _serve(buffer_cls: Any, case: Case, answer: bool) -> list[Any]:
                 if isinstance(err.__cause__, QueueExhausted):
                     calls_out.append(Mismatch(
                         f"call {call} of get()", None, verbatim(str(err.__cause__)),
-                        "Take a new item from self.inqueue only when the current slot is "
-                        "empty (self.ttl[self.idx] <= 0)."))
+                        "Too many items taken: this catches fetching on a call whose slot "
+                        "still holds an item. Take a new item from self.inqueue only when "
+                        "the current slot is empty (self.ttl[self.idx] <= 0)."))
                     break
                 raise
             if isinstance(out, list):
@@ -175,7 +188,8 @@ def _case(size: int, passes: int, calls: int, hint: str) -> Case:
 def draw(rng: random.Random) -> Case:
     """A case drawn at random (the grader's fresh cases)."""
     return _case(rng.randint(1, 5), rng.randint(1, 6), rng.randint(10, 40),
-                 "A case drawn at random: check the ring's ttl ramp and the slot order.")
+                 "A case drawn at random: it catches slips in the ttl ramp or the slot "
+                 "order that the fixed cases happen to miss.")
 
 
 SPEC = Spec(EXERCISE, lambda: cases(), _answer_trace, _reference_trace, _compare,

@@ -229,9 +229,12 @@ def answer_label(ex: exercises.Exercise, answer: Any) -> str:
 
 
 def spec_of(ex: exercises.Exercise) -> Any:
-    """The exercise's `Spec`: ``SPEC`` of its checker module, which has the exercise's name."""
+    """The exercise's `Spec`: ``SPEC`` of its checker module, which has the exercise's name
+    (a challenge's: ``SPECS[name]`` of `impala_lab.classroom.exercises.challenges`)."""
+    if ex.base:
+        return importlib.import_module("impala_lab.classroom.exercises.challenges").SPECS[
+            ex.name]
     return importlib.import_module(f"impala_lab.classroom.exercises.{ex.name}").SPEC
-
 
 
 def fresh_seed() -> int:

@@ -46,18 +46,26 @@ DRAWS = ("make exactly RLlib's draws, in this order: rng.random() for each test 
 # replay_proportion, slots, train_batch_size, sample_batch_size, new batches, seed, hint
 _CASES = [
     (0.0, 0, 100, 50, 6, 0,
-     "With replay_proportion=0 (and no store), yield the new pairs only, unchanged."),
+     "This case catches a change to the new pairs: with replay_proportion=0 (and no "
+     "store), yield them only, unchanged."),
     (0.0, 4, 100, 50, 8, 1,
-     "With replay_proportion=0, store the new batches but never replay."),
+     "This case catches a replay at replay_proportion=0, or a new batch not stored: store "
+     "the new batches but never replay."),
     (1.0, 4, 100, 50, 8, 2,
-     "With replay_proportion=1, exactly one replay per new batch once the store holds more "
+     "This case catches replays drawn before the new batch is stored, or a wrong "
+     "threshold: with replay_proportion=1, exactly one replay per new batch once the store "
+     "holds more "
      "than replay_threshold batches (counting the new one)."),
-    (0.5, 10, 100, 50, 20, 3, "replay_proportion=0.5: a replay with probability 0.5. " + DRAWS),
-    (1.5, 10, 100, 50, 20, 4, "replay_proportion=1.5: one replay surely, a second with "
+    (0.5, 10, 100, 50, 20, 3, "This case catches extra or missing draws of rng: "
+     "replay_proportion=0.5 is a replay with probability 0.5. " + DRAWS),
+    (1.5, 10, 100, 50, 20, 4, "This case catches f not decreasing after each replay: "
+     "replay_proportion=1.5 is one replay surely, a second with "
      "probability 0.5 (f decreases by 1 after each replay). " + DRAWS),
-    (3.0, 4, 150, 50, 12, 5, "A small store (4 slots, threshold 3): the oldest batch drops "
+    (3.0, 4, 150, 50, 12, 5, "This case catches replays drawn from a store of your own or "
+     "from dropped batches: a small store (4 slots, threshold 3): the oldest batch drops "
      "out, and replays are drawn from the batches stored now, including the new one."),
-    (0.7, 3, 90, 50, 25, 6, "threshold ceil(90 / 50) = 2 with 3 slots: replays start at the "
+    (0.7, 3, 90, 50, 25, 6, "This case catches an off-by-one in the threshold: ceil(90 / "
+     "50) = 2 with 3 slots, so replays start at the "
      "third new batch. " + DRAWS),
 ]
 
@@ -199,7 +207,8 @@ def draw(rng: random.Random) -> Case:
     train = rng.choice([50, 100, 150])
     slots = train // 50 + rng.randint(1, 7)  # ReplayMixer: the store outgrows the threshold
     return _case(round(rng.uniform(0.0, 2.5), 2), slots, train, 50, rng.randint(5, 25),
-                 rng.randrange(10**6), "A case drawn at random. " + DRAWS)
+                 rng.randrange(10**6), "A case drawn at random: it catches slips in the "
+                 "threshold or the draws that the fixed cases miss. " + DRAWS)
 
 
 def cases() -> list[Case]:

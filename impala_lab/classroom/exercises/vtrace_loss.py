@@ -46,31 +46,38 @@ COMPONENTS = ("total_loss", "policy_loss", "vf_loss", "entropy")
 # name, T, B, A, off-policy scale, p(terminated), p(truncated), both, config changes, seed, hint
 _CASES = [
     ("on-policy, no episode ends", 4, 2, 3, 0.0, 0.0, 0.0, False, {}, 0,
-     "With no episode ends: discounts = gamma everywhere; vtrace.from_logits(...) gives vs, "
+     "This case catches a wrong loss on the simplest batch. With no episode ends: "
+     "discounts = gamma everywhere; vtrace.from_logits(...) gives vs, "
      "pg_advantages and target_action_log_probs."),
     ("off-policy", 5, 3, 3, 1.0, 0.0, 0.0, False, {}, 1,
-     "Off-policy: pass batch['behaviour_logits'] as the behaviour policy and "
+     "This case catches the two policies swapped. Off-policy: pass "
+     "batch['behaviour_logits'] as the behaviour policy and "
      "target_logits as the target policy to from_logits, with the config's clips."),
     ("terminations", 6, 3, 2, 0.5, 0.2, 0.0, False, {}, 2,
-     "The discount is 0 at terminated steps: discounts = gamma * (1 - terminateds)."),
+     "This case catches a nonzero discount after a terminated step: discounts = gamma * "
+     "(1 - terminateds)."),
     ("truncations", 6, 3, 2, 0.5, 0.0, 0.2, False, {}, 3,
-     "At a truncated step the episode did not end in the MDP: add gamma * "
+     "This case catches a truncated step treated as terminated (no bootstrap). At a "
+     "truncated step the episode did not end in the MDP: add gamma * "
      "truncation_values to the reward there, and use discount 0 (the next step belongs to a "
      "new episode)."),
     ("terminated and truncated at once", 6, 4, 3, 0.5, 0.25, 0.25, True, {}, 4,
-     "A step both terminated and truncated counts as terminated: bootstrap only where "
+     "This case catches a bootstrap at a step that also terminated. A step both terminated "
+     "and truncated counts as terminated: bootstrap only where "
      "truncateds * (1 - terminateds), and the discount is 0 where either is set."),
     ("clips disabled (None)", 5, 2, 3, 1.5, 0.1, 0.1, False,
      {"vtrace_clip_rho_threshold": None, "vtrace_clip_pg_rho_threshold": None}, 5,
-     "Pass config.vtrace_clip_rho_threshold and config.vtrace_clip_pg_rho_threshold to "
+     "This case catches clips written in instead of read from the config. Pass "
+     "config.vtrace_clip_rho_threshold and config.vtrace_clip_pg_rho_threshold to "
      "from_logits (None disables a clip)."),
     ("other coefficients", 5, 3, 4, 1.0, 0.1, 0.1, False,
      {"gamma": 0.9, "vf_loss_coeff": 0.25, "entropy_coeff": 0.05,
       "vtrace_clip_rho_threshold": 0.8, "vtrace_clip_pg_rho_threshold": 2.0}, 6,
+     "This case catches coefficients or gamma written in instead of read from the config: "
      "total = policy_loss + config.vf_loss_coeff * vf_loss - config.entropy_coeff * entropy, "
      "with config.gamma in the discounts."),
     ("a bigger batch", 20, 8, 3, 1.0, 0.05, 0.05, True, {}, 7,
-     "A bigger batch: check that every term is a sum over T and B, not a mean."),
+     "This case catches a mean where the loss takes a sum over T and B (a bigger batch)."),
 ]
 
 _COMPONENT_HINTS = {
@@ -298,8 +305,8 @@ def draw(rng: random.Random) -> Case:
                            "vtrace_clip_pg_rho_threshold": 0.7}])
     return _case("drawn", rng.randint(2, 8), rng.randint(1, 4), rng.randint(2, 4),
                  round(rng.uniform(0, 1.5), 2), 0.15, 0.15, rng.random() < 0.5, changes,
-                 rng.randrange(10**6), "A case drawn at random: check the discounts, the "
-                 "truncations and every term's sum.")
+                 rng.randrange(10**6), "A case drawn at random: it catches slips in the "
+                 "discounts, the truncations or a term's sum that the fixed cases miss.")
 
 
 def cases() -> list[Case]:

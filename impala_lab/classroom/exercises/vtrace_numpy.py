@@ -36,29 +36,38 @@ RTOL, ATOL = 1e-5, 1e-6
 # name, T, B, log_rho scale, episode ends, clip_rho, clip_pg_rho, seed, hint
 _CASES = [
     ("one step, on-policy", 1, 2, 0.0, False, 1.0, 1.0, 0,
-     "With T = 1: v_0 = V(x_0) + rho_0 (r_0 + gamma_0 V(x_1) - V(x_0)), where V(x_1) is "
+     "This case catches a wrong one-step target (or bootstrap): with T = 1, v_0 = V(x_0) + "
+     "rho_0 (r_0 + gamma_0 V(x_1) - V(x_0)), where V(x_1) is "
      "bootstrap_value."),
     ("on-policy", 5, 3, 0.0, False, 1.0, 1.0, 1,
-     "On-policy (all rho = 1) v_s is the n-step return: the discounted rewards from s to "
+     "This case catches a wrong discounting of the return: on-policy (all rho = 1) v_s is "
+     "the n-step return: the discounted rewards from s to "
      "T-1 plus the discounted bootstrap_value."),
     ("off-policy, clipped", 5, 3, 1.0, False, 1.0, 1.0, 2,
+     "This case catches a missing rho clip, or c_i clipped at something other than 1: "
      "delta_t uses rho_t = min(clip_rho_threshold, exp(log_rho_t)); the trace uses "
      "c_i = min(1, exp(log_rho_i)): v_s = V(x_s) + sum_t (prod_{i=s}^{t-1} gamma_i c_i) "
      "delta_t."),
     ("episode ends (discount 0)", 6, 3, 0.5, True, 1.0, 1.0, 3,
-     "Use the per-step discounts[t] (0 at an episode end) both in delta_t and in the trace "
+     "This case catches one constant gamma where an episode ended: use the per-step "
+     "discounts[t] (0 at an episode end) both in delta_t and in the trace "
      "product, so that nothing flows back across an episode end."),
     ("clips disabled (None)", 5, 2, 1.0, False, None, None, 4,
-     "None disables a clip: use exp(log_rho) unclipped (c_i stays min(1, exp(log_rho)))."),
+     "This case catches None taken as a number: None disables a clip, so use exp(log_rho) "
+     "unclipped (c_i stays min(1, exp(log_rho)))."),
     ("unequal clips", 5, 2, 1.0, True, 0.5, 2.0, 5,
-     "Three separate clips: clip_rho_threshold (0.5 here) clips only the rho in delta_t; "
+     "This case catches clipping c_i with clip_rho_threshold instead of 1, or the two "
+     "thresholds swapped. Three separate clips: clip_rho_threshold (0.5 here) clips only the "
+     "rho in delta_t; "
      "the trace's c_i = min(1, rho_i) whatever clip_rho_threshold is; clip_pg_rho_threshold "
      "clips the rho of pg_advantages."),
     ("pg clip only", 4, 3, 1.5, False, 3.7, None, 6,
+     "This case catches V(x_{s+1}) where v_{s+1} belongs, or a missing pg clip: "
      "pg_advantages_s = min(clip_pg_rho_threshold, rho_s) (r_s + gamma_s v_{s+1} - V(x_s)) "
      "with v_T = bootstrap_value (None: no clip)."),
     ("long unroll, far off-policy", 20, 4, 2.0, True, 1.0, 1.0, 7,
-     "A long, strongly off-policy unroll: check the trace product and the clipping."),
+     "This case catches a trace product that stops early or runs across an episode end, "
+     "on a long, strongly off-policy unroll."),
 ]
 
 
@@ -118,10 +127,13 @@ def _compare(case: Case, ref: dict[str, np.ndarray], ans: dict[str, np.ndarray])
         t, b = idx
         what = f"{name}[{t}, {b}] (time step t={t}, column b={b})"
         if name == "pg_advantages":
-            hint = ("vs is right; pg_advantages_s = min(clip_pg_rho_threshold, rho_s) * "
+            hint = ("vs is right, pg_advantages is not: this catches V(x_{s+1}) where "
+                    "v_{s+1} belongs, or the wrong clip; pg_advantages_s = "
+                    "min(clip_pg_rho_threshold, rho_s) * "
                     "(r_s + gamma_s * v_{s+1} - V(x_s)), with v_T = bootstrap_value.")
         elif t == p["T"] - 1:
-            hint = ("The last step is wrong: it bootstraps from bootstrap_value, "
+            hint = ("The last step is wrong: this catches a missing bootstrap. It bootstraps "
+                    "from bootstrap_value, "
                     "v_{T-1} = V(x_{T-1}) + rho_{T-1} (r + gamma V(x_T) - V(x_{T-1})).")
         else:
             hint = ""
@@ -157,8 +169,8 @@ def draw(rng: random.Random) -> Case:
     clips = [None, 0.5, 1.0, 2.0]
     return _case("drawn", rng.randint(1, 12), rng.randint(1, 4), round(rng.uniform(0, 2), 2),
                  rng.random() < 0.5, rng.choice(clips), rng.choice(clips),
-                 rng.randrange(10**6), "A case drawn at random: check the clips, the "
-                 "discounts and the trace product.")
+                 rng.randrange(10**6), "A case drawn at random: it catches slips in the "
+                 "clips, the discounts or the trace product that the fixed cases miss.")
 
 
 def cases() -> list[Case]:

@@ -1,0 +1,270 @@
+"""The optional challenges: each exercise again, with less scaffolding and a rule.
+
+A challenge is graded by its exercise's own checker machinery: the same cases (the drawn
+ones included), the same reference, the same comparison; only its `Spec` has the challenge's
+name (``<exercise>_challenge``) and, where the challenge has one, a structural rule that a
+static look at the code between the markers enforces (`Spec.rule`). Its notebook gives less
+help: a definition instead of a recursion, words instead of code.
+
+- ``minibatch_get_challenge``: the whole ring, ``__init__`` and ``get``, with no base class.
+- ``replay_mix_challenge``: ``mix`` from the draw rule given in words only.
+- ``vtrace_numpy_challenge``: V-trace from its definition, with no Python loop.
+- ``driver_step_challenge``: the driver's step from its invariants, not from RLlib's loop.
+- ``vtrace_loss_challenge``: the loss with V-trace written in TensorFlow, without the
+  library's ``vtrace`` module.
+- ``lstm_unroll_challenge``: Keras's LSTM cell from its documentation, the reset with masks
+  and no ``if``.
+
+Nothing here imports TensorFlow.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from impala_lab.classroom.exercises import (
+    driver_step,
+    lstm_unroll,
+    minibatch_get,
+    replay_mix,
+    vtrace_loss,
+    vtrace_numpy,
+)
+from impala_lab.classroom.exercises._common import (
+    Case,
+    CheckResult,
+    Mismatch,
+    loaded,
+    same,
+    verbatim,
+)
+from impala_lab.classroom.exercises._guard import Raised, flag_region, flag_syntax
+from impala_lab.classroom.exercises._spec import Spec, run_check
+
+
+def _broken(rule: str, what: str, where: str, hint: str) -> str:
+    """A rule's message: the rule, what broke it and where, and the hint (its own line)."""
+    return (f"breaks the challenge's rule \"{rule}\": {what} ({where})\n"
+            f"  hint:     {hint}")
+
+
+# ------------------------------------------------------------------ 1: the whole ring
+def _no_base_class(answer: Any) -> str | None:
+    bases = [c.__name__ for c in getattr(answer, "__mro__", ())[1:] if c is not object]
+    if not bases:
+        return None
+    return _broken("no base class", f"{getattr(answer, '__name__', 'the answer')} "
+                   f"subclasses {bases[0]}", "its class statement",
+                   "this rule catches an answer that inherits its state and constructor (the "
+                   "library's MinibatchBuffer gives both): write `class MyMinibatchBuffer:` "
+                   "with no base, and your own __init__ and get().")
+
+
+class _Served:
+    """The answer's buffer behind ``get()`` only: its state is its own design, so the trace
+    reads none of it (an attribute named like the library's but of another kind is fine)."""
+
+    def __init__(self, buffer: Any) -> None:
+        self._buffer = buffer
+
+    def get(self) -> Any:
+        return self._buffer.get()
+
+
+def _ring_answer_trace(answer_cls: Any, case: Case) -> list[Any]:
+    build = lambda *args: _Served(answer_cls(*args))  # noqa: E731
+    return minibatch_get._serve(build, case, answer=True)
+
+
+def _ring_hint(exp_out: Any, out: Any, exp_taken: int, taken: int) -> str:
+    """A hint from what the learner sees only (the state is the answer's own design)."""
+    if not (isinstance(out, tuple) and len(out) == 2):
+        return "get() must return a pair (item, released)."
+    if taken > exp_taken:
+        return ("Too many items taken: this catches taking a new item while the slot's item "
+                "still has passes left (or more than one per call). Take one only when the "
+                "slot you serve is empty.")
+    if taken < exp_taken:
+        return ("Too few items taken: this catches serving an item again after its last "
+                "pass. A slot whose item was released takes a new item on its next visit.")
+    if not same(out[0], exp_out[0]):
+        return ("A different item: this catches a wrong slot order. Each call serves the "
+                "next slot of the ring, wrapping around after `size` slots, one pass each.")
+    return ("released differs: this catches a wrong ttl. The k-th new item gets "
+            "min(k, num_sgd_iter) passes (the ramp 1, 2, ..., num_sgd_iter), and released "
+            "is True on the call that uses its last pass.")
+
+
+def _ring_compare(case: Case, expected: list[Any], actual: list[Any]) -> None:
+    for call, (exp, act) in enumerate(zip(expected, actual), start=1):
+        exp_out, exp_state = exp
+        if isinstance(act, Raised):
+            raise act
+        if isinstance(act, Mismatch):
+            act.expected = verbatim(f"returned {exp_out!r}; items taken from the queue="
+                                    f"{exp_state['items_taken']}")
+            raise act
+        out, state = act
+        if not same(out, exp_out) or not same(state["items_taken"], exp_state["items_taken"]):
+            raise Mismatch(
+                f"call {call} of get()",
+                verbatim(f"returned {exp_out!r}; items taken from the queue="
+                         f"{exp_state['items_taken']}"),
+                verbatim(f"returned {out!r}; items taken from the queue="
+                         f"{state['items_taken']}"),
+                _ring_hint(exp_out, out, exp_state["items_taken"], state["items_taken"]))
+
+
+# ------------------------------------------------------------------ 3: no Python loop
+_LOOPS = {ast.For: "a for loop", ast.AsyncFor: "a for loop", ast.While: "a while loop",
+          **dict.fromkeys((ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp),
+                          "a comprehension (a loop too)")}
+
+
+def _no_loops(answer: Any) -> str | None:
+    hit = flag_syntax(answer, _LOOPS)
+    if hit is None:
+        return None
+    return _broken("no Python loop", *hit,
+                   "this rule catches the backward recursion written as a loop over t. Build "
+                   "the [T, T] matrix of trace products prod_{i=s}^{t-1} gamma_i c_i (upper "
+                   "triangular: np.cumprod along time, or np.triu of the ratios), then "
+                   "v - V = matrix @ delta per column (np.einsum).")
+
+
+def _vtrace_compare(case: Case, ref: dict[str, Any], ans: dict[str, Any]) -> None:
+    for name in ("vs", "pg_advantages"):
+        bad = ~_finite(ans[name]) & _finite(ref[name])
+        if bad.any():
+            t, b = (int(k) for k in np.argwhere(bad)[0])
+            raise Mismatch(f"{name}[{t}, {b}] (time step t={t}, column b={b})",
+                           float(ref[name][t, b]), float(ans[name][t, b]),
+                           "nan or inf: this catches log(0) or a division by a zero "
+                           "discount in the product matrix (an episode end makes gamma_i c_i "
+                           "= 0). Multiply the factors (np.cumprod) or mask the zeros before "
+                           "any log.")
+    vtrace_numpy.SPEC.compare(case, ref, ans)
+
+
+def _finite(x: Any) -> Any:
+    return np.isfinite(np.asarray(x, np.float64))
+
+
+# ------------------------------------------------------------------ 5: V-trace in TensorFlow
+_VTRACE_NAMES = ("vtrace", "from_logits", "from_importance_weights", "from_logits_numpy",
+                 "from_importance_weights_numpy", "log_probs_from_logits_and_actions")
+
+
+def _vtrace_loss_references() -> list[Any]:
+    return vtrace_loss.SPEC.references() + loaded(
+        "impala_lab.learner.vtrace", "from_logits", "from_importance_weights",
+        "log_probs_from_logits_and_actions", "_discounted_sum_reverse")
+
+
+def _no_library_vtrace(answer: Any) -> str | None:
+    hit = flag_region(answer, dict.fromkeys(_VTRACE_NAMES, "the library's V-trace"))
+    if hit is None:
+        return None
+    return (f"breaks the challenge's rule \"no library V-trace\": {hit}\n"
+            f"  hint:     this rule catches handing V-trace to the library's vtrace module "
+            f"(from_logits, from_importance_weights). Compute log pi(a) - log mu(a) from the "
+            f"two logits (tf.nn.log_softmax at the actions), then the targets with a loop "
+            f"over the T steps backwards (or tf.scan), as in exercise 3.")
+
+
+# The exercise's hints name vtrace.from_logits, which this challenge does without.
+_OWN_VTRACE = (("vtrace.from_logits(...) gives vs", "your V-trace gives vs"),
+               ("to from_logits", "to your V-trace"),
+               ("vtrace.from_logits)", "your V-trace)"),
+               ("as vtrace.from_logits returns them", "yours must return them"))
+
+
+def _own_vtrace(text: str) -> str:
+    for old, new in _OWN_VTRACE:
+        text = text.replace(old, new)
+    return text
+
+
+def _vtrace_loss_cases() -> list[Case]:
+    out = vtrace_loss.cases()
+    for case in out:
+        case.hint = _own_vtrace(case.hint)
+    return out
+
+
+def _vtrace_loss_compare(case: Case, expected: Any, actual: Any) -> None:
+    try:
+        vtrace_loss.SPEC.compare(case, expected, actual)
+    except Mismatch as diff:
+        diff.hint = _own_vtrace(diff.hint or "")
+        raise
+
+
+# ------------------------------------------------------------------ 6: masks, no if
+_BRANCHES = {ast.If: "an if statement", ast.IfExp: "a conditional expression (x if c else y)"}
+
+
+def _no_if(answer: Any) -> str | None:
+    hit = flag_syntax(answer, _BRANCHES)
+    if hit is None:
+        return None
+    return _broken("no if", *hit,
+                   "this rule catches the reset written as a branch on dones (per step or per "
+                   "column). Multiply instead: keep = 1 - dones[t][:, None], then h, c = h * "
+                   "keep, c * keep after the step.")
+
+
+def _challenge(spec: Spec, **changes: Any) -> Spec:
+    return dataclasses.replace(spec, exercise=spec.exercise + "_challenge", **changes)
+
+
+SPECS: dict[str, Spec] = {s.exercise: s for s in (
+    _challenge(minibatch_get.SPEC, answer_trace=_ring_answer_trace,
+               compare=_ring_compare, rule=_no_base_class),
+    _challenge(replay_mix.SPEC),
+    _challenge(vtrace_numpy.SPEC, compare=_vtrace_compare, rule=_no_loops),
+    _challenge(driver_step.SPEC),
+    _challenge(vtrace_loss.SPEC, cases=_vtrace_loss_cases, compare=_vtrace_loss_compare,
+               references=_vtrace_loss_references, rule=_no_library_vtrace),
+    _challenge(lstm_unroll.SPEC, rule=_no_if),
+)}
+
+
+def _check(name: str, answer: Any, show: bool) -> CheckResult:
+    return run_check(SPECS[name], getattr(answer, "__name__", "the answer"), answer, show=show)
+
+
+def check_minibatch_get_challenge(answer_cls: Any, *, show: bool = True) -> CheckResult:
+    """Checks a ring buffer written from scratch (``answer_cls(inqueue, size,
+    num_sgd_iter)``, no base class, ``get() -> (item, released)``) against the library's."""
+    return _check("minibatch_get_challenge", answer_cls, show)
+
+
+def check_replay_mix_challenge(answer: Any, *, show: bool = True) -> CheckResult:
+    """Checks ``mix`` (written from the rule in words) as `check_replay_mix` does."""
+    return _check("replay_mix_challenge", answer, show)
+
+
+def check_vtrace_numpy_challenge(answer: Any, *, show: bool = True) -> CheckResult:
+    """Checks a loop-free numpy V-trace as `check_vtrace_numpy` does."""
+    return _check("vtrace_numpy_challenge", answer, show)
+
+
+def check_driver_step_challenge(answer: Any, *, show: bool = True) -> CheckResult:
+    """Checks ``driver_step`` (written from the invariants) as `check_driver_step` does."""
+    return _check("driver_step_challenge", answer, show)
+
+
+def check_vtrace_loss_challenge(answer: Any, *, show: bool = True) -> CheckResult:
+    """Checks a V-trace loss that does not use the library's vtrace module, as
+    `check_vtrace_loss` does."""
+    return _check("vtrace_loss_challenge", answer, show)
+
+
+def check_lstm_unroll_challenge(answer: Any, *, show: bool = True) -> CheckResult:
+    """Checks an LSTM unroll with a mask reset and no ``if``, as `check_lstm_unroll` does."""
+    return _check("lstm_unroll_challenge", answer, show)
