@@ -1,4 +1,4 @@
-"""bench.seeds and bench.seed_stats: the interquartile mean and its bootstrap interval on known
+"""bench.seeds and impala_lab.seed_stats: the interquartile mean and its bootstrap interval on known
 data, curve areas by hand, verdicts, and the runner on a fake run command (no TensorFlow)."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench import seed_stats, seeds
+from bench import seeds
+from impala_lab import seed_stats
 
 FAKE = Path(__file__).parent / "data" / "fake_seed_run.py"
 

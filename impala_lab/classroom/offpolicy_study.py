@@ -8,7 +8,8 @@ the lag itself. This module runs the same grid on a small task:
 
     study = StudySettings(env="CartPole-v1", env_steps=300_000, extra_policy_lag=32)
     results = run_study(study, "runs/offpolicy")        # each finished run cached there
-    print(table2_markdown(results))
+    print(table2_markdown(results))                  # IQM [95% interval] per cell
+    print(claims_markdown(results))                  # the paper's claims: agrees/differs/...
 
 Every run of a cell uses the same seeds (drawn at random when the study directory is new and
 printed; a study directory that has them keeps them), the same env-step budget and the same
@@ -35,22 +36,27 @@ import json
 import math
 import secrets
 import time
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
+from impala_lab.classroom.offpolicy_summary import (  # noqa: F401  (the study's summaries)
+    CORRECTIONS,
+    LABELS,
+    SOLVED_AT,
+    cell,
+    claims_markdown,
+    paper_claims,
+    plot_study,
+    run_mean,
+    select,
+    sweep,
+    sweep_markdown,
+    table2,
+    table2_markdown,
+)
 from impala_lab.config import ImpalaConfig
-
-#: The paper's row order in table 2.
-CORRECTIONS = ("none", "epsilon", "is1", "vtrace")
-LABELS = {"none": "No-correction", "epsilon": "epsilon-correction", "is1": "1-step importance "
-          "sampling", "vtrace": "V-trace"}
-#: Trailing-100 mean return that counts as solved, per env.
-SOLVED_AT = {"CartPole-v1": 475.0}
 
 
 @dataclass
@@ -215,131 +221,3 @@ def run_study(settings: StudySettings, directory: str | Path,
                 finished(futures[future], future.result())
     return {"settings": dataclasses.asdict(settings), "seeds": seeds,
             "runs": [records[i] for i in range(len(todo))]}
-
-
-# ---------------------------------------------------------------------- summaries
-def select(results: dict[str, Any], **match: Any) -> list[dict[str, Any]]:
-    """The runs whose fields equal ``match`` (e.g. ``correction="vtrace", replay=0.0``)."""
-    return [r for r in results["runs"] if all(r[k] == v for k, v in match.items())]
-
-
-def run_mean(record: dict[str, Any]) -> float:
-    """The learning curve's mean over the env steps of the run (the area under it divided by
-    its length): early learning and late collapses both count, unlike the final return."""
-    curve = np.array(record["curve"], dtype=np.float64)
-    if len(curve) < 2:
-        return float(curve[0, 1]) if len(curve) else math.nan
-    steps, returns = curve[:, 0], curve[:, 1]
-    area = np.sum((returns[1:] + returns[:-1]) / 2 * np.diff(steps))
-    return float(area / (steps[-1] - steps[0]))
-
-
-def cell(runs: Sequence[dict[str, Any]], solved_at: float = math.inf) -> dict[str, Any]:
-    """Of some runs: the median, worst and best final return, the median `run_mean` and peak
-    (the highest mean return of the curve), and how many ever reached ``solved_at``."""
-    finals = [r["final_return"] for r in runs]
-    peaks = [max((ret for _, ret in r["curve"]), default=math.nan) for r in runs]
-    return {"median": float(np.median(finals)) if finals else math.nan,
-            "worst": min(finals, default=math.nan), "best": max(finals, default=math.nan),
-            "run_mean": float(np.median([run_mean(r) for r in runs])) if runs else math.nan,
-            "peak": float(np.median(peaks)) if peaks else math.nan,
-            "solved": sum(r["solved_at_env_steps"] is not None for r in runs),
-            "n": len(runs)}
-
-
-def table2(results: dict[str, Any]) -> dict[str, dict[float, dict[str, Any]]]:
-    """``{correction: {replay: cell}}`` of the table-2 grid (the study's extra_policy_lag)."""
-    s = results["settings"]
-    solved_at = SOLVED_AT.get(s["env"], math.inf)
-    return {c: {r: cell(select(results, correction=c, replay=r, lag=s["extra_policy_lag"]),
-                        solved_at)
-                for r in s["replay_proportions"]}
-            for c in s["corrections"]}
-
-
-def table2_markdown(results: dict[str, Any]) -> str:
-    """Table 2 laid out as the paper's: a row per correction, a column per replay setting;
-    each cell the median final return over seeds [worst, best], the medians of `run_mean`
-    and of the peak, and the runs that ever reached the solve threshold."""
-    s = results["settings"]
-    table = table2(results)
-    solved_at = SOLVED_AT.get(s["env"], math.inf)
-    heads = ["No replay" if r == 0 else f"replay_proportion {r:g}"
-             for r in s["replay_proportions"]]
-    rows = [f"| {s['env']}, extra_policy_lag {s['extra_policy_lag']} | " + " | ".join(heads)
-            + " |", "| --- |" + " --- |" * len(heads)]
-    best = {r: max(table[c][r]["median"] for c in table) for r in s["replay_proportions"]}
-    for c, cells in table.items():
-        texts = []
-        for r, x in cells.items():
-            median = f"{x['median']:.0f}"
-            if x["median"] == best[r]:
-                median = f"**{median}**"
-            texts.append(f"{median} [{x['worst']:.0f}, {x['best']:.0f}] · run mean "
-                         f"{x['run_mean']:.0f} · peak {x['peak']:.0f} · {solved_at:g} reached "
-                         f"{x['solved']}/{x['n']}")
-        rows.append(f"| {LABELS[c]} | " + " | ".join(texts) + " |")
-    return "\n".join(rows)
-
-
-def sweep(results: dict[str, Any]) -> dict[str, dict[int, dict[str, Any]]]:
-    """``{correction: {lag: cell}}`` of the lag sweep (no replay; the sweep's seeds)."""
-    s = results["settings"]
-    seeds = results["seeds"][:s["sweep_seeds"]]
-    return {c: {lag: cell([r for r in select(results, correction=c, replay=0.0, lag=lag)
-                           if r["seed"] in seeds])
-                for lag in s["lags"]}
-            for c in s["corrections"]}
-
-
-def sweep_markdown(results: dict[str, Any]) -> str:
-    """The lag sweep as a table: a row per correction, a column per extra_policy_lag; each
-    cell the median `run_mean` over the sweep's seeds, and the median final return."""
-    s = results["settings"]
-    data = sweep(results)
-    rows = ["| correction | " + " | ".join(f"lag {lag}" for lag in s["lags"]) + " |",
-            "| --- |" + " --- |" * len(s["lags"])]
-    for c, cells in data.items():
-        rows.append(f"| {LABELS[c]} | " + " | ".join(
-            f"{x['run_mean']:.0f} (final {x['median']:.0f})" for x in cells.values()) + " |")
-    return "\n".join(rows)
-
-
-def plot_study(results: dict[str, Any], path: str | Path | None = None) -> Any:
-    """Learning curves of the table's grid (a panel per replay setting, the median over
-    seeds with the worst-to-best band) and the lag sweep; saved to ``path`` if given."""
-    import matplotlib.pyplot as plt
-
-    s = results["settings"]
-    panels = len(s["replay_proportions"]) + 1
-    fig, axes = plt.subplots(1, panels, figsize=(4.6 * panels, 3.6))
-    grid = np.linspace(0, s["env_steps"], 60)
-    colors = dict(zip(CORRECTIONS, ("#7f7f7f", "#8e44ad", "#d35400", "#1f77b4"), strict=True))
-    for ax, replay in zip(axes, s["replay_proportions"], strict=False):
-        for c in s["corrections"]:
-            runs = select(results, correction=c, replay=replay, lag=s["extra_policy_lag"])
-            curves = [np.interp(grid, *np.array(r["curve"]).T, left=np.nan)
-                      for r in runs if r["curve"]]
-            if not curves:
-                continue
-            stack = np.array(curves)
-            with warnings.catch_warnings():  # before a run's first episode ends: NaN
-                warnings.simplefilter("ignore", RuntimeWarning)
-                low, mid, high = (np.nanmin(stack, 0), np.nanmedian(stack, 0),
-                                  np.nanmax(stack, 0))
-            ax.plot(grid, mid, color=colors[c], label=LABELS[c])
-            ax.fill_between(grid, low, high, color=colors[c], alpha=0.15)
-        title = "no replay" if replay == 0 else f"replay_proportion {replay:g}"
-        ax.set(title=f"{title}, extra lag {s['extra_policy_lag']}", xlabel="env steps",
-               ylabel="mean return (last 100)")
-    axes[0].legend(fontsize=8)
-    ax = axes[-1]
-    for c, cells in sweep(results).items():
-        ax.plot(list(cells), [x["run_mean"] for x in cells.values()], "o-", color=colors[c],
-                label=LABELS[c])
-    ax.set(xscale="symlog", xlabel="extra_policy_lag (learner updates)",
-           ylabel="mean return over the run (median)", title="lag sweep, no replay")
-    fig.tight_layout()
-    if path is not None:
-        fig.savefig(path, dpi=90)
-    return fig
