@@ -13,6 +13,8 @@ from impala_lab.classroom.offpolicy_study import (
     StudySettings,
     _runs,
     cell,
+    claims_markdown,
+    paper_claims,
     run_mean,
     run_study,
     study_config,
@@ -34,7 +36,7 @@ def test_run_mean_is_the_area_under_the_curve_per_env_step():
     assert run_mean({"curve": [[100, 7.0]]}) == 7.0
 
 
-def test_a_cell_gives_median_worst_best_peak_and_solves():
+def test_a_cell_gives_iqms_with_intervals_median_worst_best_peak_and_solves():
     runs = [_record("vtrace", 0.0, 32, s, curve, solved)
             for s, curve, solved in ((1, [[0, 10.0], [100, 500.0], [200, 9.0]], 100),
                                      (2, [[0, 10.0], [200, 200.0]], None),
@@ -42,8 +44,13 @@ def test_a_cell_gives_median_worst_best_peak_and_solves():
     x = cell(runs)
     assert (x["median"], x["worst"], x["best"], x["peak"], x["solved"], x["n"]) == (
         100.0, 9.0, 200.0, 200.0, 1, 3)
-    # run means: (255 * 100 + 254.5 * 100) / 200 = 254.75, 105, 55
-    assert x["run_mean"] == pytest.approx(105.0)
+    # n = 3: the IQM cuts nothing, so it is the mean; run means 254.75, 105, 55
+    assert x["final"] == pytest.approx((9 + 200 + 100) / 3)
+    assert x["run_mean"] == pytest.approx((254.75 + 105 + 55) / 3)
+    # a bootstrap interval of a mean of 3 values lies within their range and holds the mean
+    assert 9.0 <= x["final_ci"][0] < x["final"] < x["final_ci"][1] <= 200.0
+    assert 55.0 <= x["run_mean_ci"][0] < x["run_mean"] < x["run_mean_ci"][1] <= 254.75
+    assert cell(runs) == x  # the bootstrap's generator is seeded: the same table every time
 
 
 def test_the_grid_has_every_cell_and_the_sweep_only_adds_what_is_missing():
@@ -84,12 +91,64 @@ def test_a_study_reads_finished_runs_from_its_directory_and_summarises_them(tmp_
     assert len(results["runs"]) == 16 + 4 and results["seeds"] == seeds
     t = table2(results)
     assert t["vtrace"][1.0]["median"] == 200 + 100 + 32
-    assert t["none"][0.0]["median"] == 9 + 32
+    assert t["none"][0.0]["final"] == 9 + 32
     text = table2_markdown(results)
-    assert "| V-trace | **232** [232, 232]" in text and "**332** [332, 332]" in text
-    assert "| No-correction | 41 [41, 41] · run mean 30 · peak 41 · 475 reached 0/2" in text
+    # every seed alike: each interval is a point
+    assert ("| V-trace | final **232 [232, 232]** · run mean 126 [126, 126] · 475 reached "
+            "0/2") in text
+    assert "| No-correction | final 41 [41, 41] · run mean 30 [30, 30] · 475 reached 0/2" in text
     sweep_text = sweep_markdown(results)
-    assert "| V-trace | 110 (final 200) | 126 (final 232) |" in sweep_text
+    assert ("| V-trace | run mean 110 [110, 110] · final 200 [200, 200] | run mean 126 [126, "
+            "126] · final 232 [232, 232] |") in sweep_text
+    verdicts = {c["claim"]: c["verdict"] for c in paper_claims(results)}
+    assert verdicts == {
+        "no replay: V-trace ahead of no correction": "agrees",
+        "no replay: V-trace ahead of epsilon-correction": "agrees",
+        "no replay: 1-step IS ahead of no correction": "agrees",
+        "replay: V-trace ahead of every other correction": "agrees",
+        "V-trace gains from replay": "agrees",
+        "no other correction gains from replay": "differs",  # each gains 100 here
+        "lag 32: V-trace ahead of no correction": "agrees",  # the sweep's largest lag
+    }
+    assert ("| V-trace gains from replay | agrees (+100 [+100, +100], n 2 vs 2) | agrees "
+            "(+50 [+50, +50], n 2 vs 2) |") in claims_markdown(results)
+
+
+def _spread(correction: str, finals: list[float]) -> list[dict]:
+    return [_record(correction, 0.0, 32, k, [[0, 10.0], [100, f]]) for k, f in enumerate(finals)]
+
+
+@pytest.mark.parametrize("vtrace, none, verdict", [
+    ([200, 210, 220, 230, 240, 250], [10, 20, 30, 40, 50, 60], "agrees"),
+    ([10, 20, 30, 40, 50, 60], [200, 210, 220, 230, 240, 250], "differs"),
+    ([10, 200, 30, 240, 50, 60], [20, 210, 40, 230, 30, 50], "inconclusive"),
+])
+def test_a_claim_agrees_differs_or_is_inconclusive_by_the_interval_of_the_difference(
+        vtrace, none, verdict):
+    results = {"settings": {"extra_policy_lag": 32, "lags": [32], "replay_proportions": [0.0],
+                            "corrections": ["none", "vtrace"]},
+               "runs": _spread("vtrace", vtrace) + _spread("none", none)}
+    (claim,) = [c for c in paper_claims(results)
+                if c["claim"] == "no replay: V-trace ahead of no correction"]
+    assert claim["verdict"] == verdict
+    (test,) = claim["tests"]
+    assert test["n"] == (6, 6)
+    low, high = test["ci95"]
+    assert low <= test["difference"] <= high
+
+
+def test_several_runs_at_a_time_each_in_a_process_of_its_own(tmp_path):
+    settings = StudySettings(env_steps=400, num_seeds=1, lags=(32,), sweep_seeds=1,
+                             corrections=("none", "vtrace"), replay_proportions=(0.0,))
+    with pytest.raises(ValueError, match=r"jobs=0: run at least 1 run at a time"):
+        run_study(settings, tmp_path, progress=None, jobs=0)
+    results = run_study(settings, tmp_path, progress=None, jobs=2)
+    assert [(r["correction"], r["lag"]) for r in results["runs"]] == [("none", 32),
+                                                                      ("vtrace", 32)]
+    for run in results["runs"]:
+        assert run["curve"] and run["policy_lag_at_training"] >= 0
+        name = f"{run['correction']}_replay0_lag32_seed{run['seed']}.json"
+        assert json.loads((tmp_path / name).read_text()) == run  # written by the worker
 
 
 def test_the_synchronous_loop_trains_on_policy_once_per_round():

@@ -6,7 +6,7 @@ without
 and with replay (half of every train batch replayed), and its appendix E (figure E.1) varies
 the lag itself. This module runs the same grid on a small task:
 
-    study = StudySettings(env="CartPole-v1", env_steps=300_000, extra_policy_lag=32)
+    study = StudySettings(env="CartPole-v1", env_steps=1_000_000, num_seeds=10)
     results = run_study(study, "runs/offpolicy")        # each finished run cached there
     print(table2_markdown(results))                  # IQM [95% interval] per cell
     print(claims_markdown(results))                  # the paper's claims: agrees/differs/...
@@ -78,13 +78,13 @@ class StudySettings:
     """
 
     env: str = "CartPole-v1"
-    env_steps: int = 300_000
+    env_steps: int = 1_000_000
     extra_policy_lag: int = 32
     replay_proportions: tuple[float, ...] = (0.0, 1.0)
     replay_buffer_num_slots: int = 100
-    num_seeds: int = 3
-    lags: tuple[int, ...] = (0, 8, 32, 128)
-    sweep_seeds: int = 2
+    num_seeds: int = 10
+    lags: tuple[int, ...] = (0, 32, 128)
+    sweep_seeds: int = 10
     corrections: tuple[str, ...] = CORRECTIONS
     overrides: dict[str, Any] = field(default_factory=dict)
 
