@@ -477,8 +477,8 @@ def run(num_seeds: int, max_seconds: float, out: Path = HERE, rebuild: bool = Fa
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.peers",
                                      description=__doc__.split("\n")[0])
-    parser.add_argument("--seeds", type=int, default=3,
-                        help="seeds drawn at random, each run by both systems (default 3)")
+    parser.add_argument("--seeds", type=int, default=10,
+                        help="seeds drawn at random, each run by every system (default 10)")
     parser.add_argument("--max-seconds", type=float, default=120.0,
                         help="cap per run, seconds from its process start (default 120)")
     parser.add_argument("--out", type=Path, default=RESULTS,
