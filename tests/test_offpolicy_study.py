@@ -77,7 +77,7 @@ def test_seeds_are_drawn_once_per_study_directory_and_kept(tmp_path):
 
 
 def test_a_study_reads_finished_runs_from_its_directory_and_summarises_them(tmp_path):
-    settings = StudySettings(num_seeds=2, lags=(0, 32), sweep_seeds=1)
+    settings = StudySettings(num_seeds=5, lags=(0, 32), sweep_seeds=5)
     seeds = study_seeds(settings, tmp_path)
     finals = {"none": 9.0, "epsilon": 20.0, "is1": 150.0, "vtrace": 200.0}
     for run in _runs(settings, seeds):
@@ -88,15 +88,15 @@ def test_a_study_reads_finished_runs_from_its_directory_and_summarises_them(tmp_
         name = f"{run['correction']}_replay{run['replay']:g}_lag{run['lag']}_seed{run['seed']}"
         (tmp_path / f"{name}.json").write_text(json.dumps(record))
     results = run_study(settings, tmp_path, progress=None)  # nothing left to train
-    assert len(results["runs"]) == 16 + 4 and results["seeds"] == seeds
+    assert len(results["runs"]) == 40 + 20 and results["seeds"] == seeds
     t = table2(results)
     assert t["vtrace"][1.0]["median"] == 200 + 100 + 32
     assert t["none"][0.0]["final"] == 9 + 32
     text = table2_markdown(results)
     # every seed alike: each interval is a point
     assert ("| V-trace | final **232 [232, 232]** · run mean 126 [126, 126] · 475 reached "
-            "0/2") in text
-    assert "| No-correction | final 41 [41, 41] · run mean 30 [30, 30] · 475 reached 0/2" in text
+            "0/5") in text
+    assert "| No-correction | final 41 [41, 41] · run mean 30 [30, 30] · 475 reached 0/5" in text
     sweep_text = sweep_markdown(results)
     assert ("| V-trace | run mean 110 [110, 110] · final 200 [200, 200] | run mean 126 [126, "
             "126] · final 232 [232, 232] |") in sweep_text
@@ -110,8 +110,8 @@ def test_a_study_reads_finished_runs_from_its_directory_and_summarises_them(tmp_
         "no other correction gains from replay": "differs",  # each gains 100 here
         "lag 32: V-trace ahead of no correction": "agrees",  # the sweep's largest lag
     }
-    assert ("| V-trace gains from replay | agrees (+100 [+100, +100], n 2 vs 2) | agrees "
-            "(+50 [+50, +50], n 2 vs 2) |") in claims_markdown(results)
+    assert ("| V-trace gains from replay | agrees (+100 [+100, +100], n 5 vs 5) | agrees "
+            "(+50 [+50, +50], n 5 vs 5) |") in claims_markdown(results)
 
 
 def _spread(correction: str, finals: list[float]) -> list[dict]:
@@ -149,6 +149,15 @@ def test_several_runs_at_a_time_each_in_a_process_of_its_own(tmp_path):
         assert run["curve"] and run["policy_lag_at_training"] >= 0
         name = f"{run['correction']}_replay0_lag32_seed{run['seed']}.json"
         assert json.loads((tmp_path / name).read_text()) == run  # written by the worker
+
+
+def test_too_few_seeds_a_side_are_inconclusive_whatever_the_interval():
+    results = {"settings": {"extra_policy_lag": 32, "lags": [32], "replay_proportions": [0.0],
+                            "corrections": ["none", "vtrace"]},
+               "runs": _spread("vtrace", [400, 410, 420, 430]) + _spread("none", [9, 9, 9, 9])}
+    (claim,) = [c for c in paper_claims(results)
+                if c["claim"] == "no replay: V-trace ahead of no correction"]
+    assert claim["verdict"] == "inconclusive" and claim["tests"][0]["ci95"][0] > 300
 
 
 def test_the_synchronous_loop_trains_on_policy_once_per_round():

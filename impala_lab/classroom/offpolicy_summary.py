@@ -34,6 +34,8 @@ LABELS = {"none": "No-correction", "epsilon": "epsilon-correction", "is1": "1-st
 #: Trailing-100 mean return that counts as solved, per env.
 SOLVED_AT = {"CartPole-v1": 475.0}
 _BOOTSTRAP_SEED = 0
+#: Seeds a side needs before a difference can be judged: a bootstrap of fewer says nothing.
+MIN_SEEDS_FOR_VERDICT = 5
 
 
 def select(results: dict[str, Any], **match: Any) -> list[dict[str, Any]]:
@@ -185,7 +187,7 @@ def paper_claims(results: dict[str, Any], figure: str = "final") -> list[dict[st
         tests = []
         for a, b, above in pairs:
             diff, low, high, na, nb = _difference(results, a, b, figure)
-            if not (na and nb):
+            if min(na, nb) < MIN_SEEDS_FOR_VERDICT:
                 verdict = "inconclusive"
             elif above:
                 verdict = ("agrees" if low > 0 else "differs" if high < 0 else
