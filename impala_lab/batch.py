@@ -6,18 +6,21 @@ of them along B into a train batch, the learner may split a train batch across d
 along B again, and the replay buffer stores them as they are. Every array is plain numpy,
 so a batch pickles cheaply between processes and saves to ``.npz`` with `to_dict`.
 
-Fields (time-major; A = number of actions, K = episodes that ended in the fragment):
+Fields (time-major; A = width of the action distribution's inputs, D = a Box action
+space's flattened size, K = episodes that ended in the fragment):
 
     obs               [T, B, *obs_shape]  observation the action was taken in
                                           (float32, or uint8 for images)
-    actions           [T, B]      int64
+    actions           [T, B]      int64, a Discrete space's action indices; or
+                      [T, B, D]   float32, a Box space's actions as sampled (not clipped)
     rewards           [T, B]      float32, raw env reward
     terminateds       [T, B]      bool, episode ended by the MDP (discount 0)
     truncateds        [T, B]      bool, episode cut by a time limit (bootstrap)
     truncation_values [T, B]      float32, behaviour value V(final_obs) at truncated steps,
                                   0 elsewhere (the learner adds gamma * truncation_values
                                   to the reward there and uses discount 0)
-    behaviour_logits  [T, B, A]   float32
+    behaviour_logits  [T, B, A]   float32, the behaviour policy's distribution inputs:
+                                  logits (Discrete), or D means then D log-stds (Box)
     bootstrap_obs     [B, *obs_shape]  observation after the last step (for V(x_T))
     policy_versions   [B]         int64, weights version that produced each column
     episode_returns   [K]         float64
@@ -62,8 +65,9 @@ FIELDS: tuple[str, ...] = _TIME_MAJOR + _PER_COLUMN + _EPISODES
 OPTIONAL_FIELDS: tuple[str, ...] = ("state_in",)
 
 # Fixed dtypes; obs/bootstrap_obs may be float32 or uint8 (checked separately).
+# actions: int64 [T, B] (Discrete) or float32 [T, B, D] (Box), by rank.
+_ACTION_DTYPES = {2: np.dtype(np.int64), 3: np.dtype(np.float32)}
 _DTYPES = {
-    "actions": np.dtype(np.int64),
     "rewards": np.dtype(np.float32),
     "terminateds": np.dtype(np.bool_),
     "truncateds": np.dtype(np.bool_),
@@ -162,11 +166,19 @@ class SampleBatch:
                     f"SampleBatch field {name!r} is {type(a).__name__}, expected a numpy array; "
                     "build batches from np.ndarray values."
                 )
-        if self.actions.ndim != 2:
+        action_dtype = _ACTION_DTYPES.get(self.actions.ndim)
+        if action_dtype is None:
             raise ValueError(
-                f"SampleBatch field 'actions' has shape {self.actions.shape}, expected [T, B]."
+                f"SampleBatch field 'actions' has shape {self.actions.shape}, expected [T, B] "
+                "(Discrete) or [T, B, D] (Box)."
             )
-        T, B = self.actions.shape
+        if self.actions.dtype != action_dtype:
+            raise ValueError(
+                f"SampleBatch field 'actions' has dtype {self.actions.dtype}, expected "
+                f"{action_dtype} for shape {self.actions.shape}; convert it with "
+                f".astype(np.{action_dtype.name})."
+            )
+        T, B = self.actions.shape[:2]
         if self.obs.ndim < 2 or self.obs.shape[:2] != (T, B):
             raise ValueError(
                 f"SampleBatch field 'obs' has shape {self.obs.shape}, expected [T, B, *obs_shape] "
@@ -234,7 +246,7 @@ class SampleBatch:
         return self
 
     def _check_values(self) -> None:
-        for name in ("obs", "bootstrap_obs", "rewards", "truncation_values",
+        for name in ("obs", "actions", "bootstrap_obs", "rewards", "truncation_values",
                      "behaviour_logits", "episode_returns", "state_in"):
             a = getattr(self, name)
             if a is None:

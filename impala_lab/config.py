@@ -81,6 +81,14 @@ class ImpalaConfig:
     impala_channels: tuple[int, ...] = _f(
         (16, 32, 32), "Widths of the IMPALA network's conv stacks (conv_net='impala'); "
         "each stack halves the image (10x10 -> 5x5 -> 3x3 -> 2x2).", kind="model")
+    free_log_std: bool = _f(
+        True, "Box actions (a diagonal Gaussian policy): learn the log standard deviation as "
+        "one vector that no state changes (True, RLlib's free_log_std), or let the policy head "
+        "compute it from the state with the mean (False). Ignored for Discrete actions.")
+    clip_actions: bool = _f(
+        True, "Box actions: clip each sampled action to the space's finite bounds before the "
+        "env gets it (RLlib's clip_actions); the batch keeps the unclipped draw, whose "
+        "log-probability the loss uses. False passes the draw as it is.")
     max_sample_requests_in_flight_per_worker: int = _f(
         2, "Sample requests each worker has queued at once (the task pool's depth).")
     restart_failed_workers: bool = _f(
@@ -351,7 +359,7 @@ class ImpalaConfig:
         """The `ModelSpec` of these fields (``model`` is its ``hiddens``): what models use."""
         return ModelSpec(tuple(self.model), self.vf_share_layers, self.use_lstm,
                          self.lstm_cell_size, self.conv_net, self.conv_filters,
-                         self.impala_channels)
+                         self.impala_channels, self.free_log_std)
 
     @property
     def env_id(self) -> str:

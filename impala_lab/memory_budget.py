@@ -80,7 +80,9 @@ def memory_estimate(config: MemorySizes, observation_space: Any = None,
       observation_space: the env's observation space (its ``shape`` and ``dtype``);
         None counts one float32 element per observation (a lower bound, what
         validation uses: it makes no env).
-      action_space: the env's action space (its ``n``); None counts 2 actions.
+      action_space: the env's action space: a Discrete's ``n`` logits and one int64
+        action per step, or a Box's D float32 actions and 2D distribution inputs (mean and
+        log-std); None counts 2 actions.
 
     The parts: the learner queue (learner_queue_size train batches), the batch buffer
     (the samples of the train batch being gathered, and their concatenation), the
@@ -101,11 +103,11 @@ def memory_estimate(config: MemorySizes, observation_space: Any = None,
     c, spec = config, config.model_spec
     obs_elements, obs_itemsize, conv_units, conv_out = _observation_sizes(spec,
                                                                           observation_space)
-    num_actions = int(getattr(action_space, "n", 2)) if action_space is not None else 2
+    num_actions, action_bytes = _action_sizes(action_space)
     obs_bytes = obs_elements * obs_itemsize
-    # per env step: obs, action (int64), reward, terminated, truncated, truncation value,
+    # per env step: obs, action, reward, terminated, truncated, truncation value,
     # behaviour logits; per column: bootstrap obs and policy version
-    step_bytes = obs_bytes + 8 + 4 + 1 + 1 + 4 + 4 * num_actions
+    step_bytes = obs_bytes + action_bytes + 4 + 1 + 1 + 4 + 4 * num_actions
     column_bytes = obs_bytes + 8
     if spec.use_lstm:
         column_bytes += 2 * spec.lstm_cell_size * 4  # state_in: (h, c) float32
@@ -128,6 +130,21 @@ def memory_estimate(config: MemorySizes, observation_space: Any = None,
     }
     parts["total"] = sum(parts.values())
     return parts
+
+
+def _action_sizes(action_space: Any) -> tuple[int, int]:
+    """(distribution inputs per step, bytes of one action): a Discrete's n logits and an
+    int64 index; a Box's 2D inputs (mean, log-std) and D float32 numbers; None: 2 and 8."""
+    if action_space is None:
+        return 2, 8
+    try:  # a Discrete's n (other spaces have none, or a shaped one)
+        return int(action_space.n), 8
+    except (AttributeError, TypeError, ValueError):
+        pass
+    size = 1
+    for d in getattr(action_space, "shape", None) or (1,):
+        size *= int(d)
+    return 2 * size, 4 * size
 
 
 def weight_count(spec: ModelSpec, obs_elements: int, conv_out: int, num_actions: int) -> int:

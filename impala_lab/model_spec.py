@@ -89,6 +89,11 @@ class ModelSpec:
       conv_filters: the small CNN's (filters, kernel, stride) layers, 'valid' padding; None
         picks them by image size (`default_conv_filters`).
       impala_channels: the widths of the IMPALA network's stacks.
+      free_log_std: for an action distribution with a log standard deviation (a Box space's
+        `DiagGaussian`), learn it as a vector [D] of its own that no state changes (True), or
+        let the head compute it from the features with the mean (False). The free vector is
+        the policy head's third weight: ``logits_head/kernel [H, D], logits_head/bias [D],
+        logits_head/log_std [D]`` (zeros at the start: std 1). Ignored for a Discrete space.
 
     Lists are stored as tuples (the spec is hashable and pickles to actor processes). A bad
     value raises ValueError naming the field, the value and the fix.
@@ -101,6 +106,7 @@ class ModelSpec:
     conv_net: str = "cnn"
     conv_filters: tuple[tuple[int, int, int], ...] | None = None
     impala_channels: tuple[int, ...] = IMPALA_CHANNELS
+    free_log_std: bool = True
 
     def __post_init__(self) -> None:
         # frozen: normalise through object.__setattr__

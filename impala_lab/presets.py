@@ -42,4 +42,22 @@ TUNED_PRESETS: dict[str, dict[str, Any]] = {
              "num_sgd_iter": 2, "opt_type": "adam", "lr": 0.0005, "entropy_coeff": 0.03,
              "vf_share_layers": True, "model": (128,)}
        for env in ("MinAtar/Breakout-v1", "MinAtar/SpaceInvaders-v1")},
+    # Box actions, the diagonal Gaussian policy (a first preset, one seed; the README has no
+    # study of it yet). Actions are clipped to [-2, 2] at the env (clip_actions) rather than
+    # squashed: the loss keeps the plain Gaussian log-probability of the draw, and a std that
+    # starts at 1 explores the whole torque range. Rewards reach -16 a step, so values are in
+    # the hundreds: gamma 0.95 keeps them near -100 (and the swing-up needs a short horizon
+    # only); the value trunk is separate (vf_share_layers False), so its large loss reaches
+    # the policy only through grad_clip, raised here so that the summed value gradient does
+    # not shrink the policy's step (Adam scales each weight's step anyway). No entropy bonus:
+    # the learned log-std sets the exploration. Measured once (seed 0, `impala-lab train --env
+    # Pendulum-v1 --max-seconds 300`, this 2-core machine): the trailing-100 mean return
+    # passed -200 at 70 s (5.4M env steps) and peaked at -137.5, then fell back to about -1590
+    # after 90 s and stayed there: the action mean ran past the bounds (to 8, and later -40),
+    # where the clip at the env hides every difference between actions and leaves the mean no
+    # gradient back. Not yet dependable; tanh squashing or a bound penalty is the next step
+    # (lr 0.0003 with one pass per batch was worse: -940 best in 150 s).
+    "Pendulum-v1": {"num_envs_per_worker": 8, "sample_batch_size": 50,
+                    "train_batch_size": 1000, "num_sgd_iter": 2, "opt_type": "adam",
+                    "lr": 0.0005, "gamma": 0.95, "grad_clip": 1000.0, "entropy_coeff": 0.0},
 }

@@ -105,13 +105,14 @@ def test_the_picker_gives_both_sides_the_categorical_for_discrete_spaces():
 
 
 @pytest.mark.parametrize("space, shown", [
-    (spaces.Box(-1.0, 1.0, (2,), np.float32), r"Box\(-1.0, 1.0, \(2,\), float32\)"),
     (spaces.MultiDiscrete([2, 3]), r"MultiDiscrete\(\[2 3\]\)"),
     (spaces.MultiBinary(3), r"MultiBinary\(3\)"),
+    (spaces.Tuple([spaces.Discrete(2)]), r"Tuple\(Discrete\(2\)\)"),
+    (spaces.Dict({"a": spaces.Discrete(2)}), r"Dict\('a': Discrete\(2\)\)"),
 ])
 def test_the_picker_names_an_unsupported_space_and_what_is_supported(space, shown):
-    message = (shown + r" is not supported: impala_lab supports Discrete action spaces "
-               r"\(action distributions: Discrete -> Categorical\); wrap the env")
+    message = (shown + r" is not supported: impala_lab supports Discrete, Box action spaces "
+               r"\(action distributions: Discrete -> Categorical, Box -> DiagGaussian\); ")
     with pytest.raises(ConfigError, match=message):
         pick_distribution(space)
     with pytest.raises(ConfigError, match=message):

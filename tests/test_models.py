@@ -34,12 +34,13 @@ def test_check_spaces_kinds() -> None:
     "action_space, message",
     [
         (
-            spaces.Box(-1, 1, (2,)),
-            r"action space Box\(-1.0, 1.0, \(2,\), float32\) is not supported: impala_lab "
-            r"supports Discrete action spaces",
+            spaces.MultiBinary(2),
+            r"action space MultiBinary\(2\) is not supported: impala_lab "
+            r"supports Discrete, Box action spaces",
         ),
+        (spaces.Box(-1, 1, (2,), np.int64), r"a Box action space must hold floats"),
         (spaces.MultiDiscrete([2, 3]), r"action space MultiDiscrete\(\[2 3\]\) is not supported"),
-        (spaces.Tuple([TWO, TWO]), r"is not supported: impala_lab supports Discrete action"),
+        (spaces.Tuple([TWO, TWO]), r"is not supported: impala_lab supports Discrete, Box"),
         (spaces.Discrete(3, start=1), r"Discrete action spaces starting at 0; wrap the env"),
     ],
 )
@@ -81,9 +82,9 @@ def test_too_small_image() -> None:
 
 
 def test_spaces_are_checked_by_both_builders() -> None:
-    with pytest.raises(ValueError, match="supports Discrete action spaces"):
-        NumpyModel(CARTPOLE_OBS, spaces.Box(-1, 1, (1,)))
-    with pytest.raises(ValueError, match="supports Discrete action spaces"):
+    with pytest.raises(ValueError, match="supports Discrete, Box action spaces"):
+        NumpyModel(CARTPOLE_OBS, spaces.MultiBinary(1))
+    with pytest.raises(ValueError, match="supports Discrete, Box action spaces"):
         build_keras_model(CARTPOLE_OBS, spaces.MultiDiscrete([2]))
 
 

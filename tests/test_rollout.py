@@ -434,8 +434,14 @@ def test_factory_errors():
 
 
 def test_unsupported_spaces():
-    with pytest.raises(ValueError, match=r"^RolloutWorker: env 'Pendulum-v1': "):
-        RolloutWorker("Pendulum-v1")  # Box actions
+    class MultiDiscreteEnv(FixedLengthEnv):
+        def __init__(self):
+            super().__init__()
+            self.action_space = gym.spaces.MultiDiscrete([2, 3])
+
+    with pytest.raises(ValueError, match=r"^RolloutWorker: env 'test_unsupported_spaces.*"
+                                         r"action space MultiDiscrete\(\[2 3\]\)"):
+        RolloutWorker(MultiDiscreteEnv)
 
     class DictObsEnv(FixedLengthEnv):
         def __init__(self):

@@ -157,8 +157,13 @@ class NumpyModel:
         self.obs_dtype = np.dtype(observation_space.dtype)
         #: the action distribution the policy head parameterises (numpy side)
         self.distribution = pick_distribution(action_space)
-        #: width A of the policy head (a Discrete space's action count)
+        #: width A of the distribution's inputs (a Discrete space's action count; 2D for a Box)
         self.num_actions = self.distribution.inputs_size(action_space)
+        #: a free log-std vector appended to the head's output (`ModelSpec.free_log_std`)
+        self.free_log_std = bool(spec.free_log_std and self.distribution.has_log_std)
+        #: units the policy head computes: A, or the D means when the log-std is free
+        self.head_units = self.num_actions // 2 if self.free_log_std else self.num_actions
+        self._log_std: np.ndarray | None = None
         self._scale_uint8 = self.obs_dtype == np.uint8  # bool images are read as 0.0/1.0
         self._shapes, self._gains = self._layout()
         self._weights: list[np.ndarray] | None = None
@@ -198,8 +203,13 @@ class NumpyModel:
             shapes += [(features, 4 * cell), (cell, 4 * cell), (4 * cell,)]
             gains += [LSTM_GAIN, LSTM_GAIN, 0.0]
             features = cell
-        shapes += [(features, self.num_actions), (self.num_actions,), (features, 1), (1,)]
-        gains += [POLICY_GAIN, 0.0, VALUE_GAIN, 0.0]
+        shapes += [(features, self.head_units), (self.head_units,)]
+        gains += [POLICY_GAIN, 0.0]
+        if self.free_log_std:
+            shapes.append((self.head_units,))  # logits_head/log_std, zeros: std 1
+            gains.append(0.0)
+        shapes += [(features, 1), (1,)]
+        gains += [VALUE_GAIN, 0.0]
         return shapes, gains
 
     def weight_shapes(self) -> list[tuple[int, ...]]:
@@ -219,7 +229,7 @@ class NumpyModel:
                 weights.append(orthogonal(rng, shape, gain))
         if self.use_lstm:  # forget-gate bias 1 (Keras's unit_forget_bias)
             cell = self.lstm_cell_size
-            weights[-5][cell: 2 * cell] = 1.0
+            weights[-5 - self.free_log_std][cell: 2 * cell] = 1.0
         return weights
 
     def initial_state(self, n: int) -> np.ndarray:
@@ -235,7 +245,8 @@ class NumpyModel:
         """
         arrays = self._checked_weights(weights)
         self._weights = arrays
-        trunk_end = len(arrays) - 4 - (3 if self.use_lstm else 0)
+        heads = 4 + self.free_log_std  # [policy kernel, bias, (log_std), value kernel, bias]
+        trunk_end = len(arrays) - heads - (3 if self.use_lstm else 0)
         # kernel [F, 4C], recurrent kernel [C, 4C], bias [4C].
         self._lstm = tuple(arrays[trunk_end: trunk_end + 3]) if self.use_lstm else None
         # (kernel, bias) of each layer as one trunk would hold them.
@@ -244,8 +255,10 @@ class NumpyModel:
         pi_layers = layers[0::2] if self.separate_value_trunk else layers
         self._pi_conv = self._conv_layers(pi_layers)
         self._pi_dense = pi_layers[len(self._pi_conv):]
-        self._pi_head = (arrays[-4], arrays[-3])
-        self._install_fused(layers, *arrays[-4:])
+        pw, pb, vw, vb = arrays[-heads], arrays[-heads + 1], arrays[-2], arrays[-1]
+        self._log_std = arrays[-3] if self.free_log_std else None
+        self._pi_head = (pw, pb)
+        self._install_fused(layers, pw, pb, vw, vb)
 
     def _checked_weights(self, weights: Sequence[np.ndarray]) -> list[np.ndarray]:
         """``weights`` as contiguous float32 arrays, each checked against its shape."""
@@ -270,7 +283,8 @@ class NumpyModel:
         """The fused network `__call__` and `step` run: a separate value trunk is fused in
         (each layer and its value twin become one layer of twice the width), and both heads
         become one gemm [H, A + 1], logits in the first A columns (with two trunks the
-        logits read the policy half of the features and the value the other half)."""
+        logits read the policy half of the features and the value the other half); A is
+        ``head_units`` (the means alone when the log-std is free)."""
         if self.separate_value_trunk:
             layers = [fuse_pair(layers[i], layers[i + 1], first=i == 0)
                       for i in range(0, len(layers), 2)]
@@ -333,7 +347,14 @@ class NumpyModel:
         x = self._features(self._input(obs), self._conv, self._dense)
         out = x @ self._head_w
         out += self._head_b
-        return out[:, : self.num_actions], out[:, self.num_actions]
+        return self._policy_inputs(out[:, : self.head_units]), out[:, self.head_units]
+
+    def _policy_inputs(self, head: np.ndarray) -> np.ndarray:
+        """The distribution's inputs [N, A] from the policy head's output [N, head_units]:
+        the head itself, or the means with the free log-std appended to every row."""
+        if self._log_std is None:
+            return head
+        return np.concatenate([head, np.broadcast_to(self._log_std, head.shape)], axis=1)
 
     def logits(self, obs: np.ndarray) -> np.ndarray:
         """The policy's logits alone: float32 [N, A], equal to ``self(obs)[0]``.
@@ -346,7 +367,7 @@ class NumpyModel:
         kernel, bias = self._pi_head
         out = x @ kernel
         out += bias
-        return out
+        return self._policy_inputs(out)
 
     def _check_feed_forward(self, method: str) -> None:
         if self.use_lstm:
@@ -378,7 +399,8 @@ class NumpyModel:
         next_state = lstm_step(x, state, *self._lstm)
         out = next_state[:, 0] @ self._head_w
         out += self._head_b
-        return out[:, : self.num_actions], out[:, self.num_actions], next_state
+        return (self._policy_inputs(out[:, : self.head_units]), out[:, self.head_units],
+                next_state)
 
     def unroll(self, obs: np.ndarray, state_in: np.ndarray, dones: np.ndarray
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

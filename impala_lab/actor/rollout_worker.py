@@ -25,6 +25,11 @@ zeroes an env's state after the step that ended its episode (terminated or trunc
 next episode starts from zeros; a truncated episode's ``truncation_values`` use the state
 after its final step, before that reset.
 
+Actions. A Discrete space's index goes to the env as it is; a Box space's draw [D] is clipped
+to the space's finite bounds (``clip_actions``) and reshaped on its way to the env, while the
+batch keeps the draw itself (`impala_lab.actor.policy_output`). A policy output that is not
+finite (a NaN mean, log-std or logit) stops the worker with an error naming it.
+
 The checks of what an env returns (shapes, dtypes, finite values) are in
 `impala_lab.actor.env_checks`. This module imports numpy and gymnasium only (no TensorFlow):
 actor processes import it.
@@ -41,6 +46,7 @@ import numpy as np
 
 from impala_lab.actor.env_checks import FLOAT32_MAX, EnvOutputChecks, fast_int64_action_check
 from impala_lab.actor.numpy_model import NumpyModel, check_spaces
+from impala_lab.actor.policy_output import Fragment, PolicyOutput
 from impala_lab.batch import SampleBatch
 from impala_lab.model_spec import ModelSpec
 
@@ -60,34 +66,6 @@ def env_description(env: EnvSpec) -> str:
     return name if name is not None else type(env).__name__
 
 
-class _Fragment:
-    """The arrays one `RolloutWorker.sample` fills, time-major.
-
-    ``obs`` [T + 1, B, *obs_shape] (row T: the observations after the last step),
-    ``actions`` [T, B, *action_shape] (int64 [T, B] for a Discrete space), ``logits``
-    [T, B, num_actions] float32 (the action distribution's inputs), ``rewards64`` [T, B]
-    float64 (checked before the cast to float32), ``terminateds`` and ``truncateds`` [T, B]
-    bool, ``truncation_values`` [T, B] float32; ``done_returns`` and ``done_lengths``: the
-    episodes that ended, in order of (step, env index).
-    """
-
-    __slots__ = ("actions", "done_lengths", "done_returns", "logits", "obs", "rewards64",
-                 "terminateds", "truncateds", "truncation_values")
-
-    def __init__(self, T: int, n: int, obs_shape: tuple[int, ...], obs_dtype: np.dtype,
-                 num_actions: int, action_shape: tuple[int, ...], action_dtype: np.dtype
-                 ) -> None:
-        self.obs = np.empty((T + 1, n, *obs_shape), obs_dtype)
-        self.actions = np.empty((T, n, *action_shape), action_dtype)
-        self.logits = np.empty((T, n, num_actions), np.float32)
-        self.rewards64 = np.empty((T, n), np.float64)
-        self.terminateds = np.zeros((T, n), np.bool_)
-        self.truncateds = np.zeros((T, n), np.bool_)
-        self.truncation_values = np.zeros((T, n), np.float32)
-        self.done_returns: list[float] = []
-        self.done_lengths: list[int] = []
-
-
 class RolloutWorker:
     """Steps ``num_envs`` gymnasium envs with a numpy policy; `sample` returns [T, num_envs].
 
@@ -102,6 +80,8 @@ class RolloutWorker:
         seeded from ``SeedSequence(seed, spawn_key=(worker_index,))``'s child ``i + 1``,
         action sampling from child 0, so equal (seed, worker_index) give equal batches.
       worker_index: this worker's index in the run (seeding and error messages).
+      clip_actions: clip Box actions to the space's finite bounds at the env (the batch
+        keeps the unclipped draw); no effect on Discrete actions.
 
     Raises:
       ValueError: if an env cannot be built (naming the env), the spaces are unsupported,
@@ -116,6 +96,7 @@ class RolloutWorker:
         model_spec: ModelSpec | None = None,
         seed: int | None = None,
         worker_index: int = 0,
+        clip_actions: bool = True,
     ) -> None:
         if not isinstance(num_envs, int) or num_envs < 1:
             raise ValueError(f"RolloutWorker: num_envs={num_envs!r} must be an int >= 1.")
@@ -134,6 +115,7 @@ class RolloutWorker:
         self._T = sample_batch_size
         self.worker_index = int(worker_index)
         self.seed = seed
+        self._clip_actions = bool(clip_actions)
         self._envs: list[gym.Env] = []
         self._closed = False
         self._ep_returns = [0.0] * num_envs  # running return of each env's episode
@@ -199,6 +181,8 @@ class RolloutWorker:
         for a recurrent one each env's state (zeros)."""
         self._model = NumpyModel(self._observation_space, self._action_space, spec)
         self._num_actions = self._model.num_actions  # width of the behaviour logits
+        self._policy_output = PolicyOutput(self._model.distribution, self._action_space,
+                                           self._clip_actions)
         # Each env's (h, c) [num_envs, 2, C]; None for a feed-forward policy.
         self._state = self._model.initial_state(self._num_envs) if spec.use_lstm else None
         self._weights: list[np.ndarray] = list(self._model.initial_weights(init_seed))
@@ -309,7 +293,7 @@ class RolloutWorker:
         if self._closed:
             raise RuntimeError(f"RolloutWorker {self.worker_index} is closed; build a new one.")
         dist = self._model.distribution
-        frag = _Fragment(self._T, self._num_envs, self._obs_shape, self._obs_dtype,
+        frag = Fragment(self._T, self._num_envs, self._obs_shape, self._obs_dtype,
                          self._num_actions, dist.action_shape(self._action_space),
                          dist.action_dtype)
         frag.obs[0] = self._obs
@@ -322,7 +306,7 @@ class RolloutWorker:
             self._checks.check_rewards(frag.rewards64, first_step)
         return self._finish(frag, state_in)
 
-    def _step_all(self, frag: _Fragment, first_step: int) -> None:
+    def _step_all(self, frag: Fragment, first_step: int) -> None:
         """Fills ``frag``: T rows, each one policy forward and one step of every env.
 
         The actor's hot path: everything the inner loop uses is a local; only an episode's
@@ -341,6 +325,7 @@ class RolloutWorker:
         obs_buf = frag.obs
         r_row = [0.0] * self._num_envs
         state = self._state  # None: a feed-forward policy
+        out, version = self._policy_output, self._version  # checks; actions for the envs
         i = -1
         t = 0
         try:
@@ -349,9 +334,10 @@ class RolloutWorker:
                     logits = model.logits(obs_buf[t])  # values only at truncations
                 else:
                     logits, _, state = model.step(obs_buf[t], state)
-                acts = sample_actions(logits, rng)
+                out.check(logits, version)
                 frag.logits[t] = logits
-                frag.actions[t] = acts
+                frag.actions[t] = acts = sample_actions(logits, rng)
+                acts = out.env_actions(acts, logits, version)  # Box: clipped, the env's shape
                 nxt = obs_buf[t + 1]
                 finals: list[tuple[int, Any]] | None = None
                 # np.int64 scalars, as a vector env passes them: `Int64Discrete` answers
@@ -379,7 +365,7 @@ class RolloutWorker:
             self._locate(err, i, t)
             raise
 
-    def _end_episode(self, frag: _Fragment, t: int, i: int, final_obs: Any, terminated: bool,
+    def _end_episode(self, frag: Fragment, t: int, i: int, final_obs: Any, terminated: bool,
                      finals: list[tuple[int, Any]] | None, first_step: int
                      ) -> tuple[Any, list[tuple[int, Any]] | None]:
         """Env ``i``'s episode ended at row ``t``: records it and resets the env.
@@ -405,7 +391,7 @@ class RolloutWorker:
             o = self._checks.checked_obs(i, o, f"from reset() after env step {first_step + t}")
         return o, finals
 
-    def _end_row(self, frag: _Fragment, t: int, r_row: list[Any],
+    def _end_row(self, frag: Fragment, t: int, r_row: list[Any],
                  finals: list[tuple[int, Any]] | None, state: np.ndarray | None) -> None:
         """Every env stepped once: stores the row's rewards, checks the next observations
         and computes the bootstrap values of the truncated episodes; a recurrent policy's
@@ -434,7 +420,7 @@ class RolloutWorker:
             f"{where}, at step {t} of the fragment, env step {self._steps_per_env + 1})"
         )
 
-    def _finish(self, frag: _Fragment, state_in: np.ndarray | None) -> SampleBatch:
+    def _finish(self, frag: Fragment, state_in: np.ndarray | None) -> SampleBatch:
         """The `SampleBatch` of a filled fragment; the worker moves on past it."""
         T, n = self._T, self._num_envs
         rewards = frag.rewards64.astype(np.float32)

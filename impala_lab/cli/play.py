@@ -114,7 +114,8 @@ def record_episodes(env_id: str, model: NumpyModel, episodes: int = 1, max_frame
                     logits, _, state = model.step(np.asarray(obs)[None], state)
                 dist = model.distribution
                 action = (dist.mode(logits) if greedy else dist.sample(logits, rng))[0]
-                obs, reward, terminated, truncated, _ = env.step(action)
+                obs, reward, terminated, truncated, _ = env.step(
+                    dist.env_action(action, env.action_space, clip=True))
                 total += float(reward)
                 done = terminated or truncated
                 frames.append(_frame(env))

@@ -79,7 +79,8 @@ def play_episodes(env: Any, model: NumpyModel, seeds: list[int], greedy: bool,
             # the action distribution's own twin: greedy is its mode, sampled its draw
             dist = model.distribution
             action = dist.mode(logits)[0] if greedy else dist.sample(logits, rng)[0]
-            action = action.item() if np.ndim(action) == 0 else action
+            action = action.item() if np.ndim(action) == 0 else dist.env_action(
+                action, env.action_space, clip=True)  # a Box action: clipped, reshaped
             obs, reward, terminated, truncated, _ = env.step(action)
             total += float(reward)
             done = terminated or truncated

@@ -72,7 +72,8 @@ def build_keras_model(observation_space: Any, action_space: Any, spec: ModelSpec
         features, (h, c) = lstm(features, [state_in[:, 0], state_in[:, 1]])
         value_features = features
         inputs = [obs, state_in]
-    outputs = _keras_heads(features, value_features, numpy_model.num_actions, seed)
+    outputs = _keras_heads(features, value_features, numpy_model.num_actions, seed,
+                           free_log_std=numpy_model.free_log_std)
     if numpy_model.use_lstm:
         outputs.append(keras.ops.stack([h, c], axis=1))
     name = f"impala_{numpy_model.kind}{'_lstm' if numpy_model.use_lstm else ''}"
@@ -93,17 +94,22 @@ def _keras_input_scaling(obs: Any, obs_dtype: np.dtype) -> Any:
     return obs
 
 
-def _keras_heads(features: Any, value_features: Any, num_outputs: int, seed: int | None
-                 ) -> list[Any]:
+def _keras_heads(features: Any, value_features: Any, num_outputs: int, seed: int | None,
+                 free_log_std: bool = False) -> list[Any]:
     """[logits [N, A], value [N]]: the policy head on ``features``, the value head on
-    ``value_features``."""
+    ``value_features``; with ``free_log_std`` the head computes the A / 2 means and appends
+    its learned log-std (`impala_lab.learner.policy_head.MeanAndFreeLogStd`)."""
     import keras
 
-    logits = keras.layers.Dense(
-        num_outputs,
-        kernel_initializer=keras.initializers.Orthogonal(gain=POLICY_GAIN, seed=seed),
-        name="logits_head",
-    )(features)
+    policy_init = keras.initializers.Orthogonal(gain=POLICY_GAIN, seed=seed)
+    if free_log_std:
+        from impala_lab.learner.policy_head import MeanAndFreeLogStd
+
+        logits = MeanAndFreeLogStd(num_outputs // 2, kernel_initializer=policy_init,
+                                   name="logits_head")(features)
+    else:
+        logits = keras.layers.Dense(num_outputs, kernel_initializer=policy_init,
+                                    name="logits_head")(features)
     value = keras.layers.Dense(
         1,
         kernel_initializer=keras.initializers.Orthogonal(gain=VALUE_GAIN, seed=seed),

@@ -55,6 +55,9 @@ from impala_lab.learner.optimizers import Adam, TF1RMSprop
 
 STAT_KEYS = ("total_loss", "policy_loss", "vf_loss", "entropy", "grad_gnorm", "var_gnorm",
              "mean_rho", "vf_explained_var")
+# A Gaussian policy's stats too: its mean and standard deviation over the batch's steps and
+# action dimensions (what the learner's policy would do on the batch's observations).
+GAUSSIAN_STAT_KEYS = ("action_mean", "action_std")
 
 _threads_configured = False
 
@@ -100,7 +103,7 @@ class VTracePolicy:
 
     Args:
       observation_space: the env's observation space (Box, rank 1 or 3).
-      action_space: the env's action space (Discrete).
+      action_space: the env's action space (Discrete, or Box: a diagonal Gaussian policy).
       config: the run's `ImpalaConfig` (lr, opt_type, gamma, coefficients, clips, model).
     """
 
@@ -113,6 +116,9 @@ class VTracePolicy:
         self.action_space = action_space
         # The action distribution's TensorFlow twin: log-probs and entropy for the loss.
         self.distribution = tf_distribution(action_space)
+        #: the keys of `learn_on_batch`'s stats (without policy_version)
+        self.stat_keys = STAT_KEYS + (GAUSSIAN_STAT_KEYS
+                                      if self.distribution.name == "diag_gaussian" else ())
         self.model = build_keras_model(observation_space, action_space, config.model_spec,
                                        seed=config.seed)
         self.trunk = trunk_model(self.model) if config.use_lstm else None
@@ -168,12 +174,14 @@ class VTracePolicy:
         """The loss of one batch, with the config's off-policy correction.
 
         Args:
-          tensors: the arrays of `batch_to_tensors` as tensors: obs [T, B, ...], actions/
-            rewards/terminateds/truncateds/truncation_values [T, B], behaviour_logits
-            [T, B, A], bootstrap_obs [B, ...]; a recurrent policy's also state_in [B, 2, C].
+          tensors: the arrays of `batch_to_tensors` as tensors: obs [T, B, ...], actions
+            [T, B] (Discrete) or [T, B, D] (Box), rewards/terminateds/truncateds/
+            truncation_values [T, B], behaviour_logits [T, B, A] (the behaviour policy's
+            distribution inputs: for a Box, D means then D log-stds), bootstrap_obs [B, ...];
+            a recurrent policy's also state_in [B, 2, C].
 
         Returns:
-          total loss (scalar) and a dict of scalar stats (STAT_KEYS without the norms).
+          total loss (scalar) and a dict of scalar stats (``stat_keys`` without the norms).
         """
         config = self.config
         target_logits, values, bootstrap_value = self._forward(tensors)
@@ -202,6 +210,10 @@ class VTracePolicy:
                  "entropy": entropy / tf.cast(T * B, tf.float32),
                  "mean_rho": tf.reduce_mean(tf.exp(terms.log_rhos)),
                  "vf_explained_var": explained}
+        if self.distribution.name == "diag_gaussian":
+            mean, log_std = self.distribution.split(target_logits)  # [T, B, D] each
+            stats["action_mean"] = tf.reduce_mean(mean)
+            stats["action_std"] = tf.reduce_mean(tf.exp(log_std))
         return total, stats
 
     def _forward(self, tensors: dict[str, tf.Tensor]) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
@@ -272,7 +284,7 @@ class VTracePolicy:
         grads, stats = self.compute_gradients(tensors)
         stats.update(self.apply_gradients(grads, loss=stats["total_loss"]))
         # One vector instead of a dict of scalars: one device-to-host copy per step.
-        packed = tf.stack([tf.cast(stats[k], tf.float32) for k in STAT_KEYS])
+        packed = tf.stack([tf.cast(stats[k], tf.float32) for k in self.stat_keys])
         # Read after the update (TF orders ops on the same variables as written here).
         flat = self._flat_weights() if self._flat_weights_ok else tf.zeros([0])
         return packed, flat
@@ -301,7 +313,7 @@ class VTracePolicy:
             self._last_inputs = (batch, tensors, step)
         with self.lock:
             packed, flat = step(tensors)
-            stats = dict(zip(STAT_KEYS, packed.numpy().tolist(), strict=True))
+            stats = dict(zip(self.stat_keys, packed.numpy().tolist(), strict=True))
             if all(np.isfinite(stats[k]) for k in ("total_loss", "grad_gnorm")):
                 self.version += 1
             else:
