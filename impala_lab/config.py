@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from impala_lab import memory_budget as memory
+from impala_lab.env_packages import env_package_hint as env_package_hint  # re-exported
 from impala_lab.errors import ConfigError
 from impala_lab.evaluation_settings import check_evaluation_fields
 from impala_lab.field_checks import bad, check_choice, check_range, check_type, field_kinds
@@ -89,6 +90,13 @@ class ImpalaConfig:
         True, "Box actions: clip each sampled action to the space's finite bounds before the "
         "env gets it (RLlib's clip_actions); the batch keeps the unclipped draw, whose "
         "log-probability the loss uses. False passes the draw as it is.")
+    normalize_obs: bool = _f(
+        False, "Standardise vector observations with a running mean and variance held in the "
+        "model's weights (SB3's VecNormalize, RLlib's MeanStdFilter), so actors, learner and "
+        "checkpoints share them; for continuous control.")
+    reward_scale: float = _f(
+        1.0, "Multiply env rewards by this in the loss (returns in metrics stay unscaled): "
+        "values near 1 keep the value loss tame when rewards are large.")
     max_sample_requests_in_flight_per_worker: int = _f(
         2, "Sample requests each worker has queued at once (the task pool's depth).")
     restart_failed_workers: bool = _f(
@@ -218,7 +226,7 @@ class ImpalaConfig:
                      "num_data_loader_buffers", "tf_intra_op_threads", "lstm_cell_size"):
             if getattr(self, name) < 1:
                 bad(name, getattr(self, name), "it must be a positive integer (>= 1)")
-        for name in ("lr", "grad_clip", "learner_queue_timeout", "epsilon"):
+        for name in ("lr", "grad_clip", "learner_queue_timeout", "epsilon", "reward_scale"):
             value = getattr(self, name)
             if not (value > 0 and math.isfinite(value)):
                 bad(name, value, "it must be a positive finite number")
@@ -359,7 +367,7 @@ class ImpalaConfig:
         """The `ModelSpec` of these fields (``model`` is its ``hiddens``): what models use."""
         return ModelSpec(tuple(self.model), self.vf_share_layers, self.use_lstm,
                          self.lstm_cell_size, self.conv_net, self.conv_filters,
-                         self.impala_channels, self.free_log_std)
+                         self.impala_channels, self.free_log_std, self.normalize_obs)
 
     @property
     def env_id(self) -> str:
@@ -449,24 +457,6 @@ def _check_known(key: Any) -> None:
         close = difflib.get_close_matches(str(key), known, n=1)
         hint = f"did you mean {close[0]!r}?" if close else "see the README's config table"
         raise ConfigError(f"unknown config key {key!r}: {hint}")
-
-
-# Env ids that packages register when installed: (how the id starts, the package to install).
-ENV_PACKAGES = (
-    ("ALE/", "Atari's games come with ale-py: pip install ale-py (or 'gymnasium[atari]')"),
-    ("MinAtar/", "MinAtar's games come with minatar: pip install 'impala_lab[minatar]'"),
-    (("Ant-", "HalfCheetah-", "Hopper-", "Humanoid", "InvertedPendulum-", "Pusher-",
-      "Reacher-", "Swimmer-", "Walker2d-", "InvertedDoublePendulum-"),
-     "MuJoCo's envs come with the mujoco package: pip install 'gymnasium[mujoco]'"),
-    (("LunarLander", "BipedalWalker", "CarRacing-"),
-     "Box2D's envs come with box2d: pip install 'gymnasium[box2d]'"),
-)
-
-
-def env_package_hint(env_id: str) -> str:
-    """Which package registers ``env_id``'s family, when gymnasium does not know it ("" if
-    none of `ENV_PACKAGES`)."""
-    return next((text for start, text in ENV_PACKAGES if env_id.startswith(start)), "")
 
 
 def field_kind(name: str) -> str:

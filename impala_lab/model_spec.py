@@ -60,7 +60,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ATARI_FILTERS", "CONV_NETS", "IMPALA_CHANNELS", "RESIDUAL_BLOCKS",
+__all__ = ["ATARI_FILTERS", "CONV_NETS", "IMPALA_CHANNELS", "OBS_NORM_CLIP", "OBS_NORM_EPSILON",
+           "RESIDUAL_BLOCKS",
            "SMALL_IMAGE_FILTERS", "ModelSpec", "default_conv_filters", "impala_shapes",
            "min_image_size", "small_cnn_shapes"]
 
@@ -70,6 +71,10 @@ ATARI_FILTERS: tuple[tuple[int, int, int], ...] = ((16, 8, 4), (32, 4, 2))
 SMALL_IMAGE_FILTERS: tuple[tuple[int, int, int], ...] = ((16, 3, 1),)
 IMPALA_CHANNELS: tuple[int, ...] = (16, 32, 32)
 RESIDUAL_BLOCKS = 2  # per stack of the IMPALA network
+# A normalised observation is (obs - mean) / sqrt(var + OBS_NORM_EPSILON), clipped to
+# +-OBS_NORM_CLIP: a rare extreme observation cannot blow up the first layer (SB3's default).
+OBS_NORM_EPSILON = 1e-8
+OBS_NORM_CLIP = 10.0
 
 
 @dataclass(frozen=True)
@@ -94,6 +99,12 @@ class ModelSpec:
         let the head compute it from the features with the mean (False). The free vector is
         the policy head's third weight: ``logits_head/kernel [H, D], logits_head/bias [D],
         logits_head/log_std [D]`` (zeros at the start: std 1). Ignored for a Discrete space.
+      normalize_obs: standardise vector observations inside the network with a running mean
+        and variance (`impala_lab.learner.obs_normalizer`): the model's first three weights
+        are then ``obs_filter/mean [D], obs_filter/var [D], obs_filter/count [1]`` (0, 1
+        and 0 at the start), which the learner updates and no gradient touches. They travel
+        with the weights to the actors and into checkpoints, so both sides always
+        normalise with the same statistics. Vector observations only.
 
     Lists are stored as tuples (the spec is hashable and pickles to actor processes). A bad
     value raises ValueError naming the field, the value and the fix.
@@ -107,6 +118,7 @@ class ModelSpec:
     conv_filters: tuple[tuple[int, int, int], ...] | None = None
     impala_channels: tuple[int, ...] = IMPALA_CHANNELS
     free_log_std: bool = True
+    normalize_obs: bool = False
 
     def __post_init__(self) -> None:
         # frozen: normalise through object.__setattr__

@@ -36,7 +36,7 @@ from impala_lab.actor.layers import (
     lstm_step,
     orthogonal,
 )
-from impala_lab.model_spec import ModelSpec
+from impala_lab.model_spec import OBS_NORM_CLIP, OBS_NORM_EPSILON, ModelSpec
 
 __all__ = ["CONV_LAYERS", "HIDDEN_GAIN", "LSTM_GAIN", "POLICY_GAIN", "VALUE_GAIN",
            "NumpyModel", "check_spaces"]
@@ -164,6 +164,15 @@ class NumpyModel:
         #: units the policy head computes: A, or the D means when the log-std is free
         self.head_units = self.num_actions // 2 if self.free_log_std else self.num_actions
         self._log_std: np.ndarray | None = None
+        #: the obs_filter weights (mean, var, count) lead the weights (`ModelSpec.normalize_obs`)
+        self.normalize_obs = bool(spec.normalize_obs)
+        if self.normalize_obs and self.kind != "mlp":
+            raise ValueError(
+                f"normalize_obs=True needs vector observations, but this env's are images "
+                f"{tuple(observation_space.shape)} (already scaled to [0, 1] inside the "
+                "network): set normalize_obs=False")
+        self._obs_shift: np.ndarray | None = None  # the running mean, and 1 / std
+        self._obs_scale: np.ndarray | None = None
         self._scale_uint8 = self.obs_dtype == np.uint8  # bool images are read as 0.0/1.0
         self._shapes, self._gains = self._layout()
         self._weights: list[np.ndarray] | None = None
@@ -172,6 +181,9 @@ class NumpyModel:
         """Weight shapes in get_weights() order, and each kernel's init gain."""
         shapes: list[tuple[int, ...]] = []
         gains: list[float] = []
+        if self.normalize_obs:  # obs_filter/mean [D], /var [D], /count [1]
+            shapes += [self.obs_shape, self.obs_shape, (1,)]
+            gains += [0.0, 0.0, 0.0]
         copies = 2 if self.separate_value_trunk else 1  # each layer, then its value twin
         if self.kind == "cnn":
             height, width, channels = self.obs_shape
@@ -230,6 +242,8 @@ class NumpyModel:
         if self.use_lstm:  # forget-gate bias 1 (Keras's unit_forget_bias)
             cell = self.lstm_cell_size
             weights[-5 - self.free_log_std][cell: 2 * cell] = 1.0
+        if self.normalize_obs:  # variance 1: the identity until the learner sees data
+            weights[1][:] = 1.0
         return weights
 
     def initial_state(self, n: int) -> np.ndarray:
@@ -245,6 +259,11 @@ class NumpyModel:
         """
         arrays = self._checked_weights(weights)
         self._weights = arrays
+        if self.normalize_obs:
+            mean, var = arrays[0], arrays[1]
+            self._obs_shift = mean
+            self._obs_scale = (1.0 / np.sqrt(var + OBS_NORM_EPSILON)).astype(np.float32)
+            arrays = arrays[3:]
         heads = 4 + self.free_log_std  # [policy kernel, bias, (log_std), value kernel, bias]
         trunk_end = len(arrays) - heads - (3 if self.use_lstm else 0)
         # kernel [F, 4C], recurrent kernel [C, 4C], bias [4C].
@@ -444,6 +463,10 @@ class NumpyModel:
             x = obs.astype(np.float32)
             x *= _UINT8_SCALE
             return x
+        if self._obs_scale is not None:  # fresh array: the caller's obs stay as they were
+            x = np.subtract(obs, self._obs_shift, dtype=np.float32)
+            x *= self._obs_scale
+            return np.clip(x, -OBS_NORM_CLIP, OBS_NORM_CLIP, out=x)
         return obs if obs.dtype == np.float32 else obs.astype(np.float32)
 
     def _features(self, x: np.ndarray, conv: list[tuple], dense: list[tuple]) -> np.ndarray:

@@ -66,6 +66,11 @@ def check_env(config: ImpalaConfig) -> tuple[Any, Any]:
                 raise ConfigError(f"conv_filters={[list(f) for f in filters]!r} is invalid for "
                                   f"env={config.env_id!r}: its {exc}") from None
         raise ConfigError(f"env={config.env_id!r} is invalid: its {exc}") from None
+    if config.normalize_obs and len(observation_space.shape) != 1:
+        raise ConfigError(
+            f"normalize_obs=True is invalid for env={config.env_id!r}: its observations are "
+            f"images {tuple(observation_space.shape)}, which the network already scales to "
+            "[0, 1]; normalisation is for vector observations: set normalize_obs=False")
     # Validation counted one float per observation; now the env's real observation size
     # and action count are known (still before TensorFlow loads or any process starts).
     config.check_memory(observation_space, action_space)

@@ -60,6 +60,10 @@ def build_keras_model(observation_space: Any, action_space: Any, spec: ModelSpec
                       else "float32")
     hidden_init = keras.initializers.Orthogonal(gain=HIDDEN_GAIN, seed=seed)
     x = _keras_input_scaling(obs, numpy_model.obs_dtype)
+    if numpy_model.normalize_obs:  # first layer: its weights lead get_weights()
+        from impala_lab.learner.obs_normalizer import ObsNormalizer
+
+        x = ObsNormalizer(name="obs_filter")(x)
     features = _keras_trunk(x, numpy_model, hidden_init, "")
     value_features = (_keras_trunk(x, numpy_model, hidden_init, "value_")
                       if numpy_model.separate_value_trunk else features)

@@ -313,6 +313,7 @@ class MultiGPULearner(LearnerThread):
         """
         policy = self.policy
         with policy.lock:
+            policy.observe_new_batch(batch)
             out = self._train_step(parts)
             stats = {k: float(v) for k, v in out.items()}
             finite = all(np.isfinite(stats[k]) for k in ("total_loss", "grad_gnorm"))

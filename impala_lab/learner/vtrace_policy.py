@@ -34,6 +34,7 @@ from __future__ import annotations
 import os
 import threading
 import warnings
+import weakref
 from typing import Any
 
 import numpy as np
@@ -51,6 +52,7 @@ from impala_lab.errors import NonFiniteLossError
 from impala_lab.learner.corrections import correction_terms
 from impala_lab.learner.distributions import tf_distribution
 from impala_lab.learner.keras_model import build_keras_model, lstm_unroll, trunk_model
+from impala_lab.learner.obs_normalizer import update_obs_statistics
 from impala_lab.learner.optimizers import Adam, TF1RMSprop
 
 STAT_KEYS = ("total_loss", "policy_loss", "vf_loss", "entropy", "grad_gnorm", "var_gnorm",
@@ -146,6 +148,8 @@ class VTracePolicy:
         self._flat_weights_ok = all(w.dtype == "float32" for w in self.model.weights)
         self._read_flat = tf.function(self._flat_weights)
         self._snapshot: tuple[tf.Tensor, int] | None = None
+        # Train batches whose observations the statistics hold (dropped with the batches).
+        self._batches_seen: weakref.WeakSet[SampleBatch] = weakref.WeakSet()
 
     # ------------------------------------------------------------------ optimizer
     def _make_optimizer(self, config: ImpalaConfig) -> keras.optimizers.Optimizer:
@@ -189,7 +193,9 @@ class VTracePolicy:
         terminated = tensors["terminateds"]
         truncated = tensors["truncateds"] * (1.0 - terminated)
         discounts = config.gamma * (1.0 - tf.maximum(terminated, truncated))
-        rewards = tensors["rewards"] + config.gamma * truncated * tensors["truncation_values"]
+        # A truncated step's value estimate is the network's, already in scaled units.
+        rewards = (config.reward_scale * tensors["rewards"]
+                   + config.gamma * truncated * tensors["truncation_values"])
 
         terms = correction_terms(
             config.off_policy_correction, behaviour_logits=tensors["behaviour_logits"],
@@ -312,6 +318,7 @@ class VTracePolicy:
                 self._step_graphs[signature] = step
             self._last_inputs = (batch, tensors, step)
         with self.lock:
+            self.observe_new_batch(batch)
             packed, flat = step(tensors)
             stats = dict(zip(self.stat_keys, packed.numpy().tolist(), strict=True))
             if all(np.isfinite(stats[k]) for k in ("total_loss", "grad_gnorm")):
@@ -324,6 +331,15 @@ class VTracePolicy:
         if not all(np.isfinite(stats[k]) for k in ("total_loss", "grad_gnorm")):
             raise NonFiniteLossError(describe_nonfinite(stats, batch))
         return stats
+
+    def observe_new_batch(self, batch: SampleBatch) -> None:
+        """What a train batch changes before the first update on it: the observation
+        statistics of a ``normalize_obs`` model (`impala_lab.learner.obs_normalizer`).
+        Call with ``self.lock`` held before every update; further passes over a batch
+        (num_sgd_iter, the minibatch ring) change nothing."""
+        if self.config.normalize_obs and batch not in self._batches_seen:
+            self._batches_seen.add(batch)
+            update_obs_statistics(self.model, batch.obs)
 
     def get_weights(self) -> tuple[list[np.ndarray], int]:
         """The model's weights (numpy, in ``model.get_weights()`` order) and their version.
