@@ -90,6 +90,12 @@ class ImpalaConfig:
         True, "Box actions: clip each sampled action to the space's finite bounds before the "
         "env gets it (RLlib's clip_actions); the batch keeps the unclipped draw, whose "
         "log-probability the loss uses. False passes the draw as it is.")
+    action_bound_coeff: float = _f(
+        0.0, "Box actions: weight of a penalty on the squared distance of each action mean "
+        "past the bounds, which keeps the mean where the env can tell actions apart.")
+    squash_actions: bool = _f(
+        False, "Box actions: squash each draw into the space's bounds with tanh instead of "
+        "clipping it (the batch keeps the draw; the bounds must be finite).")
     normalize_obs: bool = _f(
         False, "Standardise vector observations with a running mean and variance held in the "
         "model's weights (SB3's VecNormalize, RLlib's MeanStdFilter), so actors, learner and "
@@ -243,7 +249,7 @@ class ImpalaConfig:
         check_range("gamma", self.gamma, 0.0, 1.0)
         check_range("decay", self.decay, 0.0, 1.0)
         check_range("momentum", self.momentum, 0.0, 1.0)
-        for name in ("vf_loss_coeff", "entropy_coeff", "replay_proportion"):
+        for name in ("vf_loss_coeff", "entropy_coeff", "replay_proportion", "action_bound_coeff"):
             check_range(name, getattr(self, name), 0.0, math.inf)
         for name in ("vtrace_clip_rho_threshold", "vtrace_clip_pg_rho_threshold"):
             value = getattr(self, name)

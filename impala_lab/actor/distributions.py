@@ -31,7 +31,7 @@ from gymnasium import spaces
 from impala_lab.errors import ConfigError
 
 __all__ = ["DISTRIBUTIONS", "ActionDistribution", "Categorical", "DiagGaussian",
-           "pick_distribution"]
+           "pick_distribution", "squash_to_bounds"]
 
 _LOG_2PI = float(np.log(2.0 * np.pi))
 
@@ -66,7 +66,8 @@ class ActionDistribution(Protocol):
     @staticmethod
     def kl(inputs: np.ndarray, other_inputs: np.ndarray) -> np.ndarray: ...
     @staticmethod
-    def env_action(action: np.ndarray, action_space: Any, clip: bool) -> Any: ...
+    def env_action(action: np.ndarray, action_space: Any, clip: bool,
+                   squash: bool = False) -> Any: ...
 
 
 class Categorical:
@@ -155,7 +156,8 @@ class Categorical:
             np.result_type(logits), copy=False)
 
     @staticmethod
-    def env_action(action: np.ndarray, action_space: Any, clip: bool) -> Any:
+    def env_action(action: np.ndarray, action_space: Any, clip: bool,
+                   squash: bool = False) -> Any:
         """What ``env.step`` gets for one sampled action: the index itself."""
         return action
 
@@ -261,12 +263,28 @@ class DiagGaussian:
         return out.astype(np.result_type(inputs), copy=False)
 
     @staticmethod
-    def env_action(action: np.ndarray, action_space: Any, clip: bool) -> Any:
-        """What ``env.step`` gets for one action [D]: clipped to the space's bounds where they
-        are finite (``clip``), in the space's shape and dtype."""
-        if clip:
-            action = np.clip(action, action_space.low.reshape(-1), action_space.high.reshape(-1))
+    def env_action(action: np.ndarray, action_space: Any, clip: bool,
+                   squash: bool = False) -> Any:
+        """What ``env.step`` gets for one action [D]: squashed into the space's bounds
+        (``squash``, `squash_to_bounds`), else clipped to them where they are finite
+        (``clip``); in the space's shape and dtype."""
+        low, high = action_space.low.reshape(-1), action_space.high.reshape(-1)
+        if squash:
+            action = squash_to_bounds(action, low, high)
+        elif clip:
+            action = np.clip(action, low, high)
         return np.asarray(action, action_space.dtype).reshape(action_space.shape)
+
+
+def squash_to_bounds(actions: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
+    """low + (tanh(a) + 1) (high - low) / 2: any real [..., D] into finite bounds [D].
+
+    The batch keeps ``a``, and the loss scores it with the Gaussian: the ratio of two
+    policies' densities of the squashed action is the ratio of their densities of ``a`` (the
+    tanh's Jacobian cancels), and so is the policy gradient, whose Jacobian term does not
+    depend on the weights. Only the entropy bonus differs: it is the Gaussian's, before the
+    squash."""
+    return low + (np.tanh(actions) + 1.0) * (0.5 * (high - low))
 
 
 # Each action space type and its distribution, first match wins: a new one is one line here.

@@ -4,9 +4,9 @@
 forward pass's distribution inputs (a NaN or infinite mean, log-std or logit is named, with
 the weights version, instead of surfacing later as a NaN loss) and turns the sampled actions
 [N, *action_shape] into what each env's ``step`` takes: a Discrete index as it is, a Box
-action clipped to the space's finite bounds (``clip_actions``) and reshaped to the space's
-shape. The batch keeps the draw itself: the learner's log-probabilities are of the unclipped
-sample, as the behaviour policy drew it.
+action clipped to the space's finite bounds (``clip_actions``), or squashed into them by tanh
+(``squash_actions``), and reshaped to the space's shape. The batch keeps the draw itself: the
+learner's log-probabilities are of the sample as the behaviour policy drew it.
 
 numpy and gymnasium only (actor processes import it; never TensorFlow).
 """
@@ -16,6 +16,8 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+
+from impala_lab.actor.distributions import squash_to_bounds
 
 __all__ = ["Fragment", "PolicyOutput"]
 
@@ -55,12 +57,15 @@ class PolicyOutput:
       distribution: the action distribution class (`impala_lab.actor.distributions`).
       action_space: the envs' action space.
       clip_actions: clip Box actions to the space's finite bounds at the env.
+      squash_actions: squash them into the bounds with tanh instead (`squash_to_bounds`).
     """
 
-    def __init__(self, distribution: Any, action_space: Any, clip_actions: bool) -> None:
+    def __init__(self, distribution: Any, action_space: Any, clip_actions: bool,
+                 squash_actions: bool = False) -> None:
         self.distribution = distribution
         self.continuous = distribution.has_log_std
         self.clip_actions = bool(clip_actions)
+        self.squash_actions = bool(squash_actions)
         if self.continuous:
             self._low = np.asarray(action_space.low, np.float64).reshape(-1)
             self._high = np.asarray(action_space.high, np.float64).reshape(-1)
@@ -87,8 +92,9 @@ class PolicyOutput:
 
     def env_actions(self, actions: np.ndarray, inputs: np.ndarray, version: int) -> Any:
         """What each env's ``step`` takes, one per row of ``actions``: ``actions`` itself
-        for a Discrete space; for a Box, each [D] row clipped (``clip_actions``) and
-        reshaped to the space's shape (the batch keeps ``actions`` as drawn)."""
+        for a Discrete space; for a Box, each [D] row squashed (``squash_actions``) or clipped
+        (``clip_actions``) and reshaped to the space's shape (the batch keeps ``actions``
+        as drawn)."""
         if not self.continuous:
             return actions
         if not np.isfinite(actions).all():
@@ -98,6 +104,9 @@ class PolicyOutput:
                 f"({actions[row]}) although its mean and log_std are (weights version "
                 f"{version}): exp(log_std) overflowed; max log_std is "
                 f"{float(np.max(inputs[row, inputs.shape[1] // 2:])):.4g}")
-        out = np.clip(actions, self._low, self._high) if self._clip else actions
+        if self.squash_actions:
+            out = squash_to_bounds(actions, self._low, self._high)
+        else:
+            out = np.clip(actions, self._low, self._high) if self._clip else actions
         out = out.astype(self._dtype, copy=False)
         return [a.reshape(self._shape) for a in out]

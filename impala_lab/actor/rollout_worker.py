@@ -82,6 +82,7 @@ class RolloutWorker:
       worker_index: this worker's index in the run (seeding and error messages).
       clip_actions: clip Box actions to the space's finite bounds at the env (the batch
         keeps the unclipped draw); no effect on Discrete actions.
+      squash_actions: squash Box actions into the bounds with tanh instead of clipping.
 
     Raises:
       ValueError: if an env cannot be built (naming the env), the spaces are unsupported,
@@ -97,6 +98,7 @@ class RolloutWorker:
         seed: int | None = None,
         worker_index: int = 0,
         clip_actions: bool = True,
+        squash_actions: bool = False,
     ) -> None:
         if not isinstance(num_envs, int) or num_envs < 1:
             raise ValueError(f"RolloutWorker: num_envs={num_envs!r} must be an int >= 1.")
@@ -116,6 +118,7 @@ class RolloutWorker:
         self.worker_index = int(worker_index)
         self.seed = seed
         self._clip_actions = bool(clip_actions)
+        self._squash_actions = bool(squash_actions)
         self._envs: list[gym.Env] = []
         self._closed = False
         self._ep_returns = [0.0] * num_envs  # running return of each env's episode
@@ -182,7 +185,7 @@ class RolloutWorker:
         self._model = NumpyModel(self._observation_space, self._action_space, spec)
         self._num_actions = self._model.num_actions  # width of the behaviour logits
         self._policy_output = PolicyOutput(self._model.distribution, self._action_space,
-                                           self._clip_actions)
+                                           self._clip_actions, self._squash_actions)
         # Each env's (h, c) [num_envs, 2, C]; None for a feed-forward policy.
         self._state = self._model.initial_state(self._num_envs) if spec.use_lstm else None
         self._weights: list[np.ndarray] = list(self._model.initial_weights(init_seed))

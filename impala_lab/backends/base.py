@@ -58,7 +58,8 @@ class Backend(abc.ABC):
         c = self.config
         return dict(env=self.env, num_envs=c.num_envs_per_worker,
                     sample_batch_size=c.sample_batch_size, model_spec=c.model_spec,
-                    seed=c.seed, worker_index=index, clip_actions=c.clip_actions)
+                    seed=c.seed, worker_index=index, clip_actions=c.clip_actions,
+                    squash_actions=c.squash_actions)
 
     def prepare(self) -> None:
         """Checks that can fail before TensorFlow loads or any process starts (default: none)."""

@@ -67,8 +67,8 @@ def policy_model(config: ImpalaConfig, observation_space: Any, action_space: Any
 
 
 def record_episodes(env_id: str, model: NumpyModel, episodes: int = 1, max_frames: int = 500,
-                    seed: int | None = None, greedy: bool = False
-                    ) -> tuple[list[np.ndarray], list[float]]:
+                    seed: int | None = None, greedy: bool = False, *, clip: bool = True,
+                    squash: bool = False) -> tuple[list[np.ndarray], list[float]]:
     """Plays ``episodes`` episodes with ``model`` and renders every step.
 
     Args:
@@ -78,6 +78,8 @@ def record_episodes(env_id: str, model: NumpyModel, episodes: int = 1, max_frame
       max_frames: frames at most, over all episodes (the first frame of each included).
       seed: seeds the first reset and the action sampling; None = random.
       greedy: take the most likely action instead of sampling (the policy as trained samples).
+      clip, squash: how a Box action meets its bounds (the run's ``clip_actions`` and
+        ``squash_actions``).
 
     Returns:
       (frames, returns): uint8 frames [H, W, 3] in order, and the return of each episode
@@ -115,7 +117,7 @@ def record_episodes(env_id: str, model: NumpyModel, episodes: int = 1, max_frame
                 dist = model.distribution
                 action = (dist.mode(logits) if greedy else dist.sample(logits, rng))[0]
                 obs, reward, terminated, truncated, _ = env.step(
-                    dist.env_action(action, env.action_space, clip=True))
+                    dist.env_action(action, env.action_space, clip=clip, squash=squash))
                 total += float(reward)
                 done = terminated or truncated
                 frames.append(_frame(env))
@@ -168,5 +170,6 @@ def play_checkpoint(checkpoint: str | Path, out: str | Path, episodes: int = 1,
     """`record_episodes` with a checkpoint's policy, written to ``out`` as a GIF; returns
     (the GIF's path, the episodes' returns, the number of frames)."""
     config, model = load_policy(checkpoint)
-    frames, returns = record_episodes(config.env, model, episodes, max_frames, seed, greedy)
+    frames, returns = record_episodes(config.env, model, episodes, max_frames, seed, greedy,
+                                      clip=config.clip_actions, squash=config.squash_actions)
     return write_gif(frames, out, fps), returns, len(frames)

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import numpy as np
+
 from impala_lab.config import ImpalaConfig
 from impala_lab.errors import ConfigError
 
@@ -66,6 +68,13 @@ def check_env(config: ImpalaConfig) -> tuple[Any, Any]:
                 raise ConfigError(f"conv_filters={[list(f) for f in filters]!r} is invalid for "
                                   f"env={config.env_id!r}: its {exc}") from None
         raise ConfigError(f"env={config.env_id!r} is invalid: its {exc}") from None
+    bounds = (getattr(action_space, "low", None), getattr(action_space, "high", None))
+    if config.squash_actions and bounds[0] is not None and not all(
+            np.isfinite(b).all() for b in bounds):
+        raise ConfigError(
+            f"squash_actions=True is invalid for env={config.env_id!r}: its action space "
+            f"{action_space} has infinite bounds, which tanh cannot squash into; set "
+            "squash_actions=False (clip_actions clips where the bounds are finite)")
     if config.normalize_obs and len(observation_space.shape) != 1:
         raise ConfigError(
             f"normalize_obs=True is invalid for env={config.env_id!r}: its observations are "

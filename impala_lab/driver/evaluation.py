@@ -52,7 +52,8 @@ def evaluation_model(config: Any, observation_space: Any, action_space: Any) -> 
 
 
 def play_episodes(env: Any, model: NumpyModel, seeds: list[int], greedy: bool,
-                  rng: np.random.Generator) -> list[float]:
+                  rng: np.random.Generator, *, clip: bool = True, squash: bool = False
+                  ) -> list[float]:
     """Play one episode per seed (``env.reset(seed=...)``) with ``model``; their returns.
 
     Args:
@@ -61,6 +62,8 @@ def play_episodes(env: Any, model: NumpyModel, seeds: list[int], greedy: bool,
       seeds: one reset seed per episode.
       greedy: take the most likely action (True) or draw one from the policy (False).
       rng: draws the sampled actions.
+      clip, squash: how a Box action meets its bounds, as the actors do (the config's
+        ``clip_actions`` and ``squash_actions``).
     """
     returns = []
     for seed in seeds:
@@ -80,7 +83,7 @@ def play_episodes(env: Any, model: NumpyModel, seeds: list[int], greedy: bool,
             dist = model.distribution
             action = dist.mode(logits)[0] if greedy else dist.sample(logits, rng)[0]
             action = action.item() if np.ndim(action) == 0 else dist.env_action(
-                action, env.action_space, clip=True)  # a Box action: clipped, reshaped
+                action, env.action_space, clip=clip, squash=squash)  # a Box: bounded, reshaped
             obs, reward, terminated, truncated, _ = env.step(action)
             total += float(reward)
             done = terminated or truncated
@@ -179,7 +182,8 @@ class Evaluator:
             model.set_weights(weights)
             rng = np.random.default_rng(self._rng_seed)  # the same draws at every evaluation
             means = {f"episode_return_mean_{mode}": float(np.mean(play_episodes(
-                env, model, self.seeds, mode == "greedy", rng))) for mode in self.modes}
+                env, model, self.seeds, mode == "greedy", rng, clip=self._config.clip_actions,
+                squash=self._config.squash_actions))) for mode in self.modes}
         except Exception as exc:  # reported in stats(), never the driver's failure
             self.error = f"{type(exc).__name__}: {exc}"
             return

@@ -59,7 +59,7 @@ STAT_KEYS = ("total_loss", "policy_loss", "vf_loss", "entropy", "grad_gnorm", "v
              "mean_rho", "vf_explained_var")
 # A Gaussian policy's stats too: its mean and standard deviation over the batch's steps and
 # action dimensions (what the learner's policy would do on the batch's observations).
-GAUSSIAN_STAT_KEYS = ("action_mean", "action_std")
+GAUSSIAN_STAT_KEYS = ("action_mean", "action_std", "action_bound_loss")
 
 _threads_configured = False
 
@@ -78,6 +78,22 @@ def configure_tf_threads(intra_op: int) -> None:
                           f"tf_intra_op_threads={intra_op}; keeping its current setting",
                           stacklevel=3)
     _threads_configured = True
+
+
+def action_bound(action_space: Any, squash: bool) -> tuple[np.ndarray, np.ndarray] | None:
+    """(center [D], half-width [D]) of the means the env can tell apart, for
+    ``action_bound_coeff``: the Box's bounds when clipped, +-2 before tanh when squashed
+    (tanh(2) is 96% of the way); None for a Discrete space or unbounded dimensions."""
+    if not hasattr(action_space, "low"):
+        return None
+    if squash:
+        size = int(np.prod(action_space.shape))
+        return np.zeros(size, np.float32), np.full(size, 2.0, np.float32)
+    low = np.asarray(action_space.low, np.float64).reshape(-1)
+    high = np.asarray(action_space.high, np.float64).reshape(-1)
+    if not (np.isfinite(low).all() and np.isfinite(high).all()):
+        return None
+    return ((low + high) / 2).astype(np.float32), ((high - low) / 2).astype(np.float32)
 
 
 def batch_to_tensors(batch: SampleBatch) -> dict[str, np.ndarray]:
@@ -121,6 +137,7 @@ class VTracePolicy:
         #: the keys of `learn_on_batch`'s stats (without policy_version)
         self.stat_keys = STAT_KEYS + (GAUSSIAN_STAT_KEYS
                                       if self.distribution.name == "diag_gaussian" else ())
+        self._bound = action_bound(action_space, config.squash_actions)
         self.model = build_keras_model(observation_space, action_space, config.model_spec,
                                        seed=config.seed)
         self.trunk = trunk_model(self.model) if config.use_lstm else None
@@ -209,6 +226,15 @@ class VTracePolicy:
         vf_loss = 0.5 * tf.reduce_sum(tf.square(terms.vs - values))
         entropy = tf.reduce_sum(self.distribution.entropy(target_logits))
         total = policy_loss + config.vf_loss_coeff * vf_loss - self.entropy_coeff * entropy
+        bound_loss = tf.constant(0.0)
+        if self.distribution.name == "diag_gaussian" and self._bound is not None:
+            # Past the bound every draw near the mean reaches the env as the same action:
+            # the policy gradient no longer sees the mean, and nothing else brings it back.
+            center, half = self._bound
+            mean = self.distribution.split(target_logits)[0]  # [T, B, D]
+            excess = tf.nn.relu(tf.abs((mean - center) / half) - 1.0)
+            bound_loss = tf.reduce_sum(tf.square(excess))
+            total += config.action_bound_coeff * bound_loss
 
         var_vs = tf.math.reduce_variance(terms.vs)
         explained = 1.0 - tf.math.reduce_variance(terms.vs - values) / tf.maximum(var_vs, 1e-8)
@@ -220,6 +246,7 @@ class VTracePolicy:
             mean, log_std = self.distribution.split(target_logits)  # [T, B, D] each
             stats["action_mean"] = tf.reduce_mean(mean)
             stats["action_std"] = tf.reduce_mean(tf.exp(log_std))
+            stats["action_bound_loss"] = bound_loss / tf.cast(T * B, tf.float32)
         return total, stats
 
     def _forward(self, tensors: dict[str, tf.Tensor]) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
