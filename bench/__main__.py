@@ -12,6 +12,7 @@ and ``docs/results/results.png``.
     python -m bench --only recurrent,recurrent_speed --out docs/results/recurrent
     python -m bench --only minatar          # not in the default list: bench/minatar.py
     python -m bench --only one_file         # not in the default list: bench/one_file.py
+    python -m bench --only continuous       # not in the default list: bench/continuous.py
 
 Benchmarks (names for ``--only``):
 
@@ -628,20 +629,20 @@ def plot(results: dict[str, Any], path: Path) -> Path:
     return path
 
 
+# Run alone by ``--only NAME``: MinAtar from pixels, the one-file IMPALA, Box actions.
+SEPARATE = ("minatar", "one_file", "continuous")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if "--only" in argv and argv[argv.index("--only") + 1:][:1] == ["minatar"]:
-        # MinAtar's benchmark (not in the default list): bench.minatar, its own results files
-        from bench import minatar
+    only = argv[argv.index("--only") + 1:][:1] if "--only" in argv else []
+    if only and only[0] in SEPARATE:
+        # A benchmark with its own results files, not in the default list (bench/<name>.py)
+        import importlib
 
         rest = argv[:argv.index("--only")] + argv[argv.index("--only") + 2:]
-        return minatar.main(["--seeds" if a == "--solve-seeds" else a for a in rest])
-    if "--only" in argv and argv[argv.index("--only") + 1:][:1] == ["one_file"]:
-        # The one-file IMPALA against the library (not in the default list): bench.one_file
-        from bench import one_file
-
-        rest = argv[:argv.index("--only")] + argv[argv.index("--only") + 2:]
-        return one_file.main(["--seeds" if a == "--solve-seeds" else a for a in rest])
+        module = importlib.import_module(f"bench.{only[0]}")
+        return module.main(["--seeds" if a == "--solve-seeds" else a for a in rest])
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="short durations (CI)")
     parser.add_argument("--only", default=",".join(NAMES),

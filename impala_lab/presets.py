@@ -42,22 +42,24 @@ TUNED_PRESETS: dict[str, dict[str, Any]] = {
              "num_sgd_iter": 2, "opt_type": "adam", "lr": 0.0005, "entropy_coeff": 0.03,
              "vf_share_layers": True, "model": (128,)}
        for env in ("MinAtar/Breakout-v1", "MinAtar/SpaceInvaders-v1")},
-    # Box actions, the diagonal Gaussian policy (a first preset, one seed; the README has no
-    # study of it yet). Actions are clipped to [-2, 2] at the env (clip_actions) rather than
-    # squashed: the loss keeps the plain Gaussian log-probability of the draw, and a std that
-    # starts at 1 explores the whole torque range. Rewards reach -16 a step, so values are in
-    # the hundreds: gamma 0.95 keeps them near -100 (and the swing-up needs a short horizon
-    # only); the value trunk is separate (vf_share_layers False), so its large loss reaches
-    # the policy only through grad_clip, raised here so that the summed value gradient does
-    # not shrink the policy's step (Adam scales each weight's step anyway). No entropy bonus:
-    # the learned log-std sets the exploration. Measured once (seed 0, `impala-lab train --env
-    # Pendulum-v1 --max-seconds 300`, this 2-core machine): the trailing-100 mean return
-    # passed -200 at 70 s (5.4M env steps) and peaked at -137.5, then fell back to about -1590
-    # after 90 s and stayed there: the action mean ran past the bounds (to 8, and later -40),
-    # where the clip at the env hides every difference between actions and leaves the mean no
-    # gradient back. Not yet dependable; tanh squashing or a bound penalty is the next step
-    # (lr 0.0003 with one pass per batch was worse: -940 best in 150 s).
+    # Box actions, the diagonal Gaussian policy (docs/training.md, "Continuous actions";
+    # `python -m bench --only continuous` measures it on seeds drawn at random). Rewards
+    # reach -16 a step: scaled by 0.01 (reward_scale) the values stay near -1 to -3, so the
+    # value gradient no longer dominates the global-norm clip (unscaled, grad_clip had to be
+    # 1000 and the value loss was 10^6). Angular velocity spans +-8 against +-1 for cos and
+    # sin: normalize_obs. Without a bound penalty the action mean wandered to 8, 40, even -40
+    # (the clip at the env hides every difference between actions out there, so nothing
+    # pulled it back) and the return collapsed to about -1500 for good; action_bound_coeff
+    # 1.0 keeps it inside [-2, 2]. One pass over batches of 2000 kept learning where two
+    # passes over 1000 lost it. Single runs per variant (seeds 11-13, 150 s, two runs sharing
+    # the cores), so the choices are shown, not measured: batch 1000 x 2 passes, scaled:
+    # -250 at 2.2M env steps then collapse; Adam lr 0.0003 or RMSProp: never; entropy bonus
+    # 0.001: the std grew to 4, never; batch 2000 x 1 pass: -250 at 2.9M and stayed; with the
+    # bound penalty: at 3.3M and 3.9M, stayed; squashing (squash_actions) in place of the
+    # clip: at 3.5M, stayed (no better, so the preset keeps RLlib's clip: the env gets the
+    # draw itself where it is inside the bounds and the entropy bonus is the policy's own).
     "Pendulum-v1": {"num_envs_per_worker": 8, "sample_batch_size": 50,
-                    "train_batch_size": 1000, "num_sgd_iter": 2, "opt_type": "adam",
-                    "lr": 0.0005, "gamma": 0.95, "grad_clip": 1000.0, "entropy_coeff": 0.0},
+                    "train_batch_size": 2000, "num_sgd_iter": 1, "opt_type": "adam",
+                    "lr": 0.0005, "gamma": 0.95, "grad_clip": 40.0, "entropy_coeff": 0.0,
+                    "normalize_obs": True, "reward_scale": 0.01, "action_bound_coeff": 1.0},
 }

@@ -124,3 +124,19 @@ def summarize(values: Sequence[float], rng: np.random.Generator,
         out["solved"] = int(sum(bool(s) for s in solved))
         out["solve_return"] = solve_return
     return out
+
+
+def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval (95% for the default z) of a rate ``successes / n``.
+
+    Unlike the normal approximation it stays inside [0, 1] and is not of width zero at 5 of
+    5: with few seeds the interval, not the rate, says how much a solve rate is worth.
+    (0.0, 1.0) when ``n`` is 0.
+    """
+    if n <= 0:
+        return 0.0, 1.0
+    p = successes / n
+    denom = 1.0 + z * z / n
+    center = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, center - half), min(1.0, center + half)
