@@ -248,6 +248,60 @@ def test_lstm_reset_before_the_step_gets_its_hint():
           "case 4 of 6", "the reset comes one step early")
 
 
+# ------------------------------------------------------------------ 7c: the Gaussian, no loop
+GAUSSIAN_BY_DIMENSION = '''
+import numpy as np
+
+def logp_and_entropy(inputs, actions):
+    # ---- YOUR CODE STARTS HERE ----
+    D = inputs.shape[-1] // 2
+    logp, entropy = np.zeros(len(inputs)), np.zeros(len(inputs))
+    for d in range(D):
+        z = (actions[:, d] - inputs[:, d]) * np.exp(-inputs[:, D + d])
+        logp += -0.5 * z**2 - inputs[:, D + d] - 0.5 * np.log(2 * np.pi)
+        entropy += inputs[:, D + d] + 0.5 + 0.5 * np.log(2 * np.pi)
+    return logp, entropy
+    # ---- YOUR CODE ENDS HERE ----
+'''
+
+
+def test_gaussian_with_a_loop_passes_the_exercise_but_breaks_the_rule(tmp_path):
+    looped = answer_from(GAUSSIAN_BY_DIMENSION, "logp_and_entropy", "<gaussian loop>")
+    assert ex.check_diag_gaussian(looped, show=False).passed  # right: exercise 7 allows it
+    result = ex.check_diag_gaussian_challenge(looped, show=False)
+    fails(result, "breaks the challenge's rule \"no Python loop\": a for loop (`for d in "
+          "range(D):`, <gaussian loop>, line 7)", "hint:     this rule catches a loop over "
+          "the rows or over the D dimensions")
+    assert result.message.count("hint:") == 1 and result.failed_case is None
+    # the same in a hand-in, through the grader's sandbox
+    nb = read_notebook(SOLUTIONS / EXERCISES["diag_gaussian_challenge"].notebook)
+    cell = next(c for c in nb["cells"] if "student" in tags(c))
+    cell["source"] = source(cell).replace(
+        MARK_START + "\n", MARK_START + "\n    _ = [d for d in range(inputs.shape[-1])]\n")
+    path = tmp_path / EXERCISES["diag_gaussian_challenge"].notebook
+    path.write_text(json.dumps(nb), encoding="utf-8")
+    fails(grade_notebook(path, show=False), "no Python loop", "a comprehension")
+
+
+GAUSSIAN_MEAN = '''
+import numpy as np
+
+def logp_and_entropy(inputs, actions):
+    # ---- YOUR CODE STARTS HERE ----
+    mean, log_std = np.split(inputs, 2, axis=-1)
+    z = (actions - mean) * np.exp(-log_std)
+    return (np.mean(-0.5 * z**2 - log_std - 0.5 * np.log(2 * np.pi), axis=-1),
+            np.mean(log_std + 0.5 + 0.5 * np.log(2 * np.pi), axis=-1))
+    # ---- YOUR CODE ENDS HERE ----
+'''
+
+
+def test_gaussian_challenge_names_the_slip_as_the_exercise_does():
+    mean = answer_from(GAUSSIAN_MEAN, "logp_and_entropy", "<gaussian mean>")
+    fails(ex.check_diag_gaussian_challenge(mean, show=False), "case 3 of 10",
+          "a mean over the D dimensions where a sum belongs")
+
+
 # ------------------------------------------------------------------ 2c, 4c: less help only
 def test_replay_and_driver_challenges_give_the_exercises_hints():
     def mix(pairs, store, replay_proportion, replay_threshold, rng):

@@ -29,6 +29,8 @@ Exercise, the answer the student writes, its checker and the reference it is com
   `check_vtrace_loss`; ``VTracePolicy.loss_and_stats``.
 - ``lstm_unroll``: ``lstm_unroll(xs, state_in, dones, kernel, recurrent_kernel, bias)``;
   `check_lstm_unroll`; ``layers.lstm_sequence``.
+- ``diag_gaussian``: ``logp_and_entropy(inputs, actions) -> (logp, entropy)``;
+  `check_diag_gaussian`; ``DiagGaussian.logp`` and ``DiagGaussian.entropy``.
 
 Each exercise has an optional, harder challenge (``<name>_challenge``, notebook
 ``exNc_<name>_challenge.ipynb``, checker ``check_<name>_challenge``): the same answer, cases
@@ -50,6 +52,7 @@ from impala_lab.classroom.exercises._common import (
     fast_mode,
 )
 from impala_lab.classroom.exercises.challenges import (
+    check_diag_gaussian_challenge,
     check_driver_step_challenge,
     check_lstm_unroll_challenge,
     check_minibatch_get_challenge,
@@ -57,6 +60,7 @@ from impala_lab.classroom.exercises.challenges import (
     check_vtrace_loss_challenge,
     check_vtrace_numpy_challenge,
 )
+from impala_lab.classroom.exercises.diag_gaussian import check_diag_gaussian
 from impala_lab.classroom.exercises.driver_step import check_driver_step
 from impala_lab.classroom.exercises.lstm_unroll import check_lstm_unroll
 from impala_lab.classroom.exercises.minibatch_get import check_minibatch_get
@@ -67,9 +71,11 @@ from impala_lab.classroom.exercises.vtrace_numpy import check_vtrace_numpy
 __all__ = ["CheckResult", "Exercise", "EXERCISES", "MARK_START", "MARK_END", "fast_mode",
            "check_minibatch_get", "check_replay_mix", "check_vtrace_numpy",
            "check_driver_step", "check_vtrace_loss", "check_lstm_unroll",
+           "check_diag_gaussian",
            "check_minibatch_get_challenge", "check_replay_mix_challenge",
            "check_vtrace_numpy_challenge", "check_driver_step_challenge",
-           "check_vtrace_loss_challenge", "check_lstm_unroll_challenge"]
+           "check_vtrace_loss_challenge", "check_lstm_unroll_challenge",
+           "check_diag_gaussian_challenge"]
 
 
 @dataclass(frozen=True)
@@ -113,6 +119,10 @@ EXERCISES: dict[str, Exercise] = {e.name: e for e in (
              "check_lstm_unroll",
              "the loop over the time steps: it runs T times (for t in range(T)), one cell "
              "step each"),
+    Exercise("diag_gaussian", "the diagonal Gaussian's log-prob and entropy",
+             "ex7_diag_gaussian.ipynb", "logp_and_entropy", "check_diag_gaussian",
+             "any loop between the markers: logp_and_entropy needs none (split inputs in "
+             "two halves, work on [N, D] arrays, sum over axis=-1)"),
     Exercise("minibatch_get_challenge", "the minibatch ring from scratch (challenge)",
              "ex1c_minibatch_get_challenge.ipynb", "MyMinibatchBuffer",
              "check_minibatch_get_challenge",
@@ -140,4 +150,9 @@ EXERCISES: dict[str, Exercise] = {e.name: e for e in (
              "ex6c_lstm_unroll_challenge.ipynb", "lstm_unroll", "check_lstm_unroll_challenge",
              "the loop over the time steps: it runs T times, one cell step each",
              "lstm_unroll"),
+    Exercise("diag_gaussian_challenge", "the Gaussian from its density, no loop (challenge)",
+             "ex7c_diag_gaussian_challenge.ipynb", "logp_and_entropy",
+             "check_diag_gaussian_challenge",
+             "any loop between the markers: the rule forbids them, and numpy needs none",
+             "diag_gaussian"),
 )}

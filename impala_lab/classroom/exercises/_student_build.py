@@ -41,6 +41,10 @@ REMOVED: dict[str, tuple[str, ...]] = {
                     "actor/numpy_model.py:NumpyModel.step",
                     "actor/numpy_model.py:NumpyModel.unroll",
                     "learner/keras_model.py:lstm_unroll"),
+    "diag_gaussian": ("actor/distributions.py:DiagGaussian.logp",
+                      "actor/distributions.py:DiagGaussian.entropy",
+                      "learner/distributions.py:TFDiagGaussian.logp",
+                      "learner/distributions.py:TFDiagGaussian.entropy"),
 }
 # A challenge (``<exercise>_challenge``) removes what its exercise does, and more where it
 # forbids more: the V-trace loss's challenge writes V-trace itself.
@@ -60,7 +64,8 @@ def removed(exercise: str) -> tuple[str, ...]:
 CHECKERS_REFERENCES = (
     *(f"classroom/exercises/{name}.py:_reference_trace" for name in REMOVED),
     "classroom/exercises/vtrace_loss.py:_Reference.loss",
-    "classroom/exercises/lstm_unroll.py:_variant")
+    "classroom/exercises/lstm_unroll.py:_variant",
+    "classroom/exercises/diag_gaussian.py:_variant")
 
 _STUB = ("raise __import__('impala_lab.classroom.exercises._guard', fromlist=['_'])"
          ".reference_absent({name!r})")

@@ -14,6 +14,8 @@ help: a definition instead of a recursion, words instead of code.
   library's ``vtrace`` module.
 - ``lstm_unroll_challenge``: Keras's LSTM cell from its documentation, the reset with masks
   and no ``if``.
+- ``diag_gaussian_challenge``: the log-prob and the entropy from the one-dimensional normal
+  density alone (the entropy derived, not given), with no Python loop.
 
 Nothing here imports TensorFlow.
 """
@@ -27,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from impala_lab.classroom.exercises import (
+    diag_gaussian,
     driver_step,
     lstm_unroll,
     minibatch_get,
@@ -218,6 +221,17 @@ def _no_if(answer: Any) -> str | None:
                    "keep, c * keep after the step.")
 
 
+# ------------------------------------------------------------------ 7: the Gaussian, no loop
+def _no_gaussian_loops(answer: Any) -> str | None:
+    hit = flag_syntax(answer, _LOOPS)
+    if hit is None:
+        return None
+    return _broken("no Python loop", *hit,
+                   "this rule catches a loop over the rows or over the D dimensions: numpy "
+                   "does both at once. Split inputs into its halves (inputs[:, :D], "
+                   "inputs[:, D:]), work on the [N, D] arrays, and sum over axis=-1.")
+
+
 def _challenge(spec: Spec, **changes: Any) -> Spec:
     return dataclasses.replace(spec, exercise=spec.exercise + "_challenge", **changes)
 
@@ -231,6 +245,7 @@ SPECS: dict[str, Spec] = {s.exercise: s for s in (
     _challenge(vtrace_loss.SPEC, cases=_vtrace_loss_cases, compare=_vtrace_loss_compare,
                references=_vtrace_loss_references, rule=_no_library_vtrace),
     _challenge(lstm_unroll.SPEC, rule=_no_if),
+    _challenge(diag_gaussian.SPEC, rule=_no_gaussian_loops),
 )}
 
 
@@ -268,3 +283,8 @@ def check_vtrace_loss_challenge(answer: Any, *, show: bool = True) -> CheckResul
 def check_lstm_unroll_challenge(answer: Any, *, show: bool = True) -> CheckResult:
     """Checks an LSTM unroll with a mask reset and no ``if``, as `check_lstm_unroll` does."""
     return _check("lstm_unroll_challenge", answer, show)
+
+
+def check_diag_gaussian_challenge(answer: Any, *, show: bool = True) -> CheckResult:
+    """Checks a loop-free ``logp_and_entropy`` as `check_diag_gaussian` does."""
+    return _check("diag_gaussian_challenge", answer, show)
