@@ -27,7 +27,7 @@ help:
 	@echo "make docs          the course website in site/ (notebooks executed in fast mode, or reused)"
 	@echo "make tensorboard   TensorBoard on 127.0.0.1:6006 over runs/ (LOGDIR=..., TENSORBOARD_PORT=...)"
 	@echo "make bench         python -m bench"
-	@echo "make bench-peers   impala_lab against SB3 PPO on random seeds (own venv, bench/.peers-venv)"
+	@echo "make bench-peers   impala_lab against SB3 PPO on random seeds, CartPole and Pendulum (own venv)"
 	@echo "make nbstrip       strip outputs from notebooks/ (they are committed without them)"
 	@echo "make setup         only create .venv and install .[dev,ray]"
 	@echo "make browser-deps  install Debian's chromium for the browser tests (as root)"
@@ -97,6 +97,7 @@ bench: $(BASE_STAMP)
 # PyPI, a few GB; rebuilt when bench/peers.py's pins change) and writes bench/peers_results.*.
 bench-peers: $(BASE_STAMP)
 	$(BIN)/python -m bench.peers $(PEERS_ARGS)
+	$(BIN)/python -m bench.peers_pendulum
 
 # Standard library only: works before .venv exists.
 nbstrip:

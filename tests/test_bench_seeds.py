@@ -38,24 +38,6 @@ def test_the_wilson_interval_matches_the_formula_by_hand(k, n, want):
     assert seed_stats.wilson_interval(0, 0) == (0.0, 1.0)
 
 
-def test_the_continuous_bench_table_names_seeds_rate_and_interval():
-    from bench import continuous, pipeline
-
-    runs = [{"seed": s, "reached": ok, "solved": ok, "wall_s": 60.0, "seconds_to_target": t,
-             "env_steps_to_target": e, "return_min_after_target": low,
-             "seconds_after_target": 60.0 if ok else None}
-            for s, ok, t, e, low in [(11, True, 40.0, 3_000_000, -230.0),
-                                     (12, True, 55.0, 4_000_000, -420.0),
-                                     (13, False, None, None, None)]]
-    summary = pipeline.summarize_solves(runs, 300.0, solve_limit_s=300.0, after_s=60.0,
-                                        stay_floor=continuous.STAY_FLOOR)
-    summary["solve_rate_ci95"] = [round(x, 3) for x in seed_stats.wilson_interval(2, 3)]
-    row = continuous.markdown(summary).splitlines()[-1]
-    assert row.startswith("| Pendulum-v1 | 11, 12, 13 | 2/3 [0.21, 0.94] |")
-    # a seed that never reached the target makes the median and the worst "never"
-    assert "| 55.0 s | never | 4.00M | never | 1/2 (lowest -420.0) |" in row
-
-
 def test_the_bootstrap_interval_of_two_values_spans_them():
     # resamples of {0, 1}: means 0, 0.5, 1 with chances 1/4, 1/2, 1/4: the 2.5th and 97.5th
     # percentiles are 0 and 1

@@ -1,0 +1,51 @@
+"""bench.continuous and bench.peers_pendulum: their tables from made-up runs (no training)."""
+
+from __future__ import annotations
+
+import math
+
+from bench import continuous, peers_pendulum, pipeline
+from impala_lab import seed_stats
+
+
+def test_the_continuous_bench_table_names_seeds_rate_and_interval():
+    from bench import continuous, pipeline
+
+    runs = [{"seed": s, "reached": ok, "solved": ok, "wall_s": 60.0, "seconds_to_target": t,
+             "env_steps_to_target": e, "return_min_after_target": low,
+             "seconds_after_target": 60.0 if ok else None}
+            for s, ok, t, e, low in [(11, True, 40.0, 3_000_000, -230.0),
+                                     (12, True, 55.0, 4_000_000, -420.0),
+                                     (13, False, None, None, None)]]
+    summary = pipeline.summarize_solves(runs, 300.0, solve_limit_s=300.0, after_s=60.0,
+                                        stay_floor=continuous.STAY_FLOOR)
+    summary["solve_rate_ci95"] = [round(x, 3) for x in seed_stats.wilson_interval(2, 3)]
+    row = continuous.markdown(summary).splitlines()[-1]
+    assert row.startswith("| Pendulum-v1 | 11, 12, 13 | 2/3 [0.21, 0.94] |")
+    # a seed that never reached the target makes the median and the worst "never"
+    assert "| 55.0 s | never | 4.00M | never | 1/2 (lowest -420.0) |" in row
+
+
+def _pair(seed, ppo_s, ppo_steps, impala_s, impala_steps):
+    def run(s, steps):
+        return {"seed": seed, "solved": s is not None, "seconds_to_target": s,
+                "env_steps_to_target": steps, "wall_s": 1.0}
+    return {"seed": seed, "ppo_zoo": run(ppo_s, ppo_steps),
+            "impala_lab": run(impala_s, impala_steps)}
+
+
+def test_the_pendulum_peers_summary_gives_per_seed_ratios_of_seconds_and_steps():
+    runs = [_pair(1, 100.0, 90_000, 50.0, 3_000_000), _pair(2, 120.0, 100_000, 40.0, 2_000_000),
+            _pair(3, None, None, 60.0, 4_000_000)]
+    s = peers_pendulum.summarize(runs)
+    assert s["ppo_zoo"]["num_solved"] == 2 and s["impala_lab"]["num_solved"] == 3
+    assert s["ppo_zoo"]["worst_s"] is None  # a seed that never got there: infinitely slow
+    assert s["seconds_ratio"]["n"] == 2
+    assert s["seconds_ratio"]["median"] == (100 / 50 + 120 / 40) / 2
+    assert math.isclose(s["env_steps_ratio"]["median"], (0.03 + 0.05) / 2)
+    text = peers_pendulum.markdown({"summary": s, "seeds": [1, 2, 3], "max_seconds": 300.0})
+    assert "| SB3 PPO, RL Zoo's Pendulum-v1 settings | 2/3 | 120.0 [100.0, never] | never |" \
+        in text
+    assert "| impala_lab, tuned preset | 3/3 | 50.0 [40.0, 60.0] | 60.0 | 3,000,000 |" in text
+    assert "PPO / impala_lab in seconds: median 2.50x" in text
+    assert "Seeds (drawn at random): 1, 2, 3; cap 300 s per run." in text
