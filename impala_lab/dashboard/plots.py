@@ -7,7 +7,9 @@ The views (the same in the dashboard, in notebooks and in the CLI's ``report.png
 - ``queues``: learner queue length (mean of the last 50 learner steps) and policy lag;
 - ``timing``: the timing breakdown (ms) of the latest row, one bar per timer;
 - ``learner``: total, policy and value loss; entropy; grad norm; mean rho and
-  vf_explained_var, over time.
+  vf_explained_var, over time;
+- ``actions``: a Box-action run's policy mean and std (``learner.action_mean``,
+  ``learner.action_std``) over time; `has_actions` tells whether rows carry them.
 
 Knob changes (the ``knobs.*`` columns changing between rows) are marked with a dotted
 vertical line on the plots over time, so the effect of a knob can be read off them.
@@ -37,7 +39,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from impala_lab.dashboard.format import nice_ceil
-from impala_lab.dashboard.labels import EVAL_KEYS, LABELS, TIMERS
+from impala_lab.dashboard.labels import ACTIONS, EVAL_KEYS, LABELS, TIMERS
 
 # The data behind the plots lives in plot_data; its names are re-exported here.
 from impala_lab.dashboard.plot_data import KNOB_KEYS as KNOB_KEYS
@@ -310,6 +312,9 @@ def view_panels(view: str) -> list[LinePanel | TimingPanel]:
                           "batches / updates", y_floor=0.0)]
     if view == "timing":
         return [TimingPanel()]
+    if view == "actions":  # a Box-action run's Gaussian policy
+        return [LinePanel("actions", [Series(ACTION_KEYS[0], "#1f77b4"),
+                                      Series(ACTION_KEYS[1], "#d35400")], "action units")]
     if view == "learner":
         return [
             LinePanel("", [Series("learner.total_loss", "#222222"),
@@ -325,16 +330,20 @@ def view_panels(view: str) -> list[LinePanel | TimingPanel]:
     raise ValueError(f"view={view!r} is unknown; use one of {', '.join(VIEWS + LIVE_VIEWS[4:])}")
 
 
-VIEWS = ("throughput", "return", "queues", "timing", "learner")
+#: The learner's stats of a Box-action run only, as flat keys (``metrics.csv`` columns).
+ACTION_KEYS = tuple(f"learner.{key}" for key in ACTIONS)
+VIEWS = ("throughput", "return", "queues", "timing", "learner", "actions")
 # The dashboard draws the learner row as four figures: a limit change in one of them then
 # redraws a quarter of the row.
 # The timing breakdown is an SVG there (diagram.timing_svg), redrawn at the poll rate.
 LIVE_VIEWS = ("throughput", "return", "queues", *(f"learner.{part}" for part in LEARNER_PARTS))
+# A Box-action run's dashboard adds these (half width, beside the lag histogram).
+BOX_LIVE_VIEWS = ("actions",)
 # Figure sizes in inches at DPI. The dashboard is 960 px wide (a notebook beside JupyterLab's
 # file browser): half-width views 470x230 px, the learner row four figures of 232x240 px.
 DPI = 80
 SIZES = {"throughput": (5.875, 2.875), "return": (5.875, 2.875), "queues": (5.875, 2.875),
-         "timing": (5.875, 2.875), "learner": (11.6, 3.0),
+         "timing": (5.875, 2.875), "actions": (5.875, 2.875), "learner": (11.6, 3.0),
          **{f"learner.{part}": (2.9, 3.0) for part in LEARNER_PARTS}}
 
 
@@ -367,8 +376,9 @@ def new_figure(view: str, panels: list, animated: bool, figsize: tuple[float, fl
 
 def view_figure(view: str, source: Sequence[Mapping] | HasColumns, *,
                 figsize: tuple[float, float] | None = None, dpi: int = DPI) -> RunFigure:
-    """One view of rows or a history: ``throughput, return, queues, timing, learner``, or
-    one of the learner's axes (``learner.losses``, ``.entropy``, ``.grad_norm``, ``.rho``)."""
+    """One view of rows or a history: ``throughput, return, queues, timing, learner``,
+    ``actions`` (a Box-action run's), or one of the learner's axes (``learner.losses``,
+    ``.entropy``, ``.grad_norm``, ``.rho``)."""
     panels = view_panels(view)
     fig = new_figure(view, panels, False, figsize, dpi)
     cols = columns(source, [k for p in panels for k in p.keys])
@@ -377,16 +387,23 @@ def view_figure(view: str, source: Sequence[Mapping] | HasColumns, *,
     return fig
 
 
+def has_actions(rows: Sequence[Mapping] | HasColumns) -> bool:
+    """Whether rows carry a Box-action run's action mean (a number in some row)."""
+    return bool(np.isfinite(columns(rows, ACTION_KEYS[:1])[ACTION_KEYS[0]]).any())
+
+
 def report_figure(rows: Sequence[Mapping] | HasColumns, title: str = "") -> RunFigure:
     """Every view in one figure (the CLI's ``report.png``): return, throughput, queues and
-    policy lag, timing breakdown, then the learner stats in a row of four."""
+    policy lag, timing breakdown, then the learner stats in a row of four (five with a
+    Box-action run's ``actions``)."""
     fig = RunFigure(figsize=(14.5, 10.5), dpi=DPI, facecolor="white", layout="constrained")
     top, bottom = fig.subfigures(2, 1, height_ratios=[2, 1])
     grid = top.subplots(2, 2)
-    learner_axes = bottom.subplots(1, 4)
+    actions = has_actions(rows)
+    learner_axes = list(bottom.subplots(1, 5 if actions else 4))
     placed = [("return", [grid[0, 0]]), ("throughput", [grid[0, 1]]),
               ("queues", [grid[1, 0]]), ("timing", [grid[1, 1]]),
-              ("learner", list(learner_axes))]
+              ("learner", learner_axes[:4]), ("actions", learner_axes[4:])]
     panels = []
     for view, axes in placed:
         for panel, ax in zip(view_panels(view), axes):
