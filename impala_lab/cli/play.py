@@ -223,7 +223,8 @@ def _gif_child(conn: Any, config: dict, weights: list, path: str, max_frames: in
         finally:
             env.close()
         model.set_weights(weights)
-        frames, returns = record_episodes(cfg.env, model, 1, max_frames, seed)
+        frames, returns = record_episodes(cfg.env, model, 1, max_frames, seed,
+                                          clip=cfg.clip_actions, squash=cfg.squash_actions)
         write_gif(frames, path)
         conn.send((None, returns, len(frames)))
     except Exception as exc:

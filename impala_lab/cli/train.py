@@ -455,7 +455,8 @@ def _save_policy_gif(impala: Impala, config: ImpalaConfig, path: Path) -> None:
         model = policy_model(config, space, actions)
         model.set_weights(weights)
         frames, _ = record_episodes(config.env, model, episodes=1, max_frames=300,
-                                    seed=config.seed)
+                                    seed=config.seed, clip=config.clip_actions,
+                                    squash=config.squash_actions)
         write_gif(frames, path)
     except Exception as exc:  # a GIF must never cost the run's results
         _say(f"impala-lab: no {path.name}: {exc}", err=True)
