@@ -17,7 +17,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 BASE_STAMP := $(VENV)/.installed-base
 DEV_STAMP := $(VENV)/.installed-dev
 
-.PHONY: help setup demo test test-oldest lab docs bench bench-peers nbstrip browser-deps grader-deps clean
+.PHONY: help setup demo test test-oldest lab docs bench bench-peers nbstrip browser-deps grader-deps mujoco-deps clean
 
 help:
 	@echo "make demo          set up .venv and train CartPole-v1 to a mean return of 475 (5 min at most)"
@@ -32,6 +32,7 @@ help:
 	@echo "make setup         only create .venv and install .[dev,ray]"
 	@echo "make browser-deps  install Debian's chromium for the browser tests (as root)"
 	@echo "make grader-deps   install bubblewrap, the exercise grader's sandbox (as root)"
+	@echo "make mujoco-deps   install Mesa's EGL, for MuJoCo's frames without a display (as root)"
 	@echo "make clean         remove .venv, caches and test artifacts (keeps runs/)"
 
 $(BIN)/python:
@@ -64,7 +65,7 @@ setup: $(DEV_STAMP)
 demo: $(BASE_STAMP)
 	$(BIN)/impala-lab train --env CartPole-v1 --stop-return 475 --max-seconds 300 --out runs/demo
 
-test: browser-deps grader-deps $(DEV_STAMP)
+test: browser-deps grader-deps mujoco-deps $(DEV_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
 
@@ -130,6 +131,24 @@ grader-deps:
 	else \
 	  echo "grader-deps: bwrap is missing and this is not root with apt-get; skipping" \
 	       "(the grader falls back to unisolated grading; install bubblewrap to isolate)"; \
+	fi
+
+# MuJoCo's envs (the mujoco extra, in dev) render rgb_array frames through OpenGL; without a
+# display impala_lab.cli.play picks EGL, which Mesa provides in software (no GPU needed):
+# libEGL and libOpenGL (glvnd), Mesa's EGL vendor library and its software (llvmpipe) driver.
+MUJOCO_GL_PACKAGES := libegl1 libopengl0 libegl-mesa0 libgl1-mesa-dri
+mujoco-deps:
+	@missing=$$(for p in $(MUJOCO_GL_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || echo $$p; done); \
+	if [ -z "$$missing" ]; then \
+	  echo "mujoco-deps: Mesa's EGL is there"; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "mujoco-deps: installing Debian's" $$missing; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get update -qq && apt-get install -y -qq $$missing >/dev/null; \
+	else \
+	  echo "mujoco-deps: missing" $$missing "and this is not root with apt-get; skipping" \
+	       "(MuJoCo envs train, but their frames need EGL or OSMesa without a display)"; \
 	fi
 
 clean:

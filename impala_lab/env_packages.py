@@ -13,7 +13,7 @@ ENV_PACKAGES = (
     ("MinAtar/", "MinAtar's games come with minatar: pip install 'impala_lab[minatar]'"),
     (("Ant-", "HalfCheetah-", "Hopper-", "Humanoid", "InvertedPendulum-", "Pusher-",
       "Reacher-", "Swimmer-", "Walker2d-", "InvertedDoublePendulum-"),
-     "MuJoCo's envs come with the mujoco package: pip install 'gymnasium[mujoco]'"),
+     "MuJoCo's envs come with the mujoco package: pip install 'impala_lab[mujoco]'"),
     (("LunarLander", "BipedalWalker", "CarRacing-"),
      "Box2D's envs come with box2d: pip install 'gymnasium[box2d]'"),
 )

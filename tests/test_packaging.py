@@ -67,12 +67,18 @@ def test_pyproject_declares_package_script_and_python() -> None:
     assert project["requires-python"] == ">=3.11"
     assert project["scripts"] == {"impala-lab": "impala_lab.cli.main:main"}
     assert data["tool"]["setuptools"]["packages"]["find"]["include"] == ["impala_lab*"]
-    assert set(project["optional-dependencies"]) == {"ray", "dev", "minatar"}
+    assert set(project["optional-dependencies"]) == {"ray", "dev", "minatar", "mujoco"}
+    # dev installs every extra's requirements but ray's (make test adds ray): the mujoco tests
+    # run wherever dev is installed
+    mujoco = {canonicalize_name(Requirement(r).name)
+              for r in project["optional-dependencies"]["mujoco"]}
+    assert mujoco == {"mujoco", "imageio", "packaging"}
     dev = {canonicalize_name(Requirement(r).name): Requirement(r)
            for r in project["optional-dependencies"]["dev"]}
     assert {"pytest", "pytest-timeout", "ruff", "hypothesis", "nbclient", "nbformat",
             "ipykernel", "jupyterlab", "playwright", "voila"} <= set(dev)
     assert str(dev["playwright"].specifier) == "==1.65.*"
+    assert mujoco <= set(dev) and "minatar" in dev
     pytest_cfg = data["tool"]["pytest"]["ini_options"]
     assert pytest_cfg["testpaths"] == ["tests"]
     assert pytest_cfg["timeout"] == 300
@@ -147,6 +153,7 @@ def test_make_targets_run_the_documented_commands(tmp_path: Path) -> None:
     pytest_line = lines.index(f"{tmp_path}/venv/bin/python -m pytest")
     assert install < ruff < pytest_line
     assert "apt-get install" in test.stdout  # browser-deps runs first
+    assert "mujoco-deps:" in test.stdout  # and mujoco-deps: EGL for MuJoCo's frames
 
     lab = _make("-n", venv, "lab")
     assert "jupyter lab --ip=127.0.0.1 --ServerApp.root_dir=notebooks" in lab.stdout

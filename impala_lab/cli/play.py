@@ -6,14 +6,16 @@
 a
 MinAtar game costs well under a second. Frames are the env's ``rgb_array`` renders (MinAtar's
 colours for its games, `impala_lab.envs.minatar`; gymnasium's classic-control envs such as
-CartPole draw theirs with pygame, a base dependency); GIFs are written with Pillow, which
-matplotlib already depends on.
+CartPole draw theirs with pygame, a base dependency; MuJoCo's, the ``mujoco`` extra, through an
+OpenGL context: without a display this module picks a headless one, see `headless_mujoco_gl`);
+GIFs are written with Pillow, which matplotlib already depends on.
 
 Imports numpy and gymnasium only (Pillow when writing).
 """
 
 from __future__ import annotations
 
+import ctypes.util
 import os
 import warnings
 from collections.abc import Sequence
@@ -24,7 +26,7 @@ import gymnasium as gym
 import numpy as np
 
 from impala_lab.actor.numpy_model import NumpyModel
-from impala_lab.config import ImpalaConfig
+from impala_lab.config import ImpalaConfig, env_package_hint
 
 # pygame (gymnasium's classic-control renderer) greets on import; the run's output stays quiet.
 os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")
@@ -33,7 +35,30 @@ os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")
 if not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
     os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
 
-__all__ = ["load_policy", "policy_model", "record_episodes", "write_gif", "play_checkpoint"]
+
+def headless_mujoco_gl() -> str | None:
+    """The ``MUJOCO_GL`` backend for rgb_array frames without a display: ``"egl"`` where
+    libEGL is installed (Mesa's EGL renders in software, no GPU needed: Debian's libegl1,
+    libopengl0, libegl-mesa0 and libgl1-mesa-dri, which ``make mujoco-deps`` installs), else
+    ``"osmesa"`` where libOSMesa is (Debian's libosmesa6), else None."""
+    if ctypes.util.find_library("EGL"):
+        return "egl"
+    return "osmesa" if ctypes.util.find_library("OSMesa") else None
+
+
+# MuJoCo's envs render through the OpenGL context that MUJOCO_GL names, read when gymnasium
+# makes its renderer. Unset, gymnasium tries GLFW first, which needs a display: headless (a
+# server, CI, a notebook on a remote kernel) every frame fails with "an OpenGL platform
+# library has not been loaded". So without a display, and only when the user did not set it,
+# pick a headless backend here, before any env of this module imports mujoco.
+if "MUJOCO_GL" not in os.environ and not (os.environ.get("DISPLAY")
+                                          or os.environ.get("WAYLAND_DISPLAY")):
+    _gl = headless_mujoco_gl()
+    if _gl is not None:
+        os.environ["MUJOCO_GL"] = _gl
+
+__all__ = ["load_policy", "policy_model", "record_episodes", "write_gif", "play_checkpoint",
+           "headless_mujoco_gl", "renders_with_opengl", "gif_in_child"]
 
 
 def load_policy(checkpoint: str | Path) -> tuple[ImpalaConfig, NumpyModel]:
@@ -51,7 +76,13 @@ def load_policy(checkpoint: str | Path) -> tuple[ImpalaConfig, NumpyModel]:
     if config is None:
         raise ValueError(f"{checkpoint}: its env was a factory ({state['config']['env']}), "
                          "which a checkpoint does not keep; play needs a registered env id")
-    env = gym.make(config.env)
+    try:
+        env = gym.make(config.env)
+    except Exception as exc:  # e.g. a MuJoCo env without mujoco: name the package to install
+        hint = env_package_hint(config.env)
+        raise ValueError(f"{checkpoint}: its env {config.env!r} cannot be made "
+                         f"({type(exc).__name__}: {exc}){'; ' + hint if hint else ''}"
+                         ) from None
     try:
         model = policy_model(config, env.observation_space, env.action_space)
     finally:
@@ -133,9 +164,12 @@ def record_episodes(env_id: str, model: NumpyModel, episodes: int = 1, max_frame
 def _frame(env: gym.Env) -> np.ndarray:
     try:
         frame = env.render()
-    except Exception as exc:  # e.g. CartPole without pygame
+    except Exception as exc:  # e.g. CartPole without pygame, MuJoCo without OpenGL
+        gl = ("; MuJoCo renders through OpenGL: without a display install EGL (Debian's "
+              "libegl1 libopengl0 libegl-mesa0 libgl1-mesa-dri; make mujoco-deps) or set "
+              "MUJOCO_GL=osmesa with libosmesa6" if "OpenGL" in str(exc) else "")
         raise ValueError(f"env {env.spec.id if env.spec else env!r} cannot render rgb_array "
-                         f"frames ({type(exc).__name__}: {exc})") from None
+                         f"frames ({type(exc).__name__}: {exc}){gl}") from None
     frame = np.asarray(frame)
     if frame.dtype != np.uint8:  # float renders in [0, 1]
         frame = np.clip(np.round(frame * 255.0), 0, 255).astype(np.uint8)
@@ -162,6 +196,75 @@ def write_gif(frames: Sequence[np.ndarray], path: str | Path, fps: float = 15.0,
     images[0].save(path, save_all=True, append_images=images[1:], loop=0,
                    duration=round(1000 / fps), optimize=False)
     return path
+
+
+def renders_with_opengl(env_id: str) -> bool:
+    """Whether a registered env draws its frames through OpenGL (MuJoCo's envs).
+
+    Such frames cannot be drawn in a process that has loaded TensorFlow: Mesa's software
+    renderer and TensorFlow each bring LLVM, and making MuJoCo's rendering context beside both
+    crashes the process (a segmentation fault, measured with tensorflow-cpu 2.21 and Mesa 22.3
+    EGL). `gif_in_child` draws them in a process of their own instead."""
+    try:
+        entry = gym.spec(env_id).entry_point
+    except Exception:  # not registered: a factory, or an id gymnasium does not know
+        return False
+    return "mujoco" in str(entry)
+
+
+def _gif_child(conn: Any, config: dict, weights: list, path: str, max_frames: int,
+               seed: int | None) -> None:
+    """`gif_in_child`'s process: numpy and gymnasium only, never TensorFlow."""
+    try:
+        cfg = ImpalaConfig.from_dict(config)
+        env = gym.make(cfg.env)
+        try:
+            model = policy_model(cfg, env.observation_space, env.action_space)
+        finally:
+            env.close()
+        model.set_weights(weights)
+        frames, returns = record_episodes(cfg.env, model, 1, max_frames, seed,
+                                          clip=cfg.clip_actions, squash=cfg.squash_actions)
+        write_gif(frames, path)
+        conn.send((None, returns, len(frames)))
+    except Exception as exc:
+        conn.send((str(exc), [], 0))
+
+
+def gif_in_child(config: ImpalaConfig, weights: list, path: str | Path, max_frames: int = 300,
+                 seed: int | None = None, timeout: float = 300.0) -> tuple[list[float], int]:
+    """One episode of the policy with ``weights`` as a GIF at ``path``, drawn in a spawned
+    process (see `renders_with_opengl`); returns (the episode's return if it ended, frames).
+
+    Raises:
+      ValueError: the env cannot render (the child's message), or the child crashed or
+        outlived ``timeout``.
+    """
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")  # never fork a process that holds TensorFlow
+    parent, child = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_gif_child, name="impala-lab-gif", daemon=True,
+                       args=(child, config.to_dict(), weights, str(path), max_frames, seed))
+    proc.start()
+    child.close()
+    try:
+        if not parent.poll(timeout):
+            raise ValueError(f"the process drawing {Path(path).name} ended without a word "
+                             f"(exit code {proc.exitcode}) or took over {timeout:g} s")
+        error, returns, frames = parent.recv()
+    except EOFError:
+        raise ValueError(f"the process drawing {Path(path).name} crashed "
+                         f"(exit code {proc.exitcode})") from None
+    finally:
+        proc.join(5)
+        if proc.is_alive():
+            proc.terminate()
+            proc.join(5)
+        parent.close()
+    if error is not None:
+        raise ValueError(error)
+    return returns, frames
 
 
 def play_checkpoint(checkpoint: str | Path, out: str | Path, episodes: int = 1,

@@ -434,18 +434,29 @@ def _save_outputs(impala: Impala, config: ImpalaConfig, folder: RunFolder,
 def _save_policy_gif(impala: Impala, config: ImpalaConfig, path: Path) -> None:
     """One episode of the final policy (at most 300 frames) as ``path``, when the env renders
     rgb_array frames; the numpy policy plays it, so it costs a MinAtar run well under a
-    second. An env that cannot render (a factory, CartPole without pygame) writes none."""
+    second. MuJoCo's envs are drawn in a process of their own (`play.gif_in_child`). An env
+    that cannot render (a factory, CartPole without pygame) writes none."""
     if not isinstance(config.env, str):
         return
-    from impala_lab.cli.play import policy_model, record_episodes, write_gif
+    from impala_lab.cli.play import (
+        gif_in_child,
+        policy_model,
+        record_episodes,
+        renders_with_opengl,
+        write_gif,
+    )
 
     try:
         weights, _ = impala.policy.get_weights()
+        if renders_with_opengl(config.env):  # MuJoCo: not beside TensorFlow (see play.py)
+            gif_in_child(config, weights, path, max_frames=300, seed=config.seed)
+            return
         space, actions = impala.observation_space, impala.action_space
         model = policy_model(config, space, actions)
         model.set_weights(weights)
         frames, _ = record_episodes(config.env, model, episodes=1, max_frames=300,
-                                    seed=config.seed)
+                                    seed=config.seed, clip=config.clip_actions,
+                                    squash=config.squash_actions)
         write_gif(frames, path)
     except Exception as exc:  # a GIF must never cost the run's results
         _say(f"impala-lab: no {path.name}: {exc}", err=True)

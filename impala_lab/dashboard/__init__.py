@@ -21,6 +21,7 @@ Modules:
 - `diagram`: the pipeline SVG and the timing bars;
 - `frame_strip`: the last observations of one worker's env, when they are images;
 - `plots`: matplotlib figures from a live run or a ``metrics.csv`` (the CLI's ``report.png``);
+- `plot_data`: the columns those figures draw, from a history or a ``metrics.csv``;
 - `live_plots`: the same figures redrawn cheaply for the dashboard, in a child process;
 - `terminal`: the text view (the CLI's live panel; ``show()`` without a notebook frontend);
 - `labels` and `format`: what each figure is called and how its number is written.

@@ -108,6 +108,13 @@ LABELS: dict[str, Label] = {label.key: label for label in (
           "mean importance weight; 1 is on-policy"),
     Label("learner.vf_explained_var", "vf explained var", "expl.var", "",
           "the share of the returns' variance that the value function explains"),
+    # Box actions only (a Gaussian policy): the learner's policy over the train batch
+    Label("learner.action_mean", "action mean", "mean", "",
+          "the Gaussian policy's mean action, averaged over the train batch's steps and "
+          "action dimensions (Box actions only)", legend="mean"),
+    Label("learner.action_std", "action std", "std", "",
+          "the Gaussian policy's standard deviation, averaged over the train batch's steps "
+          "and action dimensions (Box actions only)", legend="std"),
 )}
 
 
@@ -123,8 +130,12 @@ def group(prefix: str) -> dict[str, Label]:
 
 #: ``stats()["timing_breakdown"]`` keys -> labels, in pipeline order.
 TIMERS: dict[str, Label] = group("timing_breakdown")
-#: ``stats()["learner"]`` keys -> labels, in the order the views list them.
-LEARNER: dict[str, Label] = group("learner")
+#: The learner's stats of a Box-action run only (a Gaussian policy): key -> label.
+ACTIONS: dict[str, Label] = {key: group("learner")[key]
+                             for key in ("action_mean", "action_std")}
+#: ``stats()["learner"]`` keys of every run -> labels, in the order the views list them.
+LEARNER: dict[str, Label] = {key: label for key, label in group("learner").items()
+                             if key not in ACTIONS}
 
 #: The buffers along the pipeline, by `queue_figures` name, in the data's order.
 QUEUES: dict[str, Label] = {label.key: label for label in (

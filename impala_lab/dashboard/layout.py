@@ -3,7 +3,9 @@
 `DashboardWidgets` builds every widget of a `impala_lab.dashboard.widgets.Dashboard` once, in
 the main thread, and names them (``header``, ``health``, ``cards``, ``diagram``, ``gauges``,
 ``knobs``, ``plots``, ``timing``, ``lag_histogram``, the frame strip); the `Dashboard` keeps
-their values in step with the run and handles the clicks. Core ipywidgets only; the CSS
+their values in step with the run and handles the clicks. A run whose action space is a Box
+gets two more cards (the policy's action mean and std) and the ``actions`` plot beside the lag
+histogram; any other run's page is without them. Core ipywidgets only; the CSS
 classes (``impala-...``) are what the browser tests and the page's style find them by.
 """
 
@@ -16,7 +18,6 @@ import ipywidgets as W
 from impala_lab.dashboard import markup
 from impala_lab.dashboard.controls import KnobSliders, button
 from impala_lab.dashboard.labels import QUEUES
-from impala_lab.dashboard.plots import LIVE_VIEWS as VIEWS
 
 
 def _css(name: str) -> str:
@@ -27,12 +28,14 @@ class DashboardWidgets:
     """The widgets of a dashboard, built by `_build` (the `Dashboard` subclasses it).
 
     The subclass provides the click handlers (``_on_start``, ``_on_pause``, ``_on_stop``,
-    ``_on_knob``), its plot scheduler (``_scheduler``: blank plot images) and its frame
-    strip view (``_frame_view``: whether the run has frames to show).
+    ``_on_knob``), its plot scheduler (``_scheduler``: blank plot images, its ``views``),
+    its frame strip view (``_frame_view``: whether the run has frames to show) and
+    ``box_actions`` (whether the run's action space is a Box).
     """
 
     _scheduler: Any
     _frame_view: Any
+    box_actions: bool
 
     def _build(self) -> None:
         """Build every widget and lay out the page (once, in the main thread)."""
@@ -56,6 +59,8 @@ class DashboardWidgets:
         self.health.add_class("impala-health")
         self.cards: dict[str, W.HTML] = {}
         for name in markup.CARDS:
+            if name in markup.BOX_CARDS and not self.box_actions:
+                continue
             card = W.HTML(layout=W.Layout(min_width="124px", margin="0 6px 0 0"))
             card.add_class("impala-stat")
             card.add_class(f"impala-stat-{_css(name)}")
@@ -110,7 +115,8 @@ class DashboardWidgets:
     def _build_plots(self) -> W.VBox:
         """The plot images (blank until the history has rows) and the timing bars."""
         self.plots: dict[str, W.Image] = {}
-        for view in VIEWS:
+        views = self._scheduler.views
+        for view in views:
             img = W.Image(value=self._scheduler.blank(view), format="png",
                           layout=W.Layout(max_width="100%", height="auto",
                                           margin="4px 4px 4px 0"))
@@ -121,7 +127,7 @@ class DashboardWidgets:
         self.timing.add_class("impala-timing")
         self.lag_histogram = W.HTML(layout=W.Layout(width="470px", margin="4px 4px 4px 0"))
         self.lag_histogram.add_class("impala-lag-histogram")
-        learner = W.HBox([self.plots[v] for v in VIEWS if v.startswith("learner.")],
+        learner = W.HBox([self.plots[v] for v in views if v.startswith("learner.")],
                          layout=W.Layout(flex_flow="row wrap"))
         learner.add_class("impala-plot-learner")
         return W.VBox([W.HBox([self.plots["throughput"], self.plots["return"]],
@@ -129,7 +135,9 @@ class DashboardWidgets:
                        self._build_frame_strip(),
                        W.HBox([self.timing, self.plots["queues"]],
                               layout=W.Layout(flex_flow="row wrap")),
-                       self.lag_histogram,
+                       W.HBox([self.lag_histogram,
+                               *([self.plots["actions"]] if "actions" in self.plots else [])],
+                              layout=W.Layout(flex_flow="row wrap")),
                        learner])
 
     def _build_frame_strip(self) -> W.VBox:

@@ -41,7 +41,25 @@ CARDS: dict[str, tuple[str, Callable[[Mapping[str, Any]], str]]] = {
         "policy_lag_at_training.mean",
         lambda s: fmt_float((s.get("policy_lag_at_training") or {}).get("mean"), 2)),
     "time_total_s": ("time_total_s", lambda s: f"{s.get('time_total_s', 0.0):,.0f} s"),
+    # a Box-action run's only (`BOX_CARDS`): its Gaussian policy's mean and std
+    "action_mean": ("learner.action_mean",
+                    lambda s: fmt_float((s.get("learner") or {}).get("action_mean"))),
+    "action_std": ("learner.action_std",
+                   lambda s: fmt_float((s.get("learner") or {}).get("action_std"))),
 }
+#: The cards a dashboard shows only for a run whose action space is a Box.
+BOX_CARDS = ("action_mean", "action_std")
+
+
+def box_actions(action_space: Any) -> bool:
+    """Whether a run's action space is a gymnasium ``Box`` (a Gaussian policy, whose learner
+    stats add ``action_mean`` and ``action_std``); False for None or any other space."""
+    if action_space is None:
+        return False
+    from gymnasium import spaces
+
+    return isinstance(action_space, spaces.Box)
+
 
 def eval_figure(evaluation: Mapping[str, Any] | None) -> str:
     """The eval card's figure: ``"off"``, or the returns played (greedy / sampled)."""

@@ -7,7 +7,9 @@ The views (the same in the dashboard, in notebooks and in the CLI's ``report.png
 - ``queues``: learner queue length (mean of the last 50 learner steps) and policy lag;
 - ``timing``: the timing breakdown (ms) of the latest row, one bar per timer;
 - ``learner``: total, policy and value loss; entropy; grad norm; mean rho and
-  vf_explained_var, over time.
+  vf_explained_var, over time;
+- ``actions``: a Box-action run's policy mean and std (``learner.action_mean``,
+  ``learner.action_std``) over time; `has_actions` tells whether rows carry them.
 
 Knob changes (the ``knobs.*`` columns changing between rows) are marked with a dotted
 vertical line on the plots over time, so the effect of a knob can be read off them.
@@ -25,25 +27,30 @@ figure shows as the cell's value::
 
 from __future__ import annotations
 
-import csv
 import io
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from impala_lab.dashboard.format import fmt_knob, nice_ceil
-from impala_lab.dashboard.labels import EVAL_KEYS, LABELS, TIMERS
-from impala_lab.knobs import LIVE_KNOBS, cast
+from impala_lab.dashboard.format import nice_ceil
+from impala_lab.dashboard.labels import ACTIONS, EVAL_KEYS, LABELS, TIMERS
 
-X_KEY = "time_total_s"
-MAX_POINTS = 600  # points drawn per line: longer runs are decimated evenly
+# The data behind the plots lives in plot_data; its names are re-exported here.
+from impala_lab.dashboard.plot_data import KNOB_KEYS as KNOB_KEYS
+from impala_lab.dashboard.plot_data import MAX_POINTS as MAX_POINTS
+from impala_lab.dashboard.plot_data import X_KEY as X_KEY
+from impala_lab.dashboard.plot_data import HasColumns as HasColumns
+from impala_lab.dashboard.plot_data import column as column
+from impala_lab.dashboard.plot_data import columns as columns
+from impala_lab.dashboard.plot_data import knob_marks as knob_marks
+from impala_lab.dashboard.plot_data import read_metrics_csv as read_metrics_csv
+
 TITLE_SIZE, LABEL_SIZE, TICK_SIZE, LEGEND_SIZE = 13, 11, 10, 10  # readable on a projector
 
 
@@ -58,94 +65,6 @@ class RunFigure(Figure):
         buf = io.BytesIO()
         self.savefig(buf, format="png")
         return buf.getvalue()
-
-
-# ---------------------------------------------------------------------- data
-def read_metrics_csv(path: str | Path) -> list[dict[str, float]]:
-    """Rows of a ``metrics.csv`` as dicts of floats (empty cells become NaN)."""
-    rows = []
-    with open(path, newline="") as fh:
-        for raw in csv.DictReader(fh):
-            row = {}
-            for key, text in raw.items():
-                try:
-                    row[key] = float(text) if text not in ("", None) else math.nan
-                except ValueError:
-                    row[key] = math.nan
-            rows.append(row)
-    return rows
-
-
-def column(rows: Sequence[Mapping], key: str) -> np.ndarray:
-    """One key over the rows: ``[len(rows)]`` float64, NaN where a row lacks it."""
-    out = np.full(len(rows), np.nan)
-    for i, r in enumerate(rows):
-        v = r.get(key)
-        if isinstance(v, int | float | np.number) and not isinstance(v, bool):
-            out[i] = float(v)
-    return out
-
-
-class HasColumns(Protocol):
-    """A source of whole columns by flat key, like `impala_lab.stats.StatsHistory`."""
-
-    def column(self, key: str) -> np.ndarray: ...
-
-
-def columns(source: Sequence[Mapping] | HasColumns, keys: Sequence[str],
-            max_points: int = MAX_POINTS) -> dict[str, np.ndarray]:
-    """The columns `keys` (plus ``time_total_s``) of rows or of a `StatsHistory`.
-
-    Args:
-      source: flat rows (``history.rows()``, ``read_metrics_csv``) or a `StatsHistory`.
-      keys: flat keys such as ``"learner.total_loss"``.
-      max_points: longer columns are decimated evenly to this many points, the last row
-        always kept (a plot of a day-long run stays cheap).
-
-    Returns:
-      key -> ``[n]`` float64 array (NaN where a row lacks the key); all of one length.
-    """
-    keys = list(dict.fromkeys([X_KEY, *keys]))
-    if hasattr(source, "column") and not isinstance(source, Sequence):
-        cols = {}
-        for k in keys:
-            values = source.column(k)
-            cols[k] = values if values.dtype == np.float64 else _as_float(values)
-    else:
-        cols = {k: column(source, k) for k in keys}
-    n = len(cols[X_KEY])
-    if n > max_points:
-        idx = np.unique(np.linspace(0, n - 1, max_points).round().astype(int))
-        cols = {k: v[idx] for k, v in cols.items()}
-    return cols
-
-
-def _as_float(values: np.ndarray) -> np.ndarray:
-    out = np.full(len(values), np.nan)
-    for i, v in enumerate(values):
-        if isinstance(v, int | float | np.number) and not isinstance(v, bool):
-            out[i] = float(v)
-    return out
-
-
-#: The live knobs' columns in ``metrics.csv`` (and the history's flat rows).
-KNOB_KEYS = tuple(f"knobs.{name}" for name in LIVE_KNOBS)
-
-
-def knob_marks(cols: Mapping[str, np.ndarray]) -> list[tuple[float, str]]:
-    """``(time, "lr=0.001")`` wherever a ``knobs.*`` column changed from the previous row."""
-    t = cols[X_KEY]
-    changes: dict[int, list[str]] = {}
-    for key in KNOB_KEYS:
-        col = cols.get(key)
-        if col is None or len(col) < 2:
-            continue
-        prev, cur = col[:-1], col[1:]
-        for i in np.flatnonzero(np.isfinite(prev) & np.isfinite(cur) & (prev != cur)) + 1:
-            name = key.split(".", 1)[1]
-            changes.setdefault(int(i), []).append(f"{name}={fmt_knob(cast(name, col[i]))}")
-    return [(float(t[i]), ", ".join(labels)) for i, labels in sorted(changes.items())
-            if np.isfinite(t[i])]
 
 
 # ---------------------------------------------------------------------- limits
@@ -393,6 +312,9 @@ def view_panels(view: str) -> list[LinePanel | TimingPanel]:
                           "batches / updates", y_floor=0.0)]
     if view == "timing":
         return [TimingPanel()]
+    if view == "actions":  # a Box-action run's Gaussian policy
+        return [LinePanel("actions", [Series(ACTION_KEYS[0], "#1f77b4"),
+                                      Series(ACTION_KEYS[1], "#d35400")], "action units")]
     if view == "learner":
         return [
             LinePanel("", [Series("learner.total_loss", "#222222"),
@@ -408,16 +330,20 @@ def view_panels(view: str) -> list[LinePanel | TimingPanel]:
     raise ValueError(f"view={view!r} is unknown; use one of {', '.join(VIEWS + LIVE_VIEWS[4:])}")
 
 
-VIEWS = ("throughput", "return", "queues", "timing", "learner")
+#: The learner's stats of a Box-action run only, as flat keys (``metrics.csv`` columns).
+ACTION_KEYS = tuple(f"learner.{key}" for key in ACTIONS)
+VIEWS = ("throughput", "return", "queues", "timing", "learner", "actions")
 # The dashboard draws the learner row as four figures: a limit change in one of them then
 # redraws a quarter of the row.
 # The timing breakdown is an SVG there (diagram.timing_svg), redrawn at the poll rate.
 LIVE_VIEWS = ("throughput", "return", "queues", *(f"learner.{part}" for part in LEARNER_PARTS))
+# A Box-action run's dashboard adds these (half width, beside the lag histogram).
+BOX_LIVE_VIEWS = ("actions",)
 # Figure sizes in inches at DPI. The dashboard is 960 px wide (a notebook beside JupyterLab's
 # file browser): half-width views 470x230 px, the learner row four figures of 232x240 px.
 DPI = 80
 SIZES = {"throughput": (5.875, 2.875), "return": (5.875, 2.875), "queues": (5.875, 2.875),
-         "timing": (5.875, 2.875), "learner": (11.6, 3.0),
+         "timing": (5.875, 2.875), "actions": (5.875, 2.875), "learner": (11.6, 3.0),
          **{f"learner.{part}": (2.9, 3.0) for part in LEARNER_PARTS}}
 
 
@@ -450,8 +376,9 @@ def new_figure(view: str, panels: list, animated: bool, figsize: tuple[float, fl
 
 def view_figure(view: str, source: Sequence[Mapping] | HasColumns, *,
                 figsize: tuple[float, float] | None = None, dpi: int = DPI) -> RunFigure:
-    """One view of rows or a history: ``throughput, return, queues, timing, learner``, or
-    one of the learner's axes (``learner.losses``, ``.entropy``, ``.grad_norm``, ``.rho``)."""
+    """One view of rows or a history: ``throughput, return, queues, timing, learner``,
+    ``actions`` (a Box-action run's), or one of the learner's axes (``learner.losses``,
+    ``.entropy``, ``.grad_norm``, ``.rho``)."""
     panels = view_panels(view)
     fig = new_figure(view, panels, False, figsize, dpi)
     cols = columns(source, [k for p in panels for k in p.keys])
@@ -460,16 +387,23 @@ def view_figure(view: str, source: Sequence[Mapping] | HasColumns, *,
     return fig
 
 
+def has_actions(rows: Sequence[Mapping] | HasColumns) -> bool:
+    """Whether rows carry a Box-action run's action mean (a number in some row)."""
+    return bool(np.isfinite(columns(rows, ACTION_KEYS[:1])[ACTION_KEYS[0]]).any())
+
+
 def report_figure(rows: Sequence[Mapping] | HasColumns, title: str = "") -> RunFigure:
     """Every view in one figure (the CLI's ``report.png``): return, throughput, queues and
-    policy lag, timing breakdown, then the learner stats in a row of four."""
+    policy lag, timing breakdown, then the learner stats in a row of four (five with a
+    Box-action run's ``actions``)."""
     fig = RunFigure(figsize=(14.5, 10.5), dpi=DPI, facecolor="white", layout="constrained")
     top, bottom = fig.subfigures(2, 1, height_ratios=[2, 1])
     grid = top.subplots(2, 2)
-    learner_axes = bottom.subplots(1, 4)
+    actions = has_actions(rows)
+    learner_axes = list(bottom.subplots(1, 5 if actions else 4))
     placed = [("return", [grid[0, 0]]), ("throughput", [grid[0, 1]]),
               ("queues", [grid[1, 0]]), ("timing", [grid[1, 1]]),
-              ("learner", list(learner_axes))]
+              ("learner", learner_axes[:4]), ("actions", learner_axes[4:])]
     panels = []
     for view, axes in placed:
         for panel, ax in zip(view_panels(view), axes):

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from typing import Any, TextIO
 
 from impala_lab.dashboard.format import bar, fmt_count, fmt_float, fmt_knob, fraction, is_number
-from impala_lab.dashboard.labels import LEARNER, QUEUES, TIMERS, queue_figures
+from impala_lab.dashboard.labels import ACTIONS, LEARNER, QUEUES, TIMERS, queue_figures
 from impala_lab.dashboard.markup import eval_figure
 from impala_lab.health_flags import flag_labels
 
@@ -83,9 +83,10 @@ def _pipeline_line(s: Mapping[str, Any]) -> str:
 
 
 def render(s: Mapping[str, Any], title: str = "", no_samples: bool = False) -> str:
-    """The text dashboard (7 lines, <= 100 columns) of one ``Impala.stats()`` snapshot; 8 with
-    a ``health`` line when the snapshot has a health key (every live run's has); 9 with
-    `no_samples_note` under the first when ``no_samples``."""
+    """The text dashboard (7 lines, <= 100 columns) of one ``Impala.stats()`` snapshot; one
+    more with a ``health`` line when the snapshot has a health key (every live run's has), an
+    ``actions`` line under the learner's when its stats have a Box-action run's action mean
+    and std, and `no_samples_note` under the first when ``no_samples``."""
     p = s.get("pipeline") or {}
     lag = s.get("policy_lag") or {}  # at the driver; ``trained``: when the learner trains
     trained = s.get("policy_lag_at_training") or {}
@@ -113,6 +114,9 @@ def render(s: Mapping[str, Any], title: str = "", no_samples: bool = False) -> s
     lines.append("learner     " + ("  ".join(
         f"{label.short} {fmt_float(learner.get(key), 3)}" for key, label in LEARNER.items()
         if key in learner) if learner else "no learner step yet"))
+    if any(key in learner for key in ACTIONS):  # a Box-action run's Gaussian policy
+        lines.append("actions     " + "  ".join(
+            f"{label.short} {fmt_float(learner.get(key), 3)}" for key, label in ACTIONS.items()))
     knobs = s.get("knobs") or {}
     lines.append("knobs       " + " ".join(f"{k}={fmt_knob(v)}" for k, v in knobs.items()))
     health = s.get("health")

@@ -13,7 +13,9 @@ and stop buttons and the live knobs; plots of throughput and return; the frame s
 last observations of one worker's env when they are images
 (`impala_lab.dashboard.frame_strip`); plots of learner queue and policy lag, the timing
 breakdown and the learner stats (`impala_lab.dashboard.plots`), and the policy-lag histogram
-(`impala_lab.dashboard.lag_histogram`).
+(`impala_lab.dashboard.lag_histogram`). A run whose action space is a gymnasium Box (a Gaussian
+policy) adds two headline cards, the policy's action mean and std from the learner's last
+step, and their plot over time beside the histogram; any other run's page is as without them.
 
 The parts live in their own modules: the HTML of each widget in `markup` (pure functions of a
 snapshot), the sliders and buttons in `controls`, which plot to draw when in `plot_schedule`,
@@ -31,7 +33,8 @@ thread: step-through cells and tests use it. ``python -m bench.dashboard_overhea
 what all of it costs the run.
 
 The dashboard only reads ``stats()``, ``history``, ``knob_changes`` and, where the run has
-them, ``observation_space`` and ``latest_frames()`` (the frame strip), and calls
+them, ``observation_space`` and ``latest_frames()`` (the frame strip) and ``action_space``
+(the action cards and plot), and calls
 ``start()``, ``pause()``, ``stop()`` and ``set_knobs()``; it never reaches into the pipeline.
 It holds the run weakly: re-running a cell that makes a new run lets the old one be collected
 (and its workers end); keep your own reference (``impala = Impala(...)``).
@@ -60,7 +63,7 @@ from impala_lab.dashboard.frame_strip import FrameStripView
 from impala_lab.dashboard.lag_histogram import lag_histogram_svg
 from impala_lab.dashboard.layout import DashboardWidgets
 from impala_lab.dashboard.plot_schedule import PlotScheduler
-from impala_lab.dashboard.plots import LIVE_VIEWS as VIEWS
+from impala_lab.dashboard.plots import BOX_LIVE_VIEWS, LIVE_VIEWS
 from impala_lab.dashboard.poller import Poller
 from impala_lab.dashboard.terminal import TerminalView, render
 
@@ -132,7 +135,9 @@ class Dashboard(DashboardWidgets):
         self._replay_off = False
         self._diagram = PipelineDiagram()
         self._frame_view = FrameStripView(getattr(impala, "observation_space", None))
-        self._scheduler = PlotScheduler(VIEWS, interval=self.plot_interval,
+        self.box_actions = markup.box_actions(getattr(impala, "action_space", None))
+        views = LIVE_VIEWS + (BOX_LIVE_VIEWS if self.box_actions else ())
+        self._scheduler = PlotScheduler(views, interval=self.plot_interval,
                                         budget=self.plot_budget,
                                         use_process=bool(plot_process), show=self._show_plot)
         self._note = ""  # the last message from a button or knob

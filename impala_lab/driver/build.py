@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from impala_lab.config import ImpalaConfig
+from impala_lab.config import ImpalaConfig, env_package_hint
 from impala_lab.errors import ConfigError
 
 
@@ -45,6 +45,15 @@ def probe_spaces(env: Any) -> tuple[Any, Any]:
         e.close()
 
 
+def _missing_package(config: ImpalaConfig, exc: BaseException) -> str:
+    """``"; <which package to install>"`` when a registered env id failed for want of a
+    package (gymnasium registers MuJoCo's ids with or without mujoco, and raises
+    ``DependencyNotInstalled`` naming its own extra); "" otherwise."""
+    missing = isinstance(exc, ImportError) or type(exc).__name__ == "DependencyNotInstalled"
+    hint = env_package_hint(config.env) if isinstance(config.env, str) and missing else ""
+    return f"; {hint}" if hint else ""
+
+
 def check_env(config: ImpalaConfig) -> tuple[Any, Any]:
     """The env's spaces. An env that cannot be made, or whose spaces the model cannot take,
     is a config error (the CLI's exit code 2), raised before any process starts."""
@@ -54,7 +63,8 @@ def check_env(config: ImpalaConfig) -> tuple[Any, Any]:
         observation_space, action_space = probe_spaces(config.env)
     except Exception as exc:
         raise ConfigError(f"env={config.env_id!r} is invalid: it could not be made "
-                          f"({type(exc).__name__}: {exc})") from exc
+                          f"({type(exc).__name__}: {exc}){_missing_package(config, exc)}"
+                          ) from exc
     filters = config.conv_filters if config.conv_net == "cnn" else None
     try:
         check_spaces(observation_space, action_space, filters)
