@@ -134,6 +134,9 @@ def markdown(results: dict[str, Any]) -> str:
         steps = "never" if m["median_env_steps"] is None else f"{m['median_env_steps']:,.0f}"
         rows.append(f"| {label} | {m['num_solved']}/{m['n']} | {med} {interval} | {worst} | "
                     f"{steps} |")
+    verdict = peers.comparisons({k: s[k] for k in SYSTEMS})[0]["verdict"]
+    rows.append(f"\nMedian seconds, by their 95% intervals: {verdict} (n = "
+                f"{s['ppo_zoo']['n']} and {s['impala_lab']['n']}).")
     for key, what in (("seconds_ratio", "seconds"), ("env_steps_ratio", "env steps")):
         r = s[key]
         if r["median"] is not None:

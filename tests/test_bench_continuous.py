@@ -9,8 +9,6 @@ from impala_lab import seed_stats
 
 
 def test_the_continuous_bench_table_names_seeds_rate_and_interval():
-    from bench import continuous, pipeline
-
     runs = [{"seed": s, "reached": ok, "solved": ok, "wall_s": 60.0, "seconds_to_target": t,
              "env_steps_to_target": e, "return_min_after_target": low,
              "seconds_after_target": 60.0 if ok else None}
@@ -48,4 +46,5 @@ def test_the_pendulum_peers_summary_gives_per_seed_ratios_of_seconds_and_steps()
         in text
     assert "| impala_lab, tuned preset | 3/3 | 50.0 [40.0, 60.0] | 60.0 | 3,000,000 |" in text
     assert "PPO / impala_lab in seconds: median 2.50x" in text
+    assert "Median seconds, by their 95% intervals: impala_lab faster (n = 3 and 3)." in text
     assert "Seeds (drawn at random): 1, 2, 3; cap 300 s per run." in text

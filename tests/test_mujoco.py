@@ -89,10 +89,15 @@ def _train(env: str, **overrides):
     run = Impala(env=env, backend="inline", num_workers=1, num_envs_per_worker=2,
                  sample_batch_size=20, train_batch_size=80, model=(32, 32), seed=0,
                  **overrides)
-    deadline = time.monotonic() + 90
-    while (run.policy.version < 3 or run.num_steps_sampled < 400) and \
-            time.monotonic() < deadline:
-        run.step()
+    # A hang guard, not a time limit: a loaded machine may take long over the first traces.
+    deadline = time.monotonic() + 600
+    try:
+        while run.policy.version < 3 or run.num_steps_sampled < 400:
+            assert time.monotonic() < deadline, "no third update within 600 s"
+            run.step()
+    except BaseException:
+        run.stop()
+        raise
     return run
 
 
