@@ -118,7 +118,7 @@ def course(venv, tmp_path_factory) -> Path:
     where = tmp_path_factory.mktemp("student")
     proc = _run([venv / "impala-lab", "notebooks", "my-course"], cwd=where)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "copied 16 lecture notebooks, 14 in exercises/ to my-course/" in proc.stdout
+    assert "copied 17 lecture notebooks, 14 in exercises/ to my-course/" in proc.stdout
     (where / "my-course" / "solutions").mkdir()
     shutil.copyfile(NOTEBOOKS / SOLUTION, where / "my-course" / SOLUTION)
     return where / "my-course"
@@ -130,7 +130,7 @@ def test_the_wheel_carries_the_course_without_outputs(wheel):
         prefix = "impala_lab/classroom/notebooks/"
         shipped = sorted(n[len(prefix):] for n in names if n.startswith(prefix))
         assert shipped == _course_paths(NOTEBOOKS, solutions=False)  # no solutions in it
-        assert len(shipped) == 30 and "00_quickstart.ipynb" in shipped
+        assert len(shipped) == 31 and "00_quickstart.ipynb" in shipped
         assert "impala_lab/classroom/exercises/__main__.py" in names  # the grader and its checkers
         assert "impala_lab/data/collapse_cartpole_metrics.csv" in names  # notebook 06 reads it
         assert "impala_lab/data/breakout_policy.gif" in names  # notebook 11 shows it
@@ -145,7 +145,7 @@ def test_an_instructor_build_carries_the_solutions(tmp_path):
     with zipfile.ZipFile(built) as whl:
         prefix = "impala_lab/classroom/notebooks/"
         shipped = sorted(n[len(prefix):] for n in whl.namelist() if n.startswith(prefix))
-    assert shipped == _course_paths(NOTEBOOKS) and len(shipped) == 44
+    assert shipped == _course_paths(NOTEBOOKS) and len(shipped) == 45
 
 
 def test_the_fresh_environment_imports_the_wheel_not_the_checkout(venv):

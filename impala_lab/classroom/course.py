@@ -5,7 +5,7 @@ A built wheel carries the repository's ``notebooks/`` as the package data
 editable
 install of one, reads ``notebooks/`` in place. `copy_course` writes them into a folder::
 
-    DIR/00_quickstart.ipynb ... 12_off_policy_corrections.ipynb  lecture notebooks
+    DIR/00_quickstart.ipynb ... 13_continuous_actions.ipynb      lecture notebooks
     DIR/exercises/ex1_minibatch_buffer_get.ipynb ...             stubs to fill in
     DIR/solutions/ex1_minibatch_buffer_get.ipynb ...             only when asked
                                                                  (clone or instructor build)
