@@ -101,8 +101,8 @@ class ImpalaConfig:
         "model's weights (SB3's VecNormalize, RLlib's MeanStdFilter), so actors, learner and "
         "checkpoints share them; for continuous control.")
     reward_scale: float = _f(
-        1.0, "Multiply env rewards by this in the loss (returns in metrics stay unscaled): "
-        "values near 1 keep the value loss tame when rewards are large.")
+        1.0, "Multiply env rewards by this in the loss (metrics keep the env's units): scale "
+        "large rewards down so that returns, and the value loss, stay of order 1.")
     max_sample_requests_in_flight_per_worker: int = _f(
         2, "Sample requests each worker has queued at once (the task pool's depth).")
     restart_failed_workers: bool = _f(

@@ -58,6 +58,9 @@ TUNED_PRESETS: dict[str, dict[str, Any]] = {
     # bound penalty: at 3.3M and 3.9M, stayed; squashing (squash_actions) in place of the
     # clip: at 3.5M, stayed (no better, so the preset keeps RLlib's clip: the env gets the
     # draw itself where it is inside the bounds and the entropy bonus is the policy's own).
+    # Measured on 5 random seeds by the bench: 5/5 reached -250, median 34 s and 3.6M env
+    # steps, and stayed; with two passes per batch 5/5 reached it in a median 20 s and 1.8M,
+    # but one seed fell to -1237 within a minute, so the preset keeps one pass.
     "Pendulum-v1": {"num_envs_per_worker": 8, "sample_batch_size": 50,
                     "train_batch_size": 2000, "num_sgd_iter": 1, "opt_type": "adam",
                     "lr": 0.0005, "gamma": 0.95, "grad_clip": 40.0, "entropy_coeff": 0.0,
