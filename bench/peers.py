@@ -44,27 +44,30 @@ import time
 _PROCESS_START = time.monotonic()  # the PPO worker's clock starts before torch is imported
 
 import argparse  # noqa: E402
-import hashlib  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import os  # noqa: E402
-import platform  # noqa: E402
-import shutil  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
+from bench.peers_venv import (  # noqa: E402, F401  (re-exported for callers and tests)
+    REQUIREMENTS,
+    STAMP,
+    VENV,
+    dir_size_mb,
+    ensure_venv,
+    requirements_hash,
+    venv_is_current,
+    venv_python,
+)
+
 HERE = Path(__file__).resolve().parent
 # What the bench measured lives beside the docs that quote it, not among the bench's code.
 RESULTS = HERE.parent / "docs" / "results"
 REPO = HERE.parent
-VENV = HERE / ".peers-venv"
-STAMP = ".built.json"  # in the venv: the requirements' hash, the build's seconds and date
-# torch <= 2.14.1 on this project's machines (pip's constraints there); the pins keep the
-# peer's figures comparable from run to run.
-REQUIREMENTS = ("stable-baselines3==2.9.2", "torch==2.14.1")
 ENV = "CartPole-v1"
 STOP_RETURN = 475.0
 
@@ -84,74 +87,6 @@ PPO_VARIANTS: dict[str, dict[str, Any]] = {
 }
 SYSTEMS = (*PPO_VARIANTS, "impala_lab")
 LABELS = {**{k: v["label"] for k, v in PPO_VARIANTS.items()}, "impala_lab": "impala_lab"}
-
-
-# ---------------------------------------------------------------------- the venv
-def requirements_hash(requirements: tuple[str, ...] | list[str],
-                      python_version: str | None = None) -> str:
-    """sha256 of the requirements (order and surrounding blanks ignored) and the Python
-    version: the venv is rebuilt when it changes."""
-    lines = sorted(r.strip() for r in requirements if r.strip())
-    text = f"python {python_version or platform.python_version()}\n" + "\n".join(lines)
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def venv_python(venv: Path) -> Path:
-    return venv / "bin" / "python"
-
-
-def venv_is_current(venv: Path, requirements: tuple[str, ...] | list[str] = REQUIREMENTS,
-                    python_version: str | None = None) -> bool:
-    """True if ``venv`` was built (to the end) for these requirements and Python version."""
-    try:
-        stamp = json.loads((venv / STAMP).read_text())
-    except (OSError, ValueError):
-        return False
-    return (stamp.get("requirements_sha256") == requirements_hash(requirements, python_version)
-            and venv_python(venv).exists())
-
-
-def dir_size_mb(path: Path) -> float:
-    """Bytes of the regular files under ``path`` (links not followed), in MB (1e6)."""
-    total = 0
-    for root, _, files in os.walk(path):
-        for name in files:
-            try:
-                st = os.lstat(os.path.join(root, name))
-            except OSError:
-                continue
-            if not os.path.islink(os.path.join(root, name)):
-                total += st.st_size
-    return round(total / 1e6, 1)
-
-
-def ensure_venv(venv: Path = VENV, requirements: tuple[str, ...] = REQUIREMENTS,
-                rebuild: bool = False, log: Any = print) -> dict[str, Any]:
-    """The peers venv, built if missing, stale or ``rebuild``; its path, size and build."""
-    digest = requirements_hash(requirements)
-    reused = not rebuild and venv_is_current(venv, requirements)
-    if not reused:
-        if venv.exists():
-            log(f"bench.peers: removing {venv} (built for other requirements, or unfinished)")
-            shutil.rmtree(venv)
-        log(f"bench.peers: building {venv} with {' '.join(requirements)} from PyPI "
-            "(torch is large: the first build takes minutes)", flush=True)
-        t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        subprocess.run([str(venv_python(venv)), "-m", "pip", "install", "--progress-bar", "off",
-                        "--disable-pip-version-check", "--quiet", *requirements], check=True)
-        stamp = {"requirements": list(requirements), "requirements_sha256": digest,
-                 "python": platform.python_version(),
-                 "built_s": round(time.perf_counter() - t0, 1),
-                 "built_at": time.strftime("%Y-%m-%d %H:%M:%S")}
-        (venv / STAMP).write_text(json.dumps(stamp, indent=2))  # last: marks the build done
-    stamp = json.loads((venv / STAMP).read_text())
-    info = {"path": str(venv), "reused": reused, "requirements": list(requirements),
-            "requirements_sha256": digest, "built_s": stamp.get("built_s"),
-            "built_at": stamp.get("built_at"), "size_mb": dir_size_mb(venv)}
-    log(f"bench.peers: venv {venv} ({'reused' if reused else 'built'}; built in "
-        f"{info['built_s']} s on {info['built_at']}; {info['size_mb']:,.0f} MB)", flush=True)
-    return info
 
 
 # ---------------------------------------------------------------------- PPO (peers venv)
