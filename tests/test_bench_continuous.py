@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from bench import continuous, peers_pendulum, pipeline
 from impala_lab import seed_stats
 
@@ -19,9 +21,16 @@ def test_the_continuous_bench_table_names_seeds_rate_and_interval():
                                         stay_floor=continuous.STAY_FLOOR)
     summary["solve_rate_ci95"] = [round(x, 3) for x in seed_stats.wilson_interval(2, 3)]
     row = continuous.markdown(summary).splitlines()[-1]
-    assert row.startswith("| Pendulum-v1 | 11, 12, 13 | 2/3 [0.21, 0.94] |")
+    assert row.startswith("| Pendulum-v1 | 11, 12, 13 | -250 within 300 s: 2/3 [0.21, 0.94] |")
     # a seed that never reached the target makes the median and the worst "never"
-    assert "| 55.0 s | never | 4.00M | never | 1/2 (lowest -420.0) |" in row
+    assert "| 55.0 s | never | 4.00M | never | -400 for 60 s: 1/2 (lowest -420.0) |" in row
+
+
+def test_the_continuous_bench_refuses_an_env_without_a_target(capsys):
+    with pytest.raises(SystemExit):
+        continuous.main(["--envs", "mujoco,Walker2d-v5"])
+    err = capsys.readouterr().err
+    assert "--envs: Walker2d-v5 has no target here" in err and "HalfCheetah-v5" in err
 
 
 def _pair(seed, ppo_s, ppo_steps, impala_s, impala_steps):
