@@ -124,29 +124,14 @@ def ppo_worker(seed: int, max_seconds: float, stop_return: float = STOP_RETURN,
     def linear(start: float) -> Any:
         return lambda progress_remaining: progress_remaining * start
 
-    class StopAtTarget(BaseCallback):
-        def _on_step(self) -> bool:
-            for info in self.locals["infos"]:
-                episode = info.get("episode")
-                if episode is not None:
-                    returns.append(float(episode["r"]))
-            now = time.monotonic() - _PROCESS_START
-            if len(returns) == returns.maxlen and sum(returns) / len(returns) >= stop_return:
-                out.update(solved=True, seconds_to_target=round(now, 2),
-                           env_steps_to_target=int(self.num_timesteps), stop_reason="target")
-                return False
-            if now >= max_seconds:
-                out["stop_reason"] = "max_seconds"
-                return False
-            return True
-
     vec_env_cls = DummyVecEnv if how["vec_env"] == "dummy" else SubprocVecEnv
     env = make_vec_env(ENV, n_envs=s["n_envs"], seed=seed, vec_env_cls=vec_env_cls)
     model = PPO(s["policy"], env, n_steps=s["n_steps"], batch_size=s["batch_size"],
                 n_epochs=s["n_epochs"], gae_lambda=s["gae_lambda"], gamma=s["gamma"],
                 ent_coef=s["ent_coef"], learning_rate=linear(s["learning_rate"]),
                 clip_range=linear(s["clip_range"]), seed=seed, device="cpu", verbose=0)
-    callback = StopAtTarget()
+    callback = stop_at_target(BaseCallback, returns, out, stop_return, max_seconds,
+                              _PROCESS_START)
     model.learn(total_timesteps=s["n_timesteps"], callback=callback)
     env.close()
     out.update(final_env_steps=int(model.num_timesteps),
@@ -156,6 +141,32 @@ def ppo_worker(seed: int, max_seconds: float, stop_return: float = STOP_RETURN,
                          ("stable-baselines3", "torch", "gymnasium", "numpy")},
                torch_threads=torch.get_num_threads(), vec_env=vec_env_cls.__name__)
     return out
+
+
+def stop_at_target(base: type, returns: Any, out: dict[str, Any], stop_return: float,
+                   max_seconds: float, start: float) -> Any:
+    """An SB3 callback (``base`` is SB3's ``BaseCallback``, imported by the worker) that
+    appends each finished episode's return (``Monitor``'s ``info["episode"]``) to ``returns``
+    (a deque of 100) and stops training once their mean reaches ``stop_return``, recording
+    the seconds since ``start`` and the env steps in ``out``, or at ``max_seconds``."""
+
+    class StopAtTarget(base):  # type: ignore[misc, valid-type]
+        def _on_step(self) -> bool:
+            for info in self.locals["infos"]:
+                episode = info.get("episode")
+                if episode is not None:
+                    returns.append(float(episode["r"]))
+            now = time.monotonic() - start
+            if len(returns) == returns.maxlen and sum(returns) / len(returns) >= stop_return:
+                out.update(solved=True, seconds_to_target=round(now, 2),
+                           env_steps_to_target=int(self.num_timesteps), stop_reason="target")
+                return False
+            if now >= max_seconds:
+                out["stop_reason"] = "max_seconds"
+                return False
+            return True
+
+    return StopAtTarget()
 
 
 def ppo_command(seed: int, max_seconds: float, variant: str, venv: Path = VENV) -> list[str]:

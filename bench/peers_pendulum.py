@@ -65,25 +65,14 @@ def ppo_worker(seed: int, max_seconds: float) -> dict[str, Any]:
     out: dict[str, Any] = {"seed": seed, "solved": False, "seconds_to_target": None,
                            "env_steps_to_target": None, "stop_reason": "max_seconds"}
 
-    class StopAtTarget(BaseCallback):
-        def _on_step(self) -> bool:
-            for info in self.locals["infos"]:
-                if info.get("episode") is not None:
-                    returns.append(float(info["episode"]["r"]))
-            now = time.monotonic() - _PROCESS_START
-            if len(returns) == returns.maxlen and sum(returns) / len(returns) >= STOP_RETURN:
-                out.update(solved=True, seconds_to_target=round(now, 2),
-                           env_steps_to_target=int(self.num_timesteps), stop_reason="target")
-                return False
-            return now < max_seconds
-
     env = make_vec_env(ENV, n_envs=s["n_envs"], seed=seed)
     model = PPO(s["policy"], env, n_steps=s["n_steps"], batch_size=s["batch_size"],
                 n_epochs=s["n_epochs"], gae_lambda=s["gae_lambda"], gamma=s["gamma"],
                 ent_coef=s["ent_coef"], learning_rate=s["learning_rate"],
                 clip_range=s["clip_range"], use_sde=s["use_sde"],
                 sde_sample_freq=s["sde_sample_freq"], seed=seed, device="cpu", verbose=0)
-    model.learn(total_timesteps=10**9, callback=StopAtTarget())
+    model.learn(total_timesteps=10**9, callback=peers.stop_at_target(
+        BaseCallback, returns, out, STOP_RETURN, max_seconds, _PROCESS_START))
     env.close()
     out.update(final_env_steps=int(model.num_timesteps),
                final_return_mean=(round(sum(returns) / len(returns), 2) if returns else None))
