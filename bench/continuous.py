@@ -48,11 +48,9 @@ ENVS: dict[str, tuple[float, float, float, int]] = {
 }
 GROUPS = {"pendulum": ["Pendulum-v1"], "mujoco": ["HalfCheetah-v5", "Hopper-v5"],
           "all": list(ENVS)}
-ENV = "Pendulum-v1"
-TARGET, MAX_S, STAY_FLOOR, _ = ENVS[ENV]
 
 
-def run(seeds: list[int], max_s: float, after_s: float, log: Any = print, env: str = ENV
+def run(seeds: list[int], max_s: float, after_s: float, env: str, log: Any = print
         ) -> dict[str, Any]:
     """Each seed's run of ``env`` to its target, then ``after_s`` more seconds; the summary."""
     target, _, floor, _ = ENVS[env]
@@ -76,10 +74,8 @@ def run(seeds: list[int], max_s: float, after_s: float, log: Any = print, env: s
     return summary
 
 
-def markdown(summaries: list[dict[str, Any]] | dict[str, Any], env: str = ENV) -> str:
-    """The README's table: a row per env's summary."""
-    if isinstance(summaries, dict):
-        summaries = [{"env": env, "target": ENVS[env][0], **summaries}]
+def markdown(summaries: list[dict[str, Any]]) -> str:
+    """The README's table: a row per env's summary (`run`'s)."""
 
     def sec(x: Any) -> str:
         return "never" if x is None else f"{x:.1f} s"
@@ -128,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         max_s = args.max_seconds or limit
         print(f"[bench.continuous] {env}: {len(seeds)} seeds drawn at random for this run: "
               f"{', '.join(map(str, seeds))}", flush=True)
-        summaries.append(run(seeds, max_s, args.after, env=env))
+        summaries.append(run(seeds, max_s, args.after, env))
     passed = all(s["num_solved"] == s["num_runs"] for s in summaries)
     table = markdown(summaries)
     print(f"\n{table}\n\ntarget: every seed reaches its env's target within the limit: "

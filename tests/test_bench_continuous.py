@@ -18,9 +18,10 @@ def test_the_continuous_bench_table_names_seeds_rate_and_interval():
                                      (12, True, 55.0, 4_000_000, -420.0),
                                      (13, False, None, None, None)]]
     summary = pipeline.summarize_solves(runs, 300.0, solve_limit_s=300.0, after_s=60.0,
-                                        stay_floor=continuous.STAY_FLOOR)
+                                        stay_floor=continuous.ENVS["Pendulum-v1"][2])
     summary["solve_rate_ci95"] = [round(x, 3) for x in seed_stats.wilson_interval(2, 3)]
-    row = continuous.markdown(summary).splitlines()[-1]
+    summary.update(env="Pendulum-v1", target=-250.0)
+    row = continuous.markdown([summary]).splitlines()[-1]
     assert row.startswith("| Pendulum-v1 | 11, 12, 13 | -250 within 300 s: 2/3 [0.21, 0.94] |")
     # a seed that never reached the target makes the median and the worst "never"
     assert "| 55.0 s | never | 4.00M | never | -400 for 60 s: 1/2 (lowest -420.0) |" in row
