@@ -14,6 +14,7 @@ from impala_lab.actor.distributions import DiagGaussian, squash_to_bounds
 from impala_lab.actor.rollout_worker import RolloutWorker
 from impala_lab.errors import ConfigError
 from impala_lab.model_spec import ModelSpec
+from tests.test_gaussian import RecordingBoxEnv
 
 LOW, HIGH = np.array([-2.0, 0.0], np.float32), np.array([1.0, 3.0], np.float32)
 
@@ -28,25 +29,16 @@ def test_squashing_maps_every_real_into_the_bounds_centre_at_zero():
     assert (wide >= LOW).all() and (wide <= HIGH).all()
 
 
-class BoundedEnv(gym.Env):
-    """Records the actions it gets; a 2-number Box with finite, unequal bounds."""
+OBS_SPACE = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+ACTION_SPACE = gym.spaces.Box(LOW, HIGH, (2,), np.float32)
 
-    observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
-    action_space = gym.spaces.Box(LOW, HIGH, (2,), np.float32)
+
+class BoundedEnv(RecordingBoxEnv):
+    """`RecordingBoxEnv` (it records the actions it gets) with finite, unequal bounds."""
 
     def __init__(self) -> None:
-        self.actions: list[np.ndarray] = []
-        self.t = 0
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        self.t = 0
-        return np.zeros(2, np.float32), {}
-
-    def step(self, action):
-        self.actions.append(np.array(action, copy=True))
-        self.t += 1
-        return np.full(2, 0.1, np.float32), 0.0, False, self.t >= 5, {}
+        super().__init__()
+        self.action_space = ACTION_SPACE
 
 
 @pytest.mark.parametrize("squash", [True, False], ids=["squash", "clip"])
@@ -68,7 +60,7 @@ def test_evaluation_bounds_actions_as_the_actors_do():
     from impala_lab.actor.numpy_model import NumpyModel
     from impala_lab.driver.evaluation import play_episodes
 
-    model = NumpyModel(BoundedEnv.observation_space, BoundedEnv.action_space, ModelSpec((8,)))
+    model = NumpyModel(OBS_SPACE, ACTION_SPACE, ModelSpec((8,)))
     weights = model.initial_weights(1)
     weights[-4][:] = 5.0  # the mean's bias: far above both upper bounds
     model.set_weights(weights)
@@ -83,7 +75,9 @@ def test_evaluation_bounds_actions_as_the_actors_do():
 
 def test_squashing_an_unbounded_space_is_a_config_error_before_anything_starts():
     class Unbounded(BoundedEnv):
-        action_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+        def __init__(self) -> None:
+            super().__init__()
+            self.action_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
 
     with pytest.raises(ConfigError) as info:
         Impala(ImpalaConfig(env=Unbounded, squash_actions=True, backend="inline",
@@ -103,10 +97,10 @@ def test_action_bound_gives_the_range_the_env_can_tell_apart():
 
     assert action_bound(gym.spaces.Discrete(3), squash=False) is None
     assert action_bound(gym.spaces.Box(-np.inf, 1.0, (2,)), squash=False) is None
-    center, half = action_bound(BoundedEnv.action_space, squash=False)
+    center, half = action_bound(ACTION_SPACE, squash=False)
     np.testing.assert_allclose(center, [-0.5, 1.5])
     np.testing.assert_allclose(half, [1.5, 1.5])
-    center, half = action_bound(BoundedEnv.action_space, squash=True)
+    center, half = action_bound(ACTION_SPACE, squash=True)
     np.testing.assert_allclose(center, [0.0, 0.0])
     np.testing.assert_allclose(half, [2.0, 2.0])
 
@@ -119,7 +113,7 @@ def test_the_bound_penalty_is_the_squared_distance_of_the_means_past_the_bounds(
     from impala_lab.learner.vtrace_policy import VTracePolicy, action_bound, batch_to_tensors
     from tests.test_obs_normalizer import _batch
 
-    space = BoundedEnv.action_space
+    space = ACTION_SPACE
     obs_space = gym.spaces.Box(-np.inf, np.inf, (3,), np.float32)
     batch = _batch(np.random.default_rng(4))
     batch.actions = np.zeros((5, 4, 2), np.float32)
