@@ -231,7 +231,10 @@ def _train(steps: int, **overrides) -> dict:
     # traces alone can take tens of seconds, so the loop waits for work, not for a time.
     deadline = time.monotonic() + 600
     with Impala(ImpalaConfig(**config)) as run:
-        while run.num_steps_sampled < steps or run.policy.version < 2:
+        # The learner's reported stats, not policy.version: the version moves before the
+        # thread publishes the step's stats, which the tests then read.
+        while run.num_steps_sampled < steps or (
+                run.stats().get("learner") or {}).get("policy_version", 0) < 2:
             assert time.monotonic() < deadline, (
                 f"no second policy version after {run.num_steps_sampled} env steps")
             run.step()

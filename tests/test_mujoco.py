@@ -92,7 +92,10 @@ def _train(env: str, **overrides):
     # A hang guard, not a time limit: a loaded machine may take long over the first traces.
     deadline = time.monotonic() + 600
     try:
-        while run.policy.version < 3 or run.num_steps_sampled < 400:
+        # The learner's reported stats (which the test reads), not policy.version, which
+        # moves before the thread publishes the step's stats.
+        while run.num_steps_sampled < 400 or (
+                run.stats().get("learner") or {}).get("policy_version", 0) < 3:
             assert time.monotonic() < deadline, "no third update within 600 s"
             run.step()
     except BaseException:
