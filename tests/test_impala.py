@@ -298,8 +298,9 @@ def test_workers_that_never_return_a_sample_stop_restarting():
 
 @pytest.mark.slow
 def test_inline_impala_learns_cartpole_within_bounded_env_steps():
-    cfg = ImpalaConfig(backend="inline", num_workers=2, num_envs_per_worker=8, lr=0.003,
-                       vf_loss_coeff=0.1, seed=0)
+    # The tuned preset: the learner thread's timing makes even inline runs differ, and the
+    # older recipe (Adam, grad_clip 40) sometimes collapsed to a return of 9.3.
+    cfg = ImpalaConfig.tuned("CartPole-v1", backend="inline", seed=0)
     with Impala(cfg) as run:
         result = run.train(lambda s: s["episode_return_count"] >= 20
                            and s["episode_return_mean"] >= 195,

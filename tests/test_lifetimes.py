@@ -21,13 +21,13 @@ from impala_lab import Impala, ImpalaConfig
 from tests.leaks import alive, children_of, wait_gone
 
 REPO = Path(__file__).resolve().parents[1]
-# Settings that learn CartPole quickly (the README's tuned values).
-FAST_CARTPOLE = dict(num_workers=2, num_envs_per_worker=8, lr=0.003, vf_loss_coeff=0.1)
 
 
 @pytest.mark.slow
 def test_process_backend_learns_cartpole_within_bounded_env_steps():
-    cfg = ImpalaConfig(backend="process", seed=0, **FAST_CARTPOLE)
+    # The tuned preset: the older recipe here (Adam, grad_clip 40) sometimes collapsed to a
+    # return of 9.3 (notebook 06), and the process backend's timing picks which runs do.
+    cfg = ImpalaConfig.tuned("CartPole-v1", backend="process", seed=0)
     with Impala(cfg) as run:
         assert len(run.backend.worker_pids()) == 2
         result = run.train(lambda s: s["episode_return_count"] >= 20
