@@ -27,7 +27,7 @@ help:
 	@echo "make docs          the course website in site/ (notebooks executed in fast mode, or reused)"
 	@echo "make tensorboard   TensorBoard on 127.0.0.1:6006 over runs/ (LOGDIR=..., TENSORBOARD_PORT=...)"
 	@echo "make bench         python -m bench"
-	@echo "make bench-peers   impala_lab against SB3 PPO on random seeds, CartPole and Pendulum (own venv)"
+	@echo "make bench-peers   impala_lab against SB3 PPO on random seeds, CartPole, Pendulum, MuJoCo (own venv)"
 	@echo "make nbstrip       strip outputs from notebooks/ (they are committed without them)"
 	@echo "make setup         only create .venv and install .[dev,ray]"
 	@echo "make browser-deps  install Debian's chromium for the browser tests (as root)"
@@ -95,10 +95,13 @@ bench: $(BASE_STAMP)
 	$(BIN)/python -m bench
 
 # Optional, not part of `make test`: builds bench/.peers-venv (stable-baselines3 and torch from
-# PyPI, a few GB; rebuilt when bench/peers.py's pins change) and writes bench/peers_results.*.
+# PyPI, a few GB; rebuilt when bench/peers.py's pins change) and writes docs/results/peers_*.
+# The MuJoCo part gives each of 2 systems x 2 envs x 3 seeds a 20-minute budget: about 4 hours
+# (PEERS_MUJOCO_ARGS="--budget 300" for a shorter look).
 bench-peers: $(BASE_STAMP)
 	$(BIN)/python -m bench.peers $(PEERS_ARGS)
 	$(BIN)/python -m bench.peers_pendulum
+	$(BIN)/python -m bench.peers_mujoco $(PEERS_MUJOCO_ARGS)
 
 # Standard library only: works before .venv exists.
 nbstrip:

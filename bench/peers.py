@@ -54,10 +54,12 @@ from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 from bench.peers_venv import (  # noqa: E402, F401  (re-exported for callers and tests)
+    EXTRAS,
     REQUIREMENTS,
     STAMP,
     VENV,
     dir_size_mb,
+    ensure_extra,
     ensure_venv,
     requirements_hash,
     venv_is_current,

@@ -22,6 +22,9 @@ STAMP = ".built.json"  # in the venv: the requirements' hash, the build's second
 # torch <= 2.14.1 on this project's machines (pip's constraints there); the pins keep the
 # peer's figures comparable from run to run.
 REQUIREMENTS = ("stable-baselines3==2.9.2", "torch==2.14.1")
+# Installed into the built venv on first need (not in `REQUIREMENTS`, whose change would
+# rebuild torch): the MuJoCo envs, pinned to the version the project's own tests use.
+EXTRAS = {"mujoco": ("mujoco==4.0.1", "imageio>=2.14.1", "packaging>=23")}
 
 
 def requirements_hash(requirements: tuple[str, ...] | list[str],
@@ -89,3 +92,19 @@ def ensure_venv(venv: Path = VENV, requirements: tuple[str, ...] = REQUIREMENTS,
     log(f"bench.peers: venv {venv} ({'reused' if reused else 'built'}; built in "
         f"{info['built_s']} s on {info['built_at']}; {info['size_mb']:,.0f} MB)", flush=True)
     return info
+
+
+def ensure_extra(venv: Path, name: str, log: Any = print) -> list[str]:
+    """Installs `EXTRAS` ``name`` into the (built) venv unless its stamp lists it already;
+    the extra's requirements."""
+    requirements = list(EXTRAS[name])
+    stamp_file = venv / STAMP
+    stamp = json.loads(stamp_file.read_text())
+    if stamp.get("extras", {}).get(name) != requirements:
+        log(f"bench.peers: installing the {name} extra into {venv}: {' '.join(requirements)}",
+            flush=True)
+        subprocess.run([str(venv_python(venv)), "-m", "pip", "install", "--progress-bar", "off",
+                        "--disable-pip-version-check", "--quiet", *requirements], check=True)
+        stamp.setdefault("extras", {})[name] = requirements
+        stamp_file.write_text(json.dumps(stamp, indent=2))
+    return requirements

@@ -598,3 +598,21 @@ def test_minatar_markdown_shows_cores_solves_and_the_impala_run():
     assert "| 50,000, 12,000 | 1.12; 0.15, 0.27 |" in text
     assert "| MinAtar/Breakout-v1 | 7 | True | 95.8 | 1858560 | 15.4 | 18945.6 |" in text
     assert "| MinAtar/Breakout-v1 | 9 | 653440 | 8.1 | 5078.0 |" in text
+
+
+def test_peers_venv_extra_installs_once_and_is_recorded_in_the_stamp(tmp_path):
+    from bench import peers
+
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    calls = tmp_path / "pip-calls"
+    python = venv / "bin" / "python"  # stands in for the venv's pip: records its arguments
+    python.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
+    python.chmod(0o755)
+    (venv / peers.STAMP).write_text(json.dumps({"requirements_sha256": "x"}))
+    reqs = peers.ensure_extra(venv, "mujoco", log=lambda *a, **k: None)
+    assert reqs == list(peers.EXTRAS["mujoco"]) and reqs[0].startswith("mujoco==")
+    assert calls.read_text().split("\n")[0].endswith(" ".join(reqs))
+    assert json.loads((venv / peers.STAMP).read_text())["extras"] == {"mujoco": reqs}
+    peers.ensure_extra(venv, "mujoco", log=lambda *a, **k: None)  # recorded: no second install
+    assert len(calls.read_text().splitlines()) == 1

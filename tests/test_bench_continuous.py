@@ -1,4 +1,5 @@
-"""bench.continuous and bench.peers_pendulum: their tables from made-up runs (no training)."""
+"""bench.continuous, bench.peers_pendulum and bench.peers_mujoco: their tables from made-up
+runs (no training)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import math
 
 import pytest
 
-from bench import continuous, peers_pendulum, pipeline
+from bench import continuous, peers_mujoco, peers_pendulum, pipeline
 from impala_lab import seed_stats
 
 
@@ -58,3 +59,55 @@ def test_the_pendulum_peers_summary_gives_per_seed_ratios_of_seconds_and_steps()
     assert "PPO / impala_lab in seconds: median 2.50x" in text
     assert "Median seconds, by their 95% intervals: impala_lab faster (n = 3 and 3)." in text
     assert "Seeds (drawn at random): 1, 2, 3; cap 300 s per run." in text
+
+
+def _budget_run(returns, steps, seconds_to_target=None, budget=400.0):
+    marks = peers_mujoco.checkpoint_times(budget)
+    return {"checkpoints": [{"s": m, "return_mean": r, "episodes": 100, "env_steps": e}
+                            for m, r, e in zip(marks, returns, steps)],
+            "reached": seconds_to_target is not None, "seconds_to_target": seconds_to_target}
+
+
+def test_the_mujoco_peers_summary_compares_returns_at_the_budget():
+    assert peers_mujoco.checkpoint_times(400.0) == [100.0, 200.0, 300.0, 400.0]
+    steps = [1, 2, 3, 4]
+    runs = [{"seed": 7, "ppo_zoo": _budget_run([100, 300, 500, 700], steps),
+             "impala_lab": _budget_run([900, 1600, 1800, 2000], steps, 150.0)},
+            {"seed": 8, "ppo_zoo": _budget_run([None, 200, 400, 600], steps),
+             "impala_lab": _budget_run([800, 1400, 1700, 1900], steps, 220.0)},
+            {"seed": 9, "ppo_zoo": _budget_run([150, 350, 550, 800], steps),
+             "impala_lab": _budget_run([700, 1300, 1600, 1700], steps, 250.0)}]
+    s = peers_mujoco.summarize(runs)
+    ppo, impala = s["ppo_zoo"], s["impala_lab"]
+    assert (ppo["n"], ppo["num_reached"], impala["num_reached"]) == (3, 0, 3)
+    assert (ppo["median_return"], ppo["worst_return"]) == (700, 600)
+    assert ppo["median_return_at"]["100.0"] == 100  # no episode yet counts as -inf
+    assert impala["median_seconds_to_target"] == 220.0
+    assert s["verdict"] == "impala_lab, tuned preset higher"
+    text = peers_mujoco.markdown({"budget": 400.0, "summaries": {"HalfCheetah-v5": s},
+                                  "seeds": {"HalfCheetah-v5": [7, 8, 9]}})
+    assert ("| HalfCheetah-v5 | impala_lab, tuned preset | 1900 [1700, 2000] | 1700 | 800 | "
+            "1400 | 1700 | 0.00M | 1500: 3/3 (220 s) |") in text
+    assert "| HalfCheetah-v5 | SB3 PPO, RL Zoo's settings | 700 [600, 800] | 600 |" in text
+    assert ("HalfCheetah-v5: return at 400 s, by the 95% intervals of the medians: impala_lab, "
+            "tuned preset higher (n = 3 and 3); seeds (drawn at random): 7, 8, 9.") in text
+
+
+def test_the_mujoco_peers_verdict_is_inconclusive_when_the_intervals_overlap():
+    runs = [{"seed": i, "ppo_zoo": _budget_run([0, 0, 0, r], [1] * 4),
+             "impala_lab": _budget_run([0, 0, 0, r + 10], [1] * 4)}
+            for i, r in enumerate([1000, 1500, 2000])]
+    assert peers_mujoco.summarize(runs)["verdict"] == "inconclusive"
+
+
+def test_the_mujoco_peers_bench_refuses_an_unknown_env_and_a_bad_budget(capsys):
+    with pytest.raises(SystemExit):
+        peers_mujoco.main(["--envs", "Walker2d-v5"])
+    assert "--envs='Walker2d-v5': choose from HalfCheetah-v5, Hopper-v5" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        peers_mujoco.main(["--budget", "0"])
+    assert "--budget=0: give a positive number of seconds" in capsys.readouterr().err
+
+
+def test_the_mujoco_peers_targets_are_the_continuous_bench_targets():
+    assert {e: continuous.ENVS[e][0] for e in peers_mujoco.TARGETS} == peers_mujoco.TARGETS
