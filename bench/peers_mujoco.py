@@ -69,6 +69,7 @@ PPO_SETTINGS: dict[str, dict[str, Any]] = {
 SYSTEMS = ("ppo_zoo", "impala_lab")
 LABELS = {"ppo_zoo": "SB3 PPO, RL Zoo's settings", "impala_lab": "impala_lab, tuned preset"}
 FRACTIONS = (0.25, 0.5, 0.75, 1.0)  # of the budget, where each run's return is read
+MIN_SEEDS_TO_COMPARE = 3  # a bootstrap interval of one or two values says nothing
 
 
 def checkpoint_times(budget: float) -> list[float]:
@@ -232,11 +233,17 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
                                                            for r in reached)
                                          if reached else None)}
     a, b = out["ppo_zoo"], out["impala_lab"]
-    if a["median_return_ci95"] and b["median_return_ci95"]:
+    if min(a["n"], b["n"]) < MIN_SEEDS_TO_COMPARE:
+        out["verdict"] = f"not compared (fewer than {MIN_SEEDS_TO_COMPARE} seeds a side)"
+    elif a["median_return_ci95"] and b["median_return_ci95"]:
         (a_lo, a_hi), (b_lo, b_hi) = a["median_return_ci95"], b["median_return_ci95"]
         out["verdict"] = (f"{LABELS['impala_lab']} higher" if b_lo > a_hi else
                           f"{LABELS['ppo_zoo']} higher" if a_lo > b_hi else "inconclusive")
     return out
+
+
+def _rounded(x: float | None) -> float | None:
+    return None if x is None else round(x, 1)
 
 
 def _at(run: dict[str, Any], i: int) -> float:
@@ -328,7 +335,8 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"bench.peers_mujoco: FAILED: {exc}", flush=True)
                     continue
                 print(f"    returns at {[c['s'] for c in row[system]['checkpoints']]} s: "
-                      f"{[c['return_mean'] for c in row[system]['checkpoints']]}; reached "
+                      f"{[_rounded(c['return_mean']) for c in row[system]['checkpoints']]}; "
+                      f"reached "
                       f"{TARGETS[env_id]:g} at {row[system]['seconds_to_target']} s",
                       flush=True)
             rows.append(row)

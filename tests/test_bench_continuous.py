@@ -98,6 +98,8 @@ def test_the_mujoco_peers_verdict_is_inconclusive_when_the_intervals_overlap():
              "impala_lab": _budget_run([0, 0, 0, r + 10], [1] * 4)}
             for i, r in enumerate([1000, 1500, 2000])]
     assert peers_mujoco.summarize(runs)["verdict"] == "inconclusive"
+    assert peers_mujoco.summarize(runs[:2])["verdict"] == \
+        "not compared (fewer than 3 seeds a side)"
 
 
 def test_the_mujoco_peers_bench_refuses_an_unknown_env_and_a_bad_budget(capsys):
