@@ -13,6 +13,7 @@ and ``docs/results/results.png``.
     python -m bench --only minatar          # not in the default list: bench/minatar.py
     python -m bench --only one_file         # not in the default list: bench/one_file.py
     python -m bench --only continuous       # not in the default list: bench/continuous.py
+    python -m bench --only cores            # not in the default list: bench/cores.py
 
 Benchmarks (names for ``--only``):
 
@@ -331,8 +332,9 @@ def run_benchmarks(names: list[str], quick: bool, log: Any = print,
     return results
 
 
-# Run alone by ``--only NAME``: MinAtar from pixels, the one-file IMPALA, Box actions.
-SEPARATE = ("minatar", "one_file", "continuous")
+# Run alone by ``--only NAME``: MinAtar from pixels, the one-file IMPALA, Box actions, and
+# where the cores go.
+SEPARATE = ("minatar", "one_file", "continuous", "cores")
 
 
 def main(argv: list[str] | None = None) -> int:
