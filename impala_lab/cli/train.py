@@ -42,27 +42,10 @@ from impala_lab.config import ImpalaConfig
 from impala_lab.driver.health import RETURN_MIN_EPISODES
 from impala_lab.errors import ConfigError, ImpalaError
 from impala_lab.health_flags import describe_seen
+from impala_lab.process_clock import process_start
 
 if TYPE_CHECKING:  # pragma: no cover
     from impala_lab.driver.impala import Impala
-
-# Where the OS cannot say when the process started: this module is imported before TensorFlow.
-_IMPORTED_AT = time.monotonic()
-
-
-def process_start() -> float:
-    """When this process started, on the `time.monotonic` clock, so that time-to-solve counts
-    the interpreter's and TensorFlow's start-up. Linux says it in /proc/self/stat (clock ticks
-    since boot); elsewhere it is when this module was imported."""
-    try:
-        with open("/proc/self/stat") as fh:
-            # after "pid (comm)": the command name may hold spaces
-            fields = fh.read().rsplit(")", 1)[1].split()
-        started = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22, starttime
-        age = time.clock_gettime(time.CLOCK_BOOTTIME) - started
-    except (OSError, IndexError, ValueError, AttributeError):  # no /proc, no CLOCK_BOOTTIME
-        return _IMPORTED_AT
-    return min(time.monotonic() - age, _IMPORTED_AT)
 
 
 def check_run_args(args: argparse.Namespace) -> None:

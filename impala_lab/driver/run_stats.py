@@ -29,6 +29,7 @@ from impala_lab.batch import SampleBatch, policy_lag
 from impala_lab.driver.checkpoint import CHECKPOINT_COUNTERS
 from impala_lab.health_flags import flag_codes
 from impala_lab.knobs import LIVE_KNOBS
+from impala_lab.process_clock import seconds_since_process_start
 from impala_lab.stats import ThroughputMeter, TimerStat, WindowStat, flatten
 
 #: New batches (and trained batches) whose lags ``stats()["policy_lag_distribution"]`` counts.
@@ -110,6 +111,10 @@ class RunStats:
         self.recent_policy_lags: deque[float] = deque(maxlen=100_000)
         self._start_time = time.monotonic()
         self._elapsed_before_restore = 0.0
+        # When the first sample reached the driver and when the learner first reported trained
+        # steps (`time.monotonic`; None until then): ``stats()["startup"]``.
+        self.first_sample_at: float | None = None
+        self.first_trained_at: float | None = None
 
     @property
     def elapsed_s(self) -> float:
@@ -121,6 +126,10 @@ class RunStats:
         """Count one driver step's env steps sampled and trained."""
         self.sample_meter.add(sampled)
         self.train_meter.add(trained)
+        if sampled and self.first_sample_at is None:
+            self.first_sample_at = time.monotonic()
+        if trained and self.first_trained_at is None:
+            self.first_trained_at = time.monotonic()
         self.num_steps_sampled += sampled
         self.num_steps_trained += trained
 
@@ -189,6 +198,8 @@ class RunStats:
             "num_steps_replayed": replay.num_replayed,
             "num_worker_failures": num_worker_failures,
             "time_total_s": round(self.elapsed_s, 3),
+            "startup": {"first_sample_s": seconds_since_process_start(self.first_sample_at),
+                        "first_train_s": seconds_since_process_start(self.first_trained_at)},
             "timing_breakdown": {
                 "optimizer_step_time_ms": _ms(self.optimizer_step_timer),
                 **{k: _ms(t) for k, t in learner.timers().items()},
