@@ -14,6 +14,7 @@ and ``docs/results/results.png``.
     python -m bench --only one_file         # not in the default list: bench/one_file.py
     python -m bench --only continuous       # not in the default list: bench/continuous.py
     python -m bench --only cores            # not in the default list: bench/cores.py
+    python -m bench --only startup          # not in the default list: bench/startup.py
 
 Benchmarks (names for ``--only``):
 
@@ -332,9 +333,9 @@ def run_benchmarks(names: list[str], quick: bool, log: Any = print,
     return results
 
 
-# Run alone by ``--only NAME``: MinAtar from pixels, the one-file IMPALA, Box actions, and
-# where the cores go.
-SEPARATE = ("minatar", "one_file", "continuous", "cores")
+# Run alone by ``--only NAME``: MinAtar from pixels, the one-file IMPALA, Box actions, where
+# the cores go and how soon a run samples and trains.
+SEPARATE = ("minatar", "one_file", "continuous", "cores", "startup")
 
 
 def main(argv: list[str] | None = None) -> int:
