@@ -25,7 +25,8 @@ systems' medians are called "higher" only when the intervals do not overlap, els
     python -m bench.peers_mujoco --envs Hopper-v5 --budget 300
 
 PPO runs in ``bench/.peers-venv`` (`bench.peers`), with the mujoco extra installed into it
-(`bench.peers_venv.EXTRAS`). Writes ``docs/results/peers_mujoco.json`` and ``.md``.
+(`bench.peers_venv.EXTRAS`). Writes ``docs/results/peers_mujoco_<envs>_<budget>s.json`` and
+``.md`` (`results_name`): each env may run alone, in a session of its own.
 Standard library only at the top: the PPO worker runs in the peers venv.
 """
 
@@ -287,6 +288,13 @@ def markdown(results: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
+def results_name(envs: list[str], budget: float) -> str:
+    """The results files' name: the envs and the budget, so that runs of one env at a time
+    (the whole bench takes hours) or of another budget never overwrite each other."""
+    slug = "_".join(e.split("-")[0].lower() for e in envs)
+    return f"peers_mujoco_{slug}_{budget:g}s"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.peers_mujoco",
                                      description=__doc__.split("\n")[0])
@@ -344,9 +352,10 @@ def main(argv: list[str] | None = None) -> int:
         results["summaries"][env_id] = summarize(rows)
     results["loadavg_at_end"] = list(os.getloadavg())
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "peers_mujoco.json").write_text(json.dumps(jsonable(results), indent=2))
+    name = results_name(envs, args.budget)
+    (args.out / f"{name}.json").write_text(json.dumps(jsonable(results), indent=2))
     table = markdown(results)
-    (args.out / "peers_mujoco.md").write_text(table + "\n")
+    (args.out / f"{name}.md").write_text(table + "\n")
     print("\n" + table)
     return 1 if results["errors"] else 0
 

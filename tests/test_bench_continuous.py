@@ -113,3 +113,9 @@ def test_the_mujoco_peers_bench_refuses_an_unknown_env_and_a_bad_budget(capsys):
 
 def test_the_mujoco_peers_targets_are_the_continuous_bench_targets():
     assert {e: continuous.ENVS[e][0] for e in peers_mujoco.TARGETS} == peers_mujoco.TARGETS
+
+
+def test_the_mujoco_peers_results_are_named_by_envs_and_budget():
+    assert peers_mujoco.results_name(["HalfCheetah-v5", "Hopper-v5"], 300.0) == \
+        "peers_mujoco_halfcheetah_hopper_300s"
+    assert peers_mujoco.results_name(["Hopper-v5"], 1200.0) == "peers_mujoco_hopper_1200s"
