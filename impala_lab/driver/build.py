@@ -3,8 +3,7 @@
 ``Impala.__init__`` calls these in order: `as_config` (a config from what the caller gave),
 `check_env` (the env can be made and the model can take its spaces: a `ConfigError`, the
 CLI's exit code 2, before TensorFlow loads or any process starts), then, once the backend is
-prepared, `build_learner` (TensorFlow loads here, while the workers it starts first build
-their envs).
+prepared, `build_learner` (TensorFlow loads here).
 """
 
 from __future__ import annotations
@@ -98,25 +97,18 @@ def check_env(config: ImpalaConfig) -> tuple[Any, Any]:
 
 
 def build_learner(config: ImpalaConfig, backend: Any, observation_space: Any,
-                  action_space: Any, start_workers: Callable[[], Any] | None = None
-                  ) -> tuple[Any, Any]:
+                  action_space: Any) -> tuple[Any, Any]:
     """The policy (TensorFlow loads here) and its learner; the backend is shut down if this
-    fails or is interrupted (a Ctrl-C while TensorFlow loads must not leave Ray up).
-
-    ``start_workers`` is called just before TensorFlow loads (after the multi-GPU device
-    checks, whose errors must come before any process starts), so that the workers'
-    interpreters, imports and envs come up while it loads."""
+    fails or is interrupted (a Ctrl-C while TensorFlow loads must not leave Ray up)."""
     try:
+        from impala_lab.learner.vtrace_policy import VTracePolicy
+
         if config.uses_multi_gpu_learner:
             # Fake devices must be set up before TensorFlow initialises (building the
             # model does); a device error is a config error, raised before anything starts.
             from impala_lab.learner.multi_gpu_learner import configure_learner_devices
 
             configure_learner_devices(config)
-        if start_workers is not None:
-            start_workers()
-        from impala_lab.learner.vtrace_policy import VTracePolicy
-
         policy = VTracePolicy(observation_space, action_space, config)
         if config.uses_multi_gpu_learner:
             from impala_lab.learner.multi_gpu_learner import MultiGPULearner

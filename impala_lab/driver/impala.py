@@ -141,14 +141,12 @@ class Impala:
         self.config = as_config(config, env_creator, overrides)
         self._stopped = True  # until everything below is up
         self.observation_space, self.action_space = check_env(self.config)
-        # Backend checks (an env factory that cannot travel) before any process starts.
+        # Backend checks that can fail (an env factory that cannot travel) run before
+        # TensorFlow loads and before any process starts.
         self.backend = make_backend(self.config)
         self.backend.prepare()
-        self.supervisor = WorkerSupervisor(self.config, self.backend,
-                                           SampleTaskPool(wait_fn=self.backend.wait))
-        self.policy, self.learner = build_learner(  # starts the workers, then loads TF
-            self.config, self.backend, self.observation_space, self.action_space,
-            start_workers=self.supervisor.start_workers)
+        self.policy, self.learner = build_learner(self.config, self.backend,
+                                                  self.observation_space, self.action_space)
         self._finalizer = weakref.finalize(self, cleanup, self.backend, self.learner)
         live_runs.add(self)
         self._build_parts()
@@ -167,9 +165,11 @@ class Impala:
         self.replay = ReplayMixer(c.replay_proportion, c.replay_buffer_num_slots,
                                   c.train_batch_size, c.sample_batch_size, seed=c.seed)
         self.run_stats = RunStats()
+        tasks = SampleTaskPool(wait_fn=self.backend.wait)
+        self.supervisor = WorkerSupervisor(c, self.backend, tasks)
         self.frames = LatestFrames(self.observation_space)
-        actors = Actors(self.backend, self.supervisor.tasks, self.supervisor)
-        self.loop = DriverLoop(c, self.replay, self.learner, self.run_stats, actors=actors,
+        self.loop = DriverLoop(c, self.replay, self.learner, self.run_stats,
+                               actors=Actors(self.backend, tasks, self.supervisor),
                                frames=self.frames)
         # Learning health: fed every learner step from the learner thread, judged in stats().
         self.health = HealthMonitor(int(getattr(self.action_space, "n", 0)),

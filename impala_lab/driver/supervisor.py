@@ -72,10 +72,7 @@ class WorkerSupervisor:
         self._next_worker_index = config.num_workers
 
     def start_workers(self) -> list[WorkerHandle]:
-        """Start ``num_workers`` workers (indices 0, 1, ...), once: a later call returns the
-        live ones. Their requests are the caller's."""
-        if self._clocks:  # started already (`Impala` starts them before TensorFlow loads)
-            return self.workers
+        """Start ``num_workers`` workers (indices 0, 1, ...); their requests are the caller's."""
         self.workers = [self.backend.make_worker(i) for i in range(self.config.num_workers)]
         for worker in self.workers:
             self._clocks[worker.index] = [time.monotonic(), None, 0]
