@@ -24,13 +24,13 @@ import sysconfig
 import zipfile
 from pathlib import Path
 
-import nbclient
 import nbformat
 import pytest
 from packaging.version import Version
 
 from impala_lab.classroom.course import course_root
 from impala_lab.cli.main import main
+from tests.kernels import notebook_client
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
@@ -209,8 +209,7 @@ def test_quickstart_runs_in_fast_mode_there(venv, course, tmp_path, monkeypatch)
     monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "2")
     nb = nbformat.read(course / "00_quickstart.ipynb", as_version=4)
     nb.cells.append(nbformat.v4.new_code_cell("import impala_lab; print(impala_lab.__file__)"))
-    client = nbclient.NotebookClient(nb, timeout=300, kernel_name=KERNEL,
-                                     resources={"metadata": {"path": str(course)}})
+    client = notebook_client(nb, KERNEL, tmp_path / "sockets", course)
     client.execute()  # raises CellExecutionError (with the traceback) if a cell fails
     printed = "".join(out.get("text", "") for out in nb.cells[-1].outputs).strip()
     assert Path(printed).is_relative_to(venv.parent), printed

@@ -19,11 +19,11 @@ import sys
 import time
 from pathlib import Path
 
-import nbclient
 import nbformat
 import pytest
 
 from impala_lab.classroom.exercises import EXERCISES, MARK_END, MARK_START
+from tests.kernels import notebook_client
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK_DIR = ROOT / "notebooks"
@@ -126,8 +126,7 @@ def execute(path: Path, kernel_dir: Path, monkeypatch) -> tuple[object, float]:
     monkeypatch.setenv("MPLBACKEND", "Agg")
     monkeypatch.delenv("TF_CPP_MIN_LOG_LEVEL", raising=False)  # the package's own set-up
     nb = nbformat.read(path, as_version=4)
-    client = nbclient.NotebookClient(nb, timeout=300, kernel_name=KERNEL,
-                                     resources={"metadata": {"path": str(path.parent)}})
+    client = notebook_client(nb, KERNEL, kernel_dir / "sockets", path.parent)
     start = time.perf_counter()
     client.execute()  # raises CellExecutionError (with the traceback) if a cell fails
     return nb, time.perf_counter() - start
