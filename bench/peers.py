@@ -185,14 +185,20 @@ def ppo_command(seed: int, max_seconds: float, variant: str, venv: Path = VENV) 
 def run_ppo(seed: int, max_seconds: float, variant: str = "ppo_zoo", venv: Path = VENV
             ) -> dict[str, Any]:
     """`ppo_worker` in a fresh process of the peers venv; ``wall_s`` around it."""
-    cmd = ppo_command(seed, max_seconds, variant, venv)
+    return run_worker(ppo_command(seed, max_seconds, variant, venv), max_seconds + 180,
+                      f"seed {seed}")
+
+
+def run_worker(cmd: list[str], timeout: float, label: str) -> dict[str, Any]:
+    """A PPO worker's command (from the repository root) in a fresh process: the JSON object
+    on its last line of stdout, with ``wall_s`` measured around the process. A non-zero exit
+    or no output raises a RuntimeError naming the worker by ``label`` with its stderr's end."""
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True,
-                          timeout=max_seconds + 180)
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
     wall = time.perf_counter() - t0
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"PPO worker (seed {seed}) exited with {proc.returncode}:\n"
+        raise RuntimeError(f"PPO worker ({label}) exited with {proc.returncode}:\n"
                            f"{proc.stderr[-2000:]}")
     return {**json.loads(lines[-1]), "wall_s": round(wall, 2)}
 

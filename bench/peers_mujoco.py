@@ -135,14 +135,7 @@ def run_ppo(env_id: str, seed: int, budget: float) -> dict[str, Any]:
     """`ppo_worker` in a fresh process of the peers venv."""
     cmd = [str(peers.venv_python(peers.VENV)), "-m", "bench.peers_mujoco", "--ppo-worker",
            str(seed), "--envs", env_id, "--budget", str(budget)]
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=peers.REPO, capture_output=True, text=True,
-                          timeout=budget + 300)
-    lines = proc.stdout.strip().splitlines()
-    if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"PPO worker ({env_id}, seed {seed}) exited with "
-                           f"{proc.returncode}:\n{proc.stderr[-2000:]}")
-    return {**json.loads(lines[-1]), "wall_s": round(time.perf_counter() - t0, 2)}
+    return peers.run_worker(cmd, budget + 300, f"{env_id}, seed {seed}")
 
 
 def _last_row(path: Path) -> dict[str, str] | None:

@@ -31,7 +31,6 @@ import json  # noqa: E402
 import math  # noqa: E402
 import os  # noqa: E402
 import statistics  # noqa: E402
-import subprocess  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
@@ -83,14 +82,7 @@ def run_ppo(seed: int, max_seconds: float, venv: Path = peers.VENV) -> dict[str,
     """`ppo_worker` in a fresh process of the peers venv; ``wall_s`` around it."""
     cmd = [str(peers.venv_python(venv)), "-m", "bench.peers_pendulum", "--ppo-worker",
            str(seed), "--max-seconds", str(max_seconds)]
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=peers.REPO, capture_output=True, text=True,
-                          timeout=max_seconds + 180)
-    lines = proc.stdout.strip().splitlines()
-    if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"PPO worker (seed {seed}) exited with {proc.returncode}:\n"
-                           f"{proc.stderr[-2000:]}")
-    return {**json.loads(lines[-1]), "wall_s": round(time.perf_counter() - t0, 2)}
+    return peers.run_worker(cmd, max_seconds + 180, f"seed {seed}")
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:

@@ -616,3 +616,15 @@ def test_peers_venv_extra_installs_once_and_is_recorded_in_the_stamp(tmp_path):
     assert json.loads((venv / peers.STAMP).read_text())["extras"] == {"mujoco": reqs}
     peers.ensure_extra(venv, "mujoco", log=lambda *a, **k: None)  # recorded: no second install
     assert len(calls.read_text().splitlines()) == 1
+
+
+def test_a_peers_worker_gives_its_last_json_line_or_its_stderr():
+    from bench import peers
+
+    ok = peers.run_worker([sys.executable, "-c", "print('log'); print('{\"seed\": 5}')"], 60,
+                          "seed 5")
+    assert ok["seed"] == 5 and ok["wall_s"] >= 0
+    failing = [sys.executable, "-c", "import sys; sys.stderr.write('boom'); sys.exit(3)"]
+    with pytest.raises(RuntimeError, match=r"PPO worker \(Hopper-v5, seed 9\) exited with "
+                                           r"3:\nboom"):
+        peers.run_worker(failing, 60, "Hopper-v5, seed 9")
