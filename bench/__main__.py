@@ -15,6 +15,7 @@ and ``docs/results/results.png``.
     python -m bench --only continuous       # not in the default list: bench/continuous.py
     python -m bench --only cores            # not in the default list: bench/cores.py
     python -m bench --only startup          # not in the default list: bench/startup.py
+    python -m bench --only vector_envs      # not in the default list: bench/vector_envs.py
 
 Benchmarks (names for ``--only``):
 
@@ -334,8 +335,8 @@ def run_benchmarks(names: list[str], quick: bool, log: Any = print,
 
 
 # Run alone by ``--only NAME``: MinAtar from pixels, the one-file IMPALA, Box actions, where
-# the cores go and how soon a run samples and trains.
-SEPARATE = ("minatar", "one_file", "continuous", "cores", "startup")
+# the cores go, how soon a run samples and trains, and vectorised envs against per-env steps.
+SEPARATE = ("minatar", "one_file", "continuous", "cores", "startup", "vector_envs")
 
 
 def main(argv: list[str] | None = None) -> int:

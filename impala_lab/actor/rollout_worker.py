@@ -138,8 +138,7 @@ class RolloutWorker:
             init_seed = seed if seed is not None else int(seq.entropy % (2**63))
             self._build_model(spec, init_seed)
             self._obs = np.empty((num_envs, *self._obs_shape), self._obs_dtype)
-            for i, (e, s) in enumerate(zip(self._envs, env_seeds, strict=True)):
-                self._obs[i] = self._reset_env(i, e, seed=s)
+            self._reset_all(env_seeds)
         except BaseException:
             self.close()
             raise
@@ -150,18 +149,25 @@ class RolloutWorker:
         observation layout from them."""
         for i in range(num_envs):
             self._envs.append(self._make_env(i))
-        self._observation_space = self._envs[0].observation_space
-        self._action_space = self._envs[0].action_space
         for i, e in enumerate(self._envs[1:], start=1):
-            if e.observation_space != self._observation_space or (
-                e.action_space != self._action_space
+            if e.observation_space != self._envs[0].observation_space or (
+                e.action_space != self._envs[0].action_space
             ):
                 raise ValueError(
                     f"RolloutWorker: env index {i} of {self._env_id!r} has spaces "
                     f"({e.observation_space}, {e.action_space}) but env 0 has "
-                    f"({self._observation_space}, {self._action_space}); all envs of a "
-                    "worker need the same spaces."
+                    f"({self._envs[0].observation_space}, {self._envs[0].action_space}); all "
+                    "envs of a worker need the same spaces."
                 )
+        self._set_spaces(self._envs[0].observation_space, self._envs[0].action_space,
+                         conv_filters)
+
+    def _set_spaces(self, observation_space: gym.Space, action_space: gym.Space,
+                    conv_filters: Sequence[Sequence[int]] | None) -> None:
+        """Checks that the model takes one env's spaces and sets the batch's observation
+        layout from them."""
+        self._observation_space = observation_space
+        self._action_space = action_space
         try:
             check_spaces(self._observation_space, self._action_space, conv_filters)
         except ValueError as err:
@@ -212,6 +218,11 @@ class RolloutWorker:
             )
         fast_int64_action_check(e)
         return e
+
+    def _reset_all(self, env_seeds: list[int]) -> None:
+        """Resets every env, env ``i`` with seed ``env_seeds[i]``, into ``self._obs``."""
+        for i, (e, s) in enumerate(zip(self._envs, env_seeds, strict=True)):
+            self._obs[i] = self._reset_env(i, e, seed=s)
 
     def _reset_env(self, index: int, env: gym.Env, seed: int | None = None) -> np.ndarray:
         obs, _ = env.reset(seed=seed)

@@ -54,12 +54,18 @@ class Backend(abc.ABC):
         self.env = config.env  # a gymnasium env id or a zero-argument env factory
 
     def worker_kwargs(self, index: int) -> dict[str, Any]:
-        """Arguments of `RolloutWorker` for worker ``index`` (seeded from config.seed, index)."""
+        """Arguments of `impala_lab.actor.make_rollout_worker` for worker ``index`` (seeded
+        from config.seed, index)."""
         c = self.config
+        vector_env: Any = False
+        if c.vector_env:  # CartPole's vector env, adapted to reset in the ending step
+            from impala_lab.envs import vector
+
+            vector_env = vector.make_vector_env
         return dict(env=self.env, num_envs=c.num_envs_per_worker,
                     sample_batch_size=c.sample_batch_size, model_spec=c.model_spec,
                     seed=c.seed, worker_index=index, clip_actions=c.clip_actions,
-                    squash_actions=c.squash_actions)
+                    squash_actions=c.squash_actions, vector_env=vector_env)
 
     def prepare(self) -> None:
         """Checks that can fail before TensorFlow loads or any process starts (default: none)."""

@@ -12,6 +12,7 @@ import traceback
 from collections.abc import Sequence
 from typing import Any
 
+from impala_lab.actor import make_rollout_worker
 from impala_lab.actor.rollout_worker import RolloutWorker
 from impala_lab.backends.base import Backend, WorkerHandle
 from impala_lab.config import ImpalaConfig
@@ -80,7 +81,7 @@ class InlineBackend(Backend):
     def make_worker(self, index: int) -> InlineWorkerHandle:
         kwargs = self.worker_kwargs(index)
         try:
-            worker = RolloutWorker(**kwargs)
+            worker = make_rollout_worker(**kwargs)
         except Exception as exc:
             raise WorkerError(index, str(kwargs["env"]), f"{type(exc).__name__}: {exc}",
                               traceback.format_exc()) from exc

@@ -102,9 +102,9 @@ class RolloutActor:
     """The body of a worker actor: a `RolloutWorker` behind Ray method calls."""
 
     def __init__(self, kwargs: dict[str, Any]) -> None:
-        from impala_lab.actor.rollout_worker import RolloutWorker
+        from impala_lab.actor import make_rollout_worker
 
-        self.worker = RolloutWorker(**kwargs)
+        self.worker = make_rollout_worker(**kwargs)
 
     def set_weights(self, weights_and_version: tuple[list, int]) -> None:
         weights, version = weights_and_version

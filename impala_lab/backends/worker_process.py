@@ -117,13 +117,13 @@ def _send_error(conn: Any, exc: BaseException, what: str, env_id: str) -> None:
 def _build_worker(conn: Any, index: int, env_blob: bytes, kwargs: dict[str, Any]) -> Any:
     """The `RolloutWorker`; if it cannot be built, the error record goes to the driver (as the
     answer to its first request) and the process exits with code 1."""
-    from impala_lab.actor.rollout_worker import RolloutWorker
+    from impala_lab.actor import make_rollout_worker
 
     env_id = f"<env of worker {index}>"
     try:
         env = pickle.loads(env_blob)  # cloudpickle's output loads with plain pickle
         env_id = describe_env(env)
-        return RolloutWorker(env=env, **kwargs)
+        return make_rollout_worker(env=env, **kwargs)
     except (Exception, SystemExit) as exc:
         with contextlib.suppress(OSError):  # the driver is gone already
             _send_error(conn, _named(exc), "could not start: ", env_id)

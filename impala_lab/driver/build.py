@@ -78,6 +78,12 @@ def check_env(config: ImpalaConfig) -> tuple[Any, Any]:
                 raise ConfigError(f"conv_filters={[list(f) for f in filters]!r} is invalid for "
                                   f"env={config.env_id!r}: its {exc}") from None
         raise ConfigError(f"env={config.env_id!r} is invalid: its {exc}") from None
+    if config.vector_env:
+        from impala_lab.envs.vector import vector_env_problem
+
+        problem = vector_env_problem(config.env)
+        if problem is not None:
+            raise ConfigError(f"vector_env=True is invalid for env={config.env_id!r}: {problem}")
     bounds = (getattr(action_space, "low", None), getattr(action_space, "high", None))
     if config.squash_actions and bounds[0] is not None and not all(
             np.isfinite(b).all() for b in bounds):
