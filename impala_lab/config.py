@@ -138,7 +138,12 @@ class ImpalaConfig:
     num_data_loader_buffers: int = _f(1, "Device-resident batch buffers of the MultiGPULearner; "
                                       "> 1 selects it.")
     # --- loss and optimizer -----------------------------------------------------------
-    lr: float = _f(0.0005, "Learning rate.")
+    lr: float = _f(0.0005, "Learning rate (the live knob; ignored with lr_schedule).")
+    lr_schedule: tuple[tuple[int, float], ...] | None = _f(
+        None, "The learning rate over env steps sampled, as (env_steps, lr) points, linear "
+        "between them and held at the ends (RLlib's lr_schedule; the IMPALA paper annealed "
+        "linearly to 0): [(0, 0.003), (2000000, 0.0)]; on the CLI 0:0.003,2e6:0.",
+        kind="schedule?")
     opt_type: str = _f("adam", "Optimizer: 'adam' or 'rmsprop'.")
     decay: float = _f(0.99, "RMSProp decay (rho).")
     momentum: float = _f(0.0, "RMSProp momentum.")
@@ -191,7 +196,7 @@ class ImpalaConfig:
 
     def __post_init__(self) -> None:
         self._resolve_correction()
-        for name in ("model", "impala_channels", "conv_filters"):  # lists kept as tuples
+        for name in ("model", "impala_channels", "conv_filters", "lr_schedule"):  # as tuples
             value = getattr(self, name)
             if isinstance(value, list | tuple):
                 setattr(self, name, tuple(tuple(v) if isinstance(v, list | tuple) else v
@@ -470,8 +475,8 @@ def _check_known(key: Any) -> None:
 
 
 def field_kind(name: str) -> str:
-    """'int', 'float', 'bool', 'str', 'int?', 'float?', 'str?', 'model', 'filters?' or 'env'
-    (CLI parsing)."""
+    """'int', 'float', 'bool', 'str', 'int?', 'float?', 'str?', 'model', 'filters?',
+    'schedule?' or 'env' (CLI parsing)."""
     return field_kinds(ImpalaConfig)[name]
 
 

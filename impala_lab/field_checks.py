@@ -17,6 +17,7 @@ import typing
 from typing import Any
 
 from impala_lab.errors import ConfigError
+from impala_lab.schedules import check_schedule, parse_schedule
 
 
 def bad(name: str, value: Any, fix: str) -> None:
@@ -85,6 +86,8 @@ def check_type(name: str, kind: str, value: Any) -> None:
             isinstance(h, numbers.Integral) and not isinstance(h, bool) for h in value)
     elif base == "env":
         ok = isinstance(value, str) or callable(value)
+    elif base == "schedule":
+        check_schedule(name, value)  # its own message: the points and what they must be
     elif base == "filters":
         ok = isinstance(value, tuple | list) and all(
             isinstance(f, tuple | list) and len(f) == 3 and all(
@@ -122,6 +125,8 @@ def parse_text(name: str, kind: str, text: str) -> Any:
             raise ValueError(text)
         if base == "model":
             return tuple(int(x) for x in text.replace(",", " ").split())
+        if base == "schedule":  # 0:0.003,2e6:0: (env steps, value) per point
+            return parse_schedule(text)
         if base == "filters":  # 16x3x1,32x3x1: (filters, kernel, stride) per layer
             layers = tuple(tuple(int(v) for v in layer.split("x"))
                            for layer in text.replace(",", " ").split())
@@ -131,7 +136,8 @@ def parse_text(name: str, kind: str, text: str) -> Any:
     except ValueError:
         expected = {"int": "an integer", "float": "a number", "bool": "true or false",
                     "model": "hidden sizes such as 64,64",
-                    "filters": "conv layers FILTERSxKERNELxSTRIDE such as 16x3x1,32x3x1"}[base]
+                    "filters": "conv layers FILTERSxKERNELxSTRIDE such as 16x3x1,32x3x1",
+                    "schedule": "points ENV_STEPS:VALUE such as 0:0.003,2e6:0"}[base]
         raise ConfigError(f"--{name.replace('_', '-')}={text!r} is invalid: it must be "
                           f"{expected}") from None
     return text

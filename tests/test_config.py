@@ -365,7 +365,8 @@ def test_validate_field_raises_what_the_constructor_would() -> None:
 def test_field_kinds() -> None:
     kinds = {name: field_kind(name) for name in field_names()}
     assert set(kinds.values()) <= {"int", "float", "bool", "str", "int?", "float?", "str?",
-                                   "bool?", "model", "env", "filters?"}
+                                   "bool?", "model", "env", "filters?", "schedule?"}
+    assert kinds["lr_schedule"] == "schedule?"
     # None follows the other switch; 'none' is a correction's name, never parsed as None
     assert (kinds["vtrace"], kinds["off_policy_correction"]) == ("bool?", "str")
     assert (kinds["env"], kinds["model"], kinds["seed"], kinds["ray_address"]) == (

@@ -39,6 +39,7 @@ from impala_lab.driver.build import as_config, build_learner, check_env
 from impala_lab.driver.driver_loop import DriverLoop
 from impala_lab.driver.evaluation import Evaluator
 from impala_lab.driver.health import HealthMonitor
+from impala_lab.driver.knob_control import KnobControl
 from impala_lab.driver.latest_frames import LatestFrames
 from impala_lab.driver.lifetime import cleanup, live_runs, run_clock, shutdown_all
 from impala_lab.driver.replay_mixer import ReplayMixer
@@ -52,8 +53,7 @@ from impala_lab.driver.run_stats import (
 from impala_lab.driver.supervisor import WorkerSupervisor
 from impala_lab.driver.task_pool import SampleTaskPool
 from impala_lab.envs.frames import Frames
-from impala_lab.errors import ConfigError, ImpalaError
-from impala_lab.knobs import KNOBS, LIVE_KNOBS
+from impala_lab.errors import ImpalaError
 from impala_lab.stats import StatsHistory
 
 __all__ = ["Impala", "StopCondition", "shutdown_all"]
@@ -65,11 +65,7 @@ def _part(part: str, name: str) -> property:
                     doc=f"``{part}.{name}`` (also in ``stats()``).")
 
 
-def _knob_lines() -> str:
-    return "\n".join(f"          {k.name} ({k.kind}): {k.help}" for k in KNOBS.values())
-
-
-class Impala:
+class Impala(KnobControl):
     """The IMPALA driver: actors, task pool, replay mixer, batch buffer, learner, broadcasts.
 
     Args:
@@ -193,45 +189,6 @@ class Impala:
         self._last_pipeline_view: dict[str, Any] = {}
         self.last_result: dict[str, Any] | None = None
         self.last_error: str | None = None  # the error that ended train(), as text
-
-    # ------------------------------------------------------------------ live knobs
-    def set_knobs(self, **knobs: Any) -> None:
-        """Change knobs that are safe between steps; applied by the driver before its next step
-        (at once when no learner thread runs).
-
-        Live knobs (`impala_lab.knobs.KNOBS`):
-{knobs}
-
-        Raises:
-          ConfigError: a name that is not a live knob, or an invalid value (nothing changes).
-        """
-        for name, value in knobs.items():
-            if name not in KNOBS:
-                raise ConfigError(f"{name!r} cannot change during a run; live knobs are "
-                                  f"{', '.join(LIVE_KNOBS)}")
-            self.config.validate_field(name, value)
-        with self._knob_lock:
-            self._pending_knobs.update(knobs)
-        if self.learner.ident is None:  # nothing runs in the background: apply now
-            self._apply_pending_knobs()
-
-    if set_knobs.__doc__:  # None under python -OO
-        set_knobs.__doc__ = set_knobs.__doc__.format(knobs=_knob_lines())
-
-    def _apply_pending_knobs(self) -> None:
-        with self._knob_lock:
-            pending, self._pending_knobs = self._pending_knobs, {}
-        if not pending:
-            return
-        config = self.config.replace(**pending)
-        self.config = self.loop.config = self.supervisor.config = config  # one for all parts
-        for name, value in pending.items():
-            knob = KNOBS[name]
-            if knob.apply is not None:
-                knob.apply(self, value)
-            self.knob_changes.append({"time_s": self.elapsed_s,
-                                      "num_steps_sampled": self.num_steps_sampled,
-                                      "knob": name, "value": value})
 
     # ------------------------------------------------------------------ stats
     def stats(self) -> dict[str, Any]:

@@ -220,8 +220,12 @@ class RunStats:
             "workers": workers,
             "pipeline": pipeline,
             "knobs": {k: getattr(config, k) for k in LIVE_KNOBS},
+            # RLlib's name: the rate the optimizer uses now (lr_schedule's, or the lr knob)
+            "cur_lr": float(policy.lr.numpy()) if hasattr(policy, "lr") else config.lr,
             **({"evaluation": evaluation} if evaluation is not None else {}),
         }
+        if config.lr_schedule is not None:  # the lr slider follows the schedule
+            snapshot["knobs"]["lr"] = snapshot["cur_lr"]
         snapshot["health"] = self._judge_health(snapshot, health, learner, policy, config,
                                                 judging_liveness)
         return snapshot

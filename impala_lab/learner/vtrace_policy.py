@@ -178,9 +178,10 @@ class VTracePolicy:
                           momentum=config.momentum, epsilon=config.epsilon)
 
     def set_lr(self, lr: float) -> None:
-        """Change the learning rate between steps (no retrace)."""
-        if not (lr > 0 and np.isfinite(lr)):
-            raise ValueError(f"lr={lr!r} is invalid: it must be a positive finite number")
+        """Change the learning rate between steps (no retrace); 0 (a schedule's end) stops
+        the updates."""
+        if not (lr >= 0 and np.isfinite(lr)):
+            raise ValueError(f"lr={lr!r} is invalid: it must be a finite number >= 0")
         self.lr.assign(lr)
         self.optimizer.learning_rate.assign(lr)
 
