@@ -447,6 +447,7 @@ def test_the_cli_trains_a_recurrent_policy_on_stateless_cartpole(tmp_path):
 
 
 def test_every_backend_builds_its_workers_recurrent_from_the_config():
+    from impala_lab.actor import make_rollout_worker
     from impala_lab.backends import backend_class
     from impala_lab.backends.base import Backend
 
@@ -457,6 +458,7 @@ def test_every_backend_builds_its_workers_recurrent_from_the_config():
         assert backend_class(name).worker_kwargs is Backend.worker_kwargs, name
     kwargs = backend_class("inline")(config).worker_kwargs(1)
     assert kwargs["model_spec"] == ModelSpec((16,), use_lstm=True, lstm_cell_size=CELL)
-    with RolloutWorker(**kwargs) as worker:
+    with make_rollout_worker(**kwargs) as worker:
         batch = worker.sample()
+    assert type(worker) is RolloutWorker  # vector_env is off in this config
     assert batch.state_in.shape == (2, 2, CELL) and batch.obs.shape == (10, 2, 2)

@@ -206,3 +206,27 @@ def test_a_process_run_with_vector_envs_learns_cartpole():
                            and s["episode_return_mean"] >= 195,
                            max_env_steps=1_500_000, report_interval=0.5)
     assert result["stop_reason"] == "stop condition", result["episode_return_mean"]
+
+
+def test_the_memory_task_has_a_vector_env_without_velocities():
+    import impala_lab  # noqa: F401  (registers the memory task)
+    from impala_lab.envs.stateless_cartpole import ENV_ID, StatelessCartPoleVector
+
+    assert vector_env_problem(ENV_ID) is None
+    venv = make_vector_env(ENV_ID, 3)
+    assert isinstance(venv, StatelessCartPoleVector) and venv.max_episode_steps == 500
+    obs, _ = venv.reset(seed=1)
+    assert obs.shape == (3, 2) and venv.single_observation_space.shape == (2,)
+    # (position, angle) of the full state, no velocities
+    np.testing.assert_allclose(obs, venv.state[[0, 2]].T, atol=1e-7)
+    for _ in range(100):
+        obs, _, terminated, _, info = venv.step(np.ones(3, np.int64))
+        if terminated.any():
+            break
+    i = int(np.flatnonzero(terminated)[0])
+    assert info["final_obs"][i].shape == (2,) and abs(info["final_obs"][i][1]) > 0.2
+    w = VectorRolloutWorker(ENV_ID, num_envs=4, sample_batch_size=5,
+                            model_spec=ModelSpec((8,), use_lstm=True, lstm_cell_size=4))
+    b = w.sample()
+    assert b.obs.shape == (5, 4, 2) and b.state_in.shape == (4, 2, 4)
+    w.close()

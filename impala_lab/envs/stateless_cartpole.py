@@ -21,8 +21,11 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 from gymnasium.envs.classic_control.cartpole import CartPoleEnv
+from gymnasium.vector.utils import batch_space
 
-__all__ = ["ENV_ID", "StatelessCartPole", "register"]
+from impala_lab.envs.vector import SameStepCartPole
+
+__all__ = ["ENV_ID", "StatelessCartPole", "StatelessCartPoleVector", "register"]
 
 ENV_ID = "impala_lab/StatelessCartPole-v1"
 # The observation entries kept: cart position and pole angle (CartPole's indices 0 and 2).
@@ -47,9 +50,35 @@ class StatelessCartPole(CartPoleEnv):
         return obs[_KEPT], info
 
 
+class StatelessCartPoleVector(SameStepCartPole):
+    """B StatelessCartPoles as one vector env (``vector_env=True``): `SameStepCartPole`'s
+    carts, observed without their velocities."""
+
+    def __init__(self, num_envs: int = 1, max_episode_steps: int = 500,
+                 render_mode: str | None = None) -> None:
+        super().__init__(num_envs=num_envs, max_episode_steps=max_episode_steps,
+                         render_mode=render_mode)
+        high = self.single_observation_space.high[_KEPT]
+        self.single_observation_space = gym.spaces.Box(-high, high, dtype=np.float32)
+        self.observation_space = batch_space(self.single_observation_space, num_envs)
+
+    def step(self, action: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray,
+                                                 np.ndarray, dict]:
+        obs, reward, terminated, truncated, info = super().step(action)
+        if info:
+            info["final_obs"] = np.array([None if o is None else o[_KEPT]
+                                          for o in info["final_obs"]], dtype=object)
+        return obs[:, _KEPT], reward, terminated, truncated, info
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None
+              ) -> tuple[np.ndarray, dict]:
+        obs, info = super().reset(seed=seed, options=options)
+        return obs[:, _KEPT], info
+
+
 def register() -> None:
     """Registers ``impala_lab/StatelessCartPole-v1`` (500 steps, like CartPole-v1) with
-    gymnasium, once per process."""
+    gymnasium, once per process, with its vector env (SAME_STEP) for ``vector_env=True``."""
     if ENV_ID not in gym.registry:
         gym.register(id=ENV_ID, entry_point=StatelessCartPole, max_episode_steps=500,
-                     reward_threshold=475.0)
+                     reward_threshold=475.0, vector_entry_point=StatelessCartPoleVector)
