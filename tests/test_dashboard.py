@@ -286,6 +286,20 @@ def test_full_learner_queue_and_no_replay_are_shown_as_such():
     assert "replay_buffer_num_slots=0" in board.message.value
 
 
+def test_the_lr_slider_is_disabled_while_a_schedule_sets_the_rate():
+    stats = copy.deepcopy(STATS)
+    stats["lr_schedule"] = [[0, 0.01], [1000, 0.001]]
+    stats["knobs"]["lr"] = stats["cur_lr"] = 0.0055
+    run = FakeRun(stats)
+    board = Dashboard(run, poll_hz=0)
+    board.refresh()
+    assert board.knobs["lr"].disabled is True
+    assert board.knobs["entropy_coeff"].disabled is False
+    run.snapshot["lr_schedule"] = None
+    board.refresh()
+    assert board.knobs["lr"].disabled is False
+
+
 def test_empty_learner_queue_names_the_actors():
     stats = copy.deepcopy(STATS)
     stats["learner_queue"]["mean"] = 0.5

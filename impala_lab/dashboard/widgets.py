@@ -133,6 +133,7 @@ class Dashboard(DashboardWidgets):
         self.last_stats: dict[str, Any] | None = None
         self._lock = threading.RLock()
         self._replay_off = False
+        self._lr_scheduled = False
         self._diagram = PipelineDiagram()
         self._frame_view = FrameStripView(getattr(impala, "observation_space", None))
         self.box_actions = markup.box_actions(getattr(impala, "action_space", None))
@@ -361,6 +362,7 @@ class Dashboard(DashboardWidgets):
         replay_capacity = (s.get("pipeline") or {}).get("replay_capacity")
         if "replay_proportion" in self.knobs and replay_capacity is not None:
             self._replay_off = replay_capacity <= 0
+        self._lr_scheduled = s.get("lr_schedule") is not None  # the run refuses the lr knob
 
     def _set_buttons(self, run: Any, state: str | None = None) -> None:
         state = state or self._state(run)
@@ -369,7 +371,8 @@ class Dashboard(DashboardWidgets):
         self.pause_button.disabled = locked or state not in ("training", "failed")
         self.stop_button.disabled = locked
         for name, w in self.knobs.items():
-            w.disabled = locked or (name == "replay_proportion" and self._replay_off)
+            w.disabled = locked or (name == "replay_proportion" and self._replay_off) or (
+                name == "lr" and self._lr_scheduled)
 
     # ------------------------------------------------------------------ controls
     def _on_knob(self, name: str, value: Any) -> None:

@@ -222,6 +222,8 @@ class RunStats:
             "knobs": {k: getattr(config, k) for k in LIVE_KNOBS},
             # RLlib's name: the rate the optimizer uses now (lr_schedule's, or the lr knob)
             "cur_lr": float(policy.lr.numpy()) if hasattr(policy, "lr") else config.lr,
+            "lr_schedule": (None if config.lr_schedule is None
+                            else [list(p) for p in config.lr_schedule]),
             **({"evaluation": evaluation} if evaluation is not None else {}),
         }
         if config.lr_schedule is not None:  # the lr slider follows the schedule
