@@ -230,3 +230,10 @@ def test_the_memory_task_has_a_vector_env_without_velocities():
     b = w.sample()
     assert b.obs.shape == (5, 4, 2) and b.state_in.shape == (4, 2, 4)
     w.close()
+
+
+def test_a_maker_that_builds_the_wrong_number_of_envs_is_named():
+    with pytest.raises(ValueError, match=r"holds num_envs=2 envs, but the worker was asked "
+                       r"for 3"):
+        VectorRolloutWorker("CartPole-v1", num_envs=3,
+                            make_vector_env=lambda env_id, n: make_vector_env(env_id, 2))

@@ -71,6 +71,13 @@ class VectorRolloutWorker(RolloutWorker):
             raise ValueError(
                 f"RolloutWorker could not build the vector env of {self._env_id!r} (worker "
                 f"{self.worker_index}): {type(err).__name__}: {err}") from err
+        if getattr(self._venv, "num_envs", None) != num_envs:
+            got = getattr(self._venv, "num_envs", None)
+            self.close()
+            raise ValueError(
+                f"RolloutWorker: the vector env of {self._env_id!r} holds num_envs={got!r} "
+                f"envs, but the worker was asked for {num_envs}; its maker must build "
+                "exactly num_envs copies")
         mode = getattr(self._venv, "metadata", {}).get("autoreset_mode")
         if getattr(mode, "value", mode) != gym.vector.AutoresetMode.SAME_STEP.value:
             name = type(self._venv).__name__
