@@ -237,3 +237,12 @@ def test_a_maker_that_builds_the_wrong_number_of_envs_is_named():
                        r"for 3"):
         VectorRolloutWorker("CartPole-v1", num_envs=3,
                             make_vector_env=lambda env_id, n: make_vector_env(env_id, 2))
+
+
+def test_the_final_obs_mask_handed_out_is_not_changed_by_later_steps():
+    venv = SameStepCartPole(num_envs=4, max_episode_steps=3)
+    venv.reset(seed=0)
+    masks = [venv.step(np.zeros(4, np.int64))[4].get("_final_obs") for _ in range(6)]
+    assert masks[2] is not None and masks[2].all()  # the time limit ends every cart at 3
+    assert masks[5].all() and not any(m is not None and m.any() for m in masks[3:5])
+    assert masks[2].all()  # still as it was handed out

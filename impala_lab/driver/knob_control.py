@@ -80,11 +80,10 @@ class KnobControl:
                                       "num_steps_sampled": self.num_steps_sampled,
                                       "knob": name, "value": value})
 
-    def _follow_lr_schedule(self, force: bool = False) -> None:
+    def _follow_lr_schedule(self) -> None:
         lr = scheduled_value(self.config.lr_schedule, self.num_steps_sampled)
         last = self._scheduled_lr
         end = self.config.lr_schedule[-1][1]
-        if force or last is None or abs(lr - last) > LR_STEP * last or (
-                lr == end and last != end):
+        if last is None or abs(lr - last) > LR_STEP * last or (lr == end and last != end):
             self.policy.set_lr(lr)
             self._scheduled_lr = lr

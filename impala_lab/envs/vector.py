@@ -22,6 +22,7 @@ Imports numpy and gymnasium only (actor processes make these envs).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import gymnasium as gym
@@ -56,15 +57,17 @@ class SameStepCartPole(CartPoleVectorEnv):
                 f"{', '.join(missing)}; install the gymnasium that pyproject.toml names or set "
                 "vector_env=False")
         self.autoreset_mode = AutoresetMode.SAME_STEP
+        self._no_resets = np.zeros(num_envs, np.bool_)
 
     def step(self, action: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray,
                                                  np.ndarray, dict[str, Any]]:
         # The parent resets the carts flagged in prev_done at the start of its step; none
-        # are flagged, because this class resets them as they finish.
-        self.prev_done[:] = False
+        # are flagged, because this class resets them as they finish. (It only reads the
+        # array and then replaces it, so one all-False array serves every step, and the
+        # `done` handed out in info below is never changed afterwards.)
+        self.prev_done = self._no_resets
         obs, reward, terminated, truncated, _ = super().step(action)
-        done = terminated | truncated
-        self.prev_done = np.zeros(self.num_envs, np.bool_)
+        done = self.prev_done  # the parent's new array: terminated | truncated
         if not done.any():
             return obs, reward, terminated, truncated, {}
         n = int(done.sum())
@@ -137,10 +140,8 @@ def make_vector_env(env_id: str, num_envs: int) -> VectorEnv:
     if problem is not None:
         raise ValueError(f"vector_env=True with env={env_id!r}: {problem}")
     spec = gym.spec(env_id)
-    cls = _resolve(spec.vector_entry_point)
-    kwargs = dict(spec.kwargs)
-    if spec.max_episode_steps is not None:
-        kwargs.setdefault("max_episode_steps", spec.max_episode_steps)
-    venv = ADAPTERS.get(cls, cls)(num_envs=num_envs, **kwargs)
-    venv.spec = spec
-    return venv
+    adapter = ADAPTERS.get(_resolve(spec.vector_entry_point))
+    if adapter is not None:  # a copy of the registration: gymnasium's own stays as it is
+        spec = dataclasses.replace(spec, vector_entry_point=adapter)
+    # gymnasium passes the registration's keyword arguments and time limit on
+    return gym.make_vec(spec, num_envs, vectorization_mode="vector_entry_point")
