@@ -3,7 +3,9 @@
 ``Impala.__init__`` calls these in order: `as_config` (a config from what the caller gave),
 `check_env` (the env can be made and the model can take its spaces: a `ConfigError`, the
 CLI's exit code 2, before TensorFlow loads or any process starts), then, once the backend is
-prepared, `build_learner` (TensorFlow loads here).
+prepared, `initial_weights` (the learner's first weights, from the actors' numpy model: the
+workers start sampling with them) and `build_learner` (TensorFlow loads here, while they
+sample).
 """
 
 from __future__ import annotations
@@ -100,6 +102,16 @@ def check_env(config: ImpalaConfig) -> tuple[Any, Any]:
     # and action count are known (still before TensorFlow loads or any process starts).
     config.check_memory(observation_space, action_space)
     return observation_space, action_space
+
+
+def initial_weights(config: ImpalaConfig, observation_space: Any, action_space: Any
+                    ) -> list[np.ndarray]:
+    """The weights a new learner starts from (version 0), computed by the actors' numpy model:
+    no TensorFlow needed, so the workers can sample with them while it loads."""
+    from impala_lab.actor.numpy_model import NumpyModel
+
+    return NumpyModel(observation_space, action_space, config.model_spec).initial_weights(
+        config.seed)
 
 
 def build_learner(config: ImpalaConfig, backend: Any, observation_space: Any,

@@ -66,7 +66,8 @@ class DriverLoop:
         ``broadcast_interval`` (a live knob: the run hands in each new config),
         ``max_sample_requests_in_flight_per_worker`` and ``learner_queue_size``.
       replay: the `ReplayMixer`.
-      learner: the `LearnerPort`: the only way the loop reaches the learner.
+      learner: the `LearnerPort`: the only way the loop reaches the learner (None until the
+        learner is built: `Impala` starts the workers first, with ``start(initial_weights)``).
       run_stats: the run's `RunStats` (counters and timers).
       actors: the `Actors` (task pool, supervisor, backend) that the library's methods below
         use; a stand-in that overrides those methods leaves it None.
@@ -247,10 +248,22 @@ class DriverLoop:
         self.actors.request_samples(worker, n)
 
     # ------------------------------------------------------------------ outside a turn
-    def start(self) -> None:
-        """Start the workers, publish the first weights and send each its first requests."""
+    def start(self, initial_weights: list | None = None) -> None:
+        """Start the workers, publish the first weights and send each its first requests.
+
+        Args:
+          initial_weights: the learner's version-0 weights, when the workers start before
+            the learner exists (`Impala` starts them while TensorFlow loads); None reads the
+            learner's weights.
+        """
         workers = self.actors.start()
-        self.broadcast()
+        if initial_weights is None:
+            self.broadcast()
+        else:
+            with self.run_stats.broadcast_timer:
+                self.weights_ref = self.actors.put_weights(initial_weights, 0)
+            self.num_sent = 0
+            self.run_stats.num_broadcasts += 1
         for worker in workers:
             self.send_weights_and_request(worker, initial=True)
 

@@ -35,7 +35,7 @@ from impala_lab.backends import make_backend
 from impala_lab.config import ImpalaConfig
 from impala_lab.driver import checkpoint
 from impala_lab.driver.actors import Actors
-from impala_lab.driver.build import as_config, build_learner, check_env
+from impala_lab.driver.build import as_config, build_learner, check_env, initial_weights
 from impala_lab.driver.driver_loop import DriverLoop
 from impala_lab.driver.evaluation import Evaluator
 from impala_lab.driver.health import HealthMonitor
@@ -141,15 +141,22 @@ class Impala(KnobControl):
         # TensorFlow loads and before any process starts.
         self.backend = make_backend(self.config)
         self.backend.prepare()
+        self._build_parts()
+        # The workers start sampling while TensorFlow loads (seconds the run used to wait):
+        # they get the learner's first weights, which numpy computes without it.
+        early = self._start_workers_early()
         self.policy, self.learner = build_learner(self.config, self.backend,
                                                   self.observation_space, self.action_space)
+        if early is not None:  # the learner starts from the weights the workers sample with
+            self.policy.set_weights(early, version=0)
         self._finalizer = weakref.finalize(self, cleanup, self.backend, self.learner)
         live_runs.add(self)
-        self._build_parts()
+        self._connect_learner()
         self._init_controls()
         self._stopped = False
         try:
-            self.loop.start()
+            if early is None:
+                self.loop.start()
             if start_learner:
                 self.learner.start()
         except BaseException:
@@ -157,6 +164,7 @@ class Impala(KnobControl):
             raise
 
     def _build_parts(self) -> None:
+        """The parts that need no learner: replay, stats, task pool, supervisor, the loop."""
         c = self.config
         self.replay = ReplayMixer(c.replay_proportion, c.replay_buffer_num_slots,
                                   c.train_batch_size, c.sample_batch_size, seed=c.seed)
@@ -164,9 +172,29 @@ class Impala(KnobControl):
         tasks = SampleTaskPool(wait_fn=self.backend.wait)
         self.supervisor = WorkerSupervisor(c, self.backend, tasks)
         self.frames = LatestFrames(self.observation_space)
-        self.loop = DriverLoop(c, self.replay, self.learner, self.run_stats,
+        self.loop = DriverLoop(c, self.replay, None, self.run_stats,
                                actors=Actors(self.backend, tasks, self.supervisor),
                                frames=self.frames)
+
+    def _start_workers_early(self) -> list | None:
+        """Start the workers with the learner's version-0 weights before the learner is
+        built, and return those weights; None where the learner must come first (the
+        multi-GPU learner sets up TensorFlow's devices, a check that must pass before any
+        process starts). The backend is shut down if this fails."""
+        if self.config.uses_multi_gpu_learner:
+            return None
+        try:
+            weights = initial_weights(self.config, self.observation_space, self.action_space)
+            self.loop.start(initial_weights=weights)
+        except BaseException:
+            self.backend.shutdown()
+            raise
+        return weights
+
+    def _connect_learner(self) -> None:
+        """The parts that need the learner: the loop's port, health, history, evaluation."""
+        c = self.config
+        self.loop.learner = self.learner
         # Learning health: fed every learner step from the learner thread, judged in stats().
         self.health = HealthMonitor(int(getattr(self.action_space, "n", 0)),
                                     c.learner_queue_size, clock=run_clock(weakref.ref(self)))

@@ -248,8 +248,9 @@ class MultiGPULearner(LearnerThread):
         self._error_lock = threading.Lock()
         self._pending_wait = 0.0  # waited for a ready buffer in calls that got none
         self.num_traces = 0
-        self._train_step = tf.function(self._train_step_impl)
-        self._grads_fn = tf.function(self.tower_gradients)
+        # No autograph, as in VTracePolicy: nothing to convert, and converting costs trace time.
+        self._train_step = tf.function(self._train_step_impl, autograph=False)
+        self._grads_fn = tf.function(self.tower_gradients, autograph=False)
 
     # ------------------------------------------------------------------ staging
     def stage_batch(self, batch: SampleBatch) -> tuple[dict[str, tf.Tensor], ...]:
