@@ -18,6 +18,7 @@ import impala_lab.driver.impala as impala_module
 from impala_lab import Impala, ImpalaConfig
 from impala_lab.driver.build import initial_weights
 from impala_lab.learner.vtrace_policy import VTracePolicy
+from tests.leaks import wait_gone
 
 SMALL = dict(env="CartPole-v1", backend="process", num_workers=2, num_envs_per_worker=2,
              sample_batch_size=10, train_batch_size=40, seed=3)
@@ -100,13 +101,5 @@ def test_a_learner_that_cannot_be_built_leaves_no_worker_behind(monkeypatch, err
     with pytest.raises(error, match="TensorFlow failed to load"):
         Impala(ImpalaConfig(**SMALL))
     assert len(seen["pids"]) == 2
-    for pid in seen["pids"]:
-        assert _wait(lambda pid=pid: not _alive(pid), seconds=10.0), f"worker {pid} was left"
+    assert wait_gone(seen["pids"]) == []
 
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False

@@ -212,13 +212,17 @@ class DriverLoop:
         that old yet, the workers keep the weights they have.
         """
         with self.run_stats.broadcast_timer:
-            weights, version = self.learner.get_weights()
-            chosen = self.held_back_weights(weights, version)
-            if chosen is not None:
-                self.weights_ref = self.actors.put_weights(*chosen)
-        self.num_sent = 0
+            self._publish(*self.learner.get_weights())
+
+    def _publish(self, weights: Any, version: int) -> None:
+        """Publish ``(weights, version)``, or the older weights `held_back_weights` picks,
+        and reset `num_sent` (`broadcast` with the learner's weights; `start` with the
+        learner's first ones before it exists). The caller times it."""
+        chosen = self.held_back_weights(weights, version)
         if chosen is not None:
+            self.weights_ref = self.actors.put_weights(*chosen)
             self.run_stats.num_broadcasts += 1
+        self.num_sent = 0
 
     def held_back_weights(self, weights: Any, version: int) -> tuple[Any, int] | None:
         """The ``(weights, version)`` to publish now, or None to keep the published ones.
@@ -261,9 +265,7 @@ class DriverLoop:
             self.broadcast()
         else:
             with self.run_stats.broadcast_timer:
-                self.weights_ref = self.actors.put_weights(initial_weights, 0)
-            self.num_sent = 0
-            self.run_stats.num_broadcasts += 1
+                self._publish(initial_weights, 0)
         for worker in workers:
             self.send_weights_and_request(worker, initial=True)
 
