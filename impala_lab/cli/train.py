@@ -130,17 +130,26 @@ class TargetWatch:
         if s["episode_return_count"] >= RETURN_MIN_EPISODES and math.isfinite(ret):
             self.best_return_mean = max(ret, self.best_return_mean or -math.inf)
 
-    def on_report(self, s: dict) -> None:
-        self.note_best(s)
-        if self.solved(s) and self.at is None:
+    def note_target(self, s: dict) -> None:
+        """The first time ``s`` meets the target: when, and after how many env steps."""
+        if self.at is None and self.solved(s):
             self.at = time.monotonic()
             self.seconds = round(self.at - process_start(), 2)
             self.env_steps = s["num_steps_sampled"]
+
+    def on_report(self, s: dict) -> None:
+        """Each report (a row of metrics.csv): the best mean, the target, and from the
+        target on, the return it watched (``return_min_after_target`` is their lowest)."""
+        self.note_best(s)
+        self.note_target(s)
         if self.at is not None:
             self.returns_after.append(self.watched_return(s))
 
     def stop(self, s: dict) -> bool:
-        """Reached, and trained ``--train-after-target`` seconds since."""
+        """Reached, and trained ``--train-after-target`` seconds since. `Impala.train` calls
+        it between reports too, so the target is noted when it is met, not at the next
+        report."""
+        self.note_target(s)
         return self.at is not None and time.monotonic() - self.at >= self.train_after_target
 
 
