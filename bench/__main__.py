@@ -112,8 +112,9 @@ DURATIONS = {
 }
 # The solve check: seeds drawn at random per run (full, quick), and its targets.
 SOLVE_SEEDS = {False: 20, True: 2}
-SOLVE_RATE_TARGET = 0.95  # 19 of 20 seeds reach 475 within solve_limit_s of process start
-MEDIAN_ENV_STEPS_TARGET = 1_000_000
+SOLVE_RATE_TARGET = 1.0  # every seed reaches 475 within solve_limit_s of process start
+LOADED_SOLVE_RATE_TARGET = 0.95  # with a busy process beside: 19 of 20
+MEDIAN_ENV_STEPS_TARGET = 400_000
 # Passes per batch of the learner benchmark: enough that sampling is not the bottleneck. At 4
 # the actors must deliver a quarter of the learner's rate, about 0.8 of a core here, and the
 # two cores run short; 8 halves that. The figure at 4 is measured too (learner_sgd4).
@@ -122,6 +123,7 @@ LEARNER_SGD_ITER = 8
 # ceiling: "well below" 350 is under half of it, on every seed.
 RECURRENT_SEEDS = {False: 5, True: 1}
 FEED_FORWARD_CEILING = 175.0
+RECURRENT_MEDIAN_S_TARGET = 60.0  # the LSTM's median seconds from process start to 350
 
 
 def _target(name: str, value: float | None, op: str, limit: float, unit: str = "",
@@ -168,7 +170,7 @@ def solve_targets(s: dict[str, Any]) -> list[dict]:
     if s["load_procs"]:
         return [_target(f"solve, {_procs(s['load_procs'])} beside: seeds reaching 475 "
                         f"within {limit:g} s ({s['num_solved']}/{n})", s["solve_rate"], ">=",
-                        SOLVE_RATE_TARGET, short="solve rate, loaded")]
+                        LOADED_SOLVE_RATE_TARGET, short="solve rate, loaded")]
     steps = s["median_env_steps"]
     return [_target(f"solve: seeds reaching 475 within {limit:g} s ({s['num_solved']}/{n})",
                     s["solve_rate"], ">=", SOLVE_RATE_TARGET, short="solve rate"),
@@ -184,12 +186,15 @@ def solve_targets(s: dict[str, Any]) -> list[dict]:
 
 
 def recurrent_targets(r: dict[str, Any]) -> list[dict]:
-    """The memory task's target rows: the LSTM's solve rate, the feed-forward policy's best."""
+    """The memory task's target rows: the LSTM's solve rate and median time, the
+    feed-forward policy's best."""
     s, ff = r["lstm"], r["feed_forward"]
     n, limit, stop = s["num_runs"], r["max_s"], r["stop_return"]
     return [_target(f"recurrent: LSTM seeds reaching {stop:g} within {limit:g} s "
                     f"({s['num_solved']}/{n})", s["solve_rate"], ">=", 1.0,
                     short="LSTM solve rate"),
+            _target(f"recurrent: LSTM median s from process start to {stop:g}", s["median_s"],
+                    "<=", RECURRENT_MEDIAN_S_TARGET, "s", short="LSTM median s"),
             _target(f"recurrent: feed-forward's best trailing-100 mean, worst seed "
                     f"({limit:g} s each)", ff["max_best_return_mean"], "<=",
                     FEED_FORWARD_CEILING, short="feed-forward best")]

@@ -426,10 +426,10 @@ def time_to_solve(seed: int, max_seconds: float = 150.0, stop_return: float = 47
 
     Wall seconds are measured around the subprocess (interpreter start, TensorFlow import and
     the shutdown after solving included); ``seconds_to_target`` and ``env_steps_to_target``
-    come from its result.json (from the CLI's process start to the first report that met
-    the target). ``reached``: the run met the target before its cap; ``solved``: it did so
-    within ``solve_limit_s`` seconds of its process start (any time if None). A run that
-    never reached it reports None for the targets.
+    come from its result.json (from the CLI's process start to the first check that met
+    the target; `Impala.train` checks every 0.1 s). ``reached``: the run met the target
+    before its cap; ``solved``: it did so within ``solve_limit_s`` seconds of its process
+    start (any time if None). A run that never reached it reports None for the targets.
 
     With ``train_after_target`` the CLI keeps training that many seconds after the target
     (``--train-after-target``) and reports the lowest trailing mean over those reports
