@@ -24,8 +24,8 @@ def _positive(x: float) -> bool:
 def test_sampling_ceiling_counts_env_steps_of_every_worker():
     r = pipeline.sampling_ceiling(num_workers=2, seconds=0.5)
     assert r["num_workers"] == 2 and r["envs_per_worker"] == 8
-    # Whole samples of [50, 8] only: the count is a multiple of 400.
-    assert r["env_steps"] > 0 and r["env_steps"] % 400 == 0
+    # Whole samples of the preset's [25, 8] only: the count is a multiple of 200.
+    assert r["env_steps"] > 0 and r["env_steps"] % 200 == 0
     assert _positive(r["env_steps_per_s"]) and r["seconds"] >= 0.5
     assert r["env_steps_per_s"] == pytest.approx(r["env_steps"] / r["seconds"], rel=0.01)
 
@@ -40,9 +40,9 @@ def test_end_to_end_with_memory_and_learner_ceiling_ratio():
     assert mem["driver_peak_mb"] > mem["actor_peak_mb"] > 0
     assert mem["peak_total_mb"] >= mem["driver_peak_mb"]
     c = pipeline.learner_ceiling(seconds=0.3, warmup_steps=1)
-    assert c["batch_shape"] == [50, 16]  # train_batch_size 500 of [50, 8] samples: 2 of them
+    assert c["batch_shape"] == [25, 8]  # train_batch_size 200: one [25, 8] sample
     assert c["steps"] >= 1 and _positive(c["samples_per_s"]) and _positive(c["step_ms"])
-    assert c["samples_per_s"] == pytest.approx(800 * 1e3 / c["step_ms"], rel=0.01)
+    assert c["samples_per_s"] == pytest.approx(200 * 1e3 / c["step_ms"], rel=0.01)
     assert _positive(e["trained_per_s"] / c["samples_per_s"])
 
 
@@ -59,7 +59,7 @@ def test_side_by_side_windows_alternate_and_ratios_are_of_the_medians():
     assert r["memory"]["num_actors"] == 1
     ll = pipeline.learner_side_by_side(num_sgd_iter=2, rounds=1, seconds=0.5, warmup_s=0.5,
                                        idle_s=0.1)
-    assert ll["ceiling"]["batch_shape"] == [50, 16] and ll["fed"]["num_sgd_iter"] == 2
+    assert ll["ceiling"]["batch_shape"] == [25, 8] and ll["fed"]["num_sgd_iter"] == 2
     assert ll["ratio"] == pytest.approx(
         ll["fed"]["trained_per_s"] / ll["ceiling"]["samples_per_s"], rel=1e-3, abs=5e-5)
 
@@ -193,7 +193,7 @@ def test_main_solve_prints_the_random_seeds_and_writes_the_solve_table(tmp_path,
         calls.append((seed, max_seconds, train_after_target, solve_limit_s))
         if seed == calls[0][0] and train_after_target is None:  # loaded: the first seed fails
             return _run(seed, None, wall=61.0)
-        return _run(seed, 15.0, 700_000, low=450.0, after=train_after_target)
+        return _run(seed, 5.5, 300_000, low=450.0, after=train_after_target)
 
     class FakeLoad:
         def __init__(self, n):
@@ -222,11 +222,11 @@ def test_main_solve_prints_the_random_seeds_and_writes_the_solve_table(tmp_path,
     assert [t["passed"] for t in results["targets"]] == [True, True, True, True, False]
     assert results["benchmarks"]["solve_loaded"]["num_solved"] == 2
     md = (tmp_path / "results.md").read_text()
-    assert "| solve: seeds reaching 475 within 60 s (3/3) | 1.000 | >= 0.95 | met |" in md
-    assert "| solve: median env steps to mean 475, millions | 0.700 M | <= 1 M | met |" in md
-    assert ("| machine otherwise idle | 3/3 | 15.0 s | 15.0 s | 700,000 | 700,000 | "
+    assert "| solve: seeds reaching 475 within 60 s (3/3) | 1.000 | >= 1 | met |" in md
+    assert "| solve: median env steps to mean 475, millions | 0.300 M | <= 0.4 M | met |" in md
+    assert ("| machine otherwise idle | 3/3 | 5.5 s | 5.5 s | 300,000 | 300,000 | "
             "3/3 for 60 s |") in md
-    assert ("| 2 busy processes beside | 2/3 | 15.0 s | never | 700,000 | never | "
+    assert ("| 2 busy processes beside | 2/3 | 5.5 s | never | 300,000 | never | "
             "not measured |") in md
     assert f"Seeds, drawn at random for this run: {', '.join(map(str, seeds))}." in md
     assert f"seed {seeds[0]}: NOT solved" in out and "3/3 solved seeds stayed >= 400" in out
@@ -563,7 +563,7 @@ def test_recurrent_speed_sides_alternate_and_ratios_are_of_the_windows():
     assert a["ratio"] == pytest.approx(
         sum(lstm / mlp for mlp, lstm in a["rounds"]) / 2, abs=1e-3)  # median of two = mean
     ll = recurrent.learner_rates(rounds=1, seconds=0.2, warmup_steps=1)
-    assert ll["batch_shape"] == [50, 32]  # the preset's 1600-sample batches of [50, 8] samples
+    assert ll["batch_shape"] == [50, 8]  # the preset's batches: one [50, 8] worker sample
     (mlp, lstm), = ll["rounds"]
     assert (ll["mlp_samples_per_s"], ll["lstm_samples_per_s"]) == (mlp, lstm)
     assert _positive(mlp) and _positive(lstm)

@@ -190,7 +190,7 @@ def test_the_last_line_says_whether_the_target_was_reached_and_what_went_wrong()
     (["--env", "CartPol-v1"], ["env='CartPol-v1'", "did you mean 'CartPole-v1'"]),
     (["--fake-gpus", "maybe"], ["--fake-gpus='maybe'", "true or false"]),
     (["--max-seconds", "-1"], ["--max-seconds=-1.0", "positive"]),
-    (["--replay-proportion", "0.5"], ["replay_buffer_num_slots=0", "at least 11"]),
+    (["--replay-proportion", "0.5"], ["replay_buffer_num_slots=0", "at least 9"]),
     (["--stop-return", "10", "--train-after-target", "-1"],
      ["--train-after-target=-1.0", "seconds >= 0"]),
     (["--train-after-target", "5"], ["--train-after-target=5.0", "without --stop-return"]),
