@@ -531,7 +531,7 @@ def soak_record(seconds: float = 100.0, **changes) -> dict:
     """A synthetic `bench.soak.soak` record: flat figures, one sample per second."""
     samples = [{"t": float(t), "driver_rss_mb": 600.0, "workers_rss_mb": 90.0,
                 "total_rss_mb": 690.0, "learner_queue_len": 3, "replay_stored": 0,
-                "batch_buffer_steps": 400, "max_in_flight": 2, "threads": 2, "open_fds": 19,
+                "batch_buffer_steps": 100, "max_in_flight": 2, "threads": 2, "open_fds": 19,
                 "child_processes": 2, "num_steps_sampled": 1000 * t, "num_worker_failures": 0}
                for t in range(int(seconds) + 1)]
     config = ImpalaConfig.tuned("CartPole-v1").to_dict()
