@@ -333,8 +333,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-solve", action="store_true", help="timings only")
     parser.add_argument("--solve-only", action="store_true",
                         help="the solve runs only: no timings, CPU share or IMPALA-network run")
-    names = ", ".join(g.split("/")[1].removesuffix("-v1") for g in GAMES)
-    parser.add_argument("--games", default=",".join(n.strip() for n in names.split(",")),
+    game_names = [g.split("/")[1].removesuffix("-v1") for g in GAMES]
+    names = ", ".join(game_names)
+    parser.add_argument("--games", default=",".join(game_names),
                         help=f"comma-separated games among {names} (default: all)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="directory for the results")
     args = parser.parse_args(argv)
