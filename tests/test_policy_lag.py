@@ -63,6 +63,28 @@ def test_a_batch_beyond_max_policy_lag_is_counted_and_never_trained_on():
     assert [v - int(b.policy_versions.min()) for v, b in trained] == [0, 1, 0, 1]
 
 
+def test_the_lag_recorded_for_a_kept_batch_is_the_one_checked_at_its_arrival():
+    # The learner trains while the driver puts a batch on its queue (here: at once, by hand),
+    # so by the time the batch is recorded the learner is an update further on. The lag
+    # counted is the one max_policy_lag was checked against: no kept batch shows past it.
+    cfg = ImpalaConfig(**ONE_WORKER, max_sample_requests_in_flight_per_worker=2,
+                       max_policy_lag=1)
+    with Impala(cfg, start_learner=False) as run:
+        put = run.loop.put_on_learner_queue
+
+        def put_and_train(train_batch):
+            put(train_batch)
+            _drain(run)
+
+        run.loop.put_on_learner_queue = put_and_train
+        run.step()  # two version-0 batches, checked at versions 0 and 1; recorded at 1 and 2
+        stats = run.stats()
+        assert run.learner.weights_version == 2
+        assert stats["num_samples_dropped_for_lag"] == 0
+        assert stats["policy_lag_distribution"]["at_arrival"] == {"0": 1, "1": 1}
+        assert run.loop.arrival_versions == {}
+
+
 @pytest.mark.parametrize("extra", [0, 3])
 def test_with_extra_policy_lag_k_every_batch_trained_after_k_updates_is_k_behind(extra):
     cfg = ImpalaConfig(**ONE_WORKER, max_sample_requests_in_flight_per_worker=1,

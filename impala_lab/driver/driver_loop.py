@@ -99,6 +99,9 @@ class DriverLoop:
         self.weights_ref: Any = None
         self.weights_history: deque[tuple[Any, int]] = deque()
         self.queue_blocked = False
+        # The learner's version each kept new batch was checked against, by id(batch): its lag
+        # is recorded against that version, not a later one (the learner trains meanwhile).
+        self.arrival_versions: dict[int, int] = {}
 
     def step(self, timeout: float) -> tuple[int, int]:
         """One turn of the loop (see the module docstring).
@@ -142,6 +145,7 @@ class DriverLoop:
         Every new batch, dropped or not, is shown to ``frames`` (`show_frames`).
         """
         blocking = True
+        self.arrival_versions.clear()  # a turn records every batch it yields (unless it raised)
         # The run's env steps before this turn: its new batches are counted at its end
         # (dropped ones at once), so this plus their steps so far is the count after each.
         steps_before, arrived = self.run_stats.num_steps_sampled, 0
@@ -150,7 +154,9 @@ class DriverLoop:
                 for worker, batch in self.actors.completed(blocking, timeout):
                     arrived += batch.count
                     self.show_frames(worker, batch, steps_before + arrived)
-                    if self.lag_of(batch) > self.config.max_policy_lag:
+                    version = self.learner.weights_version
+                    self.arrival_versions[id(batch)] = version
+                    if self.lag_of(batch, version) > self.config.max_policy_lag:
                         self.drop_for_lag(worker, batch)
                     else:
                         yield worker, batch
@@ -167,9 +173,12 @@ class DriverLoop:
         lowest = self.actors.lowest_live_index(default=worker.index)
         self.frames.observe(worker.index, batch, lowest_live_index=lowest, env_steps=env_steps)
 
-    def lag_of(self, batch: SampleBatch) -> int:
-        """Learner updates between the oldest column's weights and the learner's now."""
-        return int(policy_lag(self.learner.weights_version, batch.policy_versions).max())
+    def lag_of(self, batch: SampleBatch, version: int | None = None) -> int:
+        """Learner updates between the oldest column's weights and ``version`` (default: the
+        learner's now)."""
+        if version is None:
+            version = self.learner.weights_version
+        return int(policy_lag(version, batch.policy_versions).max())
 
     def drop_for_lag(self, worker: Any, batch: SampleBatch) -> None:
         """A new batch too far behind: its env steps, episodes and lag are counted, it goes
@@ -200,8 +209,13 @@ class DriverLoop:
         self.queue_blocked = False
 
     def record_sample(self, batch: SampleBatch) -> None:
-        """Count a new batch's episodes and its policy lag behind the learner."""
-        self.run_stats.record_sample(batch, self.learner.weights_version)
+        """Count a new batch's episodes and its policy lag behind the learner at its arrival
+        (the version `completed_samples` checked it against: a turn may wait on the full
+        learner queue before this, and a lag read then could pass ``max_policy_lag``)."""
+        version = self.arrival_versions.pop(id(batch), None)
+        if version is None:
+            version = self.learner.weights_version
+        self.run_stats.record_sample(batch, version)
 
     def broadcast(self) -> None:
         """Publish the learner's current weights once (a new reference every worker reads);
