@@ -208,6 +208,23 @@ def test_gitignore_keeps_outputs_out_but_bench_results_in() -> None:
         assert out.returncode == 1, f"{path} should not be ignored"
 
 
+# The top level of the repository as the README shows it. A folder a test run left in the
+# working directory (a fuzz run once committed four run folders named "nan", "0", ...) fails.
+TOP_LEVEL = {".ci", ".gitignore", "LICENSE", "MANIFEST.in", "Makefile", "NOTICE", "README.md",
+             "bench", "docs", "environment.yml", "examples", "impala_lab", "mkdocs.yml",
+             "notebooks", "pyproject.toml", "setup.py", "tests", "tools"}
+
+
+def test_the_repository_tracks_nothing_at_its_top_level_but_the_known_entries() -> None:
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout (an installed copy): there is no tracked tree")
+    out = subprocess.run(["git", "-C", str(ROOT), "ls-files"], capture_output=True, text=True,
+                         check=True).stdout
+    top = {line.split("/", 1)[0] for line in out.splitlines() if line}
+    assert top - TOP_LEVEL == set(), "tracked entries the house does not know (remove them)"
+    assert TOP_LEVEL - top == set(), "known entries missing from the repository"
+
+
 def test_the_oldest_run_pins_each_declared_lower_bound() -> None:
     # `make test-oldest` installs what tools/oldest_constraints.py prints: it must be exactly
     # pyproject.toml's lower bounds (read here with packaging), or the run tests other versions
