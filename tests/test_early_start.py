@@ -8,6 +8,7 @@ learner cannot be built.
 
 from __future__ import annotations
 
+import threading
 import time
 
 import gymnasium as gym
@@ -16,6 +17,7 @@ import pytest
 
 import impala_lab.driver.impala as impala_module
 from impala_lab import Impala, ImpalaConfig
+from impala_lab.driver import warm_start
 from impala_lab.driver.build import initial_weights
 from impala_lab.learner.vtrace_policy import VTracePolicy
 from tests.leaks import wait_gone
@@ -103,3 +105,68 @@ def test_a_learner_that_cannot_be_built_leaves_no_worker_behind(monkeypatch, err
     assert len(seen["pids"]) == 2
     assert wait_gone(seen["pids"]) == []
 
+
+
+# ---------------------------------------------------------------------- the warm start
+def test_the_driver_queues_samples_while_the_learner_is_built_and_it_trains_them(monkeypatch):
+    real_make = warm_start.make_learner
+    seen: dict = {}
+
+    def make_once_the_queue_is_full(config, *spaces, inqueue):
+        seen["queue_filled"] = _wait(inqueue.full)
+        seen["queued"] = [b.policy_versions.copy() for b in list(inqueue.queue)]
+        return real_make(config, *spaces, inqueue=inqueue)
+
+    monkeypatch.setattr(warm_start, "make_learner", make_once_the_queue_is_full)
+    with Impala(ImpalaConfig(**SMALL, learner_queue_size=3)) as run:
+        sampled_at_build = run.num_steps_sampled
+        assert seen["queue_filled"] and len(seen["queued"]) == 3
+        # every queued batch was sampled with the numpy weights the learner starts from
+        assert all((v == 0).all() for v in seen["queued"])
+        assert sampled_at_build >= 3 * 40
+        assert run.loop.learner is run.learner and run.learner.is_alive()
+        assert _wait(lambda: run.learner.num_steps >= 3)
+        run.train(max_env_steps=sampled_at_build + 400)
+        assert run.num_steps_trained > 0 and run.policy.version >= 3
+        startup = run.stats()["startup"]  # the learner's steps reach the driver in train()
+        assert 0 < startup["first_sample_s"] < startup["first_train_s"]
+
+
+def test_no_warm_start_for_inline_workers_a_hand_stepped_learner_or_many_gpus():
+    base = ImpalaConfig(**SMALL)
+    assert warm_start.warm_start_applies(base, start_learner=True)
+    assert not warm_start.warm_start_applies(base, start_learner=False)
+    assert not warm_start.warm_start_applies(base.replace(backend="inline"), True)
+    assert not warm_start.warm_start_applies(base.replace(num_gpus=2, fake_gpus=True), True)
+
+
+def test_an_error_in_the_driver_while_the_learner_builds_never_starts_the_learner(monkeypatch):
+    # The driver fails (a worker error, a Ctrl-C) while TensorFlow loads: the workers are shut
+    # down, the error is raised, and the learner built afterwards is never started.
+    seen: dict = {}
+    real_start, real_make = Impala._start_workers_early, warm_start.make_learner
+
+    def start_and_fail_the_next_step(self):
+        weights = real_start(self)
+        seen["pids"] = self.backend.worker_pids()
+
+        def step(timeout):
+            raise KeyboardInterrupt("Ctrl-C while TensorFlow loads")
+
+        self.loop.step = step
+        return weights
+
+    def make_and_note(config, *spaces, inqueue):
+        policy, learner = real_make(config, *spaces, inqueue=inqueue)
+        seen["learner"] = learner
+        return policy, learner
+
+    monkeypatch.setattr(Impala, "_start_workers_early", start_and_fail_the_next_step)
+    monkeypatch.setattr(warm_start, "make_learner", make_and_note)
+    with pytest.raises(KeyboardInterrupt, match="Ctrl-C while TensorFlow loads"):
+        Impala(ImpalaConfig(**SMALL))
+    assert wait_gone(seen["pids"]) == []
+    builder = [t for t in threading.enumerate() if t.name == "impala-learner-build"]
+    for thread in builder:
+        thread.join(120)
+    assert seen["learner"].is_alive() is False and seen["learner"].num_steps == 0

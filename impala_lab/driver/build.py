@@ -10,6 +10,7 @@ sample).
 
 from __future__ import annotations
 
+import queue
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -114,28 +115,40 @@ def initial_weights(config: ImpalaConfig, observation_space: Any, action_space: 
         config.seed)
 
 
+def make_learner(config: ImpalaConfig, observation_space: Any, action_space: Any, *,
+                 inqueue: queue.Queue | None = None) -> tuple[Any, Any]:
+    """The policy (TensorFlow loads here) and its learner, unstarted.
+
+    Args:
+      inqueue: the learner thread's queue, when batches were queued before it existed
+        (`impala_lab.driver.warm_start`); None: the learner makes its own.
+    """
+    from impala_lab.learner.vtrace_policy import VTracePolicy
+
+    if config.uses_multi_gpu_learner:
+        # Fake devices must be set up before TensorFlow initialises (building the
+        # model does); a device error is a config error, raised before anything starts.
+        from impala_lab.learner.multi_gpu_learner import configure_learner_devices
+
+        configure_learner_devices(config)
+    policy = VTracePolicy(observation_space, action_space, config)
+    if config.uses_multi_gpu_learner:
+        from impala_lab.learner.multi_gpu_learner import MultiGPULearner
+
+        return policy, MultiGPULearner(policy, config)
+    from impala_lab.learner.learner_thread import LearnerThread
+
+    return policy, LearnerThread(policy, config.minibatch_buffer_size, config.num_sgd_iter,
+                                 config.learner_queue_size, config.learner_queue_timeout,
+                                 inqueue=inqueue)
+
+
 def build_learner(config: ImpalaConfig, backend: Any, observation_space: Any,
                   action_space: Any) -> tuple[Any, Any]:
-    """The policy (TensorFlow loads here) and its learner; the backend is shut down if this
-    fails or is interrupted (a Ctrl-C while TensorFlow loads must not leave Ray up)."""
+    """`make_learner`, with the backend shut down if it fails or is interrupted (a Ctrl-C
+    while TensorFlow loads must not leave Ray up)."""
     try:
-        from impala_lab.learner.vtrace_policy import VTracePolicy
-
-        if config.uses_multi_gpu_learner:
-            # Fake devices must be set up before TensorFlow initialises (building the
-            # model does); a device error is a config error, raised before anything starts.
-            from impala_lab.learner.multi_gpu_learner import configure_learner_devices
-
-            configure_learner_devices(config)
-        policy = VTracePolicy(observation_space, action_space, config)
-        if config.uses_multi_gpu_learner:
-            from impala_lab.learner.multi_gpu_learner import MultiGPULearner
-
-            return policy, MultiGPULearner(policy, config)
-        from impala_lab.learner.learner_thread import LearnerThread
-
-        return policy, LearnerThread(policy, config.minibatch_buffer_size, config.num_sgd_iter,
-                                     config.learner_queue_size, config.learner_queue_timeout)
+        return make_learner(config, observation_space, action_space)
     except BaseException:
         backend.shutdown()
         raise

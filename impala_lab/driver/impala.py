@@ -22,12 +22,11 @@ run in a checkpoint (`impala_lab.driver.checkpoint`); `impala_lab.driver.lifetim
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +34,7 @@ from impala_lab.backends import make_backend
 from impala_lab.config import ImpalaConfig
 from impala_lab.driver import checkpoint
 from impala_lab.driver.actors import Actors
+from impala_lab.driver.background import BackgroundTraining
 from impala_lab.driver.build import as_config, build_learner, check_env, initial_weights
 from impala_lab.driver.driver_loop import DriverLoop
 from impala_lab.driver.evaluation import Evaluator
@@ -52,6 +52,7 @@ from impala_lab.driver.run_stats import (
 )
 from impala_lab.driver.supervisor import WorkerSupervisor
 from impala_lab.driver.task_pool import SampleTaskPool
+from impala_lab.driver.warm_start import build_while_sampling, warm_start_applies
 from impala_lab.envs.frames import Frames
 from impala_lab.errors import ImpalaError
 from impala_lab.stats import StatsHistory
@@ -68,7 +69,7 @@ def _part(part: str, name: str) -> property:
                     doc=f"``{part}.{name}`` (also in ``stats()``).")
 
 
-class Impala(KnobControl):
+class Impala(KnobControl, BackgroundTraining):
     """The IMPALA driver: actors, task pool, replay mixer, batch buffer, learner, broadcasts.
 
     Args:
@@ -148,10 +149,17 @@ class Impala(KnobControl):
         # The workers start sampling while TensorFlow loads (seconds the run used to wait):
         # they get the learner's first weights, which numpy computes without it.
         early = self._start_workers_early()
-        self.policy, self.learner = build_learner(self.config, self.backend,
-                                                  self.observation_space, self.action_space)
-        if early is not None:  # the learner starts from the weights the workers sample with
-            self.policy.set_weights(early, version=0)
+        if early is not None and warm_start_applies(self.config, start_learner):
+            # ... and the driver takes their samples meanwhile (driver/warm_start.py).
+            self.policy, self.learner = build_while_sampling(
+                self.config, self.loop, (self.observation_space, self.action_space), early,
+                backend=self.backend, count_step=self.run_stats.count_step,
+                on_train_step=self.health.observe_learner_step)
+        else:
+            self.policy, self.learner = build_learner(self.config, self.backend,
+                                                      self.observation_space, self.action_space)
+            if early is not None:  # the learner starts from the weights the workers use
+                self.policy.set_weights(early, version=0)
         self._finalizer = weakref.finalize(self, cleanup, self.backend, self.learner)
         live_runs.add(self)
         self._connect_learner()
@@ -160,14 +168,15 @@ class Impala(KnobControl):
         try:
             if early is None:
                 self.loop.start()
-            if start_learner:
+            if start_learner and not self.learner.is_alive():
                 self.learner.start()
         except BaseException:
             self.stop()
             raise
 
     def _build_parts(self) -> None:
-        """The parts that need no learner: replay, stats, task pool, supervisor, the loop."""
+        """The parts that need no learner: replay, stats, task pool, supervisor, the loop,
+        the health monitor."""
         c = self.config
         self.replay = ReplayMixer(c.replay_proportion, c.replay_buffer_num_slots,
                                   c.train_batch_size, c.sample_batch_size, seed=c.seed)
@@ -175,6 +184,9 @@ class Impala(KnobControl):
         tasks = SampleTaskPool(wait_fn=self.backend.wait)
         self.supervisor = WorkerSupervisor(c, self.backend, tasks)
         self.frames = LatestFrames(self.observation_space)
+        # Learning health: fed every learner step from the learner thread, judged in stats().
+        self.health = HealthMonitor(int(getattr(self.action_space, "n", 0)),
+                                    c.learner_queue_size, clock=run_clock(weakref.ref(self)))
         self.loop = DriverLoop(c, self.replay, None, self.run_stats,
                                actors=Actors(self.backend, tasks, self.supervisor),
                                frames=self.frames)
@@ -198,9 +210,6 @@ class Impala(KnobControl):
         """The parts that need the learner: the loop's port, health, history, evaluation."""
         c = self.config
         self.loop.learner = self.learner
-        # Learning health: fed every learner step from the learner thread, judged in stats().
-        self.health = HealthMonitor(int(getattr(self.action_space, "n", 0)),
-                                    c.learner_queue_size, clock=run_clock(weakref.ref(self)))
         self.learner.on_train_step = self.health.observe_learner_step
         self.history = StatsHistory(maxlen=100_000)
         self.evaluator = Evaluator(c, self.observation_space, self.action_space,
@@ -352,72 +361,6 @@ class Impala(KnobControl):
                 reason = "max_seconds"
         return reason
 
-    @contextlib.contextmanager
-    def driving_thread(self) -> Iterator[None]:
-        """Within it, the calling thread is the one that steps this run: other threads (a
-        dashboard's poller) that call ``stats()`` read the pipeline view its last step left,
-        and ``step()`` from them raises. Nothing changes while ``start()``'s thread drives."""
-        if self._driver is not None:
-            yield
-            return
-        self._driver = threading.current_thread()
-        try:
-            yield
-        finally:
-            self._driver = None
-
-    # ------------------------------------------------------------------ background training
-    def start(self, stop: StopCondition = None, *, max_seconds: float | None = None,
-              max_env_steps: int | None = None, report_interval: float = 1.0) -> None:
-        """Train in a background thread: the notebook cell returns, the dashboard keeps moving.
-
-        ``pause()`` ends the background training (the run stays usable), ``stop()`` ends the
-        run. Arguments as in ``train()``; the result lands in ``last_result``.
-        """
-        self._check_running()
-        if self.is_training:
-            raise ImpalaError("this run is already training in the background")
-        self._pause_requested.clear()
-        self.background_error = None
-
-        def loop() -> None:
-            try:
-                self.last_result = self.train(stop, max_seconds=max_seconds,
-                                              max_env_steps=max_env_steps,
-                                              report_interval=report_interval)
-            except BaseException as exc:  # kept for pause()/wait(), shown by the dashboard
-                self.background_error = exc
-
-        thread = threading.Thread(target=loop, name="impala-driver", daemon=True)
-        self._background = self._driver = thread
-        thread.start()
-
-    @property
-    def is_training(self) -> bool:
-        """True while a background ``start()`` is running."""
-        return self._background is not None and self._background.is_alive()
-
-    def pause(self, timeout: float = 30.0) -> None:
-        """End background training after the current step; raise its error, if any."""
-        self._pause_requested.set()
-        self.wait(timeout)
-
-    def wait(self, timeout: float | None = None) -> dict[str, Any] | None:
-        """Block until background training ends; raise its error, if any."""
-        thread = self._background
-        if thread is not None:
-            thread.join(timeout)
-            if thread.is_alive():
-                raise ImpalaError(f"background training did not end within {timeout} s")
-            self._background = None
-            if self._driver is thread:
-                self._driver = None
-        self._pause_requested.clear()
-        if self.background_error is not None:
-            error, self.background_error = self.background_error, None
-            raise error
-        return self.last_result
-
     # ------------------------------------------------------------------ checkpoints
     def save(self, path: str | os.PathLike) -> Path:
         """Write a checkpoint directory atomically: arrays (.npz, no pickle) and JSON only.
@@ -448,12 +391,16 @@ class Impala(KnobControl):
         ``<path>.prev`` holds a checkpoint means a save was killed between its two renames:
         the previous checkpoint is read, with a warning. ``fallback_to_prev=True`` also
         reads ``<path>.prev`` when ``path`` itself cannot be read (see
-        `impala_lab.driver.checkpoint.read_checkpoint`).
+        `impala_lab.driver.checkpoint.read_checkpoint`). ``start_learner=False`` keeps the
+        learner thread unstarted, as for `Impala`.
         """
         root, state, weights, opt_state = checkpoint.read_checkpoint_at(
             path, fallback_to_prev=fallback_to_prev)
+        start_learner = overrides.pop("start_learner", True)
         config = checkpoint.restored_config(root, state, overrides, env_creator)
-        run = cls(config, **overrides)
+        # The learner starts once it holds the checkpoint's weights: nothing is queued before
+        # (a warm start would queue samples of the version-0 weights; driver/warm_start.py).
+        run = cls(config, start_learner=False, **overrides)
         run.policy.set_weights(weights, state["policy_version"])
         run.policy.set_optimizer_state(opt_state)
         # The optimizer state holds the learning rate it was saved with; the restored config
@@ -462,6 +409,13 @@ class Impala(KnobControl):
         run.policy.set_entropy_coeff(config.entropy_coeff)
         run.run_stats.restore_counters(state["counters"])
         run.loop.broadcast()
+        if not start_learner:
+            return run
+        try:
+            run.learner.start()
+        except BaseException:
+            run.stop()
+            raise
         return run
 
     # ------------------------------------------------------------------ lifetime
