@@ -8,6 +8,7 @@ learner cannot be built.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 
@@ -19,9 +20,13 @@ import impala_lab.driver.impala as impala_module
 from impala_lab import Impala, ImpalaConfig
 from impala_lab.driver import warm_start
 from impala_lab.driver.build import initial_weights
+from impala_lab.errors import WorkerError
 from impala_lab.learner.vtrace_policy import VTracePolicy
-from tests.leaks import wait_gone
+from tests.envs import WrongObsEnv
+from tests.leaks import no_leaks, wait_gone
 
+# Every env returns a (1, 4) observation from its 15th step: a worker's second sample of 10.
+WRONG_AFTER_FIRST_SAMPLE = functools.partial(WrongObsEnv, kind="batched", at_step=15, length=5)
 SMALL = dict(env="CartPole-v1", backend="process", num_workers=2, num_envs_per_worker=2,
              sample_batch_size=10, train_batch_size=40, seed=3)
 
@@ -166,7 +171,46 @@ def test_an_error_in_the_driver_while_the_learner_builds_never_starts_the_learne
     with pytest.raises(KeyboardInterrupt, match="Ctrl-C while TensorFlow loads"):
         Impala(ImpalaConfig(**SMALL))
     assert wait_gone(seen["pids"]) == []
-    builder = [t for t in threading.enumerate() if t.name == "impala-learner-build"]
-    for thread in builder:
-        thread.join(120)
+    assert not [t for t in threading.enumerate() if t.name == "impala-warm-start"]
     assert seen["learner"].is_alive() is False and seen["learner"].num_steps == 0
+
+
+def _sampling_thread_ended() -> bool:
+    return not any(t.name == "impala-warm-start" for t in threading.enumerate())
+
+
+@pytest.mark.parametrize("restart", [True, False])
+def test_a_worker_that_fails_while_the_learner_builds_is_replaced_after_the_build(
+        monkeypatch, restart):
+    # Every worker's second sample fails. The sampling thread stops at the first failure (a
+    # process started now would inherit the quiet import's stderr file); once the learner is
+    # built the worker is replaced, or, with restarts off, the run ends with its error.
+    real_make = warm_start.make_learner
+    seen: dict = {}
+
+    def make_once_sampling_stopped(config, *spaces, inqueue):
+        seen["stopped"] = _wait(_sampling_thread_ended)
+        seen["failures_before"] = run_ref["run"].supervisor.num_worker_failures
+        return real_make(config, *spaces, inqueue=inqueue)
+
+    run_ref: dict = {}
+    real_start = Impala._start_workers_early
+
+    def note_run(self):
+        run_ref["run"] = self
+        return real_start(self)
+
+    monkeypatch.setattr(warm_start, "make_learner", make_once_sampling_stopped)
+    monkeypatch.setattr(Impala, "_start_workers_early", note_run)
+    cfg = ImpalaConfig(**{**SMALL, "env": WRONG_AFTER_FIRST_SAMPLE, "sample_batch_size": 10,
+                          "learner_queue_size": 100, "restart_failed_workers": restart})
+    if not restart:
+        with no_leaks(), pytest.raises(WorkerError, match=r"observation of shape \(1, 4\)"):
+            Impala(cfg)
+        assert seen == {"stopped": True, "failures_before": 0}
+        return
+    with no_leaks(), Impala(cfg) as run:
+        assert seen == {"stopped": True, "failures_before": 0}
+        assert run.num_worker_failures == 1 and len(run.workers) == 2
+        assert sorted(w.index for w in run.workers) != [0, 1]  # one of them is new
+        assert run.learner.is_alive() and "replace_failed" not in vars(run.loop)
