@@ -173,11 +173,8 @@ class DriverLoop:
         lowest = self.actors.lowest_live_index(default=worker.index)
         self.frames.observe(worker.index, batch, lowest_live_index=lowest, env_steps=env_steps)
 
-    def lag_of(self, batch: SampleBatch, version: int | None = None) -> int:
-        """Learner updates between the oldest column's weights and ``version`` (default: the
-        learner's now)."""
-        if version is None:
-            version = self.learner.weights_version
+    def lag_of(self, batch: SampleBatch, version: int) -> int:
+        """Learner updates between the oldest column's weights and the learner's ``version``."""
         return int(policy_lag(version, batch.policy_versions).max())
 
     def drop_for_lag(self, worker: Any, batch: SampleBatch) -> None:

@@ -41,6 +41,7 @@ from typing import Any
 
 from impala_lab.driver.build import make_learner
 from impala_lab.errors import WorkerError
+from impala_lab.learner.port import put_within
 
 __all__ = ["PendingLearner", "build_while_sampling", "warm_start_applies"]
 
@@ -74,11 +75,7 @@ class PendingLearner:
         self._initial_weights = initial_weights
 
     def put_batch(self, batch: Any, timeout: float) -> bool:
-        try:
-            self.inqueue.put(batch, timeout=timeout)
-        except queue.Full:
-            return False
-        return True
+        return put_within(self.inqueue, batch, timeout)
 
     def drain_trained(self) -> int:
         return 0 if self.learner is None else self.learner.drain_trained()
@@ -143,6 +140,11 @@ def build_while_sampling(config: Any, loop: Any, spaces: tuple[Any, Any],
         except BaseException as exc:  # handled by the caller's thread after the build
             failures.append(exc)
 
+    def start_learner() -> None:
+        learner.on_train_step = on_train_step
+        learner.start()  # drains the queue: a turn waiting to put a batch goes on
+        pending.learner = learner
+
     loop.learner = pending
     loop.replace_failed = defer  # this instance only, until the build is over
     sampler = threading.Thread(target=sample, name="impala-warm-start", daemon=True)
@@ -152,9 +154,7 @@ def build_while_sampling(config: Any, loop: Any, spaces: tuple[Any, Any],
         policy, learner = make_learner(config, *spaces, inqueue=pending.inqueue)
         policy.set_weights(initial_weights, version=0)
         if not failures:  # a sampling thread that failed already: no learner to stop after
-            learner.on_train_step = on_train_step
-            learner.start()  # drains the queue: a turn waiting to put a batch goes on
-            pending.learner = learner
+            start_learner()
         done.set()
         sampler.join()
         del loop.replace_failed
@@ -163,9 +163,7 @@ def build_while_sampling(config: Any, loop: Any, spaces: tuple[Any, Any],
                 raise exc
             loop.replace_failed(exc.err)  # raises with restart_failed_workers=False
         if not learner.is_alive():
-            learner.on_train_step = on_train_step
-            learner.start()
-            pending.learner = learner
+            start_learner()
     except BaseException:
         pending.building = False
         done.set()

@@ -33,7 +33,7 @@ from typing import Any
 from impala_lab.batch import policy_lag
 from impala_lab.errors import LearnerError, NonFiniteLossError
 from impala_lab.learner.minibatch_buffer import MinibatchBuffer
-from impala_lab.learner.port import UpdateFlag
+from impala_lab.learner.port import UpdateFlag, put_within
 from impala_lab.stats import TimerStat, WindowStat
 
 
@@ -148,11 +148,7 @@ class LearnerThread(threading.Thread):
     # ------------------------------------------------------------------ the driver's port
     def put_batch(self, batch: Any, timeout: float) -> bool:
         """Put a train batch on ``inqueue``; False if it stayed full for ``timeout`` s."""
-        try:
-            self.inqueue.put(batch, timeout=timeout)
-        except queue.Full:
-            return False
-        return True
+        return put_within(self.inqueue, batch, timeout)
 
     def drain_trained(self) -> int:
         """The env steps of every update since the previous call (``outqueue``, emptied)."""
