@@ -26,9 +26,15 @@ TUNED_PRESETS: dict[str, dict[str, Any]] = {
     # lr 0.005 432k; two passes per batch 421k; replay 0.5 496k; batches of 400 364k (n=6)
     # but two passes on them missed 475 within 60 s on one seed of 6; batches of 200 256k
     # (n=6), and the trailing mean stayed >= 476 for 30 s after on 6 more seeds.
+    # A learner queue of 4 batches where RLlib's is 16: the learner is the bottleneck here, so
+    # the queue stays nearly full and a batch waited there for 10-20 updates (policy lag at
+    # training); with 16, 4 of 20 random seeds fell below 400 in the minute after solving
+    # (two to a return of 9). With 4 (and with 2), 20 random seeds each: 0 of 20 fell, the
+    # lowest trailing mean was 479 (493 with 2), and 475 came sooner (median 6.3 s and 236k
+    # env steps against 7.0 s and 317k). 4 rather than 2 leaves room for bursty arrivals.
     "CartPole-v1": {"num_envs_per_worker": 8, "sample_batch_size": 25, "train_batch_size": 200,
                     "opt_type": "rmsprop", "lr": 0.003, "grad_clip": 10.0, "vf_loss_coeff": 0.1,
-                    "entropy_coeff": 0.0},
+                    "entropy_coeff": 0.0, "learner_queue_size": 4},
     # The memory task, for a recurrent policy (--use-lstm true). With use_lstm the value head
     # shares the LSTM core, and a value loss of order 10^4 (returns of tens to hundreds)
     # drowned the policy's gradient in the core: at vf_loss_coeff 0.5 or 0.1 the return fell
