@@ -20,8 +20,8 @@ and reports for each its solve rate (a trailing-100 mean of 475 within M seconds
 process start), the median and the worst seconds and env steps to 475; a seed that never got
 there counts as infinitely slow (`pipeline.summarize_solves`), so no figure hides a miss.
 
-The one-file version checks the target every 0.05 s, the library's CLI at each report (every
-second by default): the library's seconds may read up to a second late.
+The one-file version checks the target every 0.05 s, the library every 0.1 s
+(``Impala.train`` checks its stop condition between reports too).
 
 Results go to ``docs/results/one_file_results.json`` and ``docs/results/one_file_results.md``.
 """
