@@ -45,7 +45,9 @@ def error_of(**kwargs) -> str:
 @pytest.mark.parametrize("train_batch_size", [10**7, 10**9])
 def test_the_cli_refuses_a_train_batch_that_cannot_fit_before_anything_starts(
         train_batch_size, tmp_path):
-    needed = ImpalaConfig.tuned(train_batch_size=train_batch_size,
+    # A queue of 16 batches (RLlib's, not the preset's 4) makes the queue the second part the
+    # message must name.
+    needed = ImpalaConfig.tuned(train_batch_size=train_batch_size, learner_queue_size=16,
                                 max_memory_gb=1e12).memory_estimate()["total"]
     available = available_memory_bytes()
     if available is not None and needed <= available // 2:
@@ -55,7 +57,8 @@ def test_the_cli_refuses_a_train_batch_that_cannot_fit_before_anything_starts(
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     start = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "impala_lab.cli", "train",
-                           "--train-batch-size", str(train_batch_size), "--out", str(out)],
+                           "--train-batch-size", str(train_batch_size),
+                           "--learner-queue-size", "16", "--out", str(out)],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = proc.stderr.strip().splitlines()

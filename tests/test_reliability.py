@@ -557,9 +557,10 @@ def test_the_soak_checks_fail_on_growth_overflow_and_leaks():
     short = soak_record(30.0, samples=grown["samples"][:31])  # too short to judge RSS
     assert failed_checks(short) == []
     over = soak_record(200.0)
-    over["samples"][50]["learner_queue_len"] = 17
+    size = over["config"]["learner_queue_size"]
+    over["samples"][50]["learner_queue_len"] = size + 1
     over["samples"][-1]["threads"] = 3
-    assert failed_checks(over) == ["learner_queue_len <= 16", "threads end <= after warm-up"]
+    assert failed_checks(over) == [f"learner_queue_len <= {size}", "threads end <= after warm-up"]
     leaked = soak_record(200.0, children_after_stop=[4242], threads_after_stop=2)
     assert failed_checks(leaked) == ["no child process after stop",
                                      "threads after stop <= before the run"]
