@@ -27,7 +27,7 @@ TUNED_PRESETS: dict[str, dict[str, Any]] = {
     # but two passes on them missed 475 within 60 s on one seed of 6; batches of 200 256k
     # (n=6), and the trailing mean stayed >= 476 for 30 s after on 6 more seeds.
     # A learner queue of 4 batches where RLlib's is 16: the learner is the bottleneck here, so
-    # the queue stays nearly full and a batch waited there for 10-20 updates (policy lag at
+    # the queue stays nearly full and a batch waited there for up to 20 updates (policy lag at
     # training); with 16, 4 of 20 random seeds fell below 400 in the minute after solving
     # (two to a return of 9). With 4 (and with 2), 20 random seeds each: 0 of 20 fell, the
     # lowest trailing mean was 479 (493 with 2), and 475 came sooner (median 6.3 s and 236k
