@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from impala_lab._lean_imports import lean_imports
 from impala_lab.config import ImpalaConfig, env_package_hint
 from impala_lab.errors import ConfigError
 
@@ -123,7 +124,8 @@ def make_learner(config: ImpalaConfig, observation_space: Any, action_space: Any
       inqueue: the learner thread's queue, when batches were queued before it existed
         (`impala_lab.driver.warm_start`); None: the learner makes its own.
     """
-    from impala_lab.learner.vtrace_policy import VTracePolicy
+    with lean_imports():  # only under the command line (impala_lab._lean_imports)
+        from impala_lab.learner.vtrace_policy import VTracePolicy
 
     if config.uses_multi_gpu_learner:
         # Fake devices must be set up before TensorFlow initialises (building the
