@@ -155,6 +155,7 @@ def test_the_cell_lists_pyprojects_requirements_without_tensorflow():
     deps, extras = colab_cell.requirements()
     assert "numpy>=1.26" in deps and "keras>=3.10" in deps
     assert not any(d.startswith("tensorflow") and "board" not in d for d in deps)
+    assert not any(d.startswith("ml_dtypes") for d in deps)  # TensorFlow's, kept as installed
     code = colab_cell.install_cell_source(["ray"])
     for d in deps + extras["ray"]:
         assert json.dumps(d) in code

@@ -20,7 +20,8 @@ Each notebook gets:
 Where TensorFlow is preinstalled (Colab) the cell keeps it: it installs impala_lab with
 ``--no-deps`` and then its other requirements, read from ``pyproject.toml`` when this script
 runs, without the ``tensorflow``/``tensorflow-cpu`` lines (a second TensorFlow beside Colab's
-would shadow it). Everywhere else pip installs the requirements as declared.
+would shadow it) and without ``ml_dtypes`` (TensorFlow's, kept as installed). Everywhere else
+pip installs the requirements as declared.
 
 Without a public repository the cell installs from a wheel next to the notebook
 (``INSTALL_SOURCE`` is the wheel's file name: build it in a clone with ``pip wheel --no-deps
@@ -91,10 +92,13 @@ def badge_line(rel_path: str) -> str:
 
 
 def requirements(pyproject: Path = ROOT / "pyproject.toml") -> tuple[list[str], dict[str, list]]:
-    """impala_lab's requirements without TensorFlow (markers dropped), and its extras."""
+    """impala_lab's requirements without TensorFlow and ml_dtypes (markers dropped), and
+    its extras."""
     project = tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]
     deps = [d.split(";")[0].strip() for d in project["dependencies"]]
-    deps = [d for d in deps if not re.match(r"tensorflow(-cpu)?\b", d)]
+    # TensorFlow's own stack stays as Colab installed it: its ml_dtypes too (our upper bound
+    # only saves import time, and JAX there may need a newer one).
+    deps = [d for d in deps if not re.match(r"(tensorflow(-cpu)?|ml_dtypes)\b", d)]
     return deps, project.get("optional-dependencies", {})
 
 
