@@ -10,7 +10,8 @@ a 2.6 s ``import keras, tensorflow`` (matplotlib 0.45 s, scipy and h5py 0.3 s, p
 (``sys.modules[name] = None``, which Python answers with ``ImportError``; Keras and
 TensorFlow catch it and leave the integration off) and removes the markers afterwards, so the
 process can import any of them later as usual. Keras's integrations with them stay off in
-that process.
+that process. While the marks are there they hold for every thread: the warm start's sampling
+thread (`impala_lab.driver.warm_start`) imports none of these modules.
 
 It acts only where impala_lab owns the process (`enable`, called by the ``impala-lab``
 command line) and only on the import that loads TensorFlow: in a notebook or a program of
@@ -36,6 +37,7 @@ def enable() -> None:
 
 
 def enabled() -> bool:
+    """Whether `enable` was called in this process."""
     return _enabled
 
 
