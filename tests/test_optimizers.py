@@ -91,6 +91,35 @@ def test_steps_equal_tensorflow_1s_own_rmsprop(momentum):
                                    err_msg=f"step {step + 1}")
 
 
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_each_update_is_one_fused_kernel_op_and_equals_tf1_bit_for_bit(momentum):
+    """The traced update holds one ResourceApplyRMSProp per variable and none of the ops the
+    written-out formula needs; its result is TF1's own optimizer's, bit for bit (the same
+    kernel). With momentum 0 the kernel's mom goes to a buffer that is no optimizer
+    variable."""
+    var = tf.Variable(VAR0)
+    opt = TF1RMSprop(learning_rate=LR, rho=RHO, momentum=momentum, epsilon=EPS)
+
+    @tf.function(autograph=False)
+    def apply(g):
+        opt.apply([g], [var])  # built here, inside the trace: the buffers come eagerly
+
+    g0 = random_grads(1, seed=2)[0]
+    graph = apply.get_concrete_function(tf.constant(g0)).graph
+    op_types = [op.type for op in graph.get_operations()]
+    assert op_types.count("ResourceApplyRMSProp") == 1
+    assert "Sqrt" not in op_types and "Square" not in op_types
+    assert len(opt.variables) == 2 + (2 if momentum > 0 else 1)  # iterations, lr, rms(, mom)
+    reference_var = tf.Variable(VAR0)
+    reference = tf.compat.v1.train.RMSPropOptimizer(LR, decay=RHO, momentum=momentum,
+                                                    epsilon=EPS)
+    for g in random_grads(10, seed=3):
+        apply(tf.constant(g))
+        reference.apply_gradients([(tf.constant(g), reference_var)])
+        assert var.numpy().tobytes() == reference_var.numpy().tobytes()
+    assert int(opt.iterations.numpy()) == 10
+
+
 def test_slots_start_as_tf1s_and_the_config_round_trips():
     var = tf.Variable(VAR0)
     opt = TF1RMSprop(learning_rate=LR, rho=RHO, momentum=0.5, epsilon=EPS)

@@ -21,6 +21,12 @@ average only comes to the gradients' scale over about ``1 / (1 - rho)`` = 100 st
 Only the momentum slot is skipped when ``momentum == 0`` (TF1 always kept one): ``mom`` is then
 the step itself and the update is the same, with fewer variables to save.
 
+Each variable's update is that very kernel (``ResourceApplyRMSProp``), one op where the same
+arithmetic written out took twelve: on the CartPole model the first train step, which traces
+and optimizes the graph, took 0.06 s less (0.41 -> 0.35 s on 2 cores), and later steps about
+1% less. With ``momentum == 0`` the kernel still writes a ``mom``: it goes to a buffer that is
+not an optimizer variable (nothing to save: it only ever holds the last step).
+
 `SingleReplicaGradients` (mixed into `TF1RMSprop` and `Adam`, the policy's two optimizers)
 skips Keras's all-reduce of the gradients where no ``tf.distribute`` strategy is in effect (as
 everywhere in impala_lab: the multi-GPU learner sums its towers' gradients itself). Keras calls
@@ -39,7 +45,7 @@ import os
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 import keras
-from keras import ops
+import tensorflow as tf
 
 
 class SingleReplicaGradients:
@@ -48,8 +54,6 @@ class SingleReplicaGradients:
     module docs). Inside a strategy, Keras's own all-reduce runs as before."""
 
     def _all_reduce_sum_gradients(self, grads_and_vars):
-        import tensorflow as tf
-
         if not tf.distribute.has_strategy():
             return list(grads_and_vars)
         return super()._all_reduce_sum_gradients(grads_and_vars)
@@ -108,24 +112,25 @@ class TF1RMSprop(SingleReplicaGradients, keras.optimizers.Optimizer):
         self._momentums = []
         if self.momentum > 0:
             self._momentums = self.add_optimizer_variables(var_list, "momentum")
+        # The kernel's mom when there is no momentum slot: set with object.__setattr__, out
+        # of reach of Keras's variable tracking (it would become an optimizer variable) and
+        # of TensorFlow's checkpoint tracking.
+        with tf.init_scope():  # eagerly, even when Keras builds inside a traced function
+            buffers = ([] if self.momentum > 0 else
+                       [tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False,
+                                    name="rms_step") for v in var_list])
+        object.__setattr__(self, "_step_buffers", buffers)
 
     def update_step(self, gradient, variable, learning_rate) -> None:
-        """One TF1 RMSProp step on ``variable`` (the kernel's operation order)."""
+        """One TF1 RMSProp step on ``variable``: TensorFlow's ``ResourceApplyRMSProp`` kernel."""
         dtype = variable.dtype
-        lr = ops.cast(learning_rate, dtype)
-        g = ops.cast(gradient, dtype)
         index = self._get_variable_index(variable)
-        ms = self._mean_squares[index]
-        one_minus_rho = ops.subtract(ops.cast(1.0, dtype), ops.cast(self.rho, dtype))
-        self.assign_add(ms, ops.multiply(ops.subtract(ops.square(g), ms), one_minus_rho))
-        step = ops.divide(ops.multiply(g, lr),
-                          ops.sqrt(ops.add(ms, ops.cast(self.epsilon, dtype))))
-        if self.momentum > 0:
-            mom = self._momentums[index]
-            self.assign(mom, ops.add(ops.multiply(mom, ops.cast(self.momentum, dtype)), step))
-            self.assign_sub(variable, mom)
-        else:
-            self.assign_sub(variable, step)
+        mom = (self._momentums if self.momentum > 0 else self._step_buffers)[index]
+        tf.raw_ops.ResourceApplyRMSProp(
+            var=variable.handle, ms=self._mean_squares[index].handle, mom=mom.handle,
+            lr=tf.cast(learning_rate, dtype), rho=tf.constant(self.rho, dtype),
+            momentum=tf.constant(self.momentum, dtype), epsilon=tf.constant(self.epsilon, dtype),
+            grad=tf.cast(tf.convert_to_tensor(gradient), dtype))
 
     def get_config(self) -> dict:
         config = super().get_config()
