@@ -50,7 +50,7 @@ class GraphOptions:
       grappler: False turns Grappler off for the calls made inside (each function is
         optimized, or not, on its first call; later calls must use the same setting).
 
-    Use one instance per policy; entering costs two attribute swaps (about 1 us).
+    Use one instance per policy; entering and leaving cost about 1.3 us together.
     """
 
     def __init__(self, grappler: bool) -> None:

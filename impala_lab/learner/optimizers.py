@@ -24,7 +24,7 @@ the step itself and the update is the same, with fewer variables to save.
 Each variable's update is that very kernel (``ResourceApplyRMSProp``), one op where the same
 arithmetic written out took twelve: on the CartPole model the first train step, which traces
 and optimizes the graph, took 0.06 s less (0.41 -> 0.35 s on 2 cores), and later steps about
-1% less. With ``momentum == 0`` the kernel still writes a ``mom``: it goes to a buffer that is
+1-2% less. With ``momentum == 0`` the kernel still writes a ``mom``: it goes to a buffer that is
 not an optimizer variable (nothing to save: it only ever holds the last step).
 
 `SingleReplicaGradients` (mixed into `TF1RMSprop` and `Adam`, the policy's two optimizers)
