@@ -59,10 +59,8 @@ class GraphOptions:
         self._saved = threading.local()  # the caller's options, per thread
         if grappler or not available:
             return
-        ctx = _context.context()
-        default = ctx.function_call_options  # this thread's, made from the context's config
-        proto = config_pb2.ConfigProto()
-        proto.ParseFromString(default.config_proto_serialized)
+        default = _context.context().function_call_options  # from the context's config
+        proto = _config_proto(default)
         proto.graph_options.rewrite_options.disable_meta_optimizer = True
         self._options = _context.FunctionCallOptions(executor_type=default.executor_type,
                                                      config_proto=proto)
@@ -89,6 +87,12 @@ def grappler_disabled_in_this_thread() -> bool:
     """Whether calls from this thread now run with Grappler off (for tests and debugging)."""
     if not available:
         return False
-    proto = config_pb2.ConfigProto()
-    proto.ParseFromString(_context.context().function_call_options.config_proto_serialized)
+    proto = _config_proto(_context.context().function_call_options)
     return bool(proto.graph_options.rewrite_options.disable_meta_optimizer)
+
+
+def _config_proto(options: Any) -> Any:
+    """The ``ConfigProto`` that ``options`` (a ``FunctionCallOptions``) carry, as a message."""
+    proto = config_pb2.ConfigProto()
+    proto.ParseFromString(options.config_proto_serialized)
+    return proto
