@@ -218,6 +218,19 @@ def test_config_command_prints_the_table(capsys):
     assert "| `train_batch_size` | `500` |" in out
 
 
+def test_train_help_gives_each_default_once_and_the_tuned_preset_value(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    # RLlib's default and the value the run actually takes on the default env.
+    assert "(default: 1; 8 in CartPole-v1's tuned preset)" in text
+    assert "(default: 0.0005; 0.003 in CartPole-v1's tuned preset)" in text
+    assert "RMSProp epsilon. (default: 0.1) --grad-clip" in text  # not tuned: one default
+    # An option left unset by default is not followed by a second "(default: None)".
+    assert ") (default: None)" not in text
+    assert "reaches this --stop-on" in text
+
+
 def test_the_tuned_preset_fills_only_fields_the_user_left_out():
     from impala_lab.cli.main import build_parser, config_from_args
     from impala_lab.config import TUNED_PRESETS

@@ -52,9 +52,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Argparse's defaults formatter, without "(default: None)" for options left unset (a
+    config field's help says its own defaults)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None:
+            return action.help
+        return super()._get_help_string(action)
+
+
 def _add_train_parser(sub: Any) -> None:
-    train = sub.add_parser("train", help="train a policy", formatter_class=argparse.
-                           ArgumentDefaultsHelpFormatter)
+    train = sub.add_parser("train", help="train a policy", formatter_class=_DefaultsFormatter)
     run = train.add_argument_group("run")
     run.add_argument("--stop-return", type=float, default=None,
                      help="stop once the mean return of the last 100 episodes reaches this")
@@ -95,12 +104,17 @@ def _add_train_parser(sub: Any) -> None:
                      "for the env where there are some (CartPole-v1), 'rllib' RLlib's defaults")
     cfg = train.add_argument_group("config (every ImpalaConfig field)")
     defaults = ImpalaConfig.__dataclass_fields__
+    default_env = defaults["env"].default
+    tuned = TUNED_PRESETS.get(default_env, {})
     for name in field_names():
         default = defaults[name].default
+        # The run takes the tuned value where the env has one: say both, or --help misleads.
+        where = (f"; {tuned[name]!r} in {default_env}'s tuned preset"
+                 if name in tuned and tuned[name] != default else "")
         extra = {"nargs": "?", "const": "true"} if field_kind(name) == "bool" else {}
         cfg.add_argument("--" + name.replace("_", "-"), dest=name, default=None,
                          metavar=field_kind(name).upper().rstrip("?"),
-                         help=f"{field_help(name)} (default: {default!r})", **extra)
+                         help=f"{field_help(name)} (default: {default!r}{where})", **extra)
 
 
 def _add_notebooks_parser(sub: Any) -> None:
