@@ -225,7 +225,7 @@ def test_train_help_gives_each_default_once_and_the_tuned_preset_value(capsys):
     # RLlib's default and the value the run actually takes on the default env.
     assert "(default: 1; 8 in CartPole-v1's tuned preset)" in text
     assert "(default: 0.0005; 0.003 in CartPole-v1's tuned preset)" in text
-    assert "RMSProp epsilon. (default: 0.1) --grad-clip" in text  # not tuned: one default
+    assert "Discount factor. (default: 0.99) --vf-loss-coeff" in text  # not tuned: one default
     # An option left unset by default is not followed by a second "(default: None)".
     assert ") (default: None)" not in text
     assert "reaches this --stop-on" in text
