@@ -19,13 +19,8 @@ from __future__ import annotations
 import math
 from typing import Any, Protocol
 
-from impala_lab import model_spec
 from impala_lab.errors import ConfigError
 from impala_lab.model_spec import ModelSpec
-
-# The small CNN's conv layers (filters, kernel, stride) for images of 20x20 and more, as
-# numpy_model.CONV_LAYERS (a test keeps the two equal).
-CONV_LAYERS: tuple[tuple[int, int, int], ...] = model_spec.ATARI_FILTERS
 
 
 class MemorySizes(Protocol):

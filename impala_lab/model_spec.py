@@ -45,25 +45,32 @@ LSTM's weights come between the trunk and the heads, as Keras's ``LSTMCell`` hol
 ``lstm/kernel [F, 4C], lstm/recurrent_kernel [C, 4C], lstm/bias [4C]``, gates in the order
 (input, forget, cell, output); the state of N envs is one float32 array [N, 2, C] (h, then c).
 
-Initialisation (``NumpyModel.initial_weights``, which the Keras model loads too): orthogonal
+Initialisation (`NetworkLayout.initial_weights`, which both models load): orthogonal
 kernels with gain sqrt(2) for hidden and conv layers, 0.01 for the policy head (a near-uniform
 first policy), 1.0 for the value head; zero biases. The last conv of each residual block is
 zero (each block starts as the identity). The LSTM's kernels are orthogonal with gain 1, its
 bias zero but for the forget gate's 1 (Keras's ``unit_forget_bias``).
 
-Pure Python: every part of the package may import it.
+`network_layout` says what a spec builds for an env's spaces (`NetworkLayout`: the trunk,
+the heads, every weight's shape and initial gain); the actors' numpy model and the learner's
+Keras model both build from it. numpy only: every part of the package may import it.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
+from impala_lab.spaces import action_space_kind, observation_trunk
+
 __all__ = ["ATARI_FILTERS", "CONV_NETS", "IMPALA_CHANNELS", "OBS_NORM_CLIP", "OBS_NORM_EPSILON",
-           "RESIDUAL_BLOCKS",
-           "SMALL_IMAGE_FILTERS", "ModelSpec", "default_conv_filters", "impala_shapes",
-           "min_image_size", "small_cnn_shapes"]
+           "RESIDUAL_BLOCKS", "SMALL_IMAGE_FILTERS", "ModelSpec", "NetworkLayout",
+           "check_spaces", "default_conv_filters", "impala_shapes", "min_image_size",
+           "network_layout", "orthogonal", "small_cnn_shapes"]
 
 CONV_NETS = ("cnn", "impala")
 # (filters, kernel, stride) of the small CNN's layers, 'valid' padding.
@@ -75,6 +82,15 @@ RESIDUAL_BLOCKS = 2  # per stack of the IMPALA network
 # +-OBS_NORM_CLIP: a rare extreme observation cannot blow up the first layer (SB3's default).
 OBS_NORM_EPSILON = 1e-8
 OBS_NORM_CLIP = 10.0
+# Orthogonal-init gains: hidden and conv layers, the policy head (a near-uniform first
+# policy), the value head, the LSTM's kernels. The last conv of each residual block starts at
+# zero, so each block starts as the identity (Goyal et al. 2017; Fixup): with sqrt(2) there
+# too, six blocks in a row blow the first values up.
+HIDDEN_GAIN = math.sqrt(2.0)
+POLICY_GAIN = 0.01
+VALUE_GAIN = 1.0
+LSTM_GAIN = 1.0
+RESIDUAL_GAIN = 0.0
 
 
 @dataclass(frozen=True)
@@ -234,3 +250,184 @@ def impala_shapes(obs_shape: Sequence[int], channels: Sequence[int]) -> list[tup
         h, w = _pooled(h), _pooled(w)
         out.append((h, w, int(c)))
     return out
+
+
+def check_spaces(observation_space: Any, action_space: Any,
+                 conv_filters: Sequence[Sequence[int]] | None = None) -> str:
+    """Check that the spaces are supported and say which trunk the observations get.
+
+    Args:
+      observation_space: a gymnasium space; Box of rank 1 (vector) or rank 3 (HxWxC image).
+      action_space: a space with a kind in `impala_lab.spaces.ACTION_SPACES`.
+      conv_filters: the small CNN's layers (filters, kernel, stride) the image must fit;
+        None: the layers `default_conv_filters` picks for its size.
+
+    Returns:
+      ``"mlp"`` for rank-1 observations, ``"cnn"`` for rank-3 observations.
+
+    Raises:
+      ValueError: the space is not supported; the message names it and what is supported
+        (a `ConfigError` for the action space).
+    """
+    action_space_kind(action_space)
+    trunk = observation_trunk(observation_space)
+    if trunk == "cnn":
+        height, width, _ = observation_space.shape
+        layers = (tuple(tuple(f) for f in conv_filters) if conv_filters is not None
+                  else default_conv_filters(height, width))
+        need = min_image_size(layers)
+        if height < need or width < need:
+            raise ValueError(
+                f"observation space {observation_space} is not supported: images must be at "
+                f"least {need}x{need} (HxWxC) for the CNN's conv layers {layers}; resize "
+                "with gymnasium.wrappers.ResizeObservation, or choose smaller conv_filters")
+    return trunk
+
+
+@dataclass(frozen=True)
+class NetworkLayout:
+    """What a `ModelSpec` builds for an env's spaces (`network_layout` makes one).
+
+    Attributes:
+      kind: the trunk, ``"mlp"``, ``"cnn"`` (the small CNN) or ``"impala"``.
+      obs_shape, obs_dtype: one observation's shape and dtype.
+      conv_filters: the small CNN's (filters, kernel, stride) layers; () for other trunks.
+      hiddens, impala_channels, use_lstm: the spec's.
+      lstm_cell_size: the LSTM's units C, 0 without one.
+      separate_value_trunk: the value head has a trunk of its own (every layer then has a
+        value twin right after it in the weights).
+      num_actions: width A of the action distribution's inputs (n logits; 2D for a Box).
+      head_units: units the policy head computes: A, or the D means when the log-std is free.
+      free_log_std: the policy head's third weight is a learned log-std vector [D].
+      normalize_obs: the first three weights are the observation statistics.
+      shapes: every weight array's shape, in Keras's ``get_weights()`` order.
+      gains: each array's orthogonal-init gain (0 for biases and statistics).
+    """
+
+    kind: str
+    obs_shape: tuple[int, ...]
+    obs_dtype: np.dtype
+    conv_filters: tuple[tuple[int, int, int], ...]
+    hiddens: tuple[int, ...]
+    impala_channels: tuple[int, ...]
+    use_lstm: bool
+    lstm_cell_size: int
+    separate_value_trunk: bool
+    num_actions: int
+    head_units: int
+    free_log_std: bool
+    normalize_obs: bool
+    shapes: tuple[tuple[int, ...], ...]
+    gains: tuple[float, ...]
+
+    def initial_weights(self, seed: int | None) -> list[np.ndarray]:
+        """Fresh float32 weights in `shapes` order: orthogonal kernels with their `gains`,
+        zero biases, the LSTM's forget-gate bias 1 (Keras's ``unit_forget_bias``), observation
+        variance 1. The same seed gives the same weights."""
+        rng = np.random.default_rng(seed)
+        weights = [np.zeros(shape, np.float32) if len(shape) == 1 else orthogonal(rng, shape, gain)
+                   for shape, gain in zip(self.shapes, self.gains, strict=True)]
+        if self.use_lstm:
+            cell = self.lstm_cell_size
+            weights[-5 - self.free_log_std][cell: 2 * cell] = 1.0
+        if self.normalize_obs:  # the identity until the learner sees data
+            weights[1][:] = 1.0
+        return weights
+
+
+def network_layout(spec: ModelSpec, observation_space: Any, action_space: Any) -> NetworkLayout:
+    """The network ``spec`` gives for these spaces, with its weight layout.
+
+    Raises:
+      ValueError: unsupported spaces (`check_spaces`), or ``normalize_obs`` with images.
+    """
+    trunk = check_spaces(observation_space, action_space,
+                         spec.conv_filters if spec.conv_net == "cnn" else None)
+    kind = "impala" if trunk == "cnn" and spec.conv_net == "impala" else trunk
+    obs_shape = tuple(int(d) for d in observation_space.shape)
+    if spec.normalize_obs and kind != "mlp":
+        raise ValueError(
+            f"normalize_obs=True needs vector observations, but this env's are images "
+            f"{obs_shape} (already scaled to [0, 1] inside the network): set normalize_obs=False")
+    action_kind = action_space_kind(action_space)
+    num_actions = action_kind.inputs_size(action_space)
+    free_log_std = bool(spec.free_log_std and action_kind.has_log_std)
+    # Without hidden layers (an MLP with hiddens=()) both heads read the input: one trunk.
+    # A recurrent model has one core (trunk and LSTM) under both heads.
+    separate = not spec.vf_share_layers and not spec.use_lstm and (
+        kind != "mlp" or bool(spec.hiddens))
+    layout = dict(
+        kind=kind, obs_shape=obs_shape, obs_dtype=np.dtype(observation_space.dtype),
+        conv_filters=spec.small_cnn_filters(obs_shape) if kind == "cnn" else (),
+        hiddens=spec.hiddens, impala_channels=spec.impala_channels, use_lstm=spec.use_lstm,
+        lstm_cell_size=spec.lstm_cell_size if spec.use_lstm else 0,
+        separate_value_trunk=separate, num_actions=num_actions,
+        head_units=num_actions // 2 if free_log_std else num_actions,
+        free_log_std=free_log_std, normalize_obs=bool(spec.normalize_obs))
+    shapes, gains = _weight_layout(**layout)
+    return NetworkLayout(**layout, shapes=tuple(shapes), gains=tuple(gains))
+
+
+def _weight_layout(*, kind: str, obs_shape: tuple[int, ...], conv_filters: tuple,
+                   hiddens: tuple[int, ...], impala_channels: tuple[int, ...],
+                   separate_value_trunk: bool, lstm_cell_size: int, head_units: int,
+                   free_log_std: bool, normalize_obs: bool, **_: Any
+                   ) -> tuple[list[tuple[int, ...]], list[float]]:
+    """Weight shapes in ``get_weights()`` order, and each array's init gain (the module
+    docstring has the order)."""
+    shapes: list[tuple[int, ...]] = []
+    gains: list[float] = []
+
+    def add(shape: tuple[int, ...], gain: float, bias: int) -> None:
+        copies = 2 if separate_value_trunk else 1  # each layer, then its value twin
+        shapes.extend([shape, (bias,)] * copies)
+        gains.extend([gain, 0.0] * copies)
+
+    if normalize_obs:  # obs_filter/mean [D], /var [D], /count [1]
+        shapes += [obs_shape, obs_shape, (1,)]
+        gains += [0.0, 0.0, 0.0]
+    if kind == "cnn":
+        channels = obs_shape[-1]
+        for filters, kernel, _ in conv_filters:
+            add((kernel, kernel, channels, filters), HIDDEN_GAIN, filters)
+            channels = filters
+        h, w, c = small_cnn_shapes(obs_shape, conv_filters)[-1]
+        features = h * w * c
+    elif kind == "impala":
+        for c_in, c_out in zip((obs_shape[-1], *impala_channels), impala_channels):
+            add((3, 3, c_in, c_out), HIDDEN_GAIN, c_out)
+            for _ in range(RESIDUAL_BLOCKS):
+                add((3, 3, c_out, c_out), HIDDEN_GAIN, c_out)
+                add((3, 3, c_out, c_out), RESIDUAL_GAIN, c_out)
+        h, w, c = impala_shapes(obs_shape, impala_channels)[-1]
+        features = h * w * c
+    else:
+        features = obs_shape[0]
+    for size in hiddens:
+        add((features, size), HIDDEN_GAIN, size)
+        features = size
+    if lstm_cell_size:
+        cell = lstm_cell_size
+        shapes += [(features, 4 * cell), (cell, 4 * cell), (4 * cell,)]
+        gains += [LSTM_GAIN, LSTM_GAIN, 0.0]
+        features = cell
+    shapes += [(features, head_units), (head_units,)]
+    gains += [POLICY_GAIN, 0.0]
+    if free_log_std:
+        shapes.append((head_units,))  # logits_head/log_std, zeros: std 1
+        gains.append(0.0)
+    shapes += [(features, 1), (1,)]
+    gains += [VALUE_GAIN, 0.0]
+    return shapes, gains
+
+
+def orthogonal(rng: np.random.Generator, shape: tuple[int, ...], gain: float) -> np.ndarray:
+    """Orthogonal init as keras.initializers.Orthogonal does it: rows = prod(shape[:-1])."""
+    rows = int(np.prod(shape[:-1]))
+    cols = shape[-1]
+    flat = rng.standard_normal((max(rows, cols), min(rows, cols)))
+    q, r = np.linalg.qr(flat)
+    q = q * np.sign(np.diag(r))  # make the decomposition unique (uniform over rotations)
+    if rows < cols:
+        q = q.T
+    return (gain * q).reshape(shape).astype(np.float32)

@@ -12,6 +12,7 @@ from gymnasium import spaces
 from impala_lab.actor.distributions import DISTRIBUTIONS, Categorical, pick_distribution
 from impala_lab.errors import ConfigError
 from impala_lab.learner.distributions import TWINS, TFCategorical, tf_distribution
+from impala_lab.spaces import ACTION_SPACES
 
 TOL = 1e-6  # float32 twins
 
@@ -100,8 +101,8 @@ def test_the_picker_gives_both_sides_the_categorical_for_discrete_spaces():
     assert tf_distribution(spaces.Discrete(4)) is TFCategorical
     assert Categorical.inputs_size(spaces.Discrete(4)) == 4
     assert Categorical.action_shape(spaces.Discrete(4)) == ()
-    # every numpy distribution has a TF twin of the same name
-    assert {d.name for _, d in DISTRIBUTIONS} <= set(TWINS)
+    # every action space kind has a numpy distribution and a TF twin of its name
+    assert {kind.name for _, kind in ACTION_SPACES} == set(DISTRIBUTIONS) == set(TWINS)
 
 
 @pytest.mark.parametrize("space, shown", [
@@ -112,7 +113,7 @@ def test_the_picker_gives_both_sides_the_categorical_for_discrete_spaces():
 ])
 def test_the_picker_names_an_unsupported_space_and_what_is_supported(space, shown):
     message = (shown + r" is not supported: impala_lab supports Discrete, Box action spaces "
-               r"\(action distributions: Discrete -> Categorical, Box -> DiagGaussian\); ")
+               r"\(action distributions: Discrete -> categorical, Box -> diag_gaussian\); ")
     with pytest.raises(ConfigError, match=message):
         pick_distribution(space)
     with pytest.raises(ConfigError, match=message):

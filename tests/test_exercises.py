@@ -517,8 +517,8 @@ def test_lstm_unroll_by_hand_passes_and_equals_the_numpy_models_unroll():
     logits, _, model_out = model.unroll(x["xs"], x["state_in"], x["dones"])
     np.testing.assert_array_equal(state_out, model_out)
     # The heads on each step's h give the model's logits.
-    np.testing.assert_allclose((hs @ model._head_w + model._head_b)[..., :2], logits,
-                               rtol=1e-6, atol=1e-6)
+    kernel, bias = model._pi_head
+    np.testing.assert_allclose(hs @ kernel + bias, logits, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("slip, case, where, hint", [

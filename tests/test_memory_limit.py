@@ -24,7 +24,6 @@ from impala_lab import Impala, ImpalaConfig, memory_budget
 from impala_lab.actor.numpy_model import NumpyModel
 from impala_lab.batch import SampleBatch, concat_samples
 from impala_lab.errors import ConfigError
-from impala_lab.memory_budget import CONV_LAYERS as ESTIMATE_CONV_LAYERS
 from impala_lab.memory_budget import (
     LSTM_STEP_BYTES_PER_UNIT,
     available_memory_bytes,
@@ -173,12 +172,6 @@ def test_validation_counts_one_float_per_observation_a_lower_bound():
     cartpole = gym.make("CartPole-v1")
     assert c.memory_estimate()["total"] < c.memory_estimate(
         cartpole.observation_space, cartpole.action_space)["total"]
-
-
-def test_the_conv_layers_are_the_models():
-    from impala_lab.actor.numpy_model import CONV_LAYERS
-
-    assert ESTIMATE_CONV_LAYERS == CONV_LAYERS
 
 
 class WideObsEnv(gym.Env):

@@ -1,21 +1,12 @@
-"""Action distributions, numpy side: what the actors sample from, picked by the action space.
+"""Action distributions, numpy side: what the actors sample from.
 
 The network's policy head outputs a distribution's *inputs* (for a Discrete space the logits
-[N, A]); a distribution class says how many there are (`Categorical.inputs_size`), draws
-actions from them (`sample`, the actors), and gives log-probabilities, entropies and KL
-divergences (`logp`, `entropy`, `kl`). Each class has a TensorFlow twin in
+[N, A]); a distribution class draws actions from them (`sample`, the actors) and gives
+log-probabilities, entropies and KL divergences (`logp`, `entropy`, `kl`). Which space gets
+which distribution, and the space's own checks and sizes, are `impala_lab.spaces`'s (each class
+here extends its space kind). Each class has a TensorFlow twin in
 `impala_lab.learner.distributions` with the same name and the same math on tensors, which the
-learner's loss and the off-policy corrections call; tests hold the twins equal.
-
-`pick_distribution` maps an action space to its class through `DISTRIBUTIONS`. A new kind
-of action space is one class here, its twin there (listed in that module's ``TWINS``), and one
-row in `DISTRIBUTIONS`: the model, the workers' buffers, the loss and the corrections read
-what they need from the class. Batches hold Discrete actions as int64 [T, B] and Box actions
-as float32 [T, B, D] (`impala_lab.batch.SampleBatch`).
-
-Two classes today: `Categorical` for ``Discrete(n)`` and `DiagGaussian` for any ``Box``
-(flattened to D numbers). Spaces with no row (``MultiDiscrete``, ``MultiBinary``, ``Dict``,
-``Tuple``, ...) get a `ConfigError` naming the space.
+learner's loss calls; tests hold the twins equal.
 
 The classes hold no state: their methods take the inputs array, so an actor's hot path makes
 no object per step. numpy only (actor processes import it; never TensorFlow).
@@ -26,9 +17,8 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 import numpy as np
-from gymnasium import spaces
 
-from impala_lab.errors import ConfigError
+from impala_lab.spaces import BoxActions, DiscreteActions, action_space_kind
 
 __all__ = ["DISTRIBUTIONS", "ActionDistribution", "Categorical", "DiagGaussian",
            "pick_distribution", "squash_to_bounds"]
@@ -70,38 +60,12 @@ class ActionDistribution(Protocol):
                    squash: bool = False) -> Any: ...
 
 
-class Categorical:
+class Categorical(DiscreteActions):
     """A softmax policy over ``n`` actions (a ``Discrete(n)`` space); inputs are logits [..., n].
 
     Log-probabilities, entropies and KLs are computed in float64 from a max-shifted
     log-softmax (stable for large and -inf logits) and returned in the logits' dtype.
     """
-
-    #: the twins' shared name (`impala_lab.learner.distributions` looks its twin up by it)
-    name = "categorical"
-    #: the dtype of the actions `sample` returns (the batches' ``actions``)
-    action_dtype = np.dtype(np.int64)
-    has_log_std = False
-
-    @staticmethod
-    def check_space(action_space: Any) -> None:
-        """Raise `ConfigError` if ``action_space`` is a Discrete this class cannot serve."""
-        start = int(action_space.start)
-        if start != 0:
-            raise ConfigError(
-                f"action space {action_space} is not supported: impala_lab supports Discrete "
-                f"action spaces starting at 0; wrap the env to map actions 0..n-1 to "
-                f"{start}..{start + int(action_space.n) - 1}")
-
-    @staticmethod
-    def inputs_size(action_space: Any) -> int:
-        """Width A of the policy head: the number of actions ``n``."""
-        return int(action_space.n)
-
-    @staticmethod
-    def action_shape(action_space: Any) -> tuple[int, ...]:
-        """Shape of one action: () (an index)."""
-        return ()
 
     @staticmethod
     def sample(logits: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -162,7 +126,7 @@ class Categorical:
         return action
 
 
-class DiagGaussian:
+class DiagGaussian(BoxActions):
     """A diagonal Gaussian over a ``Box`` space's D numbers; inputs are [..., 2D] = (mean,
     log_std).
 
@@ -177,36 +141,6 @@ class DiagGaussian:
     Log-probabilities, entropies and KLs are computed in float64 and returned in the inputs'
     dtype.
     """
-
-    name = "diag_gaussian"
-    action_dtype = np.dtype(np.float32)
-    has_log_std = True
-
-    @staticmethod
-    def check_space(action_space: Any) -> None:
-        """Raise `ConfigError` if ``action_space`` is a Box this class cannot serve (integer
-        dtype, or no numbers at all)."""
-        if not np.issubdtype(action_space.dtype, np.floating):
-            raise ConfigError(
-                f"action space {action_space} is not supported: a Box action space must hold "
-                "floats (a Gaussian policy samples real numbers); use Discrete or MultiDiscrete "
-                "wrapped to Discrete for integer actions")
-        if np.isnan(action_space.low).any() or np.isnan(action_space.high).any():
-            raise ConfigError(f"action space {action_space} is not supported: its bounds hold "
-                              "NaN; give finite bounds, or -inf/inf for an unbounded number")
-        if int(np.prod(action_space.shape)) < 1:
-            raise ConfigError(f"action space {action_space} is not supported: it has no "
-                              "numbers to act with")
-
-    @staticmethod
-    def inputs_size(action_space: Any) -> int:
-        """Width 2D of the distribution's inputs: D means, then D log standard deviations."""
-        return 2 * int(np.prod(action_space.shape))
-
-    @staticmethod
-    def action_shape(action_space: Any) -> tuple[int, ...]:
-        """Shape of one action: (D,), the Box flattened."""
-        return (int(np.prod(action_space.shape)),)
 
     @staticmethod
     def split(inputs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -287,35 +221,12 @@ def squash_to_bounds(actions: np.ndarray, low: np.ndarray, high: np.ndarray) -> 
     return low + (np.tanh(actions) + 1.0) * (0.5 * (high - low))
 
 
-# Each action space type and its distribution, first match wins: a new one is one line here.
-DISTRIBUTIONS: tuple[tuple[type, type[ActionDistribution]], ...] = (
-    (spaces.Discrete, Categorical),
-    (spaces.Box, DiagGaussian),
-)
-
-# What to do about the spaces that have no row, for the error message.
-_HINTS = {
-    "MultiDiscrete": "flatten it to one Discrete (a wrapper mapping index -> tuple of choices)",
-    "MultiBinary": "map it to a Discrete(2**n) or a Box in [0, 1] with a wrapper",
-    "Dict": "flatten it to a Box with a wrapper (gymnasium.spaces.flatten)",
-    "Tuple": "flatten it to a Box with a wrapper (gymnasium.spaces.flatten)",
-}
+#: Each distribution by its name (the space kind's ``name``, `impala_lab.spaces`).
+DISTRIBUTIONS: dict[str, type[ActionDistribution]] = {
+    cls.name: cls for cls in (Categorical, DiagGaussian)}
 
 
 def pick_distribution(action_space: Any) -> type[ActionDistribution]:
-    """The action distribution class for ``action_space`` (`DISTRIBUTIONS`).
-
-    Raises:
-      ConfigError: no distribution serves the space (the message names the space and what
-        is supported), or its class cannot (e.g. a Discrete that does not start at 0).
-    """
-    for space_type, distribution in DISTRIBUTIONS:
-        if isinstance(action_space, space_type):
-            distribution.check_space(action_space)
-            return distribution
-    names = ", ".join(s.__name__ for s, _ in DISTRIBUTIONS)
-    pairs = ", ".join(f"{s.__name__} -> {d.__name__}" for s, d in DISTRIBUTIONS)
-    hint = _HINTS.get(type(action_space).__name__, "wrap the env to give it one of those")
-    raise ConfigError(
-        f"action space {action_space} is not supported: "
-        f"impala_lab supports {names} action spaces (action distributions: {pairs}); {hint}")
+    """The numpy distribution class for ``action_space`` (raises `ConfigError` for a space
+    no kind in `impala_lab.spaces.ACTION_SPACES` serves)."""
+    return DISTRIBUTIONS[action_space_kind(action_space).name]

@@ -1,7 +1,6 @@
 """The numpy layers the actors' model (`impala_lab.actor.numpy_model.NumpyModel`) is built
-from: orthogonal init, convolutions as one gemm (im2col), TensorFlow's 'same' max-pool, the
-IMPALA network's residual stacks, the fusion of a policy trunk and its value twin into one
-network of twice the width, the trunk's forward pass, and Keras's LSTM cell.
+from: convolutions as one gemm (im2col), TensorFlow's 'same' max-pool, the
+IMPALA network's residual stacks, the trunk's forward pass, and Keras's LSTM cell.
 
 Shapes are NHWC for images and [N, F] for features; every function takes and returns float32
 and never writes to its inputs. numpy only (actor processes import it).
@@ -13,25 +12,12 @@ import numpy as np
 
 from impala_lab import model_spec
 
-__all__ = ["conv3x3_same", "conv_out", "forward_trunk", "fuse_after_flatten", "fuse_pair",
-           "impala_trunk", "lstm_sequence", "lstm_step", "max_pool_same", "orthogonal",
-           "sliding_patches"]
+__all__ = ["conv3x3_same", "conv_out", "forward_trunk", "impala_trunk", "lstm_sequence",
+           "lstm_step", "max_pool_same", "sliding_patches"]
 
 
 def conv_out(size: int, kernel: int, stride: int) -> int:
     return (size - kernel) // stride + 1
-
-
-def orthogonal(rng: np.random.Generator, shape: tuple[int, ...], gain: float) -> np.ndarray:
-    """Orthogonal init as keras.initializers.Orthogonal does it: rows = prod(shape[:-1])."""
-    rows = int(np.prod(shape[:-1]))
-    cols = shape[-1]
-    flat = rng.standard_normal((max(rows, cols), min(rows, cols)))
-    q, r = np.linalg.qr(flat)
-    q = q * np.sign(np.diag(r))  # make the decomposition unique (uniform over rotations)
-    if rows < cols:
-        q = q.T
-    return (gain * q).reshape(shape).astype(np.float32)
 
 
 def sliding_patches(x: np.ndarray, kernel: int, stride: int) -> np.ndarray:
@@ -125,50 +111,6 @@ def impala_trunk(x: np.ndarray, convs: list[tuple[np.ndarray, np.ndarray]],
             x = x + y
     np.maximum(x, 0.0, out=x)
     return x.reshape(len(x), -1)
-
-
-def fuse_pair(
-    policy: tuple[np.ndarray, np.ndarray], value: tuple[np.ndarray, np.ndarray], first: bool
-) -> tuple[np.ndarray, np.ndarray]:
-    """One layer of the fused two-trunk network from a layer and its value twin.
-
-    Args:
-      policy, value: (kernel, bias) with kernels [..., In, Out] (dense [In, Out], conv
-        [kh, kw, In, Out]) and biases [Out].
-      first: the layer reads the observation, which both trunks share: the kernels go side
-        by side ([..., In, 2 * Out]). Later layers read [policy In | value In] features: the
-        kernel is block-diagonal ([..., 2 * In, 2 * Out]).
-
-    Returns:
-      (kernel, bias) of the fused layer; bias [2 * Out].
-    """
-    (pk, pb), (vk, vb) = policy, value
-    bias = np.concatenate([pb, vb])
-    if first:
-        return np.ascontiguousarray(np.concatenate([pk, vk], axis=-1)), bias
-    n_in, n_out = pk.shape[-2], pk.shape[-1]
-    kernel = np.zeros((*pk.shape[:-2], 2 * n_in, 2 * n_out), np.float32)
-    kernel[..., :n_in, :n_out] = pk
-    kernel[..., n_in:, n_out:] = vk
-    return kernel, bias
-
-
-def fuse_after_flatten(kernel: np.ndarray, channels: int) -> np.ndarray:
-    """The first fused dense kernel after the conv stack.
-
-    Args:
-      kernel: the fused (block-diagonal) kernel [2 * P * channels, 2 * H] as `fuse_pair`
-        built it, rows in the order [policy (h, w, c) ... | value (h, w, c) ...].
-      channels: channels of one trunk's last conv layer.
-
-    Returns:
-      The same kernel with its rows in the fused feature map's flatten order, (h, w, [policy
-      c | value c]): [P * 2 * channels, 2 * H].
-    """
-    positions = kernel.shape[0] // (2 * channels)
-    halves = kernel.reshape(2, positions, channels, kernel.shape[1])  # [trunk, P, C, 2H]
-    return np.ascontiguousarray(halves.transpose(1, 0, 2, 3).reshape(kernel.shape))
-
 
 
 def forward_trunk(x: np.ndarray, kind: str, conv: list[tuple], dense: list[tuple],

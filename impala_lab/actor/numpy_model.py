@@ -8,10 +8,10 @@ learner, from the same spec, with the same weights. The layers' numpy math is in
 and how actions are drawn from them is the action distribution's
 (`impala_lab.actor.distributions`).
 
-The forward pass fuses a separate value trunk with the policy's into one network of twice
-the width (the first layer's kernels side by side, later kernels block-diagonal), so the
-actors still run one gemm per layer. `NumpyModel.step` is one time step of a recurrent model,
-`NumpyModel.unroll` a [T, B] sequence with the resets at episode ends.
+`NumpyModel.logits` runs the policy's path alone (what an actor needs at every step);
+`NumpyModel.__call__` adds the value (a value trunk of its own where the spec has one).
+`NumpyModel.step` is one time step of a recurrent model, `NumpyModel.unroll` a [T, B]
+sequence with the resets at episode ends.
 
 Actor processes import this module; it must never import TensorFlow or Keras (a test holds
 that).
@@ -19,91 +19,19 @@ that).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from gymnasium import spaces
 
 from impala_lab import model_spec
 from impala_lab.actor.distributions import pick_distribution
-from impala_lab.actor.layers import (
-    conv_out,
-    forward_trunk,
-    fuse_after_flatten,
-    fuse_pair,
-    lstm_step,
-    orthogonal,
-)
-from impala_lab.model_spec import OBS_NORM_CLIP, OBS_NORM_EPSILON, ModelSpec
+from impala_lab.actor.layers import forward_trunk, lstm_step
+from impala_lab.model_spec import OBS_NORM_CLIP, OBS_NORM_EPSILON, ModelSpec, network_layout
 
-__all__ = ["CONV_LAYERS", "HIDDEN_GAIN", "LSTM_GAIN", "POLICY_GAIN", "VALUE_GAIN",
-           "NumpyModel", "check_spaces"]
+__all__ = ["NumpyModel"]
 
-# (filters, kernel, stride) of the small CNN's conv layers for images of at least 20x20,
-# 'valid' padding (`impala_lab.model_spec` picks the layers for smaller images).
-CONV_LAYERS: tuple[tuple[int, int, int], ...] = model_spec.ATARI_FILTERS
-
-_SUPPORTED_OBS = "supported: Box observations of rank 1 (MLP) or rank 3 (HxWxC images, CNN)"
-# Orthogonal-init gains: hidden and conv layers, the policy head (a near-uniform first
-# policy), the value head, the LSTM's kernels.
-HIDDEN_GAIN = math.sqrt(2.0)
-POLICY_GAIN = 0.01
-VALUE_GAIN = 1.0
-LSTM_GAIN = 1.0
-# The last conv of each residual block starts at zero, so each block starts as the identity
-# (Goyal et al. 2017; Fixup): with sqrt(2) there too, six blocks in a row blew the first
-# values up to about 19 on MinAtar's images.
-RESIDUAL_GAIN = 0.0
 _UINT8_SCALE = np.float32(1.0 / 255.0)
-
-
-def check_spaces(observation_space: Any, action_space: Any,
-                 conv_filters: Sequence[Sequence[int]] | None = None) -> str:
-    """Checks that the spaces are supported and says which network they get.
-
-    Args:
-      observation_space: a gymnasium space; Box of rank 1 (vector) or rank 3 (HxWxC image).
-      action_space: a gymnasium space with an action distribution
-        (`impala_lab.actor.distributions.pick_distribution`: Discrete(n) starting at 0).
-      conv_filters: the small CNN's layers (filters, kernel, stride) the image must fit;
-        None: the layers `model_spec.default_conv_filters` picks for its size.
-
-    Returns:
-      ``"mlp"`` for rank-1 observations, ``"cnn"`` for rank-3 observations.
-
-    Raises:
-      ValueError: the space is not supported; the message names it and what is supported
-        (a `ConfigError` for the action space).
-    """
-    pick_distribution(action_space)
-    if not isinstance(observation_space, spaces.Box):
-        raise ValueError(
-            f"observation space {observation_space} is not supported: {_SUPPORTED_OBS}; "
-            "wrap the env with gymnasium.wrappers.FlattenObservation to turn Discrete, "
-            "Dict or Tuple observations into a rank-1 Box"
-        )
-    shape = tuple(observation_space.shape)
-    if len(shape) == 1:
-        return "mlp"
-    if len(shape) == 3:
-        height, width, _ = shape
-        layers = (tuple(tuple(f) for f in conv_filters) if conv_filters is not None
-                  else model_spec.default_conv_filters(height, width))
-        need = model_spec.min_image_size(layers)
-        if height < need or width < need:
-            raise ValueError(
-                f"observation space {observation_space} is not supported: images must be at "
-                f"least {need}x{need} (HxWxC) for the CNN's conv layers {layers}; resize "
-                "with gymnasium.wrappers.ResizeObservation, or choose smaller conv_filters"
-            )
-        return "cnn"
-    raise ValueError(
-        f"observation space {observation_space} with shape {shape} (rank {len(shape)}) is not "
-        f"supported: {_SUPPORTED_OBS}; flatten it with gymnasium.wrappers.FlattenObservation, "
-        "or give images a channel axis"
-    )
 
 
 class NumpyModel:
@@ -139,112 +67,38 @@ class NumpyModel:
         if not isinstance(spec, ModelSpec):
             raise TypeError(f"spec={spec!r} must be a ModelSpec, e.g. ModelSpec(hiddens=(64, 64))")
         self.spec = spec
-        self.conv_net = spec.conv_net
-        self.impala_channels = spec.impala_channels
-        kind = check_spaces(observation_space, action_space,
-                            spec.conv_filters if spec.conv_net == "cnn" else None)
-        self.kind = "impala" if kind == "cnn" and spec.conv_net == "impala" else kind
-        self.conv_filters: tuple[tuple[int, int, int], ...] = (
-            spec.small_cnn_filters(observation_space.shape) if kind == "cnn" else ())
-        self.hiddens = spec.hiddens
-        self.use_lstm = spec.use_lstm
-        self.lstm_cell_size = spec.lstm_cell_size if spec.use_lstm else 0
-        # Without hidden layers (an MLP with hiddens=()) both heads read the input: one trunk.
-        # A recurrent model has one core (trunk and LSTM) under both heads.
-        self.separate_value_trunk = not spec.vf_share_layers and not self.use_lstm and (
-            self.kind != "mlp" or bool(self.hiddens))
-        self.obs_shape: tuple[int, ...] = tuple(int(d) for d in observation_space.shape)
-        self.obs_dtype = np.dtype(observation_space.dtype)
+        #: what the spec builds for these spaces: trunk, heads, weight shapes and gains
+        self.layout = network_layout(spec, observation_space, action_space)
+        layout = self.layout
+        self.kind = layout.kind
+        self.conv_filters = layout.conv_filters
+        self.impala_channels = layout.impala_channels
+        self.hiddens = layout.hiddens
+        self.use_lstm = layout.use_lstm
+        self.lstm_cell_size = layout.lstm_cell_size
+        self.separate_value_trunk = layout.separate_value_trunk
+        self.obs_shape = layout.obs_shape
+        self.obs_dtype = layout.obs_dtype
         #: the action distribution the policy head parameterises (numpy side)
         self.distribution = pick_distribution(action_space)
-        #: width A of the distribution's inputs (a Discrete space's action count; 2D for a Box)
-        self.num_actions = self.distribution.inputs_size(action_space)
-        #: a free log-std vector appended to the head's output (`ModelSpec.free_log_std`)
-        self.free_log_std = bool(spec.free_log_std and self.distribution.has_log_std)
-        #: units the policy head computes: A, or the D means when the log-std is free
-        self.head_units = self.num_actions // 2 if self.free_log_std else self.num_actions
+        self.num_actions = layout.num_actions
+        self.free_log_std = layout.free_log_std
+        self.head_units = layout.head_units
+        self.normalize_obs = layout.normalize_obs
         self._log_std: np.ndarray | None = None
-        #: the obs_filter weights (mean, var, count) lead the weights (`ModelSpec.normalize_obs`)
-        self.normalize_obs = bool(spec.normalize_obs)
-        if self.normalize_obs and self.kind != "mlp":
-            raise ValueError(
-                f"normalize_obs=True needs vector observations, but this env's are images "
-                f"{tuple(observation_space.shape)} (already scaled to [0, 1] inside the "
-                "network): set normalize_obs=False")
         self._obs_shift: np.ndarray | None = None  # the running mean, and 1 / std
         self._obs_scale: np.ndarray | None = None
         self._scale_uint8 = self.obs_dtype == np.uint8  # bool images are read as 0.0/1.0
-        self._shapes, self._gains = self._layout()
+        self._shapes = list(layout.shapes)
         self._weights: list[np.ndarray] | None = None
-
-    def _layout(self) -> tuple[list[tuple[int, ...]], list[float]]:
-        """Weight shapes in get_weights() order, and each kernel's init gain."""
-        shapes: list[tuple[int, ...]] = []
-        gains: list[float] = []
-        if self.normalize_obs:  # obs_filter/mean [D], /var [D], /count [1]
-            shapes += [self.obs_shape, self.obs_shape, (1,)]
-            gains += [0.0, 0.0, 0.0]
-        copies = 2 if self.separate_value_trunk else 1  # each layer, then its value twin
-        if self.kind == "cnn":
-            height, width, channels = self.obs_shape
-            for filters, kernel, stride in self.conv_filters:
-                shapes += [(kernel, kernel, channels, filters), (filters,)] * copies
-                gains += [HIDDEN_GAIN, 0.0] * copies
-                height, width = conv_out(height, kernel, stride), conv_out(width, kernel, stride)
-                channels = filters
-            features = height * width * channels
-        elif self.kind == "impala":
-            for c_in, c_out in zip((self.obs_shape[-1], *self.impala_channels),
-                                   self.impala_channels):
-                shapes += [(3, 3, c_in, c_out), (c_out,)] * copies
-                gains += [HIDDEN_GAIN, 0.0] * copies
-                for _ in range(model_spec.RESIDUAL_BLOCKS):
-                    shapes += [(3, 3, c_out, c_out), (c_out,)] * copies * 2
-                    gains += [HIDDEN_GAIN, 0.0] * copies + [RESIDUAL_GAIN, 0.0] * copies
-            height, width, channels = model_spec.impala_shapes(
-                self.obs_shape, self.impala_channels)[-1]
-            features = height * width * channels
-        else:
-            features = self.obs_shape[0]
-        for size in self.hiddens:
-            shapes += [(features, size), (size,)] * copies
-            gains += [HIDDEN_GAIN, 0.0] * copies
-            features = size
-        if self.use_lstm:
-            cell = self.lstm_cell_size
-            shapes += [(features, 4 * cell), (cell, 4 * cell), (4 * cell,)]
-            gains += [LSTM_GAIN, LSTM_GAIN, 0.0]
-            features = cell
-        shapes += [(features, self.head_units), (self.head_units,)]
-        gains += [POLICY_GAIN, 0.0]
-        if self.free_log_std:
-            shapes.append((self.head_units,))  # logits_head/log_std, zeros: std 1
-            gains.append(0.0)
-        shapes += [(features, 1), (1,)]
-        gains += [VALUE_GAIN, 0.0]
-        return shapes, gains
 
     def weight_shapes(self) -> list[tuple[int, ...]]:
         """The shape of every weight array, in `keras_model.get_weights()` order."""
         return list(self._shapes)
 
     def initial_weights(self, seed: int | None) -> list[np.ndarray]:
-        """Fresh weights: orthogonal kernels (gains sqrt(2) hidden, 0.01 policy, 1.0 value),
-        zero biases; float32, in `weight_shapes()` order. The same seed gives the same weights.
-        """
-        rng = np.random.default_rng(seed)
-        weights = []
-        for shape, gain in zip(self._shapes, self._gains, strict=True):
-            if len(shape) == 1:
-                weights.append(np.zeros(shape, dtype=np.float32))
-            else:
-                weights.append(orthogonal(rng, shape, gain))
-        if self.use_lstm:  # forget-gate bias 1 (Keras's unit_forget_bias)
-            cell = self.lstm_cell_size
-            weights[-5 - self.free_log_std][cell: 2 * cell] = 1.0
-        if self.normalize_obs:  # variance 1: the identity until the learner sees data
-            weights[1][:] = 1.0
-        return weights
+        """Fresh weights in `weight_shapes()` order (`NetworkLayout.initial_weights`)."""
+        return self.layout.initial_weights(seed)
 
     def initial_state(self, n: int) -> np.ndarray:
         """The state of ``n`` envs at an episode's start: float32 zeros [n, 2, C] (h, c)."""
@@ -268,16 +122,18 @@ class NumpyModel:
         trunk_end = len(arrays) - heads - (3 if self.use_lstm else 0)
         # kernel [F, 4C], recurrent kernel [C, 4C], bias [4C].
         self._lstm = tuple(arrays[trunk_end: trunk_end + 3]) if self.use_lstm else None
-        # (kernel, bias) of each layer as one trunk would hold them.
+        # (kernel, bias) of each layer; with a value trunk of its own every layer is followed
+        # by its value twin.
         layers = [(arrays[i], arrays[i + 1]) for i in range(0, trunk_end, 2)]
-        # The policy's own path, for `logits` (the actors' per-step forward needs no value).
         pi_layers = layers[0::2] if self.separate_value_trunk else layers
+        v_layers = layers[1::2] if self.separate_value_trunk else layers
         self._pi_conv = self._conv_layers(pi_layers)
         self._pi_dense = pi_layers[len(self._pi_conv):]
-        pw, pb, vw, vb = arrays[-heads], arrays[-heads + 1], arrays[-2], arrays[-1]
+        self._v_conv = self._conv_layers(v_layers)
+        self._v_dense = v_layers[len(self._v_conv):]
+        self._pi_head = (arrays[-heads], arrays[-heads + 1])
         self._log_std = arrays[-3] if self.free_log_std else None
-        self._pi_head = (pw, pb)
-        self._install_fused(layers, pw, pb, vw, vb)
+        self._v_head = (arrays[-2], arrays[-1])
 
     def _checked_weights(self, weights: Sequence[np.ndarray]) -> list[np.ndarray]:
         """``weights`` as contiguous float32 arrays, each checked against its shape."""
@@ -296,35 +152,6 @@ class NumpyModel:
                                  f"{shape}: expected shapes {self._shapes}")
             arrays.append(arr)
         return arrays
-
-    def _install_fused(self, layers: list[tuple[np.ndarray, np.ndarray]], pw: np.ndarray,
-                       pb: np.ndarray, vw: np.ndarray, vb: np.ndarray) -> None:
-        """The fused network `__call__` and `step` run: a separate value trunk is fused in
-        (each layer and its value twin become one layer of twice the width), and both heads
-        become one gemm [H, A + 1], logits in the first A columns (with two trunks the
-        logits read the policy half of the features and the value the other half); A is
-        ``head_units`` (the means alone when the log-std is free)."""
-        if self.separate_value_trunk:
-            layers = [fuse_pair(layers[i], layers[i + 1], first=i == 0)
-                      for i in range(0, len(layers), 2)]
-            top = np.concatenate([pw, np.zeros_like(vw)], axis=1)
-            bottom = np.concatenate([np.zeros_like(pw), vw], axis=1)
-            head_w = np.concatenate([top, bottom], axis=0)
-        else:
-            head_w = np.concatenate([pw, vw], axis=1)
-        self._conv = self._conv_layers(layers)
-        self._dense = layers[len(self._conv):]
-        if self.separate_value_trunk and self._conv:
-            # The layer after the convs reads the flattened (h, w, [policy C | value C]) map.
-            channels = (self.conv_filters[-1][0] if self.kind == "cnn"
-                        else self.impala_channels[-1])
-            if self._dense:
-                kernel, bias = self._dense[0]
-                self._dense[0] = (fuse_after_flatten(kernel, channels), bias)
-            else:
-                head_w = fuse_after_flatten(head_w, channels)
-        self._head_w = np.ascontiguousarray(head_w)
-        self._head_b = np.concatenate([pb, vb])
 
     def _conv_layers(self, layers: list[tuple[np.ndarray, np.ndarray]]) -> list[tuple]:
         """The conv layers among ``layers``: (kernel [kh*kw*C, F], bias, size, stride) for the
@@ -356,17 +183,28 @@ class NumpyModel:
           obs: An array of shape [N, *obs_shape] (uint8 images are scaled by 1/255).
 
         Returns:
-          (logits, values): float32 arrays of shape [N, A] and [N]; both are views into
-          one fresh [N, A + 1] array (the heads share a gemm), never into obs or weights.
+          (logits, values): fresh float32 arrays of shape [N, A] and [N].
 
         Raises:
           RuntimeError: the model is recurrent (it needs its state: use `step`).
         """
         self._check_feed_forward("__call__")
-        x = self._features(self._input(obs), self._conv, self._dense)
-        out = x @ self._head_w
-        out += self._head_b
-        return self._policy_inputs(out[:, : self.head_units]), out[:, self.head_units]
+        x = self._input(obs)
+        features = self._features(x, self._pi_conv, self._pi_dense)
+        value_features = (self._features(x, self._v_conv, self._v_dense)
+                          if self.separate_value_trunk else features)
+        return self._heads(features, value_features)
+
+    def _heads(self, features: np.ndarray, value_features: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray]:
+        """(the distribution's inputs [N, A], values [N]) from the trunks' features."""
+        kernel, bias = self._pi_head
+        head = features @ kernel
+        head += bias
+        v_kernel, v_bias = self._v_head
+        values = value_features @ v_kernel[:, 0]
+        values += v_bias[0]
+        return self._policy_inputs(head), values
 
     def _policy_inputs(self, head: np.ndarray) -> np.ndarray:
         """The distribution's inputs [N, A] from the policy head's output [N, head_units]:
@@ -376,10 +214,8 @@ class NumpyModel:
         return np.concatenate([head, np.broadcast_to(self._log_std, head.shape)], axis=1)
 
     def logits(self, obs: np.ndarray) -> np.ndarray:
-        """The policy's logits alone: float32 [N, A], equal to ``self(obs)[0]``.
-
-        With a value trunk of its own this runs only the policy's half of the network (an
-        actor needs values only for the rare truncated step), as fast as a shared trunk.
+        """The policy's logits alone: float32 [N, A], equal to ``self(obs)[0]`` (an actor
+        needs values only for the rare truncated step, so it skips a value trunk of its own).
         """
         self._check_feed_forward("logits")
         x = self._features(self._input(obs), self._pi_conv, self._pi_dense)
@@ -409,17 +245,15 @@ class NumpyModel:
         if not self.use_lstm:
             raise RuntimeError("NumpyModel.step is for a recurrent model (use_lstm=True); "
                                "call model(obs) or model.logits(obs) on this one")
-        x = self._features(self._input(obs), self._conv, self._dense)
+        x = self._features(self._input(obs), self._pi_conv, self._pi_dense)
         if state.shape != (x.shape[0], 2, self.lstm_cell_size):
             raise ValueError(
                 f"state has shape {state.shape} but {x.shape[0]} observations with "
                 f"lstm_cell_size={self.lstm_cell_size} need [N, 2, C] = "
                 f"[{x.shape[0]}, 2, {self.lstm_cell_size}]")
         next_state = lstm_step(x, state, *self._lstm)
-        out = next_state[:, 0] @ self._head_w
-        out += self._head_b
-        return (self._policy_inputs(out[:, : self.head_units]), out[:, self.head_units],
-                next_state)
+        h = next_state[:, 0]
+        return (*self._heads(h, h), next_state)
 
     def unroll(self, obs: np.ndarray, state_in: np.ndarray, dones: np.ndarray
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

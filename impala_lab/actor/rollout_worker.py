@@ -45,10 +45,10 @@ import gymnasium as gym
 import numpy as np
 
 from impala_lab.actor.env_checks import FLOAT32_MAX, EnvOutputChecks, fast_int64_action_check
-from impala_lab.actor.numpy_model import NumpyModel, check_spaces
+from impala_lab.actor.numpy_model import NumpyModel
 from impala_lab.actor.policy_output import Fragment, PolicyOutput
 from impala_lab.batch import SampleBatch
-from impala_lab.model_spec import ModelSpec
+from impala_lab.model_spec import ModelSpec, check_spaces
 
 __all__ = ["RolloutWorker", "env_description"]
 

@@ -3,9 +3,9 @@
 The actors sample with the numpy class; the learner's loss (`impala_lab.learner.vtrace_policy`)
 and the off-policy corrections (`impala_lab.learner.corrections`) take log-probabilities,
 entropies and KLs from its twin here, on tensors, with gradients. `tf_distribution` picks the
-twin for an action space through the numpy side's `pick_distribution`, so the two sides never
-disagree on which distribution a space gets. A new distribution is one class here, named as its
-numpy twin and listed in `TWINS`.
+twin by the action space's kind (`impala_lab.spaces.action_space_kind`), the same table the
+numpy side reads, so the two sides never disagree on which distribution a space gets. A new
+distribution is one class here, named as its numpy twin and listed in `TWINS`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from impala_lab.actor.distributions import pick_distribution
+from impala_lab.spaces import action_space_kind
 
 __all__ = ["TWINS", "TFCategorical", "TFDiagGaussian", "tf_distribution"]
 
@@ -49,7 +49,6 @@ class TFCategorical:
         """KL(pi || pi') = sum_a pi(a) (log pi(a) - log pi'(a)): two [..., A] -> [...]."""
         log_p, log_q = tf.nn.log_softmax(logits), tf.nn.log_softmax(other_logits)
         return tf.reduce_sum(tf.exp(log_p) * (log_p - log_q), axis=-1)
-
 
 
 class TFDiagGaussian:
@@ -93,9 +92,9 @@ TWINS: dict[str, Any] = {twin.name: twin for twin in (TFCategorical, TFDiagGauss
 
 
 def tf_distribution(action_space: Any) -> Any:
-    """The TensorFlow twin of ``pick_distribution(action_space)``.
+    """The TensorFlow distribution for ``action_space``.
 
     Raises:
-      ConfigError: as `pick_distribution` (the space has no distribution).
+      ConfigError: no kind in `impala_lab.spaces.ACTION_SPACES` serves the space.
     """
-    return TWINS[pick_distribution(action_space).name]
+    return TWINS[action_space_kind(action_space).name]

@@ -1,9 +1,10 @@
 """The learner's Keras network: the network a `impala_lab.model_spec.ModelSpec` describes (that
 module's docstring has the layers, the weight order and the initialisation), the same as the
-actors' `impala_lab.actor.numpy_model.NumpyModel`.
+actors' numpy model.
 
-`build_keras_model` builds it for an env's spaces and loads `NumpyModel`'s initial weights,
-so a learner and actors built with the same seed start from the same weights;
+`build_keras_model` builds it for an env's spaces from the spec's `NetworkLayout` and loads
+the layout's initial weights, so a learner and actors built with the same seed start from the
+same weights;
 `keras_forward` runs it eagerly. Keras is imported inside the functions: importing this
 module stays cheap.
 
@@ -23,8 +24,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from impala_lab import model_spec
-from impala_lab.actor.numpy_model import HIDDEN_GAIN, POLICY_GAIN, VALUE_GAIN, NumpyModel
-from impala_lab.model_spec import ModelSpec
+from impala_lab.model_spec import (
+    HIDDEN_GAIN,
+    POLICY_GAIN,
+    VALUE_GAIN,
+    ModelSpec,
+    NetworkLayout,
+    network_layout,
+)
 
 if TYPE_CHECKING:  # for annotations only
     import keras
@@ -36,7 +43,7 @@ def build_keras_model(observation_space: Any, action_space: Any, spec: ModelSpec
     """Builds the Keras network (the learner's) that ``spec`` describes, for these spaces.
 
     The model maps an observation batch [N, *obs_shape] to (logits [N, A], value [N]);
-    its weights start as `NumpyModel(...).initial_weights(seed)`, so a learner and actors
+    its weights start as `NetworkLayout.initial_weights(seed)`, so a learner and actors
     built with the same spec and seed start from the same weights.
 
     Args:
@@ -54,35 +61,36 @@ def build_keras_model(observation_space: Any, action_space: Any, spec: ModelSpec
     """
     import keras  # learner only: actors must not pay for TensorFlow
 
-    numpy_model = NumpyModel(observation_space, action_space, spec)
-    obs = keras.Input(shape=numpy_model.obs_shape, name="obs",
-                      dtype="uint8" if numpy_model.obs_dtype in (np.uint8, np.bool_)
+    layout = network_layout(ModelSpec() if spec is None else spec, observation_space,
+                            action_space)
+    obs = keras.Input(shape=layout.obs_shape, name="obs",
+                      dtype="uint8" if layout.obs_dtype in (np.uint8, np.bool_)
                       else "float32")
     hidden_init = keras.initializers.Orthogonal(gain=HIDDEN_GAIN, seed=seed)
-    x = _keras_input_scaling(obs, numpy_model.obs_dtype)
-    if numpy_model.normalize_obs:  # first layer: its weights lead get_weights()
+    x = _keras_input_scaling(obs, layout.obs_dtype)
+    if layout.normalize_obs:  # first layer: its weights lead get_weights()
         from impala_lab.learner.obs_normalizer import ObsNormalizer
 
         x = ObsNormalizer(name="obs_filter")(x)
-    features = _keras_trunk(x, numpy_model, hidden_init, "")
-    value_features = (_keras_trunk(x, numpy_model, hidden_init, "value_")
-                      if numpy_model.separate_value_trunk else features)
+    features = _keras_trunk(x, layout, hidden_init, "")
+    value_features = (_keras_trunk(x, layout, hidden_init, "value_")
+                      if layout.separate_value_trunk else features)
     inputs: Any = obs
-    if numpy_model.use_lstm:
-        cell_size = numpy_model.lstm_cell_size
+    if layout.use_lstm:
+        cell_size = layout.lstm_cell_size
         state_in = keras.Input(shape=(2, cell_size), dtype="float32", name="state_in")
         features = keras.layers.Identity(name="features")(features)
         lstm = keras.layers.LSTMCell(cell_size, name="lstm")
         features, (h, c) = lstm(features, [state_in[:, 0], state_in[:, 1]])
         value_features = features
         inputs = [obs, state_in]
-    outputs = _keras_heads(features, value_features, numpy_model.num_actions, seed,
-                           free_log_std=numpy_model.free_log_std)
-    if numpy_model.use_lstm:
+    outputs = _keras_heads(features, value_features, layout.num_actions, seed,
+                           free_log_std=layout.free_log_std)
+    if layout.use_lstm:
         outputs.append(keras.ops.stack([h, c], axis=1))
-    name = f"impala_{numpy_model.kind}{'_lstm' if numpy_model.use_lstm else ''}"
+    name = f"impala_{layout.kind}{'_lstm' if layout.use_lstm else ''}"
     model = keras.Model(inputs, outputs, name=name)
-    model.set_weights(numpy_model.initial_weights(seed))
+    model.set_weights(layout.initial_weights(seed))
     return model
 
 
@@ -126,18 +134,18 @@ def _keras_heads(features: Any, value_features: Any, num_outputs: int, seed: int
     return [logits, value]
 
 
-def _keras_trunk(x: Any, twin: NumpyModel, init: Any, prefix: str) -> Any:
+def _keras_trunk(x: Any, layout: NetworkLayout, init: Any, prefix: str) -> Any:
     """The hidden layers of one trunk on the Keras tensor ``x``: for images the conv trunk
     and a flatten, then the dense layers; layer names start with ``prefix`` (``"value_"`` for
-    the value trunk). ``twin`` is the `NumpyModel` whose layers these are."""
+    the value trunk). ``layout`` says which layers."""
     import keras
 
-    kind, hiddens = twin.kind, twin.hiddens
+    kind, hiddens = layout.kind, layout.hiddens
     if kind == "impala":
-        x = _keras_impala_stacks(x, twin.impala_channels, init, prefix)
+        x = _keras_impala_stacks(x, layout.impala_channels, init, prefix)
         x = keras.layers.Flatten(name=f"{prefix}flatten")(x)
     if kind == "cnn":
-        for i, (filters, kernel, stride) in enumerate(twin.conv_filters):
+        for i, (filters, kernel, stride) in enumerate(layout.conv_filters):
             x = keras.layers.Conv2D(
                 filters,
                 kernel,
@@ -180,7 +188,7 @@ def _keras_impala_stacks(x: Any, channels: Sequence[int], init: Any, prefix: str
 
 
 def keras_forward(model: keras.Model, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Eager Keras forward (for tests and notebooks; about 6 ms, never in an actor loop).
+    """Eager Keras forward (for tests and notebooks; far slower than the actors' numpy).
 
     Args:
       model: a model from `build_keras_model`.
