@@ -102,7 +102,7 @@ def unavailable(env: str) -> str:
     import gymnasium as gym
 
     import impala_lab  # noqa: F401  (registers MinAtar's ids when minatar is installed)
-    from impala_lab.env_packages import env_package_hint
+    from impala_lab.config_checks import env_package_hint
 
     try:
         gym.spec(env)

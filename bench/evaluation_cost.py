@@ -5,8 +5,8 @@ One tuned CartPole run (process backend, 2 workers) trains in alternating window
 the worst case) and off; the order flips from pair to pair. Per window: env steps sampled per
 second and the driver's mean step time. Windows next to each other share the machine's load,
 so each pair's ratio (on / off) is the figure; the report gives n pairs, their median and a
-bootstrap 95% interval of the ratios' IQM (`impala_lab.seed_stats`), and says "inconclusive" when
-it holds 1.
+bootstrap 95% interval of the ratios' IQM (`impala_lab.classroom.seed_stats`), and says
+"inconclusive" when it holds 1.
 
     python -m bench.evaluation_cost                 # 6 pairs of 5 s windows
     python -m bench.evaluation_cost --pairs 10 --window 8
@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from impala_lab import seed_stats
+from impala_lab.classroom import seed_stats
 
 
 def window(run: Any, seconds: float, evaluate: bool) -> dict[str, float]:

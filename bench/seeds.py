@@ -3,7 +3,7 @@
 Each setting is a command line; every seed runs it once, as a fresh process, and the runner
 reads the run's ``metrics.csv``. Per setting and figure (``--metric``, a metrics.csv column)
 it reports n, the solve rate (``--solve-return``: the figure reached it at some report), and
-the interquartile mean with a bootstrap 95% interval (`impala_lab.seed_stats`) of:
+the interquartile mean with a bootstrap 95% interval (`impala_lab.classroom.seed_stats`) of:
 
 - the final value: the figure's last finite value in the run (its last row);
 - the area under its curve: its mean over the budget (``--budget``, in ``--x`` units; the
@@ -48,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from impala_lab import seed_stats
+from impala_lab.classroom import seed_stats
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -24,22 +24,22 @@ following one batch through the pipeline:
 5. `vtrace.from_importance_weights` (``learner/vtrace.py``): the targets and advantages.
 
 Importing the package is cheap: TensorFlow is imported only by ``learner/`` and what
-uses it, never by what actor processes import. Importing it sets
-TensorFlow's logging up once, before TensorFlow loads (`impala_lab._quiet_tf`): no C++ start-up
-lines and no retracing warnings; ``TF_CPP_MIN_LOG_LEVEL=0`` in the environment shows them.
-Under the ``impala-lab`` command, the learner's TensorFlow import also leaves out the modules
-Keras imports only when installed, matplotlib, pandas, scipy, h5py and a few smaller ones
-(`impala_lab._lean_imports`: about 0.8 s sooner).
-It registers the package's memory task with gymnasium, ``impala_lab/StatelessCartPole-v1``,
-and, when MinAtar is installed, its games (``MinAtar/Breakout-v1`` ...; `impala_lab.envs.minatar`).
+uses it, never by what actor processes import. Importing it sets TensorFlow's environment
+defaults before TensorFlow loads (a value you set first wins): the Keras backend, and C++ logs
+at warnings and above (TensorFlow still notes at its first import that oneDNN's CPU kernels
+are on: they make the conv nets' train steps several times faster). tf.function's retracing
+warnings are filtered out (the notebooks call V-trace on many shapes on purpose). It registers
+the package's memory task with gymnasium, ``impala_lab/StatelessCartPole-v1``, and, when
+MinAtar is installed, its games (``MinAtar/Breakout-v1`` ...; `impala_lab.envs.minatar`).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import importlib
+import logging
+import os
+from typing import TYPE_CHECKING, Any
 
-from impala_lab import _quiet_tf
-from impala_lab._lazy import lazy_getattr
 from impala_lab.config import ImpalaConfig
 from impala_lab.envs.minatar import register as _register_minatar
 from impala_lab.envs.stateless_cartpole import register as _register_envs
@@ -55,7 +55,10 @@ from impala_lab.model_spec import ModelSpec
 
 __version__ = "0.1.0"
 
-_quiet_tf.install()
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+logging.getLogger("tensorflow").addFilter(
+    lambda record: "triggered tf.function retracing" not in record.getMessage())
 _register_envs()  # impala_lab/StatelessCartPole-v1, in every process that imports the package
 _register_minatar()  # MinAtar/<Game>-v0/v1 when minatar is installed (importing it adds none)
 
@@ -80,4 +83,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from impala_lab.driver.lifetime import shutdown_all  # noqa: F401
 
 
-__getattr__ = lazy_getattr(__name__, _LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    """A name of `_LAZY` is imported from its module on first use (PEP 562)."""
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -10,11 +10,15 @@ Nothing here imports TensorFlow: actor processes import this module.
 Empty instruments never return NaN: a mean, std, min, max or rate over no data is ``0.0``,
 and the accompanying ``count`` (0) says that there was no data. This keeps the values
 JSON-friendly, plottable and safe to ``round()``.
+
+`process_start` says when this process started: start-up figures (the CLI's seconds to a
+target, ``stats()["startup"]``) count the interpreter's and TensorFlow's start too.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import threading
 import time
 from collections import deque
@@ -24,6 +28,29 @@ from typing import Any
 import numpy as np
 
 Clock = Callable[[], float]
+
+# Where the OS cannot say when the process started: this module is imported early.
+_IMPORTED_AT = time.monotonic()
+
+
+def process_start() -> float:
+    """When this process started (`time.monotonic` seconds). Linux says it in /proc/self/stat
+    (clock ticks since boot); elsewhere it is when this module was imported."""
+    try:
+        with open("/proc/self/stat") as fh:
+            # after "pid (comm)": the command name may hold spaces
+            fields = fh.read().rsplit(")", 1)[1].split()
+        started = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22, starttime
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - started
+    except (OSError, IndexError, ValueError, AttributeError):  # no /proc, no CLOCK_BOOTTIME
+        return _IMPORTED_AT
+    return min(time.monotonic() - age, _IMPORTED_AT)
+
+
+def seconds_since_process_start(at: float | None) -> float | None:
+    """``at`` (a `time.monotonic` reading) as seconds since this process started; None
+    stays None."""
+    return None if at is None else round(at - process_start(), 3)
 
 
 def _mean(values: deque[float]) -> float:

@@ -18,7 +18,7 @@ from impala_lab.actor.rollout_worker import RolloutWorker
 from impala_lab.backends import BACKENDS, backend_class, make_backend
 from impala_lab.backends.worker_info import worker_info
 from impala_lab.batch import SampleBatch
-from impala_lab.config import BACKENDS as CONFIG_BACKENDS
+from impala_lab.config_checks import BACKENDS as CONFIG_BACKENDS
 from impala_lab.errors import WorkerError
 from impala_lab.model_spec import ModelSpec
 from tests.backend_helpers import ENV3, HIDDENS, B, T, config, model_for, results

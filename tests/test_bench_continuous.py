@@ -8,7 +8,7 @@ import math
 import pytest
 
 from bench import continuous, peers_mujoco, peers_pendulum, pipeline
-from impala_lab import seed_stats
+from impala_lab.classroom import seed_stats
 
 
 def test_the_continuous_bench_table_names_seeds_rate_and_interval():

@@ -1,5 +1,6 @@
-"""bench.seeds and impala_lab.seed_stats: the interquartile mean and its bootstrap interval on known
-data, curve areas by hand, verdicts, and the runner on a fake run command (no TensorFlow)."""
+"""bench.seeds and impala_lab.classroom.seed_stats: the interquartile mean and its bootstrap
+interval on known data, curve areas by hand, verdicts, and the runner on a fake run command
+(no TensorFlow)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 
 from bench import seeds
-from impala_lab import seed_stats
+from impala_lab.classroom import seed_stats
 
 FAKE = Path(__file__).parent / "data" / "fake_seed_run.py"
 

@@ -233,7 +233,7 @@ def test_train_help_gives_each_default_once_and_the_tuned_preset_value(capsys):
 
 def test_the_tuned_preset_fills_only_fields_the_user_left_out():
     from impala_lab.cli.main import build_parser, config_from_args
-    from impala_lab.config import TUNED_PRESETS
+    from impala_lab.presets import TUNED_PRESETS
 
     tuned = config_from_args(build_parser().parse_args(["train", "--lr", "0.01"]))
     assert tuned.lr == 0.01  # the user's value wins

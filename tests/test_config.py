@@ -16,14 +16,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from impala_lab.config import (
-    LIVE_KNOBS,
+    GROUPS,
     ImpalaConfig,
+    field_group,
     field_help,
     field_kind,
     field_names,
     markdown_table,
 )
 from impala_lab.errors import ConfigError
+from impala_lab.knobs import LIVE_KNOBS
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -381,11 +383,17 @@ def test_live_knobs_are_fields() -> None:
     assert set(LIVE_KNOBS) <= set(field_names())
 
 
-def test_markdown_table_has_a_row_per_field() -> None:
-    rows = markdown_table().splitlines()
-    assert rows[:2] == ["| field | default | what it does |", "| --- | --- | --- |"]
-    assert [row.split("`")[1] for row in rows[2:]] == field_names()
-    assert "| `model` | `[64, 64]` |" in markdown_table()
+def test_markdown_table_has_a_row_per_field_under_its_role() -> None:
+    text = markdown_table()
+    rows = [row for row in text.splitlines() if row.startswith("| `")]
+    assert sorted(row.split("`")[1] for row in rows) == sorted(field_names())
+    assert "| `model` | `[64, 64]` |" in text
+    # each role's table follows its heading and holds exactly that role's fields
+    tables = r"\*\*(\w+)\*\*: [^\n]*\n\n\| field[^\n]*\n[^\n]*\n((?:\|[^\n]*\n?)*)"
+    for group, body in re.findall(tables, text):
+        names = [row.split("`")[1] for row in body.splitlines()]
+        assert names and all(field_group(n) == group for n in names), group
+    assert set(GROUPS) == {field_group(n) for n in field_names()}
 
 
 def test_the_configuration_page_gets_its_table_at_build_time() -> None:

@@ -22,13 +22,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from impala_lab.config import LIVE_KNOBS
 from impala_lab.dashboard import controls, labels, live_plots, markup, plots, terminal
 from impala_lab.dashboard.diagram import PipelineDiagram, pipeline_svg, timing_svg
 from impala_lab.dashboard.format import fmt_float
 from impala_lab.dashboard.widgets import Dashboard, frontend_available
 from impala_lab.errors import ConfigError
-from impala_lab.knobs import KNOBS
+from impala_lab.knobs import KNOBS, LIVE_KNOBS
 from impala_lab.stats import StatsHistory, flatten
 
 STATS = {

@@ -9,10 +9,10 @@ import math
 import pytest
 
 from impala_lab.config import ImpalaConfig
+from impala_lab.config_checks import parse_text
 from impala_lab.driver.impala import Impala
 from impala_lab.driver.knob_control import LR_STEP
 from impala_lab.errors import ConfigError
-from impala_lab.field_checks import parse_text
 from impala_lab.schedules import check_schedule, scheduled_value
 
 POINTS = ((0, 0.01), (1000, 0.002), (3000, 0.0))

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from impala_lab import Impala, ImpalaConfig
-from impala_lab.process_clock import process_start, seconds_since_process_start
+from impala_lab.stats import process_start, seconds_since_process_start
 
 SMALL = dict(env="CartPole-v1", backend="inline", num_workers=2, num_envs_per_worker=2,
              sample_batch_size=10, train_batch_size=40, seed=0)

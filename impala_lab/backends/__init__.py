@@ -10,27 +10,18 @@ backend imports) imports none of them.
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING
 
-from impala_lab._lazy import lazy_getattr
 from impala_lab.backends.base import Backend, WorkerHandle
 from impala_lab.config import ImpalaConfig
 
-__all__ = ["BACKENDS", "Backend", "WorkerHandle", "backend_class", "make_backend",
-           "InlineBackend", "ProcessBackend", "RayBackend"]
+__all__ = ["BACKENDS", "Backend", "WorkerHandle", "backend_class", "make_backend"]
 
-# name -> "module:class"; the names are `impala_lab.config.BACKENDS`, which validates them
+# name -> "module:class"; the names are `impala_lab.config_checks.BACKENDS`, which validates them
 BACKENDS = {
     "process": "impala_lab.backends.process:ProcessBackend",
     "inline": "impala_lab.backends.inline:InlineBackend",
     "ray": "impala_lab.backends.ray:RayBackend",
 }
-
-if TYPE_CHECKING:  # pragma: no cover
-    from impala_lab.backends.inline import InlineBackend
-    from impala_lab.backends.process import ProcessBackend
-    from impala_lab.backends.ray import RayBackend
-
 
 def backend_class(name: str) -> type[Backend]:
     """The class of the backend called ``name`` (imports its module)."""
@@ -45,7 +36,3 @@ def make_backend(config: ImpalaConfig) -> Backend:
     """The backend named by ``config.backend``, for the env ``config.env``."""
     return backend_class(config.backend)(config)
 
-
-# The classes (ProcessBackend, InlineBackend, RayBackend) are imported on first use.
-_CLASS_MODULES = {path.split(":")[1]: path.split(":")[0] for path in BACKENDS.values()}
-__getattr__ = lazy_getattr(__name__, _CLASS_MODULES)

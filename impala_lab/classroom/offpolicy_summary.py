@@ -1,7 +1,7 @@
 """What an off-policy study found (`impala_lab.classroom.offpolicy_study`), with intervals.
 
 Every figure of a cell is over its n seeds: the interquartile mean (IQM) with a percentile
-bootstrap 95% interval (`impala_lab.seed_stats`), of two figures per run:
+bootstrap 95% interval (`impala_lab.classroom.seed_stats`), of two figures per run:
 
 - the final return: the trailing-100 mean return at the end of the budget (the paper's
   table 2 reports this one);
@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from impala_lab import seed_stats
+from impala_lab.classroom import seed_stats
 
 #: The paper's row order in table 2.
 CORRECTIONS = ("none", "epsilon", "is1", "vtrace")

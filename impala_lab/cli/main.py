@@ -22,21 +22,23 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from impala_lab import _lean_imports
 from impala_lab.cli.train import train_command
 from impala_lab.config import (
-    TUNED_PRESETS,
+    GROUPS,
     ImpalaConfig,
+    field_group,
     field_help,
     field_kind,
     field_names,
 )
+from impala_lab.config_checks import parse_text
 from impala_lab.errors import ConfigError
-from impala_lab.field_checks import parse_text
+from impala_lab.presets import TUNED_PRESETS
+from impala_lab.speed import lean_imports
 
 
 def _parse_value(name: str, text: str) -> Any:
-    """A config flag's text as the value of its field (`impala_lab.field_checks.parse_text`)."""
+    """A config flag's text as the value of its field (`impala_lab.config_checks.parse_text`)."""
     return parse_text(name, field_kind(name), text)
 
 
@@ -64,7 +66,7 @@ class _DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 def _add_train_parser(sub: Any) -> None:
     train = sub.add_parser("train", help="train a policy", formatter_class=_DefaultsFormatter)
-    run = train.add_argument_group("run")
+    run = train.add_argument_group("run: limits and target")
     run.add_argument("--stop-return", type=float, default=None,
                      help="stop once the mean return of the last 100 episodes reaches this")
     run.add_argument("--stop-on", choices=("train", "eval"), default="train",
@@ -80,29 +82,31 @@ def _add_train_parser(sub: Any) -> None:
                      help="once --stop-return is reached, keep training this many seconds "
                      "more; result.json then says the lowest mean return after the target "
                      "(return_min_after_target)")
-    run.add_argument("--out", default="runs/latest",
+    out = train.add_argument_group("outputs and checkpoints")
+    out.add_argument("--out", default="runs/latest",
                      help="output folder: one run at a time; a folder holding other files is "
                      "refused unless --overwrite")
-    run.add_argument("--overwrite", action="store_true",
+    out.add_argument("--overwrite", action="store_true",
                      help="write into an --out folder that holds files that are not a run's")
-    run.add_argument("--resume", default=None, metavar="DIR",
+    out.add_argument("--resume", default=None, metavar="DIR",
                      help="continue the run in DIR from its last checkpoint (weights, "
                      "optimizer, counters), appending to its metrics; config flags given "
                      "with it replace the run's")
-    run.add_argument("--checkpoint-every", type=float, default=60.0, metavar="SECONDS",
+    out.add_argument("--checkpoint-every", type=float, default=60.0, metavar="SECONDS",
                      help="save OUT/checkpoint this often while training (atomically), so a "
                      "killed run can be resumed; 0 saves only at the end")
-    run.add_argument("--report-interval", type=float, default=1.0,
+    out.add_argument("--report-interval", type=float, default=1.0,
                      help="seconds between progress lines and metrics.csv rows")
-    run.add_argument("--quiet", action="store_true",
+    out.add_argument("--quiet", action="store_true",
                      help="no progress bar (in a terminal) or progress lines (elsewhere)")
-    run.add_argument("--tensorboard", action="store_true",
+    out.add_argument("--tensorboard", action="store_true",
                      help="write TensorBoard summaries of every report into OUT/tensorboard "
                      "(make tensorboard opens them)")
     run.add_argument("--preset", choices=("tuned", "rllib"), default="tuned",
                      help="defaults for fields you do not set: 'tuned' uses the values tuned "
                      "for the env where there are some (CartPole-v1), 'rllib' RLlib's defaults")
-    cfg = train.add_argument_group("config (every ImpalaConfig field)")
+    groups = {group: train.add_argument_group(f"config, {group}: {title}")
+              for group, title in GROUPS.items()}
     defaults = ImpalaConfig.__dataclass_fields__
     default_env = defaults["env"].default
     tuned = TUNED_PRESETS.get(default_env, {})
@@ -112,9 +116,10 @@ def _add_train_parser(sub: Any) -> None:
         where = (f"; {tuned[name]!r} in {default_env}'s tuned preset"
                  if name in tuned and tuned[name] != default else "")
         extra = {"nargs": "?", "const": "true"} if field_kind(name) == "bool" else {}
-        cfg.add_argument("--" + name.replace("_", "-"), dest=name, default=None,
-                         metavar=field_kind(name).upper().rstrip("?"),
-                         help=f"{field_help(name)} (default: {default!r}{where})", **extra)
+        groups[field_group(name)].add_argument(
+            "--" + name.replace("_", "-"), dest=name, default=None,
+            metavar=field_kind(name).upper().rstrip("?"),
+            help=f"{field_help(name)} (default: {default!r}{where})", **extra)
 
 
 def _add_notebooks_parser(sub: Any) -> None:
@@ -208,9 +213,9 @@ COMMANDS = {"train": lambda args: train_command(args, config_from_args(args)),
 def main(argv: list[str] | None = None) -> int:
     """The ``impala-lab`` command; ``argv`` None reads ``sys.argv`` (the program itself: the
     console script or ``python -m``), which also lets the learner import TensorFlow without
-    Keras's optional integrations (`impala_lab._lean_imports`: 0.8 s sooner)."""
+    Keras's optional integrations (`impala_lab.speed.lean_imports`)."""
     if argv is None:
-        _lean_imports.enable()
+        lean_imports.enable()
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
     if unknown:

@@ -26,7 +26,8 @@ import gymnasium as gym
 import numpy as np
 
 from impala_lab.actor.numpy_model import NumpyModel
-from impala_lab.config import ImpalaConfig, env_package_hint
+from impala_lab.config import ImpalaConfig
+from impala_lab.config_checks import env_package_hint
 
 # pygame (gymnasium's classic-control renderer) greets on import; the run's output stays quiet.
 os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")
@@ -203,8 +204,8 @@ def renders_with_opengl(env_id: str) -> bool:
 
     Such frames cannot be drawn in a process that has loaded TensorFlow: Mesa's software
     renderer and TensorFlow each bring LLVM, and making MuJoCo's rendering context beside both
-    crashes the process (a segmentation fault, measured with tensorflow-cpu 2.21 and Mesa 22.3
-    EGL). `gif_in_child` draws them in a process of their own instead."""
+    crashes the process (a segmentation fault with tensorflow-cpu 2.21 and Mesa 22.3 EGL).
+    `gif_in_child` draws them in a process of their own instead."""
     try:
         entry = gym.spec(env_id).entry_point
     except Exception:  # not registered: a factory, or an id gymnasium does not know

@@ -42,7 +42,7 @@ from impala_lab.config import ImpalaConfig
 from impala_lab.driver.health import RETURN_MIN_EPISODES
 from impala_lab.errors import ConfigError, ImpalaError
 from impala_lab.health_flags import describe_seen
-from impala_lab.process_clock import process_start
+from impala_lab.stats import process_start
 
 if TYPE_CHECKING:  # pragma: no cover
     from impala_lab.driver.impala import Impala
@@ -240,7 +240,7 @@ def _restore(impala_class: Any, resume: Path, args: argparse.Namespace) -> Impal
 def resume_overrides(args: argparse.Namespace) -> dict[str, Any]:
     """The config fields given on the command line of ``--resume``: they replace the run's."""
     from impala_lab.config import field_kind, field_names
-    from impala_lab.field_checks import parse_text
+    from impala_lab.config_checks import parse_text
 
     return {name: parse_text(name, field_kind(name), getattr(args, name))
             for name in field_names() if getattr(args, name, None) is not None}

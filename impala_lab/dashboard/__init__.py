@@ -51,9 +51,8 @@ spawned.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from impala_lab._lazy import lazy_getattr
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __all__ = ["Dashboard", "frontend_available", "PipelineDiagram", "pipeline_svg",
            "TerminalView"]
@@ -72,4 +71,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from impala_lab.dashboard.terminal import TerminalView
     from impala_lab.dashboard.widgets import Dashboard, frontend_available
 
-__getattr__ = lazy_getattr(__name__, _LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    """A name of `_LAZY` is imported from its module on first use (PEP 562)."""
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -38,7 +38,6 @@ import numpy as np
 
 from impala_lab.actor.numpy_model import NumpyModel
 from impala_lab.errors import ImpalaError
-from impala_lab.evaluation_settings import evaluation_enabled, evaluation_modes
 
 __all__ = ["Evaluator", "play_episodes", "evaluation_model"]
 
@@ -105,10 +104,12 @@ class Evaluator:
     def __init__(self, config: Any, observation_space: Any, action_space: Any,
                  get_weights: Callable[[], tuple[list, int]],
                  get_env_steps: Callable[[], int] = lambda: 0) -> None:
-        self.enabled = evaluation_enabled(config)
+        self.enabled = bool(config.evaluation_interval)
         self.interval = int(config.evaluation_interval or 0)
         self.num_episodes = config.evaluation_num_episodes
-        self.modes = evaluation_modes(config.evaluation_actions)
+        # "both" plays the greedy policy (the most likely action) and the sampled one
+        self.modes = (("greedy", "sampled") if config.evaluation_actions == "both"
+                      else (config.evaluation_actions,))
         self._config = config
         self._spaces = (observation_space, action_space)
         self._get_weights, self._get_env_steps = get_weights, get_env_steps

@@ -29,8 +29,13 @@ from impala_lab.batch import SampleBatch, policy_lag
 from impala_lab.driver.checkpoint import CHECKPOINT_COUNTERS
 from impala_lab.health_flags import flag_codes
 from impala_lab.knobs import LIVE_KNOBS
-from impala_lab.process_clock import seconds_since_process_start
-from impala_lab.stats import ThroughputMeter, TimerStat, WindowStat, flatten
+from impala_lab.stats import (
+    ThroughputMeter,
+    TimerStat,
+    WindowStat,
+    flatten,
+    seconds_since_process_start,
+)
 
 #: New batches (and trained batches) whose lags ``stats()["policy_lag_distribution"]`` counts.
 LAG_WINDOW = 1000
