@@ -194,7 +194,7 @@ def test_a_learner_port_fake_drives_the_driver_loop_step():
     run_stats = RunStats()
     loop = DriverLoop(config, ReplayMixer(0.0, 0, 4, T, seed=0), learner, run_stats,
                       actors=Actors(backend, tasks, supervisor))
-    loop.start()
+    loop.start(*learner.get_weights())
     assert loop.weights_ref == ("w0", 0) and tasks.requests == [0, 1] and learner.takes == 0
 
     w0, w1 = workers

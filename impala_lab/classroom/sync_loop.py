@@ -23,7 +23,7 @@ from typing import Any
 from impala_lab.backends import make_backend
 from impala_lab.batch import concat_samples
 from impala_lab.config import ImpalaConfig
-from impala_lab.driver.build import as_config, build_learner, check_env
+from impala_lab.driver.build import as_config, check_env, check_learner_devices, make_learner
 
 
 class SyncLoop:
@@ -45,8 +45,8 @@ class SyncLoop:
         self.backend = make_backend(self.config)
         self.backend.prepare()
         try:
-            self.policy, _ = build_learner(self.config, self.backend, observation_space,
-                                           action_space)
+            check_learner_devices(self.config)
+            self.policy, _ = make_learner(self.config, observation_space, action_space)
             self.workers = [self.backend.make_worker(i)
                             for i in range(self.config.num_workers)]
             self._publish()

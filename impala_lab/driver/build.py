@@ -3,22 +3,22 @@
 ``Impala.__init__`` calls these in order: `as_config` (a config from what the caller gave),
 `check_env` (the env can be made and the model can take its spaces: a `ConfigError`, the
 CLI's exit code 2, before TensorFlow loads or any process starts), then, once the backend is
-prepared, `initial_weights` (the learner's first weights, from the actors' numpy model: the
-workers start sampling with them) and `build_learner` (TensorFlow loads here, while they
+prepared, `check_learner_devices`, `initial_weights` (the learner's first weights, in numpy:
+the workers start sampling with them) and `make_learner` (TensorFlow loads here, while they
 sample).
 """
 
 from __future__ import annotations
 
-import queue
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
-from impala_lab._lean_imports import lean_imports
-from impala_lab.config import ImpalaConfig, env_package_hint
+from impala_lab.config import ImpalaConfig
+from impala_lab.config_checks import env_package_hint
 from impala_lab.errors import ConfigError
+from impala_lab.model_spec import check_spaces, network_layout
 
 
 def as_config(config: ImpalaConfig | Mapping[str, Any] | None,
@@ -61,8 +61,6 @@ def _missing_package(config: ImpalaConfig, exc: BaseException) -> str:
 def check_env(config: ImpalaConfig) -> tuple[Any, Any]:
     """The env's spaces. An env that cannot be made, or whose spaces the model cannot take,
     is a config error (the CLI's exit code 2), raised before any process starts."""
-    from impala_lab.actor.numpy_model import check_spaces
-
     try:
         observation_space, action_space = probe_spaces(config.env)
     except Exception as exc:
@@ -108,32 +106,36 @@ def check_env(config: ImpalaConfig) -> tuple[Any, Any]:
 
 def initial_weights(config: ImpalaConfig, observation_space: Any, action_space: Any
                     ) -> list[np.ndarray]:
-    """The weights a new learner starts from (version 0), computed by the actors' numpy model:
-    no TensorFlow needed, so the workers can sample with them while it loads."""
-    from impala_lab.actor.numpy_model import NumpyModel
-
-    return NumpyModel(observation_space, action_space, config.model_spec).initial_weights(
+    """The weights a new learner starts from (version 0), in numpy (`NetworkLayout`): no
+    TensorFlow needed, so the workers can sample with them while it loads."""
+    return network_layout(config.model_spec, observation_space, action_space).initial_weights(
         config.seed)
 
 
-def make_learner(config: ImpalaConfig, observation_space: Any, action_space: Any, *,
-                 inqueue: queue.Queue | None = None) -> tuple[Any, Any]:
-    """The policy (TensorFlow loads here) and its learner, unstarted.
-
-    Args:
-      inqueue: the learner thread's queue, when batches were queued before it existed
-        (`impala_lab.driver.warm_start`); None: the learner makes its own.
-    """
-    with lean_imports():  # only under the command line (impala_lab._lean_imports)
-        from impala_lab.learner.vtrace_policy import VTracePolicy
-
+def check_learner_devices(config: ImpalaConfig) -> None:
+    """Set up the multi-GPU learner's devices (fake ones on a CPU) before TensorFlow
+    initialises: a device the machine lacks is a `ConfigError`, raised before any process
+    starts. Nothing to do for the single learner."""
     if config.uses_multi_gpu_learner:
-        # Fake devices must be set up before TensorFlow initialises (building the
-        # model does); a device error is a config error, raised before anything starts.
         from impala_lab.learner.multi_gpu_learner import configure_learner_devices
 
         configure_learner_devices(config)
-    policy = VTracePolicy(observation_space, action_space, config)
+
+
+def make_learner(config: ImpalaConfig, observation_space: Any, action_space: Any
+                 ) -> tuple[Any, Any]:
+    """The policy (TensorFlow loads here) and its learner thread, unstarted. The policy is the
+    speed door's `CompiledPolicy` unless ``IMPALA_LAB_PLAIN`` turns the door off."""
+    from impala_lab import speed
+
+    if speed.enabled():
+        from impala_lab.speed.lean_imports import lean_imports
+
+        with lean_imports():  # only where the command line owns the process
+            from impala_lab.speed.compiled_policy import CompiledPolicy as policy_class
+    else:
+        from impala_lab.learner.vtrace_policy import VTracePolicy as policy_class
+    policy = policy_class(observation_space, action_space, config)
     if config.uses_multi_gpu_learner:
         from impala_lab.learner.multi_gpu_learner import MultiGPULearner
 
@@ -141,16 +143,4 @@ def make_learner(config: ImpalaConfig, observation_space: Any, action_space: Any
     from impala_lab.learner.learner_thread import LearnerThread
 
     return policy, LearnerThread(policy, config.minibatch_buffer_size, config.num_sgd_iter,
-                                 config.learner_queue_size, config.learner_queue_timeout,
-                                 inqueue=inqueue)
-
-
-def build_learner(config: ImpalaConfig, backend: Any, observation_space: Any,
-                  action_space: Any) -> tuple[Any, Any]:
-    """`make_learner`, with the backend shut down if it fails or is interrupted (a Ctrl-C
-    while TensorFlow loads must not leave Ray up)."""
-    try:
-        return make_learner(config, observation_space, action_space)
-    except BaseException:
-        backend.shutdown()
-        raise
+                                 config.learner_queue_size, config.learner_queue_timeout)

@@ -67,7 +67,7 @@ class DriverLoop:
         ``max_sample_requests_in_flight_per_worker`` and ``learner_queue_size``.
       replay: the `ReplayMixer`.
       learner: the `LearnerPort`: the only way the loop reaches the learner (None until the
-        learner is built: `Impala` starts the workers first, with ``start(initial_weights)``).
+        learner is built: `Impala` starts the workers first, with `start`).
       run_stats: the run's `RunStats` (counters and timers).
       actors: the `Actors` (task pool, supervisor, backend) that the library's methods below
         use; a stand-in that overrides those methods leaves it None.
@@ -263,20 +263,17 @@ class DriverLoop:
         self.actors.request_samples(worker, n)
 
     # ------------------------------------------------------------------ outside a turn
-    def start(self, initial_weights: list | None = None) -> None:
-        """Start the workers, publish the first weights and send each its first requests.
+    def start(self, weights: list, version: int = 0) -> None:
+        """Start the workers, publish the run's first weights and send each its first requests.
 
         Args:
-          initial_weights: the learner's version-0 weights, when the workers start before
-            the learner exists (`Impala` starts them while TensorFlow loads); None reads the
-            learner's weights.
+          weights: the weights the learner starts from (numpy arrays): `Impala` starts the
+            workers before the learner is built, while TensorFlow loads.
+          version: their version (0, or a checkpoint's).
         """
         workers = self.actors.start()
-        if initial_weights is None:
-            self.broadcast()
-        else:
-            with self.run_stats.broadcast_timer:
-                self._publish(initial_weights, 0)
+        with self.run_stats.broadcast_timer:
+            self._publish(weights, version)
         for worker in workers:
             self.send_weights_and_request(worker, initial=True)
 

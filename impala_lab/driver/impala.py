@@ -35,7 +35,13 @@ from impala_lab.config import ImpalaConfig
 from impala_lab.driver import checkpoint
 from impala_lab.driver.actors import Actors
 from impala_lab.driver.background import BackgroundTraining
-from impala_lab.driver.build import as_config, build_learner, check_env, initial_weights
+from impala_lab.driver.build import (
+    as_config,
+    check_env,
+    check_learner_devices,
+    initial_weights,
+    make_learner,
+)
 from impala_lab.driver.driver_loop import DriverLoop
 from impala_lab.driver.evaluation import Evaluator
 from impala_lab.driver.health import HealthMonitor
@@ -52,7 +58,6 @@ from impala_lab.driver.run_stats import (
 )
 from impala_lab.driver.supervisor import WorkerSupervisor
 from impala_lab.driver.task_pool import SampleTaskPool
-from impala_lab.driver.warm_start import build_while_sampling, warm_start_applies
 from impala_lab.envs.frames import Frames
 from impala_lab.errors import ImpalaError
 from impala_lab.stats import StatsHistory
@@ -137,7 +142,13 @@ class Impala(KnobControl, BackgroundTraining):
     # ------------------------------------------------------------------ construction
     def __init__(self, config: ImpalaConfig | Mapping[str, Any] | None = None, *,
                  env_creator: Callable[[], Any] | None = None, start_learner: bool = True,
-                 **overrides: Any) -> None:
+                 weights: tuple[list, int] | None = None, **overrides: Any) -> None:
+        """Build the run and start it: env checks, workers, learner (see the class).
+
+        Args:
+          weights: ``(arrays, version)`` the run starts from (`restore` passes a
+            checkpoint's); None: fresh weights from ``config.seed``, version 0.
+        """
         self.config = as_config(config, env_creator, overrides)
         self._stopped = True  # until everything below is up
         self.observation_space, self.action_space = check_env(self.config)
@@ -146,33 +157,30 @@ class Impala(KnobControl, BackgroundTraining):
         self.backend = make_backend(self.config)
         self.backend.prepare()
         self._build_parts()
-        # The workers start sampling while TensorFlow loads (seconds the run used to wait):
-        # they get the learner's first weights, which numpy computes without it.
-        early = self._start_workers_early()
-        if early is not None and warm_start_applies(self.config, start_learner):
-            # ... and the driver takes their samples meanwhile (driver/warm_start.py).
-            self.policy, self.learner = build_while_sampling(
-                self.config, self.loop, (self.observation_space, self.action_space), early,
-                backend=self.backend, count_step=self.run_stats.count_step,
-                on_train_step=self.health.observe_learner_step)
-        else:
-            self.policy, self.learner = build_learner(self.config, self.backend,
-                                                      self.observation_space, self.action_space)
-            if early is not None:  # the learner starts from the weights the workers use
-                self.policy.set_weights(early, version=0)
+        try:
+            check_learner_devices(self.config)
+            if weights is None:
+                weights = (initial_weights(self.config, self.observation_space,
+                                           self.action_space), 0)
+            # The workers need only numpy weights: they sample while the learner is built.
+            self.loop.start(*weights)
+            self.policy, self.learner = make_learner(self.config, self.observation_space,
+                                                     self.action_space)
+            self.policy.set_weights(*weights)
+        except BaseException:  # a Ctrl-C while TensorFlow loads must not leave workers up
+            self.backend.shutdown()
+            raise
         self._finalizer = weakref.finalize(self, cleanup, self.backend, self.learner)
         live_runs.add(self)
         self._connect_learner()
         self._init_controls()
         self._stopped = False
-        try:
-            if early is None:
-                self.loop.start()
-            if start_learner and not self.learner.is_alive():
+        if start_learner:
+            try:
                 self.learner.start()
-        except BaseException:
-            self.stop()
-            raise
+            except BaseException:
+                self.stop()
+                raise
 
     def _build_parts(self) -> None:
         """The parts that need no learner: replay, stats, task pool, supervisor, the loop,
@@ -190,21 +198,6 @@ class Impala(KnobControl, BackgroundTraining):
         self.loop = DriverLoop(c, self.replay, None, self.run_stats,
                                actors=Actors(self.backend, tasks, self.supervisor),
                                frames=self.frames)
-
-    def _start_workers_early(self) -> list | None:
-        """Start the workers with the learner's version-0 weights before the learner is
-        built, and return those weights; None where the learner must come first (the
-        multi-GPU learner sets up TensorFlow's devices, a check that must pass before any
-        process starts). The backend is shut down if this fails."""
-        if self.config.uses_multi_gpu_learner:
-            return None
-        try:
-            weights = initial_weights(self.config, self.observation_space, self.action_space)
-            self.loop.start(initial_weights=weights)
-        except BaseException:
-            self.backend.shutdown()
-            raise
-        return weights
 
     def _connect_learner(self) -> None:
         """The parts that need the learner: the loop's port, health, history, evaluation."""
@@ -351,7 +344,7 @@ class Impala(KnobControl, BackgroundTraining):
                     reason = "stop condition"
             elif stop_fn is not None and now >= next_check:
                 # Between reports too: a run that stops on its return ends when it gets
-                # there, not up to a report interval later (stats() costs ~0.3 ms).
+                # there, not up to a report interval later.
                 next_check = now + STOP_CHECK_INTERVAL_S
                 if stop_fn(self.stats()):
                     reason = "stop condition"
@@ -398,17 +391,16 @@ class Impala(KnobControl, BackgroundTraining):
             path, fallback_to_prev=fallback_to_prev)
         start_learner = overrides.pop("start_learner", True)
         config = checkpoint.restored_config(root, state, overrides, env_creator)
-        # The learner starts once it holds the checkpoint's weights: nothing is queued before
-        # (a warm start would queue samples of the version-0 weights; driver/warm_start.py).
-        run = cls(config, start_learner=False, **overrides)
-        run.policy.set_weights(weights, state["policy_version"])
+        # The workers sample with the checkpoint's weights from their first request; the
+        # learner starts once its optimizer state is in too.
+        run = cls(config, start_learner=False, weights=(weights, state["policy_version"]),
+                  **overrides)
         run.policy.set_optimizer_state(opt_state)
         # The optimizer state holds the learning rate it was saved with; the restored config
         # (the checkpoint's, or an override) is what trains from here on.
         run.policy.set_lr(config.lr)
         run.policy.set_entropy_coeff(config.entropy_coeff)
         run.run_stats.restore_counters(state["counters"])
-        run.loop.broadcast()
         if not start_learner:
             return run
         try:

@@ -33,7 +33,7 @@ from typing import Any
 from impala_lab.batch import policy_lag
 from impala_lab.errors import LearnerError, NonFiniteLossError
 from impala_lab.learner.minibatch_buffer import MinibatchBuffer
-from impala_lab.learner.port import UpdateFlag, put_within
+from impala_lab.learner.port import UpdateFlag
 from impala_lab.stats import TimerStat, WindowStat
 
 
@@ -46,8 +46,6 @@ class LearnerThread(threading.Thread):
       num_sgd_iter: passes over each batch (the ring's max ttl).
       learner_queue_size: bound of ``inqueue``.
       learner_queue_timeout: seconds an empty queue is tolerated before an error.
-      inqueue: the queue to train from, when batches were queued before this learner existed
-        (`impala_lab.driver.warm_start`); None makes one bounded by learner_queue_size.
 
     Attributes:
       last_train_metrics: the loss metrics of the latest update (``stats()["learner"]``).
@@ -62,16 +60,14 @@ class LearnerThread(threading.Thread):
     stage = "learner thread"
 
     def __init__(self, policy: Any, minibatch_buffer_size: int = 1, num_sgd_iter: int = 1,
-                 learner_queue_size: int = 16, learner_queue_timeout: float = 300.0,
-                 inqueue: queue.Queue | None = None) -> None:
+                 learner_queue_size: int = 16, learner_queue_timeout: float = 300.0) -> None:
         super().__init__(name="impala-learner", daemon=True)
         self.policy = policy
         self.learner_queue_stat = WindowStat("size", 50)
         self.train_lag_stat = WindowStat("policy_lag_at_training", 100)
         self.max_train_lag = 0
         self.recent_train_lags: deque[int] = deque(maxlen=1000)
-        self.inqueue: queue.Queue = (queue.Queue(maxsize=learner_queue_size) if inqueue is None
-                                     else inqueue)
+        self.inqueue: queue.Queue = queue.Queue(maxsize=learner_queue_size)
         self.outqueue: queue.Queue = queue.Queue()
         self.minibatch_buffer = MinibatchBuffer(self.inqueue, minibatch_buffer_size,
                                                 num_sgd_iter, timeout=learner_queue_timeout)
@@ -148,7 +144,11 @@ class LearnerThread(threading.Thread):
     # ------------------------------------------------------------------ the driver's port
     def put_batch(self, batch: Any, timeout: float) -> bool:
         """Put a train batch on ``inqueue``; False if it stayed full for ``timeout`` s."""
-        return put_within(self.inqueue, batch, timeout)
+        try:
+            self.inqueue.put(batch, timeout=timeout)
+        except queue.Full:
+            return False
+        return True
 
     def drain_trained(self) -> int:
         """The env steps of every update since the previous call (``outqueue``, emptied)."""

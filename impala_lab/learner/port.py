@@ -19,7 +19,6 @@ a test or an exercise can drive the loop with any object that has these members.
 
 from __future__ import annotations
 
-import queue
 import threading
 from typing import Any, Protocol, runtime_checkable
 
@@ -83,13 +82,3 @@ class UpdateFlag:
     def peek(self) -> bool:
         """Whether the flag is set, without taking it (for display only)."""
         return self._set
-
-
-def put_within(inqueue: queue.Queue, batch: Any, timeout: float) -> bool:
-    """``put_batch``'s back-pressure: put ``batch`` on the bounded ``inqueue``; False if it
-    stayed full for ``timeout`` s."""
-    try:
-        inqueue.put(batch, timeout=timeout)
-    except queue.Full:
-        return False
-    return True

@@ -31,30 +31,24 @@ the dashboard does not retrace either.
 
 from __future__ import annotations
 
-import os
 import threading
 import warnings
 import weakref
 from typing import Any
 
-import numpy as np
-
-os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
 import keras
+import numpy as np
 import tensorflow as tf
 
-from impala_lab.actor.numpy_model import check_spaces
 from impala_lab.batch import SampleBatch
 from impala_lab.config import ImpalaConfig
 from impala_lab.errors import NonFiniteLossError
 from impala_lab.learner.corrections import correction_terms
 from impala_lab.learner.distributions import tf_distribution
-from impala_lab.learner.graph_options import GraphOptions
 from impala_lab.learner.keras_model import build_keras_model, lstm_unroll, trunk_model
 from impala_lab.learner.obs_normalizer import update_obs_statistics
 from impala_lab.learner.optimizers import Adam, TF1RMSprop
+from impala_lab.model_spec import check_spaces
 
 STAT_KEYS = ("total_loss", "policy_loss", "vf_loss", "entropy", "grad_gnorm", "var_gnorm",
              "mean_rho", "vf_explained_var")
@@ -154,24 +148,9 @@ class VTracePolicy:
         # get_weights() from the driver must not read a half-applied update.
         self.lock = threading.Lock()
         # autograph=False: the step has no Python control flow on tensors to convert (the
-        # skip of a non-finite update is an explicit tf.cond), and converting Keras's and
-        # the optimizer's code cost about 0.5 s of the first step's 1 s on CartPole.
+        # skip of a non-finite update is an explicit tf.cond).
         self._train_step = tf.function(self._train_step_impl, autograph=False)
-        # One traced graph per input signature, called directly: tf.function's own dispatch
-        # (signature matching, casting) cost 0.3-0.5 ms of a ~2 ms CartPole step.
-        self._step_graphs: dict[tuple, Any] = {}
-        # Grappler off for feed-forward models: their first step 0.1 s sooner, later steps as
-        # fast; the LSTM's steps are faster with it (impala_lab.learner.graph_options).
-        self._graph_options = GraphOptions(grappler=config.use_lstm)
-        self._last_inputs: tuple[SampleBatch, dict[str, tf.Tensor], Any] | None = None
         self.num_traces = 0
-        # Weights travel as one flat float32 vector: a broadcast is then one TF op instead of
-        # one read per variable (1.8 ms -> tens of us for the CartPole MLP). ``_snapshot`` is
-        # the vector the last train step left, with the version it belongs to.
-        self._weight_shapes = [tuple(int(d) for d in w.shape) for w in self.model.weights]
-        self._flat_weights_ok = all(w.dtype == "float32" for w in self.model.weights)
-        self._read_flat = tf.function(self._flat_weights, autograph=False)
-        self._snapshot: tuple[tf.Tensor, int] | None = None
         # Train batches whose observations the statistics hold (dropped with the batches).
         self._batches_seen: weakref.WeakSet[SampleBatch] = weakref.WeakSet()
 
@@ -307,66 +286,38 @@ class VTracePolicy:
         # Reads after the cond: TF orders ops on the same variables as written here.
         return {"grad_gnorm": gnorm, "var_gnorm": tf.linalg.global_norm(variables)}
 
-    def _flat_weights(self) -> tf.Tensor:
-        """All of ``model.weights`` as one float32 vector [num_params], in get_weights order."""
-        return tf.concat([tf.reshape(w, [-1]) for w in self.model.weights], axis=0)
-
-    def _split_flat(self, flat: np.ndarray) -> list[np.ndarray]:
-        """Views of ``flat`` [num_params] with the model's weight shapes."""
-        out, offset = [], 0
-        for shape in self._weight_shapes:
-            size = int(np.prod(shape, dtype=np.int64))
-            out.append(flat[offset: offset + size].reshape(shape))
-            offset += size
-        return out
-
-    def _train_step_impl(self, tensors: dict[str, tf.Tensor]) -> tuple[tf.Tensor, tf.Tensor]:
+    def _train_step_impl(self, tensors: dict[str, tf.Tensor]) -> tf.Tensor:
+        """One optimizer step; the stats as one float32 vector in `stat_keys` order."""
         self.num_traces += 1  # Python side effect: runs once per trace
         grads, stats = self.compute_gradients(tensors)
         stats.update(self.apply_gradients(grads, loss=stats["total_loss"]))
-        # One vector instead of a dict of scalars: one device-to-host copy per step.
-        packed = tf.stack([tf.cast(stats[k], tf.float32) for k in self.stat_keys])
-        # Read after the update (TF orders ops on the same variables as written here).
-        flat = self._flat_weights() if self._flat_weights_ok else tf.zeros([0])
-        return packed, flat
+        return tf.stack([tf.cast(stats[k], tf.float32) for k in self.stat_keys])
 
     # ------------------------------------------------------------------ public API
     def learn_on_batch(self, batch: SampleBatch) -> dict[str, float]:
         """One optimizer step on ``batch`` [T, B]; returns the stats as floats.
 
-        Calls in a row with the same batch object (num_sgd_iter passes) reuse its tensors:
-        do not change a batch's arrays in place between calls.
-
         Raises:
           NonFiniteLossError: the loss or the gradient norm is not finite; the message
             gives the batch's statistics (the update was not applied).
         """
-        cached = self._last_inputs
-        if cached is not None and cached[0] is batch:  # num_sgd_iter passes over one batch
-            tensors, step = cached[1], cached[2]
-        else:
-            tensors = {k: tf.convert_to_tensor(v) for k, v in batch_to_tensors(batch).items()}
-            signature = tuple((k, tuple(v.shape), v.dtype) for k, v in tensors.items())
-            step = self._step_graphs.get(signature)
-            if step is None:
-                step = self._train_step.get_concrete_function(tensors)
-                self._step_graphs[signature] = step
-            self._last_inputs = (batch, tensors, step)
+        tensors = {k: tf.convert_to_tensor(v) for k, v in batch_to_tensors(batch).items()}
         with self.lock:
             self.observe_new_batch(batch)
-            with self._graph_options:
-                packed, flat = step(tensors)
+            packed = self.run_train_step(tensors)
             stats = dict(zip(self.stat_keys, packed.numpy().tolist(), strict=True))
             if all(np.isfinite(stats[k]) for k in ("total_loss", "grad_gnorm")):
                 self.version += 1
             else:
                 self.num_updates_skipped += 1
-            if self._flat_weights_ok:
-                self._snapshot = (flat, self.version)
         stats["policy_version"] = self.version
         if not all(np.isfinite(stats[k]) for k in ("total_loss", "grad_gnorm")):
             raise NonFiniteLossError(describe_nonfinite(stats, batch))
         return stats
+
+    def run_train_step(self, tensors: dict[str, tf.Tensor]) -> tf.Tensor:
+        """The compiled train step on ``tensors``: the stats vector (`stat_keys` order)."""
+        return self._train_step(tensors)
 
     def observe_new_batch(self, batch: SampleBatch) -> None:
         """What a train batch changes before the first update on it: the observation
@@ -378,19 +329,14 @@ class VTracePolicy:
             update_obs_statistics(self.model, batch.obs)
 
     def get_weights(self) -> tuple[list[np.ndarray], int]:
-        """The model's weights (numpy, in ``model.get_weights()`` order) and their version.
-
-        After a train step this costs no TF op and no lock: the step left a flat copy of the
-        weights it produced. Otherwise (a new policy, set_weights, another learner applying
-        gradients) it is one compiled read under the lock.
-        """
-        snapshot = self._snapshot
-        if snapshot is not None and snapshot[1] == self.version:
-            return self._split_flat(snapshot[0].numpy()), snapshot[1]
+        """The model's weights (numpy, in ``model.get_weights()`` order) and their version,
+        read under the lock: never half an update."""
         with self.lock:
-            if not self._flat_weights_ok:
-                return self.model.get_weights(), self.version
-            return self._split_flat(self._read_flat().numpy()), self.version
+            return self.read_weights(), self.version
+
+    def read_weights(self) -> list[np.ndarray]:
+        """The model's weights as numpy arrays (call with ``self.lock`` held)."""
+        return self.model.get_weights()
 
     def set_weights(self, weights: list[np.ndarray], version: int | None = None) -> None:
         expected = [tuple(w.shape) for w in self.model.weights]
@@ -400,7 +346,6 @@ class VTracePolicy:
                              f"got {got}")
         with self.lock:
             self.model.set_weights(weights)
-            self._snapshot = None
             if version is not None:
                 self.version = int(version)
 
@@ -428,11 +373,7 @@ class VTracePolicy:
         and the version read here belong together. ``get_weights()`` followed by
         ``optimizer_state()`` would not: a background learner may step in between.
         """
-        if self._flat_weights_ok:
-            weights = [np.array(w) for w in self._split_flat(self._read_flat().numpy())]
-        else:
-            weights = self.model.get_weights()
-        return weights, self.optimizer_state(), self.version
+        return self.read_weights(), self.optimizer_state(), self.version
 
     def set_optimizer_state(self, arrays: list[np.ndarray]) -> None:
         variables = self.optimizer.variables
