@@ -11,10 +11,11 @@ The rules (DESIGN.md's table of folders):
 | --- | --- |
 | top (`config`, `batch`, `errors`, `stats`, ...) | the top alone |
 | `actor/`, `envs/` | the top and themselves; never TensorFlow or Keras, not even further down |
-| `learner/` | the top, `actor/` (the numpy twins) and itself; never a backend |
+| `learner/` | the top and itself: never `actor/` (its peer) or a backend |
+| `speed/` | the top, `learner/` and itself: the door behind which the speed measures live |
 | `backends/` | the top, `actor/`, `envs/` and itself |
 | `dashboard/` | the top, `envs/` and itself: it reads ``stats()`` and history, never a stage |
-| `driver/` | everything but `cli/` and `classroom/` |
+| `driver/` | everything but `cli/` and `classroom/` (`speed/` included: it builds the learner) |
 | `cli/`, `classroom/` | everything |
 """
 
@@ -32,15 +33,17 @@ LONG_FUNCTIONS_EXEMPT = {"impala_lab.learner.vtrace", "impala_lab.learner.vtrace
 LONG_FUNCTION_NAMES_EXEMPT = {"validate"}
 MAX_LONG_FUNCTIONS = 3
 
-FOLDERS = ("actor", "learner", "driver", "backends", "dashboard", "envs", "classroom", "cli")
+FOLDERS = ("actor", "learner", "driver", "backends", "dashboard", "envs", "classroom", "cli",
+           "speed")
 MAY_IMPORT = {
     "top": {"top"},
     "actor": {"top", "actor"},
     "envs": {"top", "envs"},
-    "learner": {"top", "actor", "learner"},
+    "learner": {"top", "learner"},
+    "speed": {"top", "learner", "speed"},
     "backends": {"top", "actor", "envs", "backends"},
     "dashboard": {"top", "envs", "dashboard"},
-    "driver": {"top", "actor", "envs", "learner", "backends", "dashboard", "driver"},
+    "driver": {"top", "actor", "envs", "learner", "backends", "dashboard", "driver", "speed"},
     "cli": {"top", *FOLDERS},
     "classroom": {"top", *FOLDERS},
 }

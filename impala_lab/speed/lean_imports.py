@@ -1,19 +1,15 @@
-"""The learner's first TensorFlow import without Keras's optional integrations: 0.8 s sooner.
+"""The learner's first TensorFlow import without Keras's optional integrations.
 
 Keras 3 imports matplotlib.pyplot (image galleries), pandas (DataFrame inputs to ``fit``),
 and TensorFlow's legacy ``tf.keras`` code scipy and h5py (sparse inputs, HDF5 files), each
-only when it is installed; they are, since impala_lab's dashboard and MinAtar need them.
-The learner uses none of them, and on this project's 2-core machine they were about 0.8 s of
-a 2.6 s ``import keras, tensorflow`` (matplotlib 0.45 s, scipy and h5py 0.3 s, pandas 0.2 s).
-Keras also imports IPython (notebook display of its file editor), PIL (image files) and psutil
-(a memory check when it loads a saved model) where installed: another 0.02-0.04 s.
+only when it is installed; they are, since impala_lab's dashboard and MinAtar need them. It
+also imports IPython, PIL and psutil where installed. The learner uses none of them.
 
 `lean_imports` makes those modules unimportable for the duration of the import
 (``sys.modules[name] = None``, which Python answers with ``ImportError``; Keras and
 TensorFlow catch it and leave the integration off) and removes the markers afterwards, so the
 process can import any of them later as usual. Keras's integrations with them stay off in
-that process. While the marks are there they hold for every thread: the warm start's sampling
-thread (`impala_lab.driver.warm_start`) imports none of these modules.
+that process. While the marks are there they hold for every thread.
 
 It acts only where impala_lab owns the process (`enable`, called by the ``impala-lab``
 command line) and only on the import that loads TensorFlow: in a notebook or a program of
