@@ -84,8 +84,7 @@ atexit.register(_shutdown_live_backends)
 
 
 # A worker's numpy steps one small batch at a time: a second BLAS thread buys nothing there,
-# and OpenBLAS's idle threads spin. On a 2-core machine a worker then burned about half its
-# CPU in a helper thread waiting for work, taken from the other worker and the learner.
+# and OpenBLAS's idle threads spin, taking CPU from the other workers and the learner.
 ACTOR_THREAD_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
                     "MKL_NUM_THREADS": "1"}
 _environ_lock = threading.Lock()

@@ -12,9 +12,9 @@ with `MinAtarEnv` as the entry point instead of ``minatar.gym.BaseEnv``, because
 gymnasium 1.2 the package's own registration misbehaves inside impala_lab:
 
 * importing ``minatar`` registers nothing (``register_envs()`` must be called in every
-  process, workers included), and it imports matplotlib's pyplot, seaborn, pandas and scipy:
-  2.1 s and 176 MB per actor process here, against 0.25 s and 40 MB for numpy and gymnasium.
-  `MinAtarEnv` loads only the game's own module (numpy alone) from the installed package;
+  process, workers included), and it imports matplotlib's pyplot, seaborn, pandas and scipy,
+  several times what an actor process needs. `MinAtarEnv` loads only the game's own module
+  (numpy alone) from the installed package;
 * its ``rgb_array`` render is a float64 [10, 10, 3] array, which video and GIF writers
   (and gymnasium's ``RecordVideo``) reject: here it is uint8 [10 * scale, 10 * scale, 3] in
   MinAtar's colours (cubehelix, black background), and ``render_fps`` is declared;

@@ -64,11 +64,10 @@ staged part is immutable tensors: the step keeps its own references, and the loa
 new tensors in the slot (RLlib's TF1 version overwrote variables in place, a race).
 
 Loader threads: 1 by default. RLlib ran 16 because a TF1 ``feed_dict`` load was slow and
-blocked; here staging a train batch is a few copies onto the devices (0.5 ms for 800 CartPole
-steps on one device, 3 ms on four fake ones, mostly eager-op overhead), and it overlaps the
-learner step: with a full inqueue ``learner_load_wait_time_ms`` stays under 0.1 ms. One loader
-also keeps the batches in arrival order (the oldest data is trained on first, which keeps
-policy lag low). ``num_loader_threads`` raises it, e.g. for large image batches on real GPUs.
+blocked; here staging a train batch is a few copies onto the devices, and it overlaps the
+learner step (``learner_load_wait_time_ms`` shows whether it keeps up). One loader also keeps
+the batches in arrival order (the oldest data is trained on first, which keeps policy lag low).
+``num_loader_threads`` raises it, e.g. for large image batches on real GPUs.
 
 Timers (RLlib's): ``learner_dequeue_time_ms`` loader 0 waiting on the inqueue,
 ``learner_load_time_ms`` loader 0 staging a batch, ``learner_load_wait_time_ms`` the learner

@@ -13,19 +13,18 @@ with ``ms`` starting at **ones** and ``mom`` at zeros.
 
 Keras's ``keras.optimizers.RMSprop`` starts its mean square (``velocity``) at **zeros**. With
 RLlib's settings and small gradients the first step is then about
-``sqrt((0.99 + 0.1) / 0.1)`` = 3.3x larger than TF1's (3.3x measured at first, 2.6x after
-100 steps): the early updates are larger than the ones that RLlib's and the paper's learning
-rates were tuned for. With ``ms`` starting at one, the first steps are about ``lr * g``, and the
-average only comes to the gradients' scale over about ``1 / (1 - rho)`` = 100 steps.
+``sqrt((0.99 + 0.1) / 0.1)`` = 3.3x larger than TF1's: the early updates are larger than the
+ones that RLlib's and the paper's learning rates were tuned for. With ``ms`` starting at one,
+the first steps are about ``lr * g``, and the average only comes to the gradients' scale over
+about ``1 / (1 - rho)`` = 100 steps.
 
 Only the momentum slot is skipped when ``momentum == 0`` (TF1 always kept one): ``mom`` is then
 the step itself and the update is the same, with fewer variables to save.
 
-Each variable's update is that very kernel (``ResourceApplyRMSProp``), one op where the same
-arithmetic written out took twelve: on the CartPole model the first train step, which traces
-and optimizes the graph, took 0.06 s less (0.41 -> 0.35 s on 2 cores), and later steps about
-1-2% less. With ``momentum == 0`` the kernel still writes a ``mom``: it goes to a buffer that is
-not an optimizer variable (nothing to save: it only ever holds the last step).
+Each variable's update is that very kernel (``tf.raw_ops.ResourceApplyRMSProp``, TensorFlow 1's
+own): TF1's arithmetic by construction, in one op. With ``momentum == 0`` the kernel still
+writes a ``mom``: it goes to a buffer that is not an optimizer variable (nothing to save: it
+only ever holds the last step).
 
 `SingleReplicaGradients` (mixed into `TF1RMSprop` and `Adam`, the policy's two optimizers)
 skips Keras's all-reduce of the gradients where no ``tf.distribute`` strategy is in effect (as
@@ -33,8 +32,7 @@ everywhere in impala_lab: the multi-GPU learner sums its towers' gradients itsel
 ``ReplicaContext.all_reduce`` in every traced update; with one replica it returns the
 gradients unchanged, but it is a ``tf.custom_gradient``, whose gradient function TensorFlow
 registers globally and never releases in graph mode: each traced train step's graph then
-stayed alive after its run was gone (TensorFlow 2.21, Keras 3.15: about 4.5 MB per run built,
-trained and stopped with the CartPole model; `tests/test_worker_faults.py` has the test).
+stays alive after its run is gone (`tests/test_worker_faults.py` has the test).
 `Adam` also keeps one name across runs (see there).
 """
 
@@ -65,10 +63,9 @@ class Adam(SingleReplicaGradients, keras.optimizers.Adam):
 
     Keras names an optimizer built without a name ``adam``, ``adam_1``, ``adam_2``, ... (a
     process-wide counter), and so its variables (``adam_7/hidden_0_kernel_momentum``); the
-    TensorFlow runtime keeps about 36 KB of native memory per distinct variable name it has
-    seen, so every run built added about 0.6 MB that was never returned. One fixed name: the
-    variables of every run reuse the same names (nothing requires them unique; checkpoints
-    save the arrays in order).
+    TensorFlow runtime keeps native memory per distinct variable name it has seen, so every
+    run built leaked a little. One fixed name: the variables of every run reuse the same names
+    (nothing requires them unique; checkpoints save the arrays in order).
     """
 
     def __init__(self, *args, name: str = "adam", **kwargs) -> None:
