@@ -17,7 +17,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 BASE_STAMP := $(VENV)/.installed-base
 DEV_STAMP := $(VENV)/.installed-dev
 
-.PHONY: help setup demo test test-oldest lab docs bench bench-peers nbstrip browser-deps grader-deps mujoco-deps clean
+.PHONY: help setup demo test test-oldest lab docs docs-instructor bench bench-peers nbstrip browser-deps grader-deps mujoco-deps clean
 
 help:
 	@echo "make demo          set up .venv and train CartPole-v1 to a mean return of 475 (5 min at most)"
@@ -25,6 +25,7 @@ help:
 	@echo "make test-oldest   the fast tests against the oldest declared versions (own venv, .venv-oldest)"
 	@echo "make lab           JupyterLab on 127.0.0.1 in notebooks/"
 	@echo "make docs          the course website in site/ (notebooks executed in fast mode, or reused)"
+	@echo "make docs-instructor  the same with the instructor guide, its answers and the solutions, in site-instructor/"
 	@echo "make tensorboard   TensorBoard on 127.0.0.1:6006 over runs/ (LOGDIR=..., TENSORBOARD_PORT=...)"
 	@echo "make bench         python -m bench"
 	@echo "make bench-peers   impala_lab against SB3 PPO on random seeds, CartPole, Pendulum, MuJoCo (own venv)"
@@ -83,6 +84,11 @@ lab: $(DEV_STAMP)
 # the API reference, built with `mkdocs build --strict` into site/.
 docs: $(DEV_STAMP)
 	$(BIN)/python tools/build_site.py
+
+# The instructor's site: the students' one plus the instructor guide (the answers), the grader's
+# guide and the exercises' solutions, in site-instructor/. Keep it off the students' server.
+docs-instructor: $(DEV_STAMP)
+	$(BIN)/python tools/build_site.py --instructor
 
 # The summaries of every run trained with `impala-lab train --tensorboard` (runs/NAME/tensorboard).
 LOGDIR ?= runs
@@ -156,5 +162,6 @@ mujoco-deps:
 
 clean:
 	rm -rf $(VENV) .venv-oldest .pytest_cache .ruff_cache .hypothesis test-artifacts bench/out *.egg-info \
-	  site build/site-src build/mkdocs.yml
+	  site site-instructor build/site-src build/site-src-instructor build/mkdocs.yml \
+	  build/mkdocs-instructor.yml
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -1,6 +1,7 @@
 """The wheel carries the course: notebooks/ becomes the package data
-``impala_lab/classroom/notebooks/``: the lecture notebooks and the exercise stubs, and the
-solutions only in an instructor build (``IMPALA_LAB_INSTRUCTOR_BUILD=1 pip wheel .``). A
+``impala_lab/classroom/notebooks/``: the lecture notebooks, the notation table
+(``notebooks/notation.md``), the exercise stubs and ``examples/impala_in_one_file.py``, and
+the solutions only in an instructor build (``IMPALA_LAB_INSTRUCTOR_BUILD=1 pip wheel .``). A
 student's wheel has none, so no hand-in can read them from the installed package.
 
 Everything else about the package is declared in pyproject.toml. The notebooks stay at the
@@ -16,14 +17,16 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 
 NOTEBOOKS = Path(__file__).resolve().parent / "notebooks"
-# lecture notebooks and exercise stubs; the solutions only in an instructor build (an sdist
-# carries all of them: MANIFEST.in)
+ONE_FILE = Path(__file__).resolve().parent / "examples" / "impala_in_one_file.py"
+# lecture notebooks, the notation table and exercise stubs; the solutions only in an
+# instructor build (an sdist carries all of them: MANIFEST.in)
 INSTRUCTOR = os.environ.get("IMPALA_LAB_INSTRUCTOR_BUILD") == "1"
-COURSE_GLOBS = ("*.ipynb", "exercises/*.ipynb") + (("solutions/*.ipynb",) if INSTRUCTOR else ())
+COURSE_GLOBS = ("*.ipynb", "*.md", "exercises/*.ipynb") + (
+    ("solutions/*.ipynb",) if INSTRUCTOR else ())
 
 
 class BuildPyWithCourse(build_py):
-    """build_py, plus the notebooks copied to ``<build_lib>/impala_lab/classroom/notebooks/``."""
+    """build_py, plus the course copied to ``<build_lib>/impala_lab/classroom/notebooks/``."""
 
     def run(self) -> None:
         super().run()
@@ -35,6 +38,7 @@ class BuildPyWithCourse(build_py):
                 target = dest / notebook.relative_to(NOTEBOOKS)
                 self.mkpath(str(target.parent))
                 self.copy_file(str(notebook), str(target))
+        self.copy_file(str(ONE_FILE), str(dest / ONE_FILE.name))
 
 
 setup(cmdclass={"build_py": BuildPyWithCourse})

@@ -19,7 +19,7 @@ Logged metrics explained (one progress line every --log-interval seconds):
 
     | metric   | meaning                                                                |
     |----------|------------------------------------------------------------------------|
-    | s        | seconds since this process started (interpreter start included)        |
+    | s        | seconds since main() began (the bench times the whole process outside) |
     | steps    | env steps the actors have delivered to the learner                     |
     | updates  | optimizer steps taken by the learner (each publishes new weights)      |
     | return   | mean return of the last 100 finished episodes (the stop criterion)     |
@@ -29,7 +29,10 @@ Logged metrics explained (one progress line every --log-interval seconds):
     | rho      | mean pi/mu over the batch (1 when the actors ran the learner's policy) |
     | lag      | mean learner updates between an unroll's weights and its training      |
 
-The last line is ``RESULT {json}``: solved, seconds_to_target, env_steps, updates.
+V-trace's symbols, as in the course (its notation table): rho_t = pi(a_t|x_t) / mu(a_t|x_t)
+the importance ratio; rho_bar the clip threshold of the targets (--rho-bar) and pg_rho_bar
+that of the policy gradient; w_t = min(rho_bar, rho_t) the clipped weight; c_t = min(1, rho_t)
+the trace; delta_t = w_t (r_t + gamma_t V(x_{t+1}) - V(x_t)) the weighted TD error (the paper's).
 """
 
 from __future__ import annotations
@@ -37,7 +40,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import json
 import multiprocessing as mp
 import os
 import queue
@@ -47,7 +49,6 @@ import time
 from collections import deque
 from typing import Any
 
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # one BLAS thread per actor on few cores
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
@@ -79,7 +80,7 @@ class Config:
     rho_bar: float = _help(1.0, "V-trace clip on pi/mu in the value targets (c-bar is 1)")
     pg_rho_bar: float = _help(1.0, "V-trace clip on pi/mu in the policy-gradient advantage")
     stop_return: float = _help(475.0, "stop when the last 100 episodes' mean return reaches it")
-    max_seconds: float = _help(300.0, "stop after this many seconds from process start")
+    max_seconds: float = _help(300.0, "stop after this many seconds of the run")
     log_interval: float = _help(2.0, "seconds between progress lines")
     tf_threads: int = _help(1, "TensorFlow intra-op threads of the learner")
 
@@ -113,20 +114,51 @@ def numpy_policy(params: list[np.ndarray], obs: np.ndarray) -> tuple[np.ndarray,
 
 
 # ------------------------------------------------------------------- 2. the actor process
+def rollout(envs: list, obs: np.ndarray, params: list[np.ndarray], rng: np.random.Generator,
+            T: int, gamma: float, episode_return: np.ndarray) -> tuple[dict, list[float]]:
+    """One unroll: T steps of each of the B ``envs`` from ``obs`` [B, obs_dim].
+
+    Returns the unroll, obs [T, B, obs_dim], actions [T, B], rewards [T, B], discounts [T, B]
+    (gamma, or 0 where an episode ended), behaviour_logits [T, B, A] and bootstrap_obs
+    [B, obs_dim] (the observation after the last step), and the returns of the episodes that
+    ended in it. A time limit (truncation) is no end in the MDP: there the reward gets
+    gamma * V(last observation) added, and the trace is cut. ``obs`` and ``episode_return``
+    [B] are carried over to the next unroll (updated in place).
+    """
+    B, A = len(envs), params[4].shape[1]
+    u = {"obs": np.zeros((T, B, obs.shape[1]), np.float32), "actions": np.zeros((T, B), np.int32),
+         "rewards": np.zeros((T, B), np.float32), "discounts": np.zeros((T, B), np.float32),
+         "behaviour_logits": np.zeros((T, B, A), np.float32)}
+    finished = []
+    for t in range(T):
+        logits, _ = numpy_policy(params, obs)
+        # Gumbel-max: argmax(logits + Gumbel noise) is a sample of softmax(logits).
+        actions = np.argmax(logits + rng.gumbel(size=logits.shape), axis=1)
+        u["obs"][t], u["actions"][t], u["behaviour_logits"][t] = obs, actions, logits
+        for i, env in enumerate(envs):
+            o, r, terminated, truncated, _ = env.step(int(actions[i]))
+            episode_return[i] += r
+            if truncated and not terminated:  # a time limit: bootstrap from V(o)
+                r += gamma * numpy_policy(params, o[None].astype(np.float32))[1][0]
+            u["rewards"][t, i] = r
+            u["discounts"][t, i] = 0.0 if (terminated or truncated) else gamma
+            if terminated or truncated:
+                finished.append(float(episode_return[i]))
+                episode_return[i] = 0.0
+                o, _ = env.reset()
+            obs[i] = o
+    u["bootstrap_obs"] = obs.copy()
+    return u, finished
+
+
 def actor(actor_id: int, cfg: Config, shapes: list, weights: Any, version: Any,
           unrolls: Any, stop: Any) -> None:
-    """Run in its own process: fill the queue with unrolls until ``stop`` is set.
-
-    Each unroll holds obs [T, B, obs_dim], actions [T, B], rewards [T, B], discounts [T, B]
-    (gamma, or 0 where an episode ended), behaviour_logits [T, B, A], bootstrap_obs
-    [B, obs_dim] (the observation after the last step), the weights' version, and the returns
-    of the episodes that finished during it. A time limit (truncation) is no end in the MDP:
-    there the reward gets gamma * V(last observation) added, and the trace is cut.
-    """
+    """Run in its own process: fill the queue with unrolls (and the weights' version and the
+    finished episodes' returns) until ``stop`` is set or the main process is gone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process handles Ctrl-C
     unrolls.cancel_join_thread()  # at exit, do not wait to flush unrolls nobody will read
     parent = os.getppid()
-    T, B = cfg.unroll_length, cfg.envs_per_actor
+    B = cfg.envs_per_actor
     rng = np.random.default_rng([cfg.seed, actor_id])
     envs = [gym.make(cfg.env) for _ in range(B)]
     obs = np.stack([e.reset(seed=cfg.seed * 10_000 + actor_id * B + i)[0]
@@ -141,29 +173,9 @@ def actor(actor_id: int, cfg: Config, shapes: list, weights: Any, version: Any,
         if params is None:  # the learner has not published its first weights yet
             time.sleep(0.01)
             continue
-        u = {"obs": np.zeros((T, B, obs.shape[1]), np.float32),
-             "actions": np.zeros((T, B), np.int32), "rewards": np.zeros((T, B), np.float32),
-             "discounts": np.zeros((T, B), np.float32),
-             "behaviour_logits": np.zeros((T, B, shapes[4][1]), np.float32)}
-        finished = []
-        for t in range(T):
-            logits, _ = numpy_policy(params, obs)
-            # Gumbel-max: argmax(logits + Gumbel noise) is a sample of softmax(logits).
-            actions = np.argmax(logits - np.log(-np.log(rng.random(logits.shape))), axis=1)
-            u["obs"][t], u["actions"][t], u["behaviour_logits"][t] = obs, actions, logits
-            for i, env in enumerate(envs):
-                o, r, terminated, truncated, _ = env.step(int(actions[i]))
-                episode_return[i] += r
-                if truncated and not terminated:  # a time limit: bootstrap from V(o)
-                    r += cfg.gamma * numpy_policy(params, o[None].astype(np.float32))[1][0]
-                u["rewards"][t, i] = r
-                u["discounts"][t, i] = 0.0 if (terminated or truncated) else cfg.gamma
-                if terminated or truncated:
-                    finished.append(float(episode_return[i]))
-                    episode_return[i] = 0.0
-                    o, _ = env.reset()
-                obs[i] = o
-        u.update(bootstrap_obs=obs.copy(), version=my_version, episode_returns=finished)
+        u, finished = rollout(envs, obs, params, rng, cfg.unroll_length, cfg.gamma,
+                              episode_return)
+        u.update(version=my_version, episode_returns=finished)
         while not stop.is_set():  # wait while the queue is full, unless told to stop
             with contextlib.suppress(queue.Full):
                 unrolls.put(u, timeout=0.1)
@@ -198,10 +210,11 @@ def vtrace(log_rhos: Any, discounts: Any, rewards: Any, values: Any, bootstrap_v
       rho_bar, pg_rho_bar: clips on pi/mu for the targets and for the advantages.
 
     Returns:
-      vs [T, B]: v_s = V(x_s) + sum_t (prod_{i<t} gamma_i c_i) rho_t delta_t, computed
-        backwards as v_s - V(x_s) = rho_s delta_s + gamma_s c_s (v_{s+1} - V(x_{s+1}))
-        with delta_t = r_t + gamma_t V(x_{t+1}) - V(x_t) and c_t = min(1, pi/mu);
-      pg_advantages [T, B]: min(pg_rho_bar, pi/mu)_s (r_s + gamma_s v_{s+1} - V(x_s)).
+      vs [T, B]: v_s = V(x_s) + sum_{t>=s} (prod_{s<=i<t} gamma_i c_i) delta_t, computed
+        backwards as v_s - V(x_s) = delta_s + gamma_s c_s (v_{s+1} - V(x_{s+1})), with
+        delta_t = w_t (r_t + gamma_t V(x_{t+1}) - V(x_t)), w_t = min(rho_bar, rho_t) and
+        c_t = min(1, rho_t), rho_t = pi/mu;
+      pg_advantages [T, B]: min(pg_rho_bar, rho_s) (r_s + gamma_s v_{s+1} - V(x_s)).
     """
     import tensorflow as tf
 
@@ -310,19 +323,9 @@ class Learner(threading.Thread):
 
 
 # ------------------------------------------------------------------- 4. the driver (main)
-def process_start() -> float:
-    """When this process started, on the time.time() clock (Linux's /proc; elsewhere now)."""
-    try:
-        with open("/proc/self/stat") as fh:  # field 22: start, in clock ticks after boot
-            ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
-        boot = time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
-        return boot + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, AttributeError):
-        return time.time()
-
-
 def parse_args(argv: list[str] | None = None) -> Config:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     for f in dataclasses.fields(Config):
         parser.add_argument("--" + f.name.replace("_", "-"), type=type(f.default),
                             default=f.default, help=f.metadata["help"])
@@ -330,7 +333,7 @@ def parse_args(argv: list[str] | None = None) -> Config:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    start = process_start()
+    start = time.monotonic()
     cfg = parse_args(argv)
     probe = gym.make(cfg.env)
     obs_dim, num_actions = probe.observation_space.shape[0], int(probe.action_space.n)
@@ -356,7 +359,7 @@ def main(argv: list[str] | None = None) -> dict:
         next_print = 0.0
         while learner.is_alive():
             time.sleep(0.05)  # check the target often, print every log_interval seconds
-            now, ln, returns = time.time() - start, learner, list(learner.returns)
+            now, ln, returns = time.monotonic() - start, learner, list(learner.returns)
             mean = float(np.mean(returns)) if returns else float("nan")
             solved = len(returns) == 100 and mean >= cfg.stop_return
             result.update(env_steps=ln.env_steps, updates=ln.updates, return_mean=mean)
@@ -369,15 +372,16 @@ def main(argv: list[str] | None = None) -> dict:
             if solved:
                 result.update(solved=True, seconds_to_target=round(now, 2))
                 print(f"solved: mean return of the last 100 episodes {mean:.1f} >= "
-                      f"{cfg.stop_return:g} after {now:.1f} s from process start")
+                      f"{cfg.stop_return:g} after {now:.1f} s, {ln.env_steps:,} env steps, "
+                      f"{ln.updates} updates", flush=True)
                 break
             if now > cfg.max_seconds:
-                print(f"not solved within {cfg.max_seconds:g} s")
+                print(f"not solved within {cfg.max_seconds:g} s", flush=True)
                 break
         if learner.error is not None:
             raise learner.error
     except KeyboardInterrupt:
-        print("interrupted: shutting down")
+        print("interrupted: shutting down", flush=True)
     finally:  # stop the learner and the actors; an actor that does not exit is terminated
         stop.set()
         if learner is not None:
@@ -387,7 +391,6 @@ def main(argv: list[str] | None = None) -> dict:
             if p.is_alive():
                 p.terminate()
                 p.join()
-    print("RESULT " + json.dumps(result), flush=True)
     return result
 
 

@@ -1,10 +1,13 @@
 """bench.one_file: both sides on every seed in alternating order, a miss counts as a failure,
-the RESULT line is read, and ``python -m bench --only one_file`` writes its results files."""
+the one-file run is timed from outside (its stdout read on the bench's clock), and
+``python -m bench --only one_file`` writes its results files."""
 
 from __future__ import annotations
 
 import json
 import sys
+
+import pytest
 
 from bench import one_file
 
@@ -40,23 +43,48 @@ def test_compare_alternates_the_sides_and_counts_a_miss_as_a_failure():
     assert "| 3 | — | 18.0 |" in md and "random (1, 2, 3), cap 60 s" in md
 
 
-def test_one_file_run_reads_the_last_result_line(tmp_path):
+# The lines examples/impala_in_one_file.py prints (its main's format strings).
+PROGRESS_LINE = ("   2.0 s  steps    12,800  updates    16  return  22.1  loss    -12.0  pg  "
+                 "-3.0  vf     18.0  entropy 0.690  rho 1.000  lag 1.5\n")
+STARVED_LINE = ("   0.5 s  steps         0  updates     0  return   nan  loss      0.0  pg     "
+                "0.0  vf      0.0  entropy 0.000  rho 0.000  lag 0.0\n")
+SOLVED_LINE = ("solved: mean return of the last 100 episodes 476.3 >= 475 after 8.1 s, "
+               "392,000 env steps, 480 updates\n")
+
+
+def test_read_run_times_the_solved_line_on_the_benchs_clock():
+    ticks = iter([3.0, 5.0, 9.5, 9.6])  # the clock as each line arrives
+
+    r = one_file.read_run([STARVED_LINE, PROGRESS_LINE, SOLVED_LINE, "more output\n"],
+                          lambda: next(ticks), launched=1.25)
+    # 8.25 s from the launch: the bench's clock, not the 8.1 s the run printed
+    assert r == {"solved": True, "seconds_to_target": 8.25, "env_steps": 392_000,
+                 "updates": 480, "return_mean": 22.1}
+
+
+def test_read_run_without_a_solved_line_reports_the_last_progress():
+    r = one_file.read_run([PROGRESS_LINE, "not solved within 30 s\n"], lambda: 4.0, 0.0)
+    assert r == {"solved": False, "seconds_to_target": None, "env_steps": 12_800,
+                 "updates": 16, "return_mean": 22.1}
+    empty = one_file.read_run([], lambda: 0.0, 0.0)
+    assert not empty["solved"] and empty["env_steps"] is None
+
+
+def test_one_file_run_reads_a_real_process_and_reports_a_crash(tmp_path):
     script = tmp_path / "fake.py"
     script.write_text(
-        "import json, sys\n"
-        "print('RESULT ' + json.dumps({'solved': False}))\n"
+        "import os, sys\n"
         "seed = int(sys.argv[sys.argv.index('--seed') + 1])\n"
-        "print('RESULT ' + json.dumps({'solved': True, 'seconds_to_target': seed / 10,"
-        " 'env_steps': 1234, 'updates': 5, 'return_mean': 480.0}))\n")
+        f"print({PROGRESS_LINE!r}, end='')\n"
+        "print(f'solved: mean return of the last 100 episodes 480.0 >= 475 after 1.0 s, '\n"
+        "      f'{seed * 1000:,} env steps, 5 updates')\n"
+        "assert os.environ['OPENBLAS_NUM_THREADS'] == '1'  # as the library's actors\n")
     r = one_file.one_file_run(37, 30.0, script=script)
-    assert r["solved"] and r["seconds_to_target"] == 3.7 and r["env_steps_to_target"] == 1234
-    script.write_text("print('no result')\n")
-    try:
+    assert r["solved"] and r["env_steps_to_target"] == 37_000 and r["updates"] == 5
+    assert 0 <= r["seconds_to_target"] <= r["wall_s"]
+    script.write_text("import sys\nprint('half a line'); sys.exit('it broke')\n")
+    with pytest.raises(RuntimeError, match="exited with 1:\nit broke"):
         one_file.one_file_run(1, 30.0, script=script)
-    except ValueError as exc:
-        assert "no RESULT line" in str(exc)
-    else:
-        raise AssertionError("a run without a RESULT line must fail")
 
 
 def test_bench_only_one_file_draws_random_seeds_and_writes_its_results(tmp_path, monkeypatch,

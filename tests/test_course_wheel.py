@@ -1,6 +1,7 @@
-"""The course installs with pip: a built (student) wheel carries the notebooks and exercises but
-no solutions; installed into a fresh virtualenv outside the repository, ``impala-lab notebooks
-DIR`` copies them (and refuses ``--solutions``), ``00_quickstart`` runs there in fast mode and
+"""The course installs with pip: a built (student) wheel carries the notebooks, the exercises,
+the notation table and IMPALA in one file but no solutions; installed into a fresh virtualenv
+outside the repository, ``impala-lab notebooks DIR`` copies them (and refuses ``--solutions``),
+``00_quickstart`` runs there in fast mode, the one-file IMPALA answers ``--help`` there and
 ``python -m impala_lab.classroom.exercises`` grades a solution there.
 
 The fresh virtualenv gets the wheel with ``--no-deps`` and reaches the dev environment's
@@ -36,17 +37,26 @@ ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
 # what a build needs from the working tree (copied, so no build/ or egg-info lands in it)
 BUILD_INPUTS = ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "impala_lab",
-                "notebooks")
+                "notebooks", "examples")
 KERNEL = "impala-lab-wheel"
 SOLUTION = "solutions/ex1_minibatch_buffer_get.ipynb"
+ONE_FILE = ROOT / "examples" / "impala_in_one_file.py"
 
 pytestmark = pytest.mark.timeout(600)
 
 
 def _course_paths(root: Path, solutions: bool = True) -> list[str]:
-    patterns = ("*.ipynb", "exercises/*.ipynb") + (("solutions/*.ipynb",) if solutions else ())
+    """The course's files under ``root`` (a copy of the course, or the wheel's folder)."""
+    patterns = ("*.ipynb", "*.md", "*.py", "exercises/*.ipynb") + (
+        ("solutions/*.ipynb",) if solutions else ())
     return sorted(p.relative_to(root).as_posix() for pattern in patterns
                   for p in root.glob(pattern))
+
+
+def _expected(solutions: bool = True) -> list[str]:
+    """What a copy of the course holds: notebooks/ (without the solutions unless asked) and
+    the one-file IMPALA from examples/."""
+    return sorted([*_course_paths(NOTEBOOKS, solutions), ONE_FILE.name])
 
 
 def _run(cmd: list[str | Path], cwd: Path, timeout: float = 120,
@@ -118,7 +128,8 @@ def course(venv, tmp_path_factory) -> Path:
     where = tmp_path_factory.mktemp("student")
     proc = _run([venv / "impala-lab", "notebooks", "my-course"], cwd=where)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "copied 17 lecture notebooks, 14 in exercises/ to my-course/" in proc.stdout
+    assert ("copied 17 lecture notebooks, 14 in exercises/, notation.md, impala_in_one_file.py "
+            "to my-course/") in proc.stdout, proc.stdout
     (where / "my-course" / "solutions").mkdir()
     shutil.copyfile(NOTEBOOKS / SOLUTION, where / "my-course" / SOLUTION)
     return where / "my-course"
@@ -129,12 +140,14 @@ def test_the_wheel_carries_the_course_without_outputs(wheel):
         names = whl.namelist()
         prefix = "impala_lab/classroom/notebooks/"
         shipped = sorted(n[len(prefix):] for n in names if n.startswith(prefix))
-        assert shipped == _course_paths(NOTEBOOKS, solutions=False)  # no solutions in it
-        assert len(shipped) == 31 and "00_quickstart.ipynb" in shipped
+        assert shipped == _expected(solutions=False)  # no solutions in it
+        assert len(shipped) == 33 and "00_quickstart.ipynb" in shipped
+        assert whl.read(prefix + ONE_FILE.name) == ONE_FILE.read_bytes()
+        assert whl.read(prefix + "notation.md") == (NOTEBOOKS / "notation.md").read_bytes()
         assert "impala_lab/classroom/exercises/__main__.py" in names  # the grader and its checkers
         assert "impala_lab/data/collapse_cartpole_metrics.csv" in names  # notebook 06 reads it
         assert "impala_lab/data/breakout_policy.gif" in names  # notebook 11 shows it
-        for name in shipped:
+        for name in (n for n in shipped if n.endswith(".ipynb")):
             nb = json.loads(whl.read(prefix + name))
             for cell in nb["cells"]:
                 assert not cell.get("outputs") and cell.get("execution_count") is None, name
@@ -145,7 +158,7 @@ def test_an_instructor_build_carries_the_solutions(tmp_path):
     with zipfile.ZipFile(built) as whl:
         prefix = "impala_lab/classroom/notebooks/"
         shipped = sorted(n[len(prefix):] for n in whl.namelist() if n.startswith(prefix))
-    assert shipped == _course_paths(NOTEBOOKS) and len(shipped) == 45
+    assert shipped == _expected() and len(shipped) == 47
 
 
 def test_the_fresh_environment_imports_the_wheel_not_the_checkout(venv):
@@ -162,7 +175,7 @@ def test_notebooks_copies_lectures_and_exercises_and_refuses_to_overwrite(venv, 
     proc = _run([venv / "impala-lab", "notebooks", "course"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     copied = _course_paths(tmp_path / "course")
-    assert copied == [p for p in _course_paths(NOTEBOOKS) if not p.startswith("solutions/")]
+    assert copied == _expected(solutions=False)
     assert "jupyter lab course" in proc.stdout
 
     stub = tmp_path / "course" / "exercises" / "ex1_minibatch_buffer_get.ipynb"
@@ -180,7 +193,7 @@ def test_notebooks_copies_lectures_and_exercises_and_refuses_to_overwrite(venv, 
 
     forced = _run([venv / "impala-lab", "notebooks", "course", "--force"], cwd=tmp_path)
     assert forced.returncode == 0, forced.stderr[-3000:]
-    assert _course_paths(tmp_path / "course") == _course_paths(NOTEBOOKS, solutions=False)
+    assert _course_paths(tmp_path / "course") == _expected(solutions=False)
     assert stub.read_bytes() == (NOTEBOOKS / "exercises" / stub.name).read_bytes()
 
 
@@ -193,6 +206,14 @@ def test_the_grader_grades_the_copied_exercises_there(venv, course):
     assert "1 of 2 notebooks pass" in proc.stdout
     solved = _run([venv / "python", "-m", "impala_lab.classroom.exercises", SOLUTION], cwd=course)
     assert solved.returncode == 0, solved.stdout[-3000:] + solved.stderr[-3000:]
+
+
+def test_the_one_file_impala_runs_there(venv, course):
+    proc = _run([venv / "python", ONE_FILE.name, "--help"], cwd=course)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = " ".join(proc.stdout.split())
+    assert "--stop-return STOP_RETURN" in text and "(default: 475.0)" in text, text
+    assert (course / "notation.md").read_bytes() == (NOTEBOOKS / "notation.md").read_bytes()
 
 
 @pytest.mark.slow
@@ -219,6 +240,7 @@ def test_a_checkout_copies_its_own_notebooks(tmp_path, capsys):
     # an editable install builds nothing: the course comes from notebooks/ in place
     assert course_root() == NOTEBOOKS
     assert main(["notebooks", str(tmp_path / "c"), "--solutions"]) == 0
-    assert _course_paths(tmp_path / "c") == _course_paths(NOTEBOOKS)
+    assert _course_paths(tmp_path / "c") == _expected()
+    assert (tmp_path / "c" / ONE_FILE.name).read_bytes() == ONE_FILE.read_bytes()
     assert main(["notebooks", str(tmp_path / "c")]) == 2
     assert "already holds" in capsys.readouterr().err

@@ -1,4 +1,7 @@
-"""Every notebook under notebooks/ runs top to bottom in fast mode, and is committed clean.
+"""Every notebook under notebooks/ runs top to bottom in fast mode, and is committed clean; the
+course writes V-trace's symbols one way (notebooks/notation.md), and the notebooks point a
+student at files they have (the course folder) or the course website, never at the
+repository's make targets or README.
 
 Notebooks are found by globbing ``notebooks/**/*.ipynb``, so a new one is executed (and checked
 for outputs) as soon as it lands. Each runs in a fresh kernel of this interpreter with
@@ -195,3 +198,89 @@ def test_markdown_renders_and_starts_with_a_heading(path):
                 blocks = blocks[1:]
             assert blocks and blocks[0].type == "heading_open", (
                 f"the first markdown cell does not start with a heading: {text[:80]!r}")
+
+
+# ------------------------------------------------------------------ one notation
+NOTATION = NOTEBOOK_DIR / "notation.md"
+# Where the course writes V-trace's symbols: notebooks, the guides, the front page, the one-file.
+COURSE_TEXTS = [*NOTEBOOKS, NOTATION, *sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md",
+                ROOT / "examples" / "impala_in_one_file.py"]
+# A bar marks a clip threshold (rho-bar, rho-bar_pg, c-bar), never the clipped weight w_t: no
+# barred rho with a time index, in Unicode, LaTeX or words.
+BARRED_WEIGHT = re.compile(r"ρ̄_(?!pg)|\\bar\\rho_(?!\{?pg)|\\bar\{\\rho\}_(?!\{?pg)|rho-bar_[a-z]")
+# A definition of delta; its right-hand side must start with the clipped weight (the paper's
+# delta carries it).
+DELTA_DEFINITION = re.compile(r"(?:δ|\\delta|\bdelta)_\{?[st]\}?\s*=\s*([^\n]{0,40})")
+WEIGHTED = ("w_", "min(", "\\min(")
+V_TRACE_SYMBOLS = re.compile(r"ρ̄|\\bar\\rho|δ|\\delta")
+NOTATION_LINK = re.compile(r"\]\(((?:\.\./)?notation\.md)\)")
+
+
+def text_of_notebook(path: Path) -> str:
+    """All cells' sources, markdown and code, of a notebook (a plain file: its text)."""
+    if path.suffix != ".ipynb":
+        return path.read_text(encoding="utf-8")
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    return "\n".join("".join(c["source"]) if isinstance(c["source"], list) else c["source"]
+                     for c in nb["cells"])
+
+
+def test_the_notation_table_defines_every_symbol():
+    table = NOTATION.read_text(encoding="utf-8")
+    for definition in ("ρ_t = π(a_t\\|x_t) / μ(a_t\\|x_t)",
+                       "| ρ̄ | the clip threshold of the targets",
+                       "| ρ̄_pg | the clip threshold of the policy gradient",
+                       "| c̄ | the clip threshold of the traces", "| w_t = min(ρ̄, ρ_t) |",
+                       "| c_t = min(c̄, ρ_t) = min(1, ρ_t) |",
+                       "| δ_t = w_t (r_t + γ_t V(x_{t+1}) − V(x_t)) |",
+                       "| A_s = min(ρ̄_pg, ρ_s) (r_s + γ_s v_{s+1} − V(x_s)) |"):
+        assert definition in table, definition
+
+
+def test_the_notation_check_sees_a_second_meaning():
+    assert BARRED_WEIGHT.search("with $\\bar\\rho_t = \\min(\\bar\\rho, \\rho_t)$")
+    assert BARRED_WEIGHT.search("ρ̄_s = min(1, ρ_s)") and BARRED_WEIGHT.search("rho-bar_t")
+    assert not BARRED_WEIGHT.search("$\\bar\\rho_{pg}$, ρ̄_pg and $\\bar\\rho$ alone")
+    unweighted = DELTA_DEFINITION.search("delta_t = r_t + gamma_t V(x_{t+1}) - V(x_t)")
+    assert unweighted and not unweighted.group(1).startswith(WEIGHTED)
+    weighted = DELTA_DEFINITION.search("$$\\delta_t = w_t\\,\\big(r_t$$")
+    assert weighted and weighted.group(1).startswith(WEIGHTED)
+
+
+@pytest.mark.parametrize("path", COURSE_TEXTS, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_one_notation_across_the_course(path):
+    text = text_of_notebook(path)
+    barred = [m.group(0) for m in BARRED_WEIGHT.finditer(text)]
+    assert not barred, f"a bar marks a threshold; the clipped weight is w_t: {barred}"
+    unweighted = [m.group(0) for m in DELTA_DEFINITION.finditer(text)
+                  if not m.group(1).lstrip().startswith(WEIGHTED)]
+    assert not unweighted, f"delta is the weighted TD error, w_t (...): {unweighted}"
+    if path.name == "13_continuous_actions.ipynb":  # its shift of the mean is eta, not delta
+        assert not re.search(r"δ|\\delta", text)
+    if path.suffix == ".ipynb" and V_TRACE_SYMBOLS.search(text):
+        links = NOTATION_LINK.findall(text)
+        assert links and all((path.parent / link).resolve() == NOTATION for link in links), (
+            "a notebook that writes V-trace's symbols links the notation table")
+
+
+# ------------------------------------------------------------------ where the notebooks point
+# A student who installed the wheel has the course folder and the website, not the repository:
+# no make target, no README, no docs/ path (the website's pages are named instead).
+REPOSITORY_ONLY = re.compile(r"`make\b|\bmake (?:demo|test|bench|lab|docs|setup)\b|"
+                             r"(?<!MinAtar's )\bREADME\b|\bdocs/\w+\.md")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_the_notebooks_point_at_the_course_folder_or_the_website(path):
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    found = [m.group(0) for cell in nb["cells"]
+             for m in REPOSITORY_ONLY.finditer("".join(cell["source"]))]
+    assert not found, f"repository-only references: {found}"
+    for cell in nb["cells"]:
+        if cell["cell_type"] != "markdown":
+            continue
+        for target in build_site.RELATIVE_LINK.findall("".join(cell["source"])):
+            target = target.split("#", 1)[0]
+            assert (path.parent / target).resolve().is_relative_to(NOTEBOOK_DIR), (
+                f"{target}: a link out of the course folder breaks in a copied course")
+            assert (path.parent / target).exists(), f"{target} does not exist"

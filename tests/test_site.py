@@ -1,8 +1,10 @@
 """The course website and the pages it is made of.
 
-The fast tests hold the sources: README.md stays short, every relative link in README.md and
-docs/*.md points at a file that exists, and the build puts the generated config table where
-the configuration page has its markers.
+The fast tests hold the sources: README.md is a front page (short, short lines, one table),
+every relative link in README.md, docs/*.md and notebooks/*.md points at a file that exists,
+the students' site stages no answer (no instructor guide, no grader's guide, no solution)
+while the instructor build stages them, no student page links an instructor page, and the
+build puts the generated config table where the configuration page has its markers.
 
 The slow tests build the site once per session with ``tools/build_site.py`` (``make docs``),
 which reuses the executed notebooks that tests/test_notebooks.py left in
@@ -18,6 +20,7 @@ from __future__ import annotations
 import functools
 import http.server
 import importlib.util
+import json
 import re
 import subprocess
 import sys
@@ -36,9 +39,13 @@ ROOT = Path(__file__).resolve().parents[1]
 SITE = ROOT / "site"
 ARTIFACTS = ROOT / "test-artifacts"
 CHROMIUM = Path("/usr/bin/chromium")
-MAX_README_LINES = 300
+MAX_README_LINES = 150
+MAX_README_LINE = 200  # characters
+# The heading of the instructor guide's answers to the notebooks' questions.
+ANSWERS = "Answers to the notebooks' questions"
 # The notebook page whose figure the browser checks: V-trace's plots come from matplotlib.
 FIGURE_NOTEBOOK = "notebooks/05_vtrace.html"
+NOTEBOOK_SOLUTION = ROOT / "notebooks" / "solutions" / "ex1_minibatch_buffer_get.ipynb"
 
 _spec = importlib.util.spec_from_file_location("build_site", ROOT / "tools" / "build_site.py")
 build_site = importlib.util.module_from_spec(_spec)
@@ -46,7 +53,13 @@ _spec.loader.exec_module(build_site)
 
 
 def markdown_pages() -> list[Path]:
-    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *build_site.course_pages()]
+
+
+def student_pages() -> list[Path]:
+    """The markdown pages of the students' site."""
+    return [ROOT / "README.md", *build_site.course_pages(),
+            *(ROOT / "docs" / name for name in build_site.guide_names())]
 
 
 def relative_links(text: str) -> list[str]:
@@ -56,11 +69,18 @@ def relative_links(text: str) -> list[str]:
     return build_site.RELATIVE_LINK.findall(text)
 
 
-def test_readme_is_at_most_300_lines() -> None:
-    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+def test_the_readme_is_a_front_page() -> None:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    lines = text.splitlines()
     assert len(lines) <= MAX_README_LINES, (
         f"README.md has {len(lines)} lines (at most {MAX_README_LINES}): move a long section "
         "into a page under docs/ and link it")
+    long = [i + 1 for i, line in enumerate(lines) if len(line) > MAX_README_LINE]
+    assert not long, f"README.md lines over {MAX_README_LINE} characters: {long}"
+    tables = re.findall(r"^\|.*\|\n\|(?: ?:?-+:? ?\|)+$", text, re.MULTILINE)
+    assert len(tables) <= 1, f"README.md has {len(tables)} tables (one small one at most)"
+    for needed in ("make demo", "make test", "pip install", "impala-lab notebooks", "!["):
+        assert needed in text, needed
 
 
 @pytest.mark.parametrize("page", markdown_pages(), ids=lambda p: p.relative_to(ROOT).as_posix())
@@ -82,13 +102,56 @@ def test_the_link_check_sees_a_broken_link() -> None:
     assert relative_links(text) == ["docs/nowhere.md", "docs/results/results.png"]
 
 
-def test_the_readme_links_every_docs_page() -> None:
+def test_the_readme_links_every_students_page() -> None:
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    for page in sorted((ROOT / "docs").glob("*.md")):
-        assert f"](docs/{page.name})" in readme, f"README.md does not link docs/{page.name}"
-    listed = {name for _, name in build_site.GUIDES}
-    assert listed == {p.name for p in (ROOT / "docs").glob("*.md")}, (
-        "tools/build_site.py's GUIDES must name every docs/*.md page (the site's menu)")
+    for name in build_site.guide_names():
+        assert f"](docs/{name})" in readme, f"README.md does not link docs/{name}"
+    assert "](notebooks/notation.md)" in readme
+    listed = {name for _, name in build_site.GUIDES + build_site.INSTRUCTOR_PAGES}
+    assert {p.name for p in (ROOT / "docs").glob("*.md")} <= listed, (
+        "tools/build_site.py's GUIDES (or INSTRUCTOR_PAGES) must name every docs/*.md page")
+
+
+@pytest.mark.parametrize("page", student_pages(), ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_no_students_page_links_an_instructors_page(page: Path) -> None:
+    instructors = {ROOT / "docs" / name for _, name in build_site.INSTRUCTOR_PAGES}
+    linked = {(page.parent / unquote(link.split("#", 1)[0])).resolve()
+              for link in relative_links(page.read_text(encoding="utf-8"))}
+    assert not linked & instructors, "the students' site carries no instructor page"
+    assert ANSWERS not in page.read_text(encoding="utf-8")
+
+
+def staged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, instructor: bool) -> Path:
+    """A site staged into ``tmp_path`` with no notebook executed (their copies left out)."""
+    monkeypatch.setattr(build_site, "executed_notebooks", lambda instructor=False: {})
+    monkeypatch.setattr(build_site, "copy_mathjax", lambda dest: None)
+    return build_site.stage(tmp_path / ("instructor" if instructor else "students"),
+                            instructor=instructor)
+
+
+def test_the_students_site_has_no_answer_page(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    students = staged(tmp_path, monkeypatch, instructor=False)
+    names = {p.relative_to(students).as_posix() for p in students.rglob("*") if p.is_file()}
+    assert "docs/training.md" in names and "notebooks/notation.md" in names
+    assert "docs/instructors.md" not in names and "docs/grading.md" not in names
+    assert not any(ANSWERS in p.read_text(encoding="utf-8") for p in students.rglob("*.md"))
+    menu = json.dumps(build_site.navigation())
+    assert "instructors.md" not in menu and "solutions/" not in menu and "Instructors" not in menu
+    assert not [p for p in build_site.lecture_notebooks() if p.parent.name == "solutions"]
+
+    instructor = staged(tmp_path, monkeypatch, instructor=True)
+    assert ANSWERS in (instructor / "docs" / "instructors.md").read_text(encoding="utf-8")
+    menu = json.dumps(build_site.navigation(instructor=True))
+    assert '"Instructors"' in menu and "docs/instructors.md" in menu
+    assert "notebooks/solutions/ex1_minibatch_buffer_get.ipynb" in menu
+    import yaml
+
+    monkeypatch.setattr(build_site, "INSTRUCTOR_STAGE", instructor)
+    monkeypatch.setattr(build_site, "INSTRUCTOR_SITE", tmp_path / "site-instructor")
+    config = yaml.safe_load(build_site.write_config(instructor=True).read_text())
+    assert config["site_dir"] == str(tmp_path / "site-instructor")
+    assert config["docs_dir"] == str(instructor)
 
 
 def test_the_build_fills_the_config_table_between_the_markers() -> None:
@@ -105,6 +168,21 @@ def test_the_site_shows_the_exercises_but_not_their_solutions() -> None:
     shown = [p.relative_to(ROOT / "notebooks").as_posix() for p in build_site.lecture_notebooks()]
     assert "05_vtrace.ipynb" in shown and "exercises/ex3_vtrace_numpy.ipynb" in shown
     assert not [name for name in shown if name.startswith("solutions/")]
+    everything = build_site.lecture_notebooks(instructor=True)
+    assert NOTEBOOK_SOLUTION in everything
+    assert NOTEBOOK_SOLUTION not in build_site.lecture_notebooks()
+
+
+def test_a_notebooks_links_to_course_files_point_at_their_pages() -> None:
+    nb = {"cells": [{"cell_type": "markdown", "source": [
+        "[the notation table](notation.md), [05](05_vtrace.ipynb#1-v-trace-by-hand), "
+        "[up](../notation.md), [web](https://example.org/a.md), ![fig](plot.png)"]},
+        {"cell_type": "code", "source": "x = '[a](b.md)'"}]}
+    out = build_site.with_page_links(nb)
+    assert out["cells"][0]["source"] == (
+        "[the notation table](notation.html), [05](05_vtrace.html#1-v-trace-by-hand), "
+        "[up](../notation.html), [web](https://example.org/a.md), ![fig](plot.png)")
+    assert out["cells"][1]["source"] == "x = '[a](b.md)'"
 
 
 def test_an_executed_copy_is_reused_only_while_its_source_is_unchanged(
@@ -167,10 +245,20 @@ def test_the_built_site_has_every_page(built_site: Path) -> None:
         rel = path.relative_to(ROOT).with_suffix(".html")
         assert (built_site / rel).is_file(), f"{rel} is missing"
     assert not (built_site / "notebooks" / "solutions").exists()
-    # the files the pages link to came along: a figure, the GIF, a results page
+    # no answer anywhere: no instructor page, no page with the answers' heading
+    for _, name in build_site.INSTRUCTOR_PAGES:
+        assert not (built_site / "docs" / name.replace(".md", ".html")).exists(), name
+    assert not [p for p in built_site.rglob("*.html") if ANSWERS in p.read_text(encoding="utf-8")]
+    # the files the pages link to came along: a figure, the GIF, a results page, the notation
     for rel in ("docs/results/results.png", "impala_lab/data/breakout_policy.gif",
-                "docs/results/results.html"):
+                "docs/results/results.html", "notebooks/notation.html"):
         assert (built_site / rel).is_file(), rel
+    # and the one-file IMPALA, which mkdocs-jupyter shows as a page of code (through jupytext)
+    one_file = (built_site / "examples" / "impala_in_one_file.html").read_text(encoding="utf-8")
+    assert "def rollout" in one_file and "class Learner" in one_file
+    # a notebook's link to the notation table leads to its page
+    page = (built_site / "notebooks" / "05_vtrace.html").read_text(encoding="utf-8")
+    assert 'href="notation.html"' in page
     for name in ("training", "performance", "reliability", "off_policy", "map", "api"):
         assert (built_site / "docs" / f"{name}.html").is_file(), name
     config = (built_site / "docs" / "configuration.html").read_text(encoding="utf-8")

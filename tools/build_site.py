@@ -1,20 +1,27 @@
 """Build the course website (``make docs``): mkdocs-material over a staged copy of the repo.
 
-    python tools/build_site.py            # stage build/site-src/, then mkdocs build --strict
+    python tools/build_site.py                 # the students' site: build/site-src/ -> site/
+    python tools/build_site.py --instructor    # with the answers: site-instructor/
     python tools/build_site.py --stage-only
 
-The site is built from ``build/site-src/``, a folder laid out like the repository, so the
-relative links that work on GitHub work on the site too:
+The site is for students. The instructor guide (its answers to every notebook's questions)
+and the grader's guide (``INSTRUCTOR_PAGES``), and the exercises' solutions, go only into the
+instructor build (``make docs-instructor``), staged in ``build/site-src-instructor/`` and built
+into ``site-instructor/``; the default build leaves them out, and no page of it may link them.
 
-- ``README.md`` (the home page) and ``docs/*.md``; the configuration page gets the table of
-  every ``ImpalaConfig`` field from ``impala_lab.config.markdown_table`` between its
+A site is built from a folder laid out like the repository, so the relative links that work
+on GitHub work on the site too:
+
+- ``README.md`` (the home page) and the ``docs/*.md`` guides; the configuration page gets the
+  table of every ``ImpalaConfig`` field from ``impala_lab.config.markdown_table`` between its
   ``config-table`` markers, so the site's table is never a hand copy;
 - ``docs/api.md``, an API reference that mkdocstrings fills from the docstrings;
-- the lecture notebooks and the exercises (never the solutions), executed in fast mode
-  (``IMPALA_LAB_FAST=1``). An executed copy is reused from ``test-artifacts/executed-notebooks/``
-  when its recorded hash matches the notebook's source: ``tests/test_notebooks.py`` writes one
-  for each notebook it runs, so in ``make test`` every notebook executes once. A missing or
-  stale copy is executed here;
+- ``notebooks/notation.md``, the course's symbols, and the lecture notebooks and the
+  exercises, executed in fast mode (``IMPALA_LAB_FAST=1``), their links to other course files
+  pointed at those files' pages. An executed copy is reused from
+  ``test-artifacts/executed-notebooks/`` when its recorded hash matches the notebook's source:
+  ``tests/test_notebooks.py`` writes one for each notebook it runs, so in ``make test`` every
+  notebook executes once. A missing or stale copy is executed here;
 - every other file a page links to (figures, the GIF, the one-file example).
 
 Warnings are errors (``mkdocs build --strict``): a broken link fails the build, and so does a
@@ -38,6 +45,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 STAGE = ROOT / "build" / "site-src"
 SITE = ROOT / "site"
+INSTRUCTOR_STAGE = ROOT / "build" / "site-src-instructor"
+INSTRUCTOR_SITE = ROOT / "site-instructor"
 EXECUTED = ROOT / "test-artifacts" / "executed-notebooks"
 NOTEBOOKS = ROOT / "notebooks"
 SOURCE_HASH_KEY = "impala_lab_source_sha256"
@@ -55,6 +64,8 @@ CONFIG_TABLE = re.compile(r"(<!-- config-table:start -->\n).*?(\n<!-- config-tab
                           re.DOTALL)
 # A markdown link or image whose target is relative: [text](target) or ![alt](target).
 RELATIVE_LINK = re.compile(r"\]\((?!https?:|mailto:|#)([^)\s]+)\)")
+# A relative link to a page's source (a notebook or a markdown page), with its anchor if any.
+PAGE_LINK = re.compile(r"(\]\((?!https?:|mailto:|#)[^)\s]+?)\.(?:md|ipynb)((?:#[^)\s]*)?\))")
 
 # The API reference: (heading, dotted path) for each public name, in reading order.
 API = [
@@ -72,6 +83,7 @@ API = [
 
 # The guides' pages (docs/NAME.md) in the menu's order, with their titles.
 GUIDES = [
+    ("The course", "course.md"),
     ("Installation", "installation.md"),
     ("Training", "training.md"),
     ("Recurrent policies", "recurrent.md"),
@@ -84,14 +96,39 @@ GUIDES = [
     ("Configuration", "configuration.md"),
     ("Map", "map.md"),
     ("IMPALA in one file", "impala_in_one_file.md"),
+]
+# The instructor's pages (docs/NAME.md), only in the instructor build: the guide with the
+# answers to the notebooks' questions, and the grader's guide (when it is there).
+INSTRUCTOR_PAGES = [
     ("Instructor guide", "instructors.md"),
+    ("Grading", "grading.md"),
 ]
 
 
-def lecture_notebooks() -> list[Path]:
-    """The notebooks the site shows: the lectures and the exercises, not the solutions."""
-    found = sorted(NOTEBOOKS.glob("*.ipynb")) + sorted((NOTEBOOKS / "exercises").glob("*.ipynb"))
+def lecture_notebooks(instructor: bool = False) -> list[Path]:
+    """The notebooks a site shows: the lectures and the exercises; the solutions only in the
+    instructor build."""
+    folders = ("exercises", "solutions") if instructor else ("exercises",)
+    found = sorted(NOTEBOOKS.glob("*.ipynb"))
+    for folder in folders:
+        found += sorted((NOTEBOOKS / folder).glob("*.ipynb"))
     return [p for p in found if ".ipynb_checkpoints" not in p.parts]
+
+
+def course_pages() -> list[Path]:
+    """The course's markdown pages beside the notebooks (the notation table)."""
+    return sorted(NOTEBOOKS.glob("*.md"))
+
+
+def instructor_pages() -> list[tuple[str, str]]:
+    """`INSTRUCTOR_PAGES` that exist in docs/."""
+    return [(title, name) for title, name in INSTRUCTOR_PAGES if (ROOT / "docs" / name).is_file()]
+
+
+def guide_names(instructor: bool = False) -> list[str]:
+    """The docs/*.md pages a site carries: the guides, and the instructor's pages in the
+    instructor build."""
+    return [name for _, name in GUIDES + (instructor_pages() if instructor else [])]
 
 
 def source_hash(path: Path) -> str:
@@ -158,11 +195,11 @@ def write_kernelspec(root: Path) -> Path:
     return root
 
 
-def executed_notebooks() -> dict[Path, Path]:
+def executed_notebooks(instructor: bool = False) -> dict[Path, Path]:
     """Each shown notebook with its executed copy, executing those without a fresh one."""
     copies: dict[Path, Path] = {}
     missing = []
-    for path in lecture_notebooks():
+    for path in lecture_notebooks(instructor):
         copy = fresh_executed_copy(path)
         if copy is None:
             missing.append(path)
@@ -191,6 +228,18 @@ def without_live_widgets(nb: dict[str, Any]) -> dict[str, Any]:
             if WIDGET_VIEW in data:
                 out["data"] = {"text/html": f"<p><em>{WIDGET_NOTE}</em></p>",
                                "text/plain": WIDGET_NOTE}
+    return nb
+
+
+def with_page_links(nb: dict[str, Any]) -> dict[str, Any]:
+    """The notebook with its markdown links to a course file's source (``notation.md``,
+    another notebook) pointed at that file's page (``.html``): mkdocs rewrites the links of
+    markdown pages, not those inside a notebook."""
+    for cell in nb.get("cells", []):
+        if cell.get("cell_type") == "markdown":
+            source = cell["source"]
+            text = "".join(source) if isinstance(source, list) else source
+            cell["source"] = PAGE_LINK.sub(r"\1.html\2", text)
     return nb
 
 
@@ -231,22 +280,28 @@ def copy_linked_files(page: Path, stage: Path) -> list[Path]:
     return copied
 
 
-def stage(dest: Path = STAGE) -> Path:
-    """Lay out the site's sources in ``dest`` (emptied first); returns ``dest``."""
+def stage(dest: Path | None = None, instructor: bool = False) -> Path:
+    """Lay out a site's sources in ``dest`` (emptied first; by default `STAGE`, or
+    `INSTRUCTOR_STAGE` for the instructor build); returns ``dest``."""
+    dest = dest or (INSTRUCTOR_STAGE if instructor else STAGE)
     if dest.exists():
         shutil.rmtree(dest)
     (dest / "docs").mkdir(parents=True)
+    (dest / "notebooks").mkdir()
     shutil.copy2(ROOT / "README.md", dest / "README.md")
-    for page in sorted((ROOT / "docs").glob("*.md")):
-        shutil.copy2(page, dest / "docs" / page.name)
+    for name in guide_names(instructor):
+        shutil.copy2(ROOT / "docs" / name, dest / "docs" / name)
+    for page in course_pages():
+        shutil.copy2(page, dest / "notebooks" / page.name)
     config_page = dest / "docs" / "configuration.md"
     config_page.write_text(fill_config_table(config_page.read_text(encoding="utf-8")))
     (dest / "docs" / "api.md").write_text(api_page())
-    for source, copy in executed_notebooks().items():
+    for source, copy in executed_notebooks(instructor).items():
         out = dest / source.relative_to(ROOT)
         out.parent.mkdir(parents=True, exist_ok=True)
         nb = json.loads(copy.read_text(encoding="utf-8"))
-        out.write_text(json.dumps(without_live_widgets(nb), indent=1), encoding="utf-8")
+        out.write_text(json.dumps(with_page_links(without_live_widgets(nb)), indent=1),
+                       encoding="utf-8")
     pages = list(dest.rglob("*.md"))
     while pages:  # a copied page may link further files
         copied = copy_linked_files(pages.pop(), dest)
@@ -265,7 +320,7 @@ def copy_mathjax(dest: Path) -> None:
     (dest / "site-config.js").write_text(MATHJAX_CONFIG)
 
 
-def title_of(path: Path) -> str:
+def notebook_title(path: Path) -> str:
     """A notebook's title for the navigation: its first markdown heading, or its name."""
     nb = json.loads(path.read_text(encoding="utf-8"))
     for cell in nb["cells"]:
@@ -277,47 +332,71 @@ def title_of(path: Path) -> str:
     return path.stem
 
 
-def navigation() -> list[Any]:
-    """The site's menu: the home page, the course, the guides, the API reference."""
-    lectures = [p for p in lecture_notebooks() if p.parent == NOTEBOOKS]
-    exercises = [p for p in lecture_notebooks() if p.parent != NOTEBOOKS]
+def navigation(instructor: bool = False) -> list[Any]:
+    """A site's menu: the home page, the course, the guides, the API reference; in the
+    instructor build also the solutions and the instructor's pages."""
+    shown = lecture_notebooks(instructor)
+    lectures = [p for p in shown if p.parent == NOTEBOOKS]
 
     def entry(path: Path) -> dict[str, str]:
         return {title_of(path): path.relative_to(ROOT).as_posix()}
 
-    guides = [{title: f"docs/{name}"} for title, name in GUIDES]
-    return [{"Home": "README.md"},
-            {"Lectures": [entry(p) for p in lectures]},
-            {"Exercises": [entry(p) for p in exercises]},
-            {"Guides": guides},
-            {"API reference": "docs/api.md"}]
+    def folder(name: str) -> list[dict[str, str]]:
+        return [entry(p) for p in shown if p.parent == NOTEBOOKS / name]
+
+    notes = [{title_of(p): p.relative_to(ROOT).as_posix()} for p in course_pages()]
+    menu = [{"Home": "README.md"},
+            {"Lectures": notes + [entry(p) for p in lectures]},
+            {"Exercises": folder("exercises")}]
+    if instructor:
+        menu.append({"Solutions": folder("solutions")})
+    menu.append({"Guides": [{title: f"docs/{name}"} for title, name in GUIDES]})
+    if instructor:
+        menu.append({"Instructors": [{title: f"docs/{name}"}
+                                     for title, name in instructor_pages()]})
+    return [*menu, {"API reference": "docs/api.md"}]
 
 
-def write_config() -> Path:
-    """build/mkdocs.yml: the repository's mkdocs.yml with absolute paths and the menu."""
+def title_of(path: Path) -> str:
+    """A page's title for the navigation: its first markdown heading, or its name."""
+    if path.suffix == ".md":
+        match = re.search(r"^#+\s+(.+)$", path.read_text(encoding="utf-8"), re.MULTILINE)
+        return match.group(1).strip() if match else path.stem
+    return notebook_title(path)
+
+
+def write_config(instructor: bool = False) -> Path:
+    """The staged folder's mkdocs.yml (build/mkdocs.yml, or build/mkdocs-instructor.yml): the
+    repository's mkdocs.yml with absolute paths and the menu."""
     import yaml
 
+    stage_dir, site_dir = (INSTRUCTOR_STAGE, INSTRUCTOR_SITE) if instructor else (STAGE, SITE)
     config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
-    config["docs_dir"] = str(STAGE)
-    config["site_dir"] = str(SITE)
+    config["docs_dir"] = str(stage_dir)
+    config["site_dir"] = str(site_dir)
+    if instructor:
+        config["site_name"] += " (instructor)"
     for plugin in config["plugins"]:
         if isinstance(plugin, dict) and "mkdocstrings" in plugin:
             plugin["mkdocstrings"]["handlers"]["python"]["paths"] = [str(ROOT)]
-    config["nav"] = navigation()
-    out = STAGE.parent / "mkdocs.yml"
+    config["nav"] = navigation(instructor)
+    out = stage_dir.parent / ("mkdocs-instructor.yml" if instructor else "mkdocs.yml")
     out.write_text(yaml.safe_dump(config, sort_keys=False))
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--instructor", action="store_true",
+                        help="the instructor's site (site-instructor/): also the instructor "
+                        "guide with its answers, the grader's guide and the solutions")
     parser.add_argument("--stage-only", action="store_true",
-                        help="lay out build/site-src/ without running mkdocs")
+                        help="lay out the staged sources without running mkdocs")
     args = parser.parse_args(argv)
-    stage()
+    stage(instructor=args.instructor)
     if args.stage_only:
         return 0
-    config = write_config()
+    config = write_config(args.instructor)
     command = [sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(config)]
     # NO_MKDOCS_2_WARNING: mkdocs-material's banner about its successor, printed on every build
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}

@@ -1,11 +1,14 @@
-"""The course as files a student can copy: lecture notebooks, exercises and their solutions.
+"""The course as files a student can copy: lecture notebooks, exercises and their solutions,
+the notation table and IMPALA in one file.
 
 A built wheel carries the repository's ``notebooks/`` as the package data
-``impala_lab/classroom/notebooks/`` (``setup.py`` copies them at build time); a checkout, or an
-editable
-install of one, reads ``notebooks/`` in place. `copy_course` writes them into a folder::
+``impala_lab/classroom/notebooks/`` (``setup.py`` copies them at build time, with
+``examples/impala_in_one_file.py`` beside them); a checkout, or an editable install of one,
+reads ``notebooks/`` and ``examples/`` in place. `copy_course` writes them into a folder::
 
     DIR/00_quickstart.ipynb ... 13_continuous_actions.ipynb      lecture notebooks
+    DIR/notation.md                                              the symbols the course uses
+    DIR/impala_in_one_file.py                                    IMPALA in under 400 lines
     DIR/exercises/ex1_minibatch_buffer_get.ipynb ...             stubs to fill in
     DIR/solutions/ex1_minibatch_buffer_get.ipynb ...             only when asked
                                                                  (clone or instructor build)
@@ -28,8 +31,11 @@ _PACKAGE = Path(__file__).resolve().parent
 
 # relative to the course's root; the solutions only when asked
 LECTURES = "*.ipynb"
+NOTES = "*.md"  # notation.md, which the notebooks link to
 EXERCISES = "exercises/*.ipynb"
 SOLUTIONS = "solutions/*.ipynb"
+# IMPALA in one file: beside the notebooks in a wheel, in examples/ in a checkout
+ONE_FILE = "impala_in_one_file.py"
 
 
 class CourseExistsError(FileExistsError):
@@ -58,8 +64,17 @@ class NoSolutionsError(FileNotFoundError):
     """This install of impala_lab is a student build: it carries no solutions."""
 
 
+def source_of(rel: Path) -> Path:
+    """Where the course's file ``rel`` (a path `course_files` returned) is in this install."""
+    root = course_root()
+    if rel == Path(ONE_FILE) and not (root / rel).is_file():
+        return root.parent / "examples" / ONE_FILE  # a checkout
+    return root / rel
+
+
 def course_files(*, solutions: bool = False) -> list[Path]:
-    """The course's notebooks, relative to `course_root`, lectures first.
+    """The course's files, relative to `course_root`: the lectures, the notation table and the
+    one-file IMPALA, then the exercises (and the solutions).
 
     Raises:
       NoSolutionsError: `solutions` asked for, and this install carries none.
@@ -70,8 +85,13 @@ def course_files(*, solutions: bool = False) -> list[Path]:
             "this impala_lab is a student build and carries no solutions; copy them from a "
             "clone of the repository (impala-lab notebooks DIR --solutions run there), or "
             "install an instructor build (IMPALA_LAB_INSTRUCTOR_BUILD=1 pip wheel .)")
-    patterns = (LECTURES, EXERCISES, SOLUTIONS) if solutions else (LECTURES, EXERCISES)
-    return [p.relative_to(root) for pattern in patterns for p in sorted(root.glob(pattern))]
+    top = [p.relative_to(root) for pattern in (LECTURES, NOTES) for p in sorted(root.glob(pattern))]
+    if not source_of(Path(ONE_FILE)).is_file():
+        raise FileNotFoundError(f"{ONE_FILE} is missing from this install of impala_lab "
+                                f"({root}): reinstall it from a wheel or a clone")
+    patterns = (EXERCISES, SOLUTIONS) if solutions else (EXERCISES,)
+    return top + [Path(ONE_FILE)] + [p.relative_to(root) for pattern in patterns
+                                     for p in sorted(root.glob(pattern))]
 
 
 def copy_course(dest: str | os.PathLike, *, solutions: bool = False,
@@ -89,7 +109,6 @@ def copy_course(dest: str | os.PathLike, *, solutions: bool = False,
       NoSolutionsError: `solutions` asked for, and this install carries none.
     """
     dest = Path(dest)
-    root = course_root()
     files = course_files(solutions=solutions)
     if not force:
         existing = [f for f in files if (dest / f).exists()]
@@ -99,6 +118,6 @@ def copy_course(dest: str | os.PathLike, *, solutions: bool = False,
     for rel in files:
         target = dest / rel
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(root / rel, target)
+        shutil.copyfile(source_of(rel), target)
         copied.append(target)
     return copied

@@ -123,8 +123,9 @@ def _add_train_parser(sub: Any) -> None:
 
 
 def _add_notebooks_parser(sub: Any) -> None:
-    course = sub.add_parser("notebooks", help="copy the lecture notebooks and exercises into "
-                            "DIR, to run them outside this repository")
+    course = sub.add_parser("notebooks", help="copy the lecture notebooks, the exercises, the "
+                            "notation table and IMPALA in one file into DIR, to run them "
+                            "outside this repository")
     course.add_argument("dir", type=Path, metavar="DIR", help="destination folder")
     course.add_argument("--solutions", action="store_true", help="copy the solutions too")
     course.add_argument("--force", action="store_true", help="overwrite files already there")
@@ -166,9 +167,10 @@ def notebooks_command(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     rel = [p.relative_to(args.dir) for p in copied]
-    lectures = sum(len(r.parts) == 1 for r in rel)
+    lectures = sum(len(r.parts) == 1 and r.suffix == ".ipynb" for r in rel)
     folders = sorted({r.parts[0] for r in rel if len(r.parts) > 1})
     inside = "".join(f", {sum(r.parts[0] == f for r in rel)} in {f}/" for f in folders)
+    inside += "".join(f", {r}" for r in rel if len(r.parts) == 1 and r.suffix != ".ipynb")
     example = next((r.as_posix() for r in rel if r.parts[0] == "exercises"), "NOTEBOOK.ipynb")
     print(f"impala-lab: copied {lectures} lecture notebooks{inside} to {args.dir}/\n"
           f"  open them:         jupyter lab {args.dir}\n"
