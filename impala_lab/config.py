@@ -1,7 +1,8 @@
 """`ImpalaConfig`: every knob of the pipeline, with RLlib's names, validated when built.
 
-Each field carries its own documentation (``metadata["help"]``); the README's config table
-and the CLI's ``--help`` are generated from it, so the three never disagree::
+Each field carries its own documentation (``metadata["help"]``) and its role (``group``); the
+configuration page's tables (docs/configuration.md) and the CLI's ``--help`` are generated from
+it, so the three never disagree::
 
     python -m impala_lab.config          # prints the markdown table
 
@@ -356,7 +357,7 @@ def _check_known(key: Any) -> None:
     known = field_names()
     if key not in known:
         close = difflib.get_close_matches(str(key), known, n=1)
-        hint = f"did you mean {close[0]!r}?" if close else "see the README's config table"
+        hint = f"did you mean {close[0]!r}?" if close else "impala-lab config lists every field"
         raise ConfigError(f"unknown config key {key!r}: {hint}")
 
 

@@ -2,7 +2,7 @@
 
 Everything that knows about live knobs reads `KNOBS`: ``Impala.set_knobs`` (which names are
 allowed), the driver (how a new value is applied), the dashboard (its sliders and tooltips), the
-plots (the ``knobs.*`` columns whose changes are marked) and the README. To add a knob, add one
+plots (the ``knobs.*`` columns whose changes are marked) and the docs. To add a knob, add one
 `Knob` here and, if the run must do more than store the new config value, an ``apply`` hook.
 
 Validation is the config's: a knob's value is checked by ``ImpalaConfig`` like any other field.

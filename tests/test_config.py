@@ -324,7 +324,7 @@ def test_unknown_key_did_you_mean() -> None:
             "unknown config key 'num_worker': did you mean 'num_workers'?")):
         ImpalaConfig.from_dict({"num_worker": 3})
     with pytest.raises(ConfigError, match=re.escape(
-            "unknown config key 'zzzzzz': see the README's config table")):
+            "unknown config key 'zzzzzz': impala-lab config lists every field")):
         ImpalaConfig.from_dict({"zzzzzz": 3})
 
 

@@ -44,7 +44,7 @@ cluster with no free CPU (other jobs hold them all) is a `ConfigError` after
 `FREE_CPU_WAIT_S`, not a hang. Actors are spread over the nodes (``scheduling_strategy=
 "SPREAD"``), so every node samples and a lost node takes only its share of the workers.
 
-Running on a Ray cluster (the README's "Where the workers live" has the details;
+Running on a Ray cluster (docs/training.md's "Where the workers live" has the details;
 ``tests/test_ray_cluster.py`` runs these steps)::
 
     # every node and the driver: the same Python, Ray, impala_lab and gymnasium, and

@@ -180,7 +180,7 @@ def notebooks_command(args: argparse.Namespace) -> int:
 
 
 def config_command(args: argparse.Namespace) -> int:
-    """``impala-lab config``: the README's config table."""
+    """``impala-lab config``: every config field by role, its default and what it does."""
     from impala_lab.config import markdown_table
 
     print(markdown_table())

@@ -2,7 +2,7 @@
 
 The widgets' cards, the plots' legends and timing bars, the diagram's timing SVG and the
 terminal panel all name a figure through `LABELS`, so a timer or a learner stat is renamed
-(or added) here once. The ``help`` lines say what the README's "Logged metrics explained"
+(or added) here once. The ``help`` lines say what docs/training.md's "Logged metrics explained"
 says about the same keys.
 
 `QUEUES` names the buffers that the gauges show, and `queue_figures` reads their level and
