@@ -36,9 +36,10 @@ Each exercise has an optional, harder challenge (``<name>_challenge``, notebook
 ``exNc_<name>_challenge.ipynb``, checker ``check_<name>_challenge``): the same answer, cases
 and reference, with less scaffolding and a rule (`impala_lab.classroom.exercises.challenges`).
 
-``python -m impala_lab.classroom.exercises NOTEBOOK.ipynb ...`` checks handed-in notebooks (see
-`impala_lab.classroom.exercises.notebook`). Importing this package does not import TensorFlow; the
-V-trace checkers import it when they first need the reference.
+Handed-in notebooks are graded by the instructors' package ``impala_lab_grader`` (``python -m
+impala_lab_grader NOTEBOOK.ipynb ...``, docs/grading.md), with these same specs. Importing this
+package does not import TensorFlow; the V-trace checkers import it when they first need the
+reference.
 """
 
 from __future__ import annotations
