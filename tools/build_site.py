@@ -85,6 +85,7 @@ GUIDES = [
     ("Map", "map.md"),
     ("IMPALA in one file", "impala_in_one_file.md"),
     ("Instructor guide", "instructors.md"),
+    ("Grading hand-ins", "grading.md"),
 ]
 
 
