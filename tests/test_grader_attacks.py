@@ -422,3 +422,41 @@ def test_what_the_grader_reads_is_a_regular_file_with_a_cap(tmp_path, capsys, mo
     a, b, c = graded_beside(capsys, [str(fifo), str(link), str(sparse)], *flags(mode))
     assert "not a regular file" in a and "links are not followed" in b, a + b
     assert "1073741824 bytes; a notebook may have 32 MiB at most" in c, c
+
+
+def test_the_cgroup_reads_which_limit_the_kernel_enforced(tmp_path, monkeypatch):
+    from impala_lab_grader import cgroup
+
+    v2, mem, pids = tmp_path / "v2", tmp_path / "memory", tmp_path / "pids"
+    for folder in (v2, mem, pids):
+        folder.mkdir()
+    group = Cgroup(2, [v2])
+    (v2 / "memory.events").write_text("low 0\nhigh 0\nmax 7\noom 1\noom_kill 0\n")
+    (v2 / "pids.events").write_text("max 0\n")
+    assert group.hit() == ""  # reclaim at the limit is no kill
+    (v2 / "memory.events").write_text("low 0\nhigh 0\nmax 7\noom 1\noom_kill 1\n")
+    assert group.hit() == "memory"
+    (v2 / "pids.events").write_text("max 3\n")
+    assert group.hit() == "processes"  # a fork bomb is named by its processes
+    group = Cgroup(1, [mem, pids])
+    (mem / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 2\n")
+    assert group.hit() == "memory"
+    assert group.wrap(["bwrap", "x"]) == [
+        "/bin/sh", "-c", 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; '
+        'shift; exec "$@"', "sh", str(mem / "cgroup.procs"), str(pids / "cgroup.procs"), "--",
+        "bwrap", "x"]
+    # v2 where this process's cgroup delegates memory and pids, v1 where it does not
+    (v2 / "grader.slice").mkdir()
+    (v2 / "grader.slice" / "cgroup.subtree_control").write_text("cpu memory pids\n")
+    monkeypatch.setattr(cgroup, "_mounts", lambda: {"cgroup2": v2, "memory": mem, "pids": pids})
+    monkeypatch.setattr(cgroup, "_own", lambda: {"": "grader.slice", "memory": "m", "pids": "p"})
+    made, why = Cgroup.make("one", 2**30, 256)
+    assert (made.version, made.dirs, why) == (2, [v2 / "grader.slice" / "one"], "")
+    (v2 / "grader.slice" / "cgroup.subtree_control").write_text("cpu\n")
+    (mem / "m").mkdir()
+    (pids / "p").mkdir()
+    made, why = Cgroup.make("two", 2**30, 256)
+    assert (made.version, made.dirs) == (1, [mem / "m" / "two", pids / "p" / "two"])
+    monkeypatch.setattr(cgroup, "_mounts", lambda: {"cgroup2": v2})
+    assert Cgroup.make("three", 2**30, 256) == (
+        None, "no cgroup controllers for memory and processes delegated to this process")

@@ -331,3 +331,14 @@ def test_the_student_build_is_compiled_from_source_alone(tmp_path, monkeypatch):
     assert {f for f in files if f.startswith("impala_lab_grader/")} >= {
         "impala_lab_grader/child.py", "impala_lab_grader/channel.py"}
     assert not any(Path(f).name in ("grade.py", "static.py", "world.py") for f in files)
+
+
+def test_a_huge_hand_in_is_read_in_bounded_time():
+    # thousands of helper functions calling the next, and a long cell: linear work only
+    chain = "".join(f"def f{i}(x):\n    return f{i + 1}(x)\n" for i in range(5000))
+    nb = add_cell(notebook("vtrace_numpy_challenge"), chain + "def f5000(x):\n    return x\n")
+    assert verdict("vtrace_numpy_challenge", nb) is None
+    looped = add_cell(notebook("vtrace_numpy_challenge"),
+                      chain + "def f5000(x):\n    return f0(x)\n")
+    assert "a function that calls itself (a loop too) (`def f0(x):`, code cell 5" in verdict(
+        "vtrace_numpy_challenge", looped)

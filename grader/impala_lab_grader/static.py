@@ -46,6 +46,7 @@ from impala_lab_grader.notebook import code_cells, normalised, read_notebook, so
 
 _PHRASES = ("YOUR CODE STARTS HERE", "YOUR CODE ENDS HERE")
 _PAIRED = 0.5  # an edited cell is the handed-out cell it resembles at least this much
+_DIFFED = 400  # lines: a longer cell is all the student's (a diff of it would take long)
 
 
 def markers(nb: dict[str, Any], cells: list[tuple[int, str]]) -> tuple[int, int, int] | str:
@@ -76,7 +77,10 @@ def markers(nb: dict[str, Any], cells: list[tuple[int, str]]) -> tuple[int, int,
 
 
 def _changed(template: list[str], lines: list[str]) -> set[int]:
-    """The 1-based numbers of `lines` that are not `template`'s (blank-insensitive diff)."""
+    """The 1-based numbers of `lines` that are not `template`'s (a diff of stripped lines;
+    all of them when either side is longer than `_DIFFED`)."""
+    if max(len(template), len(lines)) > _DIFFED:
+        return set(range(1, len(lines) + 1))
     matcher = difflib.SequenceMatcher(None, [t.strip() for t in template],
                                       [ln.strip() for ln in lines], autojunk=False)
     same = {b + k + 1 for _, b, size in matcher.get_matching_blocks() for k in range(size)}
@@ -113,7 +117,8 @@ def student_lines(cells: list[tuple[int, str]], template: list[tuple[int, str]],
             out[n] = set()
             continue
         ratios = [difflib.SequenceMatcher(None, [x.strip() for x in t], stripped,
-                                          autojunk=False).ratio() for t in pool]
+                                          autojunk=False).ratio()
+                  if len(lines) <= _DIFFED else 0.0 for t in pool]
         best = max(range(len(pool)), key=ratios.__getitem__, default=None)
         if best is not None and ratios[best] >= _PAIRED:
             out[n] = _changed(pool.pop(best), lines)

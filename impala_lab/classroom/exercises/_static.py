@@ -205,18 +205,50 @@ def recursive(tree: ast.AST) -> list[ast.AST]:
     calls = {name: {n.func.id for n in ast.walk(node) if isinstance(n, ast.Call)
                     and isinstance(n.func, ast.Name) and n.func.id in defs}
              for name, node in defs.items()}
-    looped = []
-    for name in defs:
-        seen, todo = set(), list(calls[name])
-        while todo:
-            callee = todo.pop()
-            if callee == name:
-                looped.append(defs[name])
-                break
-            if callee not in seen:
-                seen.add(callee)
-                todo += calls[callee]
-    return looped
+    looped = _cyclic(calls)
+    return [node for name, node in defs.items() if name in looped]
+
+
+def _cyclic(graph: dict[str, set[str]]) -> set[str]:
+    """The nodes of `graph` that lie on a cycle: Tarjan's strongly connected components,
+    iterative (linear in the graph's size, whatever a hand-in defines)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: set[str] = set()
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+
+    for root in graph:
+        if root in index:
+            continue
+        visit(root)
+        work = [(root, iter(graph[root]))]
+        while work:
+            node, edges = work[-1]
+            for nxt in edges:
+                if nxt not in index:
+                    visit(nxt)
+                    work.append((nxt, iter(graph[nxt])))
+                    break
+                if nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    part = [stack.pop()]
+                    while part[-1] != node:
+                        part.append(stack.pop())
+                    on_stack.difference_update(part)
+                    if len(part) > 1 or node in graph[node]:
+                        out.update(part)
+    return out
 
 
 def table(forbidden: dict[str, str], rule: Rule | None) -> dict[str, tuple[str, str]]:
