@@ -92,13 +92,18 @@ UNREADABLE = {
                      "__closure__", "__subclasses__", "__bases__", "__mro__", "__loader__",
                      "__spec__", "__reduce__", "__reduce_ex__", "operator.attrgetter",
                      "operator.methodcaller"), _BUILT_NAME),
+    # code objects, which run as functions without any source
+    **dict.fromkeys(("CodeType", "FunctionType", "LambdaType", "f_code", "gi_code", "cr_code",
+                     "ag_code", "co_code", "kw:co_code"), _FROM_TEXT),
     **{f"module:{name}": _LOADS for name in (
         "importlib", "runpy", "timeit", "code", "codeop", "pickle", "marshal", "copyreg",
         "shelve", "dill", "cloudpickle", "joblib", "ctypes", "cffi", "subprocess",
         "multiprocessing", "multiprocess", "pty", "gc", "inspect", "builtins", "pdb", "bdb",
-        "cProfile", "profile", "trace", "doctest")},
+        "cProfile", "profile", "trace", "doctest", "imp", "zipimport", "pkgutil", "site")},
     **dict.fromkeys(("sys.modules", "sys.path", "sys.meta_path", "sys.path_hooks",
-                     "sys.settrace", "sys.setprofile", "kw:allow_pickle"), _LOADS),
+                     "sys.settrace", "sys.setprofile", "kw:allow_pickle", "kw:safe_mode",
+                     "asyncio.create_subprocess_exec", "asyncio.create_subprocess_shell"),
+                    _LOADS),
     **dict.fromkeys((f"os.{f}" for f in (
         "system", "popen", "posix_spawn", "posix_spawnp", "execl", "execle",
         "execlp", "execlpe", "execv", "execve", "execvp", "execvpe", "spawnl", "spawnle",
