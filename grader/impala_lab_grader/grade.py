@@ -67,6 +67,39 @@ from impala_lab_grader.student_build import build_for
 DEFAULT_TIMEOUT_S = 120.0
 DEFAULT_MEMORY_MB = 2048
 TASK_BACKSTOP = 64  # RLIMIT_NPROC above the task limit: the watchdog or the cgroup names it
+# Where to look first when a hand-in of an exercise runs out of time or memory (its hint).
+CULPRITS = {
+    "minibatch_get": ("get(): self.inqueue.get() waits for ever once get() asks for more items "
+                      "than the queue holds; take a new item only when self.ttl[self.idx] <= 0"),
+    "replay_mix": ("the replay loop `while rng.random() < f:`: without `f -= 1` after each "
+                   "replay it never ends once replay_proportion >= 1 (and the try-it cell's list "
+                   "grows until memory runs out)"),
+    "vtrace_numpy": ("the loop over the time steps: it runs T times, backwards (for t in "
+                     "reversed(range(T)))"),
+    "driver_step": ("the loop over driver.replay.mix(driver.completed_samples(timeout)): it ends "
+                    "when the finished samples do; a loop of your own around it never does"),
+    "vtrace_loss": ("the loops in vtrace_loss (V-trace needs none: vtrace.from_logits does it)"),
+    "lstm_unroll": ("the loop over the time steps: it runs T times (for t in range(T)), one cell "
+                    "step each"),
+    "diag_gaussian": ("any loop between the markers: logp_and_entropy needs none (split inputs "
+                      "in two halves, work on [N, D] arrays, sum over axis=-1)"),
+    "minibatch_get_challenge": ("get(): a queue get() waits for ever once get() asks for more "
+                                "items than the queue holds; take a new item only when the slot "
+                                "you serve is empty"),
+    "replay_mix_challenge": ("the loop that draws the replays: it must use up replay_proportion "
+                             "(one less left after each replay), or it never ends once "
+                             "replay_proportion >= 1"),
+    "vtrace_numpy_challenge": ("the [T, T] arrays: they are T x T x B numbers, built once"),
+    "driver_step_challenge": ("the loop over "
+                              "driver.replay.mix(driver.completed_samples(timeout)): it ends "
+                              "when the finished samples do; a loop of your own around it never "
+                              "does"),
+    "vtrace_loss_challenge": ("the loop over the time steps of your V-trace: it runs T times, "
+                              "backwards"),
+    "lstm_unroll_challenge": ("the loop over the time steps: it runs T times, one cell step each"),
+    "diag_gaussian_challenge": ("any loop between the markers: the rule forbids them, and numpy "
+                                "needs none"),
+}
 _BOOT = ("import sys; sys.path.insert(0, sys.argv[1]); "
          "from impala_lab_grader.child import main; main(sys.argv[2:])")
 
@@ -205,7 +238,7 @@ def _verdict(ex: Exercise, name: str, outcome: Outcome, limits: Limits,
         except WireError as exc:
             where, problem = exc.where, str(exc)
     where = where or "the notebook"
-    culprit = f"look at {ex.culprit}"
+    culprit = f"look at {CULPRITS.get(ex.name, 'the loops in the code between the markers')}"
     if outcome.stopped == "time":
         return _fail(ex, name, f"stopped after {limits.timeout:g} s (the time limit) while "
                      f"running {where}\n  hint:     an endless loop? {culprit}.")
