@@ -5,9 +5,9 @@ message that says why; its neighbour keeps its correct grade; nothing it started
 Most attacks here are ones the grader's static look would stop before they run; `no_static`
 switches it off, so that what the sandbox itself holds is tested (the static look has its
 own tests, tests/test_grader_verdicts.py). Tests marked `isolated` need the bubblewrap
-sandbox (skipped, with the reason, where it cannot be made; `make test` installs it); the
-others run sandboxed and --unsandboxed. Resource tests run with the cgroup this machine
-allows and without one (`cgroups`).
+sandbox (skipped, with the reason, where it cannot be made; `make test` installs it); those
+about processes and memory run --unsandboxed too (for notebooks you trust), and with the
+cgroup this machine allows and without one (`cgroups`).
 """
 
 from __future__ import annotations
@@ -52,6 +52,12 @@ pytestmark = pytest.mark.timeout(300)
 def no_static(monkeypatch):
     """The grader without its static look (what runs is then the sandbox's to hold)."""
     monkeypatch.setattr(grade, "static_verdict", lambda *args: None)
+
+
+# (mode, cgroups): the unsandboxed child with a cgroup adds nothing to the sandboxed one
+MODES_AND_CGROUPS = pytest.mark.parametrize("mode, cgroups", [
+    ("sandboxed", "cgroup"), ("sandboxed", "no cgroup"), ("unsandboxed", "no cgroup")],
+    indirect=["cgroups"])
 
 
 @pytest.fixture(params=["cgroup", "no cgroup"])
@@ -169,8 +175,8 @@ def test_the_guards_trap_table_and_switches_give_nothing(tmp_path, capsys, no_st
     assert "mix calls the library's ReplayMixer.mix" in b, b
 
 
-@MODES
-def test_a_lookup_table_of_the_fixed_cases_fails_on_the_drawn_ones(tmp_path, capsys, mode):
+@isolated
+def test_a_lookup_table_of_the_fixed_cases_fails_on_the_drawn_ones(tmp_path, capsys):
     from impala_lab.classroom.exercises.vtrace_numpy import SPEC, make_inputs
     from impala_lab.learner.vtrace import from_importance_weights_numpy
 
@@ -189,14 +195,14 @@ def test_a_lookup_table_of_the_fixed_cases_fails_on_the_drawn_ones(tmp_path, cap
         "    return np.array(TABLE[key][0]), np.array(TABLE[key][1])\n"
         "return np.zeros_like(values), np.zeros_like(values)\n"),
         f"TABLE = {json.dumps(table)}\n")
-    (first,) = graded_beside(capsys, [attack], "--seed", "7", *flags(mode))
+    (first,) = graded_beside(capsys, [attack], "--seed", "7")
     assert "✗ vtrace_numpy: case 9 of 10 differs from the reference" in first, first
     assert "[drawn at random: grading seed 7, draw 1]" in first, first
 
 
 # ------------------------------------------------------------------ the channel
-@MODES
-def test_what_a_hand_in_writes_on_the_channel_decides_nothing(tmp_path, capsys, mode):
+@isolated
+def test_what_a_hand_in_writes_on_the_channel_decides_nothing(tmp_path, capsys):
     sentinel = tmp_path / "pwned"
     pickled = (b"cos\nsystem\n(S'touch " + str(sentinel).encode() + b"'\ntR.")
     first_answer = ex1_with(tmp_path, (  # a whole, well-formed answer first: then the real one
@@ -218,7 +224,7 @@ def test_what_a_hand_in_writes_on_the_channel_decides_nothing(tmp_path, capsys, 
         "import os, sys\n"
         "line = b'{\"progress\": \"' + b'x' * 1000 + b'\"}\\n'\n"
         "os.write(int(sys.argv[-1]), line * 20000)\n"), name="d")
-    a, b, c, d = graded_beside(capsys, [first_answer, forged, raw, flood], *flags(mode))
+    a, b, c, d = graded_beside(capsys, [first_answer, forged, raw, flood])
     assert ("the grading process's answer is not one framed answer (more after the answer (a "
             "second answer, or other bytes)): the hand-in must not write to the grader's "
             "channel") in a, a
@@ -229,8 +235,8 @@ def test_what_a_hand_in_writes_on_the_channel_decides_nothing(tmp_path, capsys, 
     assert not sentinel.exists()
 
 
-@MODES
-def test_forged_traces_of_empty_arrays_do_not_pass(tmp_path, capsys, mode):
+@isolated
+def test_forged_traces_of_empty_arrays_do_not_pass(tmp_path, capsys):
     # arrays of shape (0, 1, 1) would broadcast against any [T, B] to "all close"
     attack = ex3_region(tmp_path, "return values, values\n", (
         "import os, sys\nimport numpy as np\n"
@@ -240,7 +246,7 @@ def test_forged_traces_of_empty_arrays_do_not_pass(tmp_path, capsys, mode):
         "os.write(int(sys.argv[-1]), frame({'result': {'traces': encode(traces), "
         "'absent': []}}))\n"
         "os._exit(0)\n"))
-    (first,) = graded_beside(capsys, [attack], *flags(mode))
+    (first,) = graded_beside(capsys, [attack])
     assert "✗ vtrace_numpy: case 1 of 10 differs from the reference" in first, first
     assert "where:    the shape of the result" in first, first
 
@@ -308,14 +314,14 @@ def test_a_child_holding_the_output_leaves_nothing(tmp_path, mode):
     assert marked(f"\0{seed}\0") == []
 
 
-@MODES
-def test_an_honest_slip_fails_that_hand_in_only(tmp_path, capsys, mode):
+@isolated
+def test_an_honest_slip_fails_that_hand_in_only(tmp_path, capsys):
     attack = ex1_with(tmp_path, (
         "import numpy as np\n_Base = MyMinibatchBuffer\n\n\n"
         "class MyMinibatchBuffer(_Base):\n"
         "    def get(self):\n"
         "        return np.array(super().get(), dtype=object)\n"))
-    (first,) = graded_beside(capsys, [attack], *flags(mode))
+    (first,) = graded_beside(capsys, [attack])
     assert "✗ minibatch_get: case 1 of 9 differs from the reference" in first, first
     assert "get() must return a pair (item, released)." in first, first
 
@@ -334,12 +340,10 @@ def test_the_judge_turns_any_error_into_that_hand_ins_failure():
 
 
 # ------------------------------------------------------------------ resources
-@pytest.mark.parametrize("mode", ["sandboxed", "unsandboxed"])
+@MODES_AND_CGROUPS
 def test_memory_counts_every_process_of_a_hand_in(tmp_path, capsys, mode, cgroups):
     if mode == "sandboxed" and not bwrap_ok():
         pytest.skip(f"no sandbox: {sandbox.bwrap_problem()}")
-    if mode == "unsandboxed" and cgroups == "cgroup":
-        pytest.skip("the sandboxed run covers the cgroup")
     attack = ex1_with(tmp_path, (
         "import os, time\nimport numpy as np\n"
         "for _ in range(4):\n"
@@ -377,12 +381,10 @@ def test_shared_memory_files_and_memfds_are_bounded(tmp_path, capsys, cgroups):
     assert "OSError: [Errno 28] No space left on device" in c, c
 
 
-@pytest.mark.parametrize("mode", ["sandboxed", "unsandboxed"])
+@MODES_AND_CGROUPS
 def test_a_fork_bomb_is_stopped_by_the_process_limit(tmp_path, capsys, mode, cgroups):
     if mode == "sandboxed" and not bwrap_ok():
         pytest.skip(f"no sandbox: {sandbox.bwrap_problem()}")
-    if mode == "unsandboxed" and cgroups == "cgroup":
-        pytest.skip("the sandboxed run covers the cgroup")
     big = ex1_with(tmp_path, "open('big.bin', 'wb').write(b'x' * (100 * 2**20))\n", "a")
     bomb = ex1_with(tmp_path, (
         "import os, time\n"
@@ -397,17 +399,17 @@ def test_a_fork_bomb_is_stopped_by_the_process_limit(tmp_path, capsys, mode, cgr
     assert f"started more than {limit} processes or threads (the limit) while running" in b, b
 
 
-@MODES
-def test_cpu_time_is_limited_per_process(tmp_path, capsys, monkeypatch, mode):
+@isolated
+def test_cpu_time_is_limited_per_process(tmp_path, capsys, monkeypatch):
     # the limit is the wall time on every core (a backstop): made small here to see it act
     monkeypatch.setattr(sandbox.Limits, "cpu_seconds", property(lambda self: 3))
     spin = ex1_with(tmp_path, "while True:\n    pass\n")
-    (first,) = graded_beside(capsys, [spin], *flags(mode))
+    (first,) = graded_beside(capsys, [spin])
     assert "used more than 3 s of CPU time (the limit) while running code cell" in first, first
 
 
-@MODES
-def test_what_the_grader_reads_is_a_regular_file_with_a_cap(tmp_path, capsys, mode):
+@isolated
+def test_what_the_grader_reads_is_a_regular_file_with_a_cap(tmp_path, capsys):
     folder = tmp_path / "odd"
     fifo = folder / "fifo" / EXERCISES["minibatch_get"].notebook
     fifo.parent.mkdir(parents=True)
@@ -419,7 +421,7 @@ def test_what_the_grader_reads_is_a_regular_file_with_a_cap(tmp_path, capsys, mo
     sparse.parent.mkdir()
     with open(sparse, "wb") as fh:
         fh.truncate(2**30)
-    a, b, c = graded_beside(capsys, [str(fifo), str(link), str(sparse)], *flags(mode))
+    a, b, c = graded_beside(capsys, [str(fifo), str(link), str(sparse)])
     assert "not a regular file" in a and "links are not followed" in b, a + b
     assert "1073741824 bytes; a notebook may have 32 MiB at most" in c, c
 
