@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from impala_lab.classroom.exercises import EXERCISES, MARK_END, MARK_START
-from impala_lab_grader import sandbox, student_build
+from impala_lab_grader import sandbox, student_build, world
 from impala_lab_grader.__main__ import main as cli_main
 from impala_lab_grader.channel import (
     MAX_FRAMES,
@@ -342,3 +342,19 @@ def test_a_huge_hand_in_is_read_in_bounded_time():
                       chain + "def f5000(x):\n    return f0(x)\n")
     assert "a function that calls itself (a loop too) (`def f0(x):`, code cell 5" in verdict(
         "vtrace_numpy_challenge", looped)
+
+
+def test_bad_limits_and_a_world_that_cannot_be_made_grade_nothing(monkeypatch, capsys):
+    stub = str(STUBS / EXERCISES["replay_mix"].notebook)
+    assert cli_main([stub, "--timeout", "0"]) == 2
+    assert capsys.readouterr().err == "error: --timeout 0: give a positive number of seconds\n"
+    assert cli_main([stub, "--memory", "-5"]) == 2
+    assert capsys.readouterr().err == "error: --memory -5: give a positive number of MiB\n"
+
+    def two_copies():
+        raise world.WorldError("the student's world has two installed copies of 'google'")
+
+    monkeypatch.setattr(world, "entries", two_copies)
+    assert cli_main([stub]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "two installed copies of 'google'" in captured.err

@@ -20,6 +20,7 @@ import os
 import sys
 
 from impala_lab.classroom.exercises import EXERCISES, CheckResult
+from impala_lab_grader import world
 from impala_lab_grader.grade import (
     DEFAULT_MEMORY_MB,
     DEFAULT_TIMEOUT_S,
@@ -101,14 +102,16 @@ def main(argv: list[str] | None = None) -> int:
         for ex in EXERCISES.values():
             print(f"{ex.name:23} {ex.notebook:35} answer: {ex.answer:18} ({ex.title})")
         return 0 if args.list else 2
-    if args.timeout <= 0 or args.memory <= 0:
-        print(f"error: --timeout {args.timeout:g} and --memory {args.memory} must be positive",
-              file=sys.stderr)
-        return 2
+    for flag, value, unit in (("--timeout", args.timeout, "seconds"),
+                              ("--memory", args.memory, "MiB")):
+        if value <= 0:
+            print(f"error: {flag} {value:g}: give a positive number of {unit}", file=sys.stderr)
+            return 2
     if not args.unsandboxed:
         try:
+            world.entries(), world.site_target(), world.python()
             require_bwrap()
-        except NoSandbox as exc:
+        except (world.WorldError, NoSandbox) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
     print(_banner(args))

@@ -96,8 +96,9 @@ def entries(root: str = ROOT) -> dict[str, Path]:
             if not path.exists():
                 continue
             if name in out and out[name].resolve() != path.resolve():
-                raise WorldError(f"two installed copies of {name!r}: {out[name]} and {path}; "
-                                 f"the sandbox can show one (uninstall the other)")
+                raise WorldError(f"the student's world has two installed copies of {name!r}, "
+                                 f"{out[name]} and {path}; the sandbox shows one: uninstall "
+                                 f"the other")
             out[name] = path
     return out
 
