@@ -81,6 +81,12 @@ CHALLENGE_ATTACKS = {
         lambda nb: add_cell(add_cell(nb, "def down(n):\n    return up(n - 1)\n"),
                             "def up(n):\n    return 0 if n <= 0 else down(n)\n"),
         "a function that calls itself (a loop too) (`def down(n):`, code cell 5"),
+    "an if in a helper cell": (
+        "lstm_unroll_challenge",
+        lambda nb: add_cell(nb, "def reset(h, done):\n    if done:\n        return h * 0\n"
+                                "    return h\n"),
+        "breaks the challenge's rule \"no if\": an if statement (`if done:`, code cell 5 of "
+        "ex6c_lstm_unroll_challenge.ipynb, line 2)"),
     "a match statement": (
         "lstm_unroll_challenge",
         lambda nb: with_region(nb, "match len(xs):\n    case _:\n        pass\n"
