@@ -231,6 +231,8 @@ def test_the_channel_takes_progress_then_exactly_one_answer():
     answer = {"result": {"traces": [], "absent": []}}
     data = frame({"progress": "code cell 1"}) + frame({"progress": "case 2"}) + frame(answer)
     assert read_frames(data) == ("case 2", answer)
+    for limit in ({"memory": True}, {"processes": True}):  # a limit it hit: it fails itself
+        assert read_frames(frame(limit)) == ("", limit)
     for bad, why in [
             (data + frame(answer), "more after the answer"),
             (frame(answer) + data, "more after the answer"),

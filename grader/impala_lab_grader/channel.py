@@ -116,7 +116,8 @@ def _message(body: bytes) -> dict[str, Any]:
     key, value = next(iter(message.items()))
     if key == "progress" and isinstance(value, str) and len(body) <= MAX_PROGRESS:
         return message
-    if (key == "error" and isinstance(value, str)) or (key == "memory" and value is True):
+    if (key == "error" and isinstance(value, str)) or (
+            key in ("memory", "processes") and value is True):  # it can only fail itself so
         return message
     if key == "result" and isinstance(value, dict) and set(value) == {"traces", "absent"}:
         return message
