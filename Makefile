@@ -1,6 +1,7 @@
 # impala_lab's everyday commands. On a fresh machine with Python >= 3.11 and make, `make demo`
 # and `make test` work as the very first commands: each creates .venv (or reuses it) and
-# installs what it needs once; a stamp file re-runs the install only when pyproject.toml changes.
+# installs what it needs once; a stamp file re-runs the install only when pyproject.toml (or the
+# grader's, grader/pyproject.toml) changes.
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
@@ -30,7 +31,7 @@ help:
 	@echo "make bench         python -m bench"
 	@echo "make bench-peers   impala_lab against SB3 PPO on random seeds, CartPole, Pendulum, MuJoCo (own venv)"
 	@echo "make nbstrip       strip outputs from notebooks/ (they are committed without them)"
-	@echo "make setup         only create .venv and install .[dev,ray]"
+	@echo "make setup         only create .venv and install .[dev,ray] and the grader (grader/)"
 	@echo "make browser-deps  install Debian's chromium for the browser tests (as root)"
 	@echo "make grader-deps   install bubblewrap, the exercise grader's sandbox (as root)"
 	@echo "make mujoco-deps   install Mesa's EGL, for MuJoCo's frames without a display (as root)"
@@ -56,9 +57,11 @@ $(BASE_STAMP): pyproject.toml | $(BIN)/python
 	$(PIP_INSTALL) -e .
 	@touch $@
 
-$(DEV_STAMP): pyproject.toml | $(BIN)/python
-	@echo "installing impala_lab[dev,ray] into $(VENV) (the first time takes a few minutes)"
+# The instructors' grader (its own package in grader/) comes with the dev install.
+$(DEV_STAMP): pyproject.toml grader/pyproject.toml | $(BIN)/python
+	@echo "installing impala_lab[dev,ray] and impala_lab_grader into $(VENV) (the first time takes a few minutes)"
 	$(PIP_INSTALL) -e '.[dev,ray]'
+	$(PIP_INSTALL) -e ./grader
 	@touch $@ $(BASE_STAMP)
 
 setup: $(DEV_STAMP)
@@ -127,8 +130,9 @@ browser-deps:
 	       "skipping (install Debian's chromium to run the browser tests)"; \
 	fi
 
-# The exercise grader runs each hand-in in a bubblewrap sandbox (without it, it falls back to
-# a plain child process and says so; tests/test_grader_attacks.py then skips the isolation tests).
+# The instructors' grader (python -m impala_lab_grader) runs each hand-in in a bubblewrap sandbox;
+# without it, it grades nothing unless told --unsandboxed (tests/test_grader_attacks.py then
+# skips the tests that need the sandbox).
 grader-deps:
 	@if command -v bwrap >/dev/null; then \
 	  echo "grader-deps: bwrap is there"; \
@@ -139,7 +143,7 @@ grader-deps:
 	  command -v bwrap >/dev/null || { echo "grader-deps: bubblewrap did not install" >&2; exit 1; }; \
 	else \
 	  echo "grader-deps: bwrap is missing and this is not root with apt-get; skipping" \
-	       "(the grader falls back to unisolated grading; install bubblewrap to isolate)"; \
+	       "(the grader refuses to grade without it; install bubblewrap)"; \
 	fi
 
 # MuJoCo's envs (the mujoco extra, in dev) render rgb_array frames through OpenGL; without a

@@ -16,14 +16,8 @@ import pytest
 import impala_lab.classroom.exercises as ex
 from impala_lab.classroom.exercises import EXERCISES, MARK_START
 from impala_lab.classroom.exercises.challenges import SPECS
-from impala_lab.classroom.exercises.notebook import (
-    exercise_of,
-    grade_notebook,
-    load_answer,
-    read_notebook,
-    source,
-    tags,
-)
+from impala_lab_grader.grade import grade_notebook
+from impala_lab_grader.notebook import exercise_of, load_answer, read_notebook, source, tags
 
 ROOT = Path(__file__).resolve().parent.parent
 STUBS = ROOT / "notebooks" / "exercises"

@@ -1,8 +1,10 @@
 """The course installs with pip: a built (student) wheel carries the notebooks, the exercises,
-the notation table and IMPALA in one file but no solutions; installed into a fresh virtualenv
-outside the repository, ``impala-lab notebooks DIR`` copies them (and refuses ``--solutions``),
-``00_quickstart`` runs there in fast mode, the one-file IMPALA answers ``--help`` there and
-``python -m impala_lab.classroom.exercises`` grades a solution there.
+the notation table and IMPALA in one file but no solutions, and none of the instructors'
+grader; installed into a fresh virtualenv outside the repository (the grader beside it, as an
+instructor installs it), ``impala-lab notebooks DIR`` copies them (and refuses
+``--solutions``), ``00_quickstart`` runs there in fast mode, the one-file IMPALA answers
+``--help`` there and ``python -m impala_lab_grader`` grades a solution there, where a hand-in
+sees neither the installed library nor the course's solutions.
 
 The fresh virtualenv gets the wheel with ``--no-deps`` and reaches the dev environment's
 site-packages for the dependencies through a ``.pth`` file (TensorFlow is not downloaded
@@ -114,6 +116,19 @@ def venv(wheel, tmp_path_factory) -> Path:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     # the dependencies come from the dev environment (added after the install, so that pip
     # never sees this checkout's editable impala_lab there)
+    # the instructors' grader beside it, built from a copy of grader/ (nothing lands in it)
+    grader = tmp_path_factory.mktemp("grader-src") / "grader"
+    shutil.copytree(ROOT / "grader", grader, ignore=shutil.ignore_patterns(
+        "__pycache__", "*.egg-info", "build"))
+    isolation = ["--no-build-isolation"] if _can_build_offline() else []
+    dist = grader.parent / "dist"
+    proc = _run([sys.executable, "-m", "pip", "wheel", "--no-deps", *isolation, "-w", dist,
+                 grader], cwd=root.parent, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (built,) = dist.glob("impala_lab_grader-*.whl")
+    proc = _run([sys.executable, "-m", "pip", "--python", python, "install", "--no-deps",
+                 built], cwd=root.parent, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     site = _run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                 cwd=root.parent).stdout.strip()
     dev_dirs = dict.fromkeys(sysconfig.get_paths()[k] for k in ("purelib", "platlib"))
@@ -144,7 +159,9 @@ def test_the_wheel_carries_the_course_without_outputs(wheel):
         assert len(shipped) == 33 and "00_quickstart.ipynb" in shipped
         assert whl.read(prefix + ONE_FILE.name) == ONE_FILE.read_bytes()
         assert whl.read(prefix + "notation.md") == (NOTEBOOKS / "notation.md").read_bytes()
-        assert "impala_lab/classroom/exercises/__main__.py" in names  # the grader and its checkers
+        assert "impala_lab/classroom/exercises/_spec.py" in names  # the checks a student runs
+        assert not [n for n in names if n.startswith("impala_lab_grader") or n.endswith(
+            ("_sandbox.py", "nbgrader_export.py", "_student_build.py"))]  # not the grader
         assert "impala_lab/data/collapse_cartpole_metrics.csv" in names  # notebook 06 reads it
         assert "impala_lab/data/breakout_policy.gif" in names  # notebook 11 shows it
         for name in (n for n in shipped if n.endswith(".ipynb")):
@@ -198,14 +215,28 @@ def test_notebooks_copies_lectures_and_exercises_and_refuses_to_overwrite(venv, 
 
 
 def test_the_grader_grades_the_copied_exercises_there(venv, course):
-    proc = _run([venv / "python", "-m", "impala_lab.classroom.exercises", SOLUTION,
+    proc = _run([venv / "python", "-m", "impala_lab_grader", SOLUTION,
                  "exercises/ex1_minibatch_buffer_get.ipynb"], cwd=course)
     assert proc.returncode == 1, proc.stderr[-3000:]  # the stub fails, the solution passes
     assert re.search(r"^✓ minibatch_get: all \d+ cases pass$", proc.stdout, re.M), proc.stdout
     assert "still raises NotImplementedError" in proc.stdout
     assert "1 of 2 notebooks pass" in proc.stdout
-    solved = _run([venv / "python", "-m", "impala_lab.classroom.exercises", SOLUTION], cwd=course)
-    assert solved.returncode == 0, solved.stdout[-3000:] + solved.stderr[-3000:]
+    # a hand-in looks for the installed (not editable) library and the course's solutions
+    installed = _run([venv / "python", "-c", "import impala_lab; print(impala_lab.__file__)"],
+                     cwd=course).stdout.strip()
+    probe = [str(Path(installed).parent / "learner" / "vtrace.py"), str(course / SOLUTION),
+             str(course / "exercises")]
+    nb = json.loads((course / SOLUTION).read_text())
+    check = next(i for i, c in enumerate(nb["cells"]) if "check" in c["metadata"].get("tags", []))
+    nb["cells"].insert(check, {
+        "cell_type": "code", "execution_count": None, "id": "probe", "metadata": {},
+        "outputs": [], "source": 'import os\nraise RuntimeError(f"SEEN {[p for p in '
+                                 f'{probe!r} if os.path.exists(p)]}}")\n'})
+    (course / "probe").mkdir()
+    (course / "probe" / Path(SOLUTION).name).write_text(json.dumps(nb))
+    probed = _run([venv / "python", "-m", "impala_lab_grader", f"probe/{Path(SOLUTION).name}"],
+                  cwd=course)
+    assert "RuntimeError: SEEN [] (at code cell" in probed.stdout, probed.stdout + probed.stderr
 
 
 def test_the_one_file_impala_runs_there(venv, course):

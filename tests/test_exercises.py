@@ -18,12 +18,12 @@ import pytest
 import impala_lab.classroom.exercises as ex
 from impala_lab.batch import concat_samples
 from impala_lab.classroom.exercises import EXERCISES, MARK_END, MARK_START
-from impala_lab.classroom.exercises.__main__ import main as cli_main
 from impala_lab.classroom.exercises.driver_step import make_step_driver
-from impala_lab.classroom.exercises.notebook import check_notebook, load_answer, source, tags
 from impala_lab.learner.minibatch_buffer import MinibatchBuffer
 from impala_lab.learner.port import LearnerPort
 from impala_lab.model_spec import ModelSpec
+from impala_lab_grader.__main__ import main as cli_main
+from impala_lab_grader.notebook import check_notebook, load_answer, source, tags
 
 ROOT = Path(__file__).resolve().parent.parent
 STUBS = ROOT / "notebooks" / "exercises"
@@ -121,7 +121,7 @@ def test_stub_checks_do_not_import_tensorflow():
     code = (
         "import sys\n"
         "from impala_lab.classroom.exercises import check_vtrace_loss\n"
-        "from impala_lab.classroom.exercises.notebook import check_notebook\n"
+        "from impala_lab_grader.notebook import check_notebook\n"
         f"for nb in {stubs!r}:\n"
         "    assert check_notebook(nb, show=False).not_implemented\n"
         "def vtrace_loss(*args):\n"

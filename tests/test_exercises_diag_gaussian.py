@@ -26,7 +26,8 @@ from impala_lab.classroom.exercises.diag_gaussian import (
     draw,
     make_inputs,
 )
-from impala_lab.classroom.exercises.notebook import grade_notebook, load_answer, source, tags
+from impala_lab_grader.grade import grade_notebook
+from impala_lab_grader.notebook import load_answer, source, tags
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTIONS = ROOT / "notebooks" / "solutions"
@@ -254,13 +255,14 @@ def test_the_grader_refuses_the_library_however_it_is_reached(tmp_path):
         "from impala_lab.actor.distributions import DiagGaussian\n"
         "return DiagGaussian.logp(inputs, actions), DiagGaussian.entropy(inputs)\n"))
     result = grade_notebook(named, seed=1, show=False)
-    fails(result, None, "calls the library's DiagGaussian (`DiagGaussian`, code cell 7 of "
-          f"{NOTEBOOK}, line ")
-    # an alias made in another cell: the grader's student build has no such function
+    fails(result, None, "calls the library's DiagGaussian (`from impala_lab.actor.distributions "
+          f"import DiagGaussian`, code cell 7 of {NOTEBOOK}, line ")
+    # an alias made in a cell of its own: the grader reads every cell the student wrote
     nb = with_region("return G.logp(inputs, actions), G.entropy(inputs)\n")
     nb["cells"].insert(3, {"cell_type": "code", "execution_count": None, "id": "alias",
                            "metadata": {}, "outputs": [], "source":
                            "from impala_lab.actor import distributions\n"
                            "G = distributions.DiagGaussian\n"})
     result = grade_notebook(write(tmp_path, "carol", nb), seed=1, show=False)
-    fails(result, 1, "logp_and_entropy calls the library's DiagGaussian.logp")
+    fails(result, None, "logp_and_entropy calls the library's DiagGaussian "
+          f"(`distributions.DiagGaussian`, code cell 3 of {NOTEBOOK}, line 2)")

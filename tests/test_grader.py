@@ -1,9 +1,12 @@
-"""The grader cannot be hung or fooled: each hand-in runs in a process of its own with a
+"""The grader cannot be hung or fooled: each hand-in runs in a sandbox of its own with a
 wall-time and a memory limit (a batch survives one that loops or allocates without end, and
 nothing it started outlives it), and the one-line cheats (calling the library's
 implementation of the function being written, the checker's own reference, reading the
 checker's frames, replacing the checkers) fail with a message that says why, while honest
-answers pass."""
+answers pass.
+
+`no_static` switches the grader's static look off for the tests of what the sandbox itself
+holds: an attack the static look would stop first must still fail where it runs."""
 
 from __future__ import annotations
 
@@ -19,9 +22,12 @@ import tensorflow as tf
 
 import impala_lab.classroom.exercises as ex
 from impala_lab.classroom.exercises import EXERCISES, MARK_END, MARK_START
-from impala_lab.classroom.exercises.__main__ import main as cli_main
-from impala_lab.classroom.exercises.notebook import grade_notebook, load_answer, source, tags
 from impala_lab.learner.minibatch_buffer import MinibatchBuffer
+from impala_lab_grader import grade
+from impala_lab_grader.__main__ import main as cli_main
+from impala_lab_grader.grade import grade_notebook
+from impala_lab_grader.notebook import load_answer, source, tags
+from impala_lab_grader.sandbox import bwrap_problem
 
 ROOT = Path(__file__).resolve().parent.parent
 STUBS = ROOT / "notebooks" / "exercises"
@@ -61,6 +67,25 @@ def write(tmp_path: Path, folder: str, name: str, nb: dict) -> str:
     return str(path)
 
 
+def bwrap_ok() -> bool:
+    return bwrap_problem() == ""
+
+
+# "sandboxed": bubblewrap; "unsandboxed": the --unsandboxed child of this interpreter
+MODES = pytest.mark.parametrize("mode", [
+    pytest.param("sandboxed", marks=pytest.mark.skipif(
+        not bwrap_ok(), reason=f"no sandbox here: {bwrap_problem()}")), "unsandboxed"])
+
+
+def flags(mode: str) -> list[str]:
+    return ["--unsandboxed"] if mode == "unsandboxed" else []
+
+
+@pytest.fixture
+def no_static(monkeypatch):
+    """The grader without its static look (what runs is then the sandbox's to hold)."""
+    monkeypatch.setattr(grade, "static_verdict", lambda *args: None)
+
 
 
 # ------------------------------------------------------------------ limits and the batch
@@ -77,11 +102,10 @@ def marked(marker: str) -> list[int]:
     return out
 
 
-@pytest.mark.parametrize("sandbox", ["auto", "none"])
+@MODES
 def test_a_batch_survives_a_hand_in_that_loops_and_one_that_allocates(
-        tmp_path, capsys, monkeypatch, sandbox):
-    monkeypatch.setenv("IMPALA_LAB_SANDBOX", sandbox)
-    marker = f"impala-lab-test-{os.getpid()}-{sandbox}-loops"
+        tmp_path, capsys, mode, no_static):
+    marker = f"impala-lab-test-{os.getpid()}-{mode}-loops"
     # ex2 without `f -= 1`: a cell that runs mix(...) with replay_proportion=1 never ends;
     # before it, a cell that starts a process of its own (in a session of its own), to show
     # that the grader leaves nothing behind.
@@ -106,12 +130,12 @@ def test_a_batch_survives_a_hand_in_that_loops_and_one_that_allocates(
              str(SOLUTIONS / EXERCISES["driver_step"].notebook),
              str(STUBS / EXERCISES["replay_mix"].notebook)]
     start = time.monotonic()
-    assert cli_main([*batch, "--timeout", "10", "--memory", "1500"]) == 1
+    assert cli_main([*batch, "--timeout", "10", "--memory", "1500", *flags(mode)]) == 1
     seconds = time.monotonic() - start
     out = capsys.readouterr().out
     assert "2 of 5 notebooks pass" in out, out
-    assert out.startswith("sandbox: bwrap" if sandbox == "auto" and bwrap_ok()
-                          else "sandbox: fallback, hand-ins NOT isolated"), out
+    assert out.startswith("sandbox: bubblewrap" if mode == "sandboxed" else
+                          "sandbox: NONE (--unsandboxed)"), out
     assert out.count("✓ minibatch_get: all 9 cases pass") == 1
     assert out.count("✓ driver_step: all 7 cases pass") == 1
     assert "✗ replay_mix: mix still raises NotImplementedError" in out
@@ -126,13 +150,7 @@ def test_a_batch_survives_a_hand_in_that_loops_and_one_that_allocates(
     assert marked(marker) == []  # the hand-in's process, in a session of its own, is gone
 
 
-def bwrap_ok() -> bool:
-    from impala_lab.classroom.exercises._sandbox import bwrap_problem
-
-    return bwrap_problem() == ""
-
-
-def test_a_hand_in_that_replaces_the_checkers_poisons_nothing(tmp_path, capsys):
+def test_a_hand_in_that_replaces_the_checkers_poisons_nothing(tmp_path, capsys, no_static):
     poison = add_cell(notebook("minibatch_get", solution=False),
                       "import impala_lab.classroom.exercises as _ex\n"
                       "from impala_lab.classroom.exercises._common import CheckResult\n"
@@ -146,10 +164,11 @@ def test_a_hand_in_that_replaces_the_checkers_poisons_nothing(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "0 of 2 notebooks pass" in out
     assert "✗ replay_mix: mix still raises NotImplementedError" in out
-    assert "✗ minibatch_get: MyMinibatchBuffer.get changes the grader's own code" in out
+    assert "✗ minibatch_get: MyMinibatchBuffer.get still raises NotImplementedError" in out
 
 
-def test_a_hand_in_that_patches_the_reference_is_graded_against_the_real_one(tmp_path):
+def test_a_hand_in_that_patches_the_reference_is_graded_against_the_real_one(tmp_path,
+                                                                            no_static):
     # The answer replays nothing, and makes the library's mixer do the same: in the grading
     # process the reference would agree; the grader computes it where no hand-in ran.
     nb = add_cell(with_region(notebook("replay_mix"),
@@ -160,10 +179,17 @@ def test_a_hand_in_that_patches_the_reference_is_graded_against_the_real_one(tmp
                   "ReplayMixer.mix = lambda self, pairs: iter(list(pairs))\n")
     result = grade_notebook(write(tmp_path, "eve", "replay_mix", nb), show=False)
     assert not result.passed
-    # the first case with a replay, or the flag of the fallback mode's tamper check
-    assert ("case 3 of 9 differs from the reference" in result.message
-            or "changes the grader's own code (impala_lab.driver.replay_mixer.ReplayMixer.mix"
-            in result.message), result.message
+    assert "case 3 of 9 differs from the reference" in result.message, result.message
+
+
+def test_the_static_look_reads_the_cells_the_student_wrote(tmp_path):
+    nb = add_cell(notebook("replay_mix"), "from impala_lab.driver.replay_mixer import "
+                                          "ReplayMixer\nReplayMixer.mix = print\n")
+    result = grade_notebook(write(tmp_path, "eve", "replay_mix", nb), show=False)
+    assert result.message.startswith(
+        "✗ replay_mix: mix calls the library's ReplayMixer (`from impala_lab.driver."
+        "replay_mixer import ReplayMixer`, code cell 5 of ex2_replay_mixer.ipynb, line 1)"), \
+        result.message
 
 
 # ------------------------------------------------------------------ cheats fail, with why
@@ -244,14 +270,14 @@ def _in_region(body: str, signature: str = "mix(pairs, store, replay_proportion,
 
 
 def test_the_static_look_tells_a_variable_from_the_library_call():
-    from impala_lab.classroom.exercises._guard import flag_region
+    from impala_lab.classroom.exercises._static import flag_answer
     from impala_lab.classroom.exercises.driver_step import SPEC
 
     honest = _in_region("step = 0\nmix = driver.replay.mix\nreturn step, step\n",
                         "driver_step(driver, timeout)")
-    assert flag_region(honest, SPEC.forbidden) is None
+    assert flag_answer(honest, SPEC.forbidden, None) is None
     cheat = _in_region("step = 0\nreturn driver.step(timeout)\n", "driver_step(driver, timeout)")
-    assert flag_region(cheat, SPEC.forbidden).startswith(
+    assert flag_answer(cheat, SPEC.forbidden, None).startswith(
         "calls the library's DriverLoop.step (`driver.step`, <region test")
 
 

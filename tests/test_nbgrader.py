@@ -1,5 +1,4 @@
-"""``python -m impala_lab.classroom.exercises export --nbgrader DIR`` writes source notebooks that
-nbgrader
+"""``python -m impala_lab_grader export --nbgrader DIR`` writes source notebooks that nbgrader
 turns into a student version and grades with the same checkers.
 
 The structure of all five exports is checked here, with nbgrader's own metadata validator; the
@@ -20,8 +19,8 @@ import nbformat
 import pytest
 
 from impala_lab.classroom.exercises import EXERCISES, MARK_END, MARK_START
-from impala_lab.classroom.exercises.__main__ import main as exercises_main
-from impala_lab.classroom.exercises.nbgrader_export import (
+from impala_lab_grader.__main__ import main as exercises_main
+from impala_lab_grader.nbgrader_export import (
     BEGIN_SOLUTION,
     END_SOLUTION,
     ExportError,
@@ -260,12 +259,17 @@ def test_generate_assignment_then_autograde_a_solution_and_a_stub(tmp_path, monk
         assert f"✓ {name}: all " in "".join(_src(o) for o in outputs
                                            if o["output_type"] == "stream")
 
-    # The markers and tags survive nbgrader, so the package's own grader reads the hand-ins.
+    # The second opinion (docs/grading.md), run in the course folder as the guide says: the
+    # markers and tags survive nbgrader, so the grader reads the hand-ins; none of them sees
+    # source/ (the solutions) or another student's submitted/ (tests/test_grader_world.py).
     ex1 = EXERCISES["minibatch_get"].notebook
-    grader = [sys.executable, "-m", "impala_lab.classroom.exercises"]
-    ok = subprocess.run([*grader, str(course / "submitted" / "alice" / assignment / ex1)],
-                        env=env, capture_output=True, text=True, timeout=120)
-    assert ok.returncode == 0, ok.stdout + ok.stderr
-    stub = subprocess.run([*grader, str(course / "submitted" / "bob" / assignment / ex1)],
-                          env=env, capture_output=True, text=True, timeout=120)
-    assert stub.returncode == 1 and "NotImplementedError" in stub.stdout, stub.stdout
+    second = subprocess.run([sys.executable, "-m", "impala_lab_grader",
+                             *(f"submitted/{s}/{assignment}/{ex1}" for s in ("alice", "bob",
+                                                                             "carol"))],
+                            cwd=course, env=env, capture_output=True, text=True, timeout=240)
+    assert second.returncode == 1, second.stdout + second.stderr
+    assert "1 of 3 notebooks pass" in second.stdout, second.stdout
+    alice, bob, carol = second.stdout.split("\n== ")[1:4]
+    assert "✓ minibatch_get: all 9 cases pass" in alice, second.stdout
+    assert "still raises NotImplementedError" in bob, second.stdout
+    assert "MyMinibatchBuffer.get calls the library's MinibatchBuffer.get" in carol, carol

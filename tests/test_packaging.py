@@ -149,9 +149,11 @@ def test_make_targets_run_the_documented_commands(tmp_path: Path) -> None:
     assert test.returncode == 0, test.stderr
     lines = test.stdout.splitlines()
     install = next(i for i, line in enumerate(lines) if "-e '.[dev,ray]'" in line)
+    grader = next(i for i, line in enumerate(lines) if line.endswith("install --progress-bar "
+                                                                    "off -e ./grader"))
     ruff = lines.index(f"{tmp_path}/venv/bin/ruff check .")
     pytest_line = lines.index(f"{tmp_path}/venv/bin/python -m pytest")
-    assert install < ruff < pytest_line
+    assert install < grader < ruff < pytest_line
     assert "apt-get install" in test.stdout  # browser-deps runs first
     assert "mujoco-deps:" in test.stdout  # and mujoco-deps: EGL for MuJoCo's frames
 
@@ -211,8 +213,8 @@ def test_gitignore_keeps_outputs_out_but_bench_results_in() -> None:
 # The top level of the repository as the README shows it. A folder a test run left in the
 # working directory (a fuzz run once committed four run folders named "nan", "0", ...) fails.
 TOP_LEVEL = {".ci", ".gitignore", "LICENSE", "MANIFEST.in", "Makefile", "NOTICE", "README.md",
-             "bench", "docs", "environment.yml", "examples", "impala_lab", "mkdocs.yml",
-             "notebooks", "pyproject.toml", "setup.py", "tests", "tools"}
+             "bench", "docs", "environment.yml", "examples", "grader", "impala_lab",
+             "mkdocs.yml", "notebooks", "pyproject.toml", "setup.py", "tests", "tools"}
 
 
 def test_the_repository_tracks_nothing_at_its_top_level_but_the_known_entries() -> None:

@@ -101,7 +101,7 @@ GUIDES = [
 # answers to the notebooks' questions, and the grader's guide (when it is there).
 INSTRUCTOR_PAGES = [
     ("Instructor guide", "instructors.md"),
-    ("Grading", "grading.md"),
+    ("Grading hand-ins", "grading.md"),
 ]
 
 

@@ -16,9 +16,9 @@ reads ``notebooks/`` and ``examples/`` in place. `copy_course` writes them into 
 A student's wheel carries no solutions (``setup.py`` leaves them out unless
 ``IMPALA_LAB_INSTRUCTOR_BUILD=1``): ``--solutions`` works from a clone of the repository, or
 from a wheel built that way for the instructor. The notebooks need nothing but the installed
-package (recorded runs come from ``importlib.resources``), so the folder works anywhere;
-``python -m impala_lab.classroom.exercises exercises/ex1_minibatch_buffer_get.ipynb`` grades an
-answer there.
+package (recorded runs come from ``importlib.resources``), so the folder works anywhere; an
+exercise's last cell checks its answer there (the instructors' ``python -m impala_lab_grader``
+grades hand-ins, docs/grading.md).
 """
 
 from __future__ import annotations

@@ -174,8 +174,7 @@ def notebooks_command(args: argparse.Namespace) -> int:
     example = next((r.as_posix() for r in rel if r.parts[0] == "exercises"), "NOTEBOOK.ipynb")
     print(f"impala-lab: copied {lectures} lecture notebooks{inside} to {args.dir}/\n"
           f"  open them:         jupyter lab {args.dir}\n"
-          f"  grade an exercise: cd {args.dir} && "
-          f"python -m impala_lab.classroom.exercises {example}")
+          f"  check an exercise: run the last cell of {args.dir}/{example} in Jupyter")
     return 0
 
 

@@ -36,9 +36,10 @@ Each exercise has an optional, harder challenge (``<name>_challenge``, notebook
 ``exNc_<name>_challenge.ipynb``, checker ``check_<name>_challenge``): the same answer, cases
 and reference, with less scaffolding and a rule (`impala_lab.classroom.exercises.challenges`).
 
-``python -m impala_lab.classroom.exercises NOTEBOOK.ipynb ...`` checks handed-in notebooks (see
-`impala_lab.classroom.exercises.notebook`). Importing this package does not import TensorFlow; the
-V-trace checkers import it when they first need the reference.
+Handed-in notebooks are graded by the instructors' package ``impala_lab_grader`` (``python -m
+impala_lab_grader NOTEBOOK.ipynb ...``, docs/grading.md), with these same specs. Importing this
+package does not import TensorFlow; the V-trace checkers import it when they first need the
+reference.
 """
 
 from __future__ import annotations
@@ -81,8 +82,7 @@ __all__ = ["CheckResult", "Exercise", "EXERCISES", "MARK_START", "MARK_END", "fa
 @dataclass(frozen=True)
 class Exercise:
     """One exercise: its notebook (same name in exercises/ and solutions/), the name the
-    notebook gives the answer, the checker's name in this package, where to look first
-    when a hand-in runs out of time or memory (the grader's hint), and for a challenge the
+    notebook gives the answer, the checker's name in this package, and for a challenge the
     exercise it is the harder version of (``base``; empty for an exercise)."""
 
     name: str
@@ -90,69 +90,43 @@ class Exercise:
     notebook: str
     answer: str
     checker: str
-    culprit: str = "the loops in the code between the markers"
     base: str = ""
 
 
 EXERCISES: dict[str, Exercise] = {e.name: e for e in (
     Exercise("minibatch_get", "MinibatchBuffer.get", "ex1_minibatch_buffer_get.ipynb",
-             "MyMinibatchBuffer", "check_minibatch_get",
-             "get(): self.inqueue.get() waits for ever once get() asks for more items than "
-             "the queue holds; take a new item only when self.ttl[self.idx] <= 0"),
+             "MyMinibatchBuffer", "check_minibatch_get"),
     Exercise("replay_mix", "ReplayMixer.mix", "ex2_replay_mixer.ipynb", "mix",
-             "check_replay_mix",
-             "the replay loop `while rng.random() < f:`: without `f -= 1` after each replay "
-             "it never ends once replay_proportion >= 1 (and the try-it cell's list grows "
-             "until memory runs out)"),
+             "check_replay_mix"),
     Exercise("vtrace_numpy", "V-trace in numpy", "ex3_vtrace_numpy.ipynb", "vtrace",
-             "check_vtrace_numpy",
-             "the loop over the time steps: it runs T times, backwards "
-             "(for t in reversed(range(T)))"),
+             "check_vtrace_numpy"),
     Exercise("driver_step", "the driver loop's step", "ex4_driver_step.ipynb", "driver_step",
-             "check_driver_step",
-             "the loop over driver.replay.mix(driver.completed_samples(timeout)): it ends "
-             "when the finished samples do; a loop of your own around it never does"),
+             "check_driver_step"),
     Exercise("vtrace_loss", "the V-trace loss", "ex5_vtrace_loss.ipynb", "vtrace_loss",
-             "check_vtrace_loss",
-             "the loops in vtrace_loss (V-trace needs none: vtrace.from_logits does it)"),
+             "check_vtrace_loss"),
     Exercise("lstm_unroll", "the masked LSTM unroll", "ex6_lstm_unroll.ipynb", "lstm_unroll",
-             "check_lstm_unroll",
-             "the loop over the time steps: it runs T times (for t in range(T)), one cell "
-             "step each"),
+             "check_lstm_unroll"),
     Exercise("diag_gaussian", "the diagonal Gaussian's log-prob and entropy",
-             "ex7_diag_gaussian.ipynb", "logp_and_entropy", "check_diag_gaussian",
-             "any loop between the markers: logp_and_entropy needs none (split inputs in "
-             "two halves, work on [N, D] arrays, sum over axis=-1)"),
+             "ex7_diag_gaussian.ipynb", "logp_and_entropy", "check_diag_gaussian"),
     Exercise("minibatch_get_challenge", "the minibatch ring from scratch (challenge)",
              "ex1c_minibatch_get_challenge.ipynb", "MyMinibatchBuffer",
-             "check_minibatch_get_challenge",
-             "get(): a queue get() waits for ever once get() asks for more items than the "
-             "queue holds; take a new item only when the slot you serve is empty",
-             "minibatch_get"),
+             "check_minibatch_get_challenge", "minibatch_get"),
     Exercise("replay_mix_challenge", "the replay mixer from its rule (challenge)",
              "ex2c_replay_mix_challenge.ipynb", "mix", "check_replay_mix_challenge",
-             "the loop that draws the replays: it must use up replay_proportion (one less "
-             "left after each replay), or it never ends once replay_proportion >= 1",
              "replay_mix"),
     Exercise("vtrace_numpy_challenge", "V-trace without a loop (challenge)",
              "ex3c_vtrace_numpy_challenge.ipynb", "vtrace", "check_vtrace_numpy_challenge",
-             "the [T, T] arrays: they are T x T x B numbers, built once", "vtrace_numpy"),
+             "vtrace_numpy"),
     Exercise("driver_step_challenge", "the driver's step from its invariants (challenge)",
              "ex4c_driver_step_challenge.ipynb", "driver_step", "check_driver_step_challenge",
-             "the loop over driver.replay.mix(driver.completed_samples(timeout)): it ends "
-             "when the finished samples do; a loop of your own around it never does",
              "driver_step"),
     Exercise("vtrace_loss_challenge", "the V-trace loss, V-trace included (challenge)",
              "ex5c_vtrace_loss_challenge.ipynb", "vtrace_loss", "check_vtrace_loss_challenge",
-             "the loop over the time steps of your V-trace: it runs T times, backwards",
              "vtrace_loss"),
     Exercise("lstm_unroll_challenge", "the LSTM unroll with masks (challenge)",
              "ex6c_lstm_unroll_challenge.ipynb", "lstm_unroll", "check_lstm_unroll_challenge",
-             "the loop over the time steps: it runs T times, one cell step each",
              "lstm_unroll"),
     Exercise("diag_gaussian_challenge", "the Gaussian from its density, no loop (challenge)",
              "ex7c_diag_gaussian_challenge.ipynb", "logp_and_entropy",
-             "check_diag_gaussian_challenge",
-             "any loop between the markers: the rule forbids them, and numpy needs none",
-             "diag_gaussian"),
+             "check_diag_gaussian_challenge", "diag_gaussian"),
 )}

@@ -8,7 +8,7 @@ stops at the first case that differs. Its message names the case (short inputs),
 differs, the expected and the actual value, and a hint. An answer that still raises
 ``NotImplementedError`` gets a message that points at the markers to fill in; one whose code
 between the markers calls the library's implementation, or reads the checker's frames, is
-flagged before it runs (`flag_region`).
+flagged before it runs (`impala_lab.classroom.exercises._static`).
 
 Nothing here imports TensorFlow.
 """
@@ -34,7 +34,7 @@ FAIL_MARK = "✗"
 
 _PACKAGE_DIR = str(Path(__file__).resolve().parents[2])  # impala_lab/
 _LIB_DIRS = tuple({os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)})
-# Filenames `impala_lab.classroom.exercises.notebook` compiles notebook cells under.
+# Filenames the grader (``impala_lab_grader``) compiles a hand-in's cells under.
 _CELL_FILENAME = re.compile(r"^<(?P<nb>[^,>]+), code cell (?P<n>\d+)>$")
 
 

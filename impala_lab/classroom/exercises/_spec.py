@@ -25,7 +25,8 @@ from impala_lab.classroom.exercises._common import (
     not_implemented_message,
     verbatim,
 )
-from impala_lab.classroom.exercises._guard import Raised, flag_region, forbid
+from impala_lab.classroom.exercises._guard import Raised, forbid
+from impala_lab.classroom.exercises._static import Rule, flag_answer
 
 
 @dataclass(frozen=True)
@@ -43,11 +44,10 @@ class Spec:
       compare: raises `Mismatch` (or the answer's `Raised`) at the first difference.
       references: the library functions the answer must not call (imported lazily, and only
         the ones whose modules are loaded already: a stub check must not import TensorFlow).
-      forbidden: names the code between the markers must not use (see `flag_region`).
+      forbidden: names the answer's code must not use (`impala_lab.classroom.exercises._static`).
       draw: a fresh case drawn with the given `random.Random` (the grader adds `DRAWN` of
         them to the fixed cases, from a seed it prints), or None.
-      rule: a challenge's structural rule (no loop, no ``if``, no base class...): given the
-        answer, the message of the rule it breaks (with its own ``hint:`` line), or None.
+      rule: a challenge's structural rule (no loop, no ``if``, no base class...), or None.
     """
 
     exercise: str
@@ -58,7 +58,7 @@ class Spec:
     references: Callable[[], list[Any]]
     forbidden: dict[str, str]
     draw: Callable[[random.Random], Case] | None = None
-    rule: Callable[[Any], str | None] | None = None
+    rule: Rule | None = None
 
 
 DRAWN = 2  # fresh cases per grading
@@ -86,36 +86,41 @@ class AnswerReport:
     traces: list[Any]
 
 
-def run_answer(spec: Spec, answer: Any, *, cases: list[Case] | None = None,
-               on_case: Callable[[int], None] | None = None) -> AnswerReport:
+def answer_traces(spec: Spec, answer: Any, cases: list[Case], *,
+                  on_case: Callable[[int], None] | None = None) -> list[Any]:
     """Runs the answer on every case (with the references trapped); no reference runs.
+    Returns one trace per case, up to the first case that raised.
 
     Args:
       spec: the exercise.
       answer: the student's function or class.
-      cases: the cases (default: the fixed ones).
+      cases: the cases.
       on_case: called with a case's number before it runs (the grader's progress).
     """
-    flagged = flag_region(answer, spec.forbidden)
-    if flagged is None and spec.rule is not None:
-        flagged = spec.rule(answer)
     traces: list[Any] = []
-    if flagged is None:
-        with forbid(spec.references()):
-            for number, case in enumerate(cases or spec.cases(), start=1):
-                if on_case is not None:
-                    on_case(number)
-                try:
-                    trace = spec.answer_trace(answer, case)
-                except AnswerRaised as raised:
-                    trace = Raised.of(raised)
-                except Mismatch as diff:
-                    trace = diff
-                traces.append(trace)
-                if isinstance(trace, Raised) or (
-                        isinstance(trace, list) and trace and isinstance(trace[-1], Raised)):
-                    break
-    return AnswerReport(flagged, traces)
+    with forbid(spec.references()):
+        for number, case in enumerate(cases, start=1):
+            if on_case is not None:
+                on_case(number)
+            try:
+                trace = spec.answer_trace(answer, case)
+            except AnswerRaised as raised:
+                trace = Raised.of(raised)
+            except Mismatch as diff:
+                trace = diff
+            traces.append(trace)
+            if isinstance(trace, Raised) or (
+                    isinstance(trace, list) and trace and isinstance(trace[-1], Raised)):
+                break
+    return traces
+
+
+def run_answer(spec: Spec, answer: Any, *, cases: list[Case] | None = None) -> AnswerReport:
+    """The notebook's look at the answer: the static look at the code between its markers
+    (`flag_answer`), then, when nothing is flagged, its traces (`answer_traces`)."""
+    flagged = flag_answer(answer, spec.forbidden, spec.rule)
+    cases = spec.cases() if cases is None else cases
+    return AnswerReport(flagged, [] if flagged else answer_traces(spec, answer, cases))
 
 
 def _flagged(spec: Spec, label: str, flag: str, n: int) -> CheckResult:

@@ -2,9 +2,10 @@
 
 A challenge is graded by its exercise's own checker machinery: the same cases (the drawn
 ones included), the same reference, the same comparison; only its `Spec` has the challenge's
-name (``<exercise>_challenge``) and, where the challenge has one, a structural rule that a
-static look at the code between the markers enforces (`Spec.rule`). Its notebook gives less
-help: a definition instead of a recursion, words instead of code.
+name (``<exercise>_challenge``) and, where the challenge has one, a structural rule
+(`impala_lab.classroom.exercises._static.Rule`): the notebook's check reads the code between
+the markers for it, the instructors' grader every line the student wrote. Its notebook gives
+less help: a definition instead of a recursion, words instead of code.
 
 - ``minibatch_get_challenge``: the whole ring, ``__init__`` and ``get``, with no base class.
 - ``replay_mix_challenge``: ``mix`` from the draw rule given in words only.
@@ -45,26 +46,15 @@ from impala_lab.classroom.exercises._common import (
     same,
     verbatim,
 )
-from impala_lab.classroom.exercises._guard import Raised, flag_region, flag_syntax
+from impala_lab.classroom.exercises._guard import Raised
 from impala_lab.classroom.exercises._spec import Spec, run_check
-
-
-def _broken(rule: str, what: str, where: str, hint: str) -> str:
-    """A rule's message: the rule, what broke it and where, and the hint (its own line)."""
-    return (f"breaks the challenge's rule \"{rule}\": {what} ({where})\n"
-            f"  hint:     {hint}")
-
+from impala_lab.classroom.exercises._static import Rule
 
 # ------------------------------------------------------------------ 1: the whole ring
-def _no_base_class(answer: Any) -> str | None:
-    bases = [c.__name__ for c in getattr(answer, "__mro__", ())[1:] if c is not object]
-    if not bases:
-        return None
-    return _broken("no base class", f"{getattr(answer, '__name__', 'the answer')} "
-                   f"subclasses {bases[0]}", "its class statement",
-                   "this rule catches an answer that inherits its state and constructor (the "
-                   "library's MinibatchBuffer gives both): write `class MyMinibatchBuffer:` "
-                   "with no base, and your own __init__ and get().")
+_NO_BASE_CLASS = Rule(
+    "no base class", "this rule catches an answer that inherits its state and constructor "
+    "(the library's MinibatchBuffer gives both): write `class MyMinibatchBuffer:` with no "
+    "base, and your own __init__ and get().", plain_class=True)
 
 
 class _Served:
@@ -126,17 +116,24 @@ def _ring_compare(case: Case, expected: list[Any], actual: list[Any]) -> None:
 _LOOPS = {ast.For: "a for loop", ast.AsyncFor: "a for loop", ast.While: "a while loop",
           **dict.fromkeys((ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp),
                           "a comprehension (a loop too)")}
+# Loops that a call hides, and classes that a loop drives.
+_LOOP_NAMES = {
+    **dict.fromkeys(("map", "filter", "reduce", "accumulate", "starmap", "iter",
+                     "vectorize", "frompyfunc", "apply_along_axis", "apply_over_axes",
+                     "fromiter"), "a loop inside a call"),
+    **dict.fromkeys(("def:__iter__", "def:__next__", "def:__getitem__"),
+                    "an iterator's method (a loop drives it)")}
 
 
-def _no_loops(answer: Any) -> str | None:
-    hit = flag_syntax(answer, _LOOPS)
-    if hit is None:
-        return None
-    return _broken("no Python loop", *hit,
-                   "this rule catches the backward recursion written as a loop over t. Build "
-                   "the [T, T] matrix of trace products prod_{i=s}^{t-1} gamma_i c_i (upper "
-                   "triangular: np.cumprod along time, or np.triu of the ratios), then "
-                   "v - V = matrix @ delta per column (np.einsum).")
+def _no_loop(hint: str) -> Rule:
+    return Rule("no Python loop", hint, _LOOPS, _LOOP_NAMES, recursion=True)
+
+
+_NO_VTRACE_LOOP = _no_loop(
+    "this rule catches the backward recursion written as a loop over t. Build the [T, T] "
+    "matrix of trace products prod_{i=s}^{t-1} gamma_i c_i (upper triangular: np.cumprod "
+    "along time, or np.triu of the ratios), then v - V = matrix @ delta per column "
+    "(np.einsum).")
 
 
 def _vtrace_compare(case: Case, ref: dict[str, Any], ans: dict[str, Any]) -> None:
@@ -168,15 +165,12 @@ def _vtrace_loss_references() -> list[Any]:
         "log_probs_from_logits_and_actions", "_discounted_sum_reverse")
 
 
-def _no_library_vtrace(answer: Any) -> str | None:
-    hit = flag_region(answer, dict.fromkeys(_VTRACE_NAMES, "the library's V-trace"))
-    if hit is None:
-        return None
-    return (f"breaks the challenge's rule \"no library V-trace\": {hit}\n"
-            f"  hint:     this rule catches handing V-trace to the library's vtrace module "
-            f"(from_logits, from_importance_weights). Compute log pi(a) - log mu(a) from the "
-            f"two logits (tf.nn.log_softmax at the actions), then the targets with a loop "
-            f"over the T steps backwards (or tf.scan), as in exercise 3.")
+_NO_LIBRARY_VTRACE = Rule(
+    "no library V-trace", "this rule catches handing V-trace to the library's vtrace module "
+    "(from_logits, from_importance_weights). Compute log pi(a) - log mu(a) from the two logits "
+    "(tf.nn.log_softmax at the actions), then the targets with a loop over the T steps "
+    "backwards (or tf.scan), as in exercise 3.",
+    names=dict.fromkeys(_VTRACE_NAMES, "calls the library's V-trace"))
 
 
 # The exercise's hints name vtrace.from_logits, which this challenge does without.
@@ -208,28 +202,21 @@ def _vtrace_loss_compare(case: Case, expected: Any, actual: Any) -> None:
 
 
 # ------------------------------------------------------------------ 6: masks, no if
-_BRANCHES = {ast.If: "an if statement", ast.IfExp: "a conditional expression (x if c else y)"}
-
-
-def _no_if(answer: Any) -> str | None:
-    hit = flag_syntax(answer, _BRANCHES)
-    if hit is None:
-        return None
-    return _broken("no if", *hit,
-                   "this rule catches the reset written as a branch on dones (per step or per "
-                   "column). Multiply instead: keep = 1 - dones[t][:, None], then h, c = h * "
-                   "keep, c * keep after the step.")
-
+_NO_IF = Rule(
+    "no if", "this rule catches the reset written as a branch on dones (per step or per "
+    "column). Multiply instead: keep = 1 - dones[t][:, None], then h, c = h * keep, c * keep "
+    "after the step.",
+    {ast.If: "an if statement", ast.IfExp: "a conditional expression (x if c else y)",
+     ast.Match: "a match statement (a branch)", ast.While: "a while loop (it branches)",
+     ast.BoolOp: "a short-circuit and/or (a branch)", ast.Try: "a try statement (a branch)",
+     ast.TryStar: "a try statement (a branch)", ast.Assert: "an assert (a branch)",
+     ast.comprehension: "a comprehension's if"})
 
 # ------------------------------------------------------------------ 7: the Gaussian, no loop
-def _no_gaussian_loops(answer: Any) -> str | None:
-    hit = flag_syntax(answer, _LOOPS)
-    if hit is None:
-        return None
-    return _broken("no Python loop", *hit,
-                   "this rule catches a loop over the rows or over the D dimensions: numpy "
-                   "does both at once. Split inputs into its halves (inputs[:, :D], "
-                   "inputs[:, D:]), work on the [N, D] arrays, and sum over axis=-1.")
+_NO_GAUSSIAN_LOOP = _no_loop(
+    "this rule catches a loop over the rows or over the D dimensions: numpy does both at "
+    "once. Split inputs into its halves (inputs[:, :D], inputs[:, D:]), work on the [N, D] "
+    "arrays, and sum over axis=-1.")
 
 
 def _challenge(spec: Spec, **changes: Any) -> Spec:
@@ -238,14 +225,14 @@ def _challenge(spec: Spec, **changes: Any) -> Spec:
 
 SPECS: dict[str, Spec] = {s.exercise: s for s in (
     _challenge(minibatch_get.SPEC, answer_trace=_ring_answer_trace,
-               compare=_ring_compare, rule=_no_base_class),
+               compare=_ring_compare, rule=_NO_BASE_CLASS),
     _challenge(replay_mix.SPEC),
-    _challenge(vtrace_numpy.SPEC, compare=_vtrace_compare, rule=_no_loops),
+    _challenge(vtrace_numpy.SPEC, compare=_vtrace_compare, rule=_NO_VTRACE_LOOP),
     _challenge(driver_step.SPEC),
     _challenge(vtrace_loss.SPEC, cases=_vtrace_loss_cases, compare=_vtrace_loss_compare,
-               references=_vtrace_loss_references, rule=_no_library_vtrace),
-    _challenge(lstm_unroll.SPEC, rule=_no_if),
-    _challenge(diag_gaussian.SPEC, rule=_no_gaussian_loops),
+               references=_vtrace_loss_references, rule=_NO_LIBRARY_VTRACE),
+    _challenge(lstm_unroll.SPEC, rule=_NO_IF),
+    _challenge(diag_gaussian.SPEC, rule=_NO_GAUSSIAN_LOOP),
 )}
 
 

@@ -1,6 +1,6 @@
 """nbgrader source notebooks built from the exercise solutions.
 
-    python -m impala_lab.classroom.exercises export --nbgrader COURSE_DIR
+    python -m impala_lab_grader export --nbgrader COURSE_DIR
 
 writes one nbgrader *source* notebook per exercise, where ``nbgrader generate_assignment``
 looks for them::
@@ -16,7 +16,7 @@ with the metadata nbgrader reads (``metadata.nbgrader``, schema 3):
 - the student's cell is an *autograded answer* cell (``solution``), its code between the
   exercise markers wrapped in ``### BEGIN SOLUTION`` / ``### END SOLUTION``; the markers stay
   outside the region, so the student version still has them and
-  ``python -m impala_lab.classroom.exercises`` grades it like any hand-in;
+  ``python -m impala_lab_grader`` grades it like any hand-in;
 - the check cell is an *autograder test* cell (``grade``, locked, worth ``points``): the
   notebook's own check cell, which calls the exercise's checker from
   `impala_lab.classroom.exercises`,
@@ -27,7 +27,7 @@ with the metadata nbgrader reads (``metadata.nbgrader``, schema 3):
   between the answer and the check stay editable.
 
 Cell tags and the notebook's ``impala_lab`` metadata are kept. Only the standard library is
-used (no nbformat), as in `impala_lab.classroom.exercises.notebook`.
+used (no nbformat), as in `impala_lab_grader.notebook`.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from typing import Any
 import impala_lab.classroom.exercises as exercises
 from impala_lab.classroom.course import NoSolutionsError, course_files, course_root
 from impala_lab.classroom.exercises._common import MARK_END, MARK_START
-from impala_lab.classroom.exercises.notebook import (
+from impala_lab_grader.notebook import (
     CHECK_TAG,
     STUDENT_TAG,
     read_notebook,
@@ -60,7 +60,7 @@ CONFIG_NAME = "nbgrader_config.py"
 # A starter config: nbgrader reads nbgrader_config.py from the directory it runs in.
 CONFIG_TEXT = '''\
 """nbgrader settings for the impala_lab exercises (written by
-`python -m impala_lab.classroom.exercises export --nbgrader`; edit freely, it is not
+`python -m impala_lab_grader export --nbgrader`; edit freely, it is not
 overwritten)."""
 
 c = get_config()  # noqa: F821 (nbgrader defines it)
@@ -237,10 +237,10 @@ def export_nbgrader(course_dir: str | os.PathLike, *,
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m impala_lab.classroom.exercises export --nbgrader DIR``; exit status 0, 1 on
+    """``python -m impala_lab_grader export --nbgrader DIR``; exit status 0, 1 on
     error."""
     parser = argparse.ArgumentParser(
-        prog="python -m impala_lab.classroom.exercises export",
+        prog="python -m impala_lab_grader export",
         description="Write nbgrader source notebooks (solution regions, autograder test "
                     "cells that call the same checkers) built from the exercise solutions.")
     parser.add_argument("--nbgrader", required=True, type=Path, metavar="DIR",

@@ -1,11 +1,14 @@
 """The student build: a copy of `impala_lab` in which the code an exercise asks for is absent.
 
-The grader's sandbox sees this copy instead of the installed package. In it, every function
-the exercise is checked against (and every function that computes the same thing) has its
-body replaced by a single ``raise ReferenceCalled(...)``, and the checkers' own reference
-code is gone too; the course's notebooks (solutions included) are not copied at all. So no
-thread, no fresh import of a module from its file, no copy of a function's ``__code__`` can
-reach an expected value: the grader computes those in its own process.
+The grader's sandbox sees this copy and no other. It is made from the package's source files
+only: no compiled file is carried over (a stale ``.opt-1.pyc`` would keep a reference's
+bytecode), and the course's notebooks (solutions included) are not copied. In it, every
+function the exercise is checked against (and every function that computes the same thing)
+has its body replaced by a single ``raise`` of `ReferenceCalled`, and the checkers' own
+reference code is gone too. Then it is compiled, for an interpreter without ``-O`` (the
+grading child runs without it). So no thread, no fresh import of a module from its file, no
+copy of a function's ``__code__`` can reach an expected value: the grader computes those in its
+own process. Beside it lie the grading child's own modules (`CHILD_MODULES`).
 
 One build per exercise, made once per grader process (`build_for`) and removed at exit.
 """
@@ -23,6 +26,9 @@ from pathlib import Path
 import impala_lab
 
 PACKAGE_DIR = Path(impala_lab.__file__).resolve().parent
+GRADER_DIR = Path(__file__).resolve().parent
+# What the grading child imports of this package (it runs in the sandbox).
+CHILD_MODULES = ("__init__.py", "channel.py", "child.py")
 
 # The bodies removed for each exercise: "module path (under impala_lab/):qualified name".
 REMOVED: dict[str, tuple[str, ...]] = {
@@ -67,8 +73,7 @@ CHECKERS_REFERENCES = (
     "classroom/exercises/lstm_unroll.py:_variant",
     "classroom/exercises/diag_gaussian.py:_variant")
 
-_STUB = ("raise __import__('impala_lab.classroom.exercises._guard', fromlist=['_'])"
-         ".reference_absent({name!r})")
+_STUB = "raise __import__('impala_lab_grader.child', fromlist=['_']).absent({name!r})"
 _builds: dict[str, Path] = {}
 
 
@@ -114,19 +119,30 @@ def missing() -> list[str]:
     return out
 
 
+def _sources(folder: str, names: list[str]) -> list[str]:
+    """What `shutil.copytree` leaves out of the build: compiled files and the notebooks."""
+    return [n for n in names if n in ("notebooks", "__pycache__") or n.endswith(
+        (".pyc", ".pyo", ".so"))]
+
+
 def _write_build(exercise: str, root: Path) -> None:
-    shutil.copytree(PACKAGE_DIR, root / "impala_lab", ignore=shutil.ignore_patterns(
-        "notebooks"))  # compiled files come along: compileall below skips the fresh ones
+    shutil.copytree(PACKAGE_DIR, root / "impala_lab", ignore=_sources)
+    (root / "impala_lab_grader").mkdir()
+    for name in CHILD_MODULES:
+        shutil.copy(GRADER_DIR / name, root / "impala_lab_grader" / name)
     by_file: dict[str, list[str]] = {}
     for entry in removed(exercise) + CHECKERS_REFERENCES:
         rel, qualname = entry.split(":")
         by_file.setdefault(rel, []).append(qualname)
     for rel, qualnames in by_file.items():
         path = root / "impala_lab" / rel
+        if not path.is_file():  # nothing of it to reach (`missing` keeps the table true)
+            continue
         path.write_text(strip_functions(path.read_text(encoding="utf-8"), qualnames),
                         encoding="utf-8")
-    # Compiled now: the sandbox's copy is read-only, and compiling at every import is slow.
-    compileall.compile_dir(root / "impala_lab", quiet=2, workers=1)
+    # Compiled now (the sandbox's copy is read-only, and compiling at every import is slow),
+    # for the child's interpreter, which runs without -O whatever this one does.
+    compileall.compile_dir(root, quiet=2, workers=1, optimize=0)
     for dirpath, _dirnames, filenames in os.walk(root):
         os.chmod(dirpath, 0o755)
         for name in filenames:

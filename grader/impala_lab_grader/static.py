@@ -1,0 +1,198 @@
+"""The grader's own look at a hand-in's code, decided in the grader before anything of it runs.
+
+The notebook's check cell reads only the code between the markers of the answer it is given;
+a hand-in could put its loop in a helper cell, add a second pair of markers, or change what
+the check reads. Here the grader reads every cell that runs (`impala_lab_grader.notebook.
+code_cells`, the very code the sandbox then runs) and decides:
+
+- **the markers**: exactly one well-formed pair in the whole notebook (one line that is the
+  start marker, then one that is the end marker, in one cell before the check), or the
+  hand-in fails and says so;
+- **what the student wrote**: the code between the markers, and every line of every other
+  cell that is not the handed-out notebook's (`student_lines`: a cell as handed out counts
+  as none, an edited one by the lines that differ, a new one in full);
+- **the names and the rule**: on those lines, `impala_lab.classroom.exercises._static.scan`
+  with the exercise's `Spec` (the library's implementation, the checker's frames, code the
+  grader cannot read, the challenge's rule), a rule's recursion over all cells together, and
+  a ``no base class`` rule on every statement that binds the answer's name.
+
+The handed-out notebook is the exercise's stub from the installed course
+(`impala_lab.classroom.course.course_root`).
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+from typing import Any
+
+import impala_lab.classroom.exercises as exercises
+from impala_lab.classroom.course import course_root
+from impala_lab.classroom.exercises._common import MARK_END, MARK_START
+from impala_lab.classroom.exercises._static import (
+    RECURSION,
+    Hit,
+    Rule,
+    aliases,
+    broken,
+    describe,
+    hit,
+    recursive,
+    scan,
+    table,
+)
+from impala_lab_grader.child import spec_of
+from impala_lab_grader.notebook import code_cells, normalised, read_notebook, source
+
+_PHRASES = ("YOUR CODE STARTS HERE", "YOUR CODE ENDS HERE")
+_PAIRED = 0.5  # an edited cell is the handed-out cell it resembles at least this much
+_DIFFED = 400  # lines: a longer cell is all the student's (a diff of it would take long)
+
+
+def markers(nb: dict[str, Any], cells: list[tuple[int, str]]) -> tuple[int, int, int] | str:
+    """(cell number, start line, end line) of the one pair of markers (0-based lines in the
+    cell's normalised code), or why there is not exactly one well-formed pair."""
+    found: dict[str, list[tuple[int, int, str]]] = {p: [] for p in _PHRASES}
+    code = [c for c in nb["cells"] if c.get("cell_type") == "code"]
+    for number, cell in enumerate(code, start=1):
+        for i, line in enumerate(normalised(source(cell)).splitlines()):
+            for phrase in _PHRASES:
+                if phrase in line.upper():
+                    found[phrase].append((number, i, line.strip()))
+    starts, ends = found[_PHRASES[0]], found[_PHRASES[1]]
+    problem = ""
+    if len(starts) != 1 or len(ends) != 1:
+        problem = f"found {len(starts)} start and {len(ends)} end marker lines"
+    elif starts[0][2] != MARK_START or ends[0][2] != MARK_END:
+        problem = "a marker line is not the marker as handed out"
+    elif starts[0][0] != ends[0][0] or starts[0][1] >= ends[0][1]:
+        problem = "the end marker does not follow the start marker in the same cell"
+    elif starts[0][0] not in {n for n, _ in cells}:
+        problem = "the markers are not in a cell before the check cell"
+    if problem:
+        return (f"needs exactly one pair of the exercise's markers, in the answer's cell: one "
+                f"line `{MARK_START}`, then one line `{MARK_END}` ({problem}): put them back "
+                f"as the notebook had them")
+    return starts[0][0], starts[0][1], ends[0][1]
+
+
+def _changed(template: list[str], lines: list[str]) -> set[int]:
+    """The 1-based numbers of `lines` that are not `template`'s (a diff of stripped lines;
+    all of them when either side is longer than `_DIFFED`)."""
+    if max(len(template), len(lines)) > _DIFFED:
+        return set(range(1, len(lines) + 1))
+    matcher = difflib.SequenceMatcher(None, [t.strip() for t in template],
+                                      [ln.strip() for ln in lines], autojunk=False)
+    same = {b + k + 1 for _, b, size in matcher.get_matching_blocks() for k in range(size)}
+    return set(range(1, len(lines) + 1)) - same
+
+
+def _outside(lines: list[str], start: int, end: int) -> tuple[list[str], list[int]]:
+    """The lines outside the markers (markers included), and their 1-based numbers."""
+    keep = [*range(start + 1), *range(end, len(lines))]
+    return [lines[i] for i in keep], [i + 1 for i in keep]
+
+
+def student_lines(cells: list[tuple[int, str]], template: list[tuple[int, str]],
+                  mark: tuple[int, int, int]) -> dict[int, set[int]]:
+    """Cell number -> the lines the student wrote (1-based), see the module docstring."""
+    number, start, end = mark
+    pool = [t.splitlines() for _, t in template if MARK_START not in t]
+    stub = next((t.splitlines() for _, t in template if MARK_START in t), [])
+    out: dict[int, set[int]] = {}
+    for n, text in cells:
+        lines = text.splitlines()
+        if n == number:
+            s = next((i for i, ln in enumerate(stub) if ln.strip() == MARK_START), 0)
+            e = next((i for i, ln in enumerate(stub) if ln.strip() == MARK_END), len(stub))
+            mine, at = _outside(lines, start, end)
+            theirs, _ = _outside(stub, s, e)
+            out[n] = set(range(start + 2, end + 1)) | {at[i - 1] for i in _changed(theirs,
+                                                                                  mine)}
+            continue
+        stripped = [ln.strip() for ln in lines]
+        same = next((k for k, t in enumerate(pool) if [x.strip() for x in t] == stripped), None)
+        if same is not None:
+            pool.pop(same)
+            out[n] = set()
+            continue
+        ratios = [difflib.SequenceMatcher(None, [x.strip() for x in t], stripped,
+                                          autojunk=False).ratio()
+                  if len(lines) <= _DIFFED else 0.0 for t in pool]
+        best = max(range(len(pool)), key=ratios.__getitem__, default=None)
+        if best is not None and ratios[best] >= _PAIRED:
+            out[n] = _changed(pool.pop(best), lines)
+        else:
+            out[n] = set(range(1, len(lines) + 1))
+    return out
+
+
+def _binds(node: ast.AST, name: str) -> bool:
+    """Whether `node` binds `name` other than by a plain class statement."""
+    if isinstance(node, ast.Name):
+        return node.id == name and isinstance(node.ctx, ast.Store | ast.Del)
+    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+        return node.name == name
+    if isinstance(node, ast.ClassDef):
+        return node.name == name and bool(node.bases or node.keywords or node.decorator_list)
+    if isinstance(node, ast.Import | ast.ImportFrom):
+        return any((a.asname or a.name.split(".")[0]) == name for a in node.names)
+    return False
+
+
+def _plain_class(trees: list[tuple[int, ast.Module]], answer: str, rule: Rule,
+                 where: str) -> str | None:
+    for number, tree in trees:
+        for node in ast.walk(tree):
+            if _binds(node, answer):
+                what = (f"{answer} is not a plain class statement" if not isinstance(
+                    node, ast.ClassDef) else f"{answer}'s class statement has a base class, "
+                    f"a keyword (a metaclass) or a decorator")
+                code = ast.unparse(node).splitlines()[0][:60]
+                return broken(rule, f"{what} (`{code}`, code cell {number} of {where}, line "
+                                    f"{node.lineno})")
+    return None
+
+
+def static_verdict(ex: exercises.Exercise, nb: dict[str, Any], name: str) -> str | None:
+    """The grader's static verdict on a hand-in (see the module docstring): what the answer
+    did that no answer may do, as the checkers word it after the answer's name, or None.
+
+    Args:
+      ex: the exercise (`impala_lab_grader.notebook.exercise_of`).
+      nb: the hand-in's notebook JSON.
+      name: the notebook's file name as messages show it.
+    """
+    cells = code_cells(nb)
+    mark = markers(nb, cells)
+    if isinstance(mark, str):
+        return mark
+    trees = []
+    for number, text in cells:
+        try:
+            trees.append((number, ast.parse(text)))
+        except SyntaxError as exc:
+            return (f"has code that is not Python in code cell {number} of {name} (line "
+                    f"{exc.lineno}: {exc.msg})")
+    spec = spec_of(ex)
+    template = code_cells(read_notebook(course_root() / "exercises" / ex.notebook))
+    mine = student_lines(cells, template, mark)
+    imports: dict[str, str] = {}
+    for _, tree in trees:
+        imports.update(aliases(tree))
+    names = table(spec.forbidden, spec.rule)
+    hits: list[tuple[int, Hit]] = []
+    for number, tree in trees:
+        hits += [(number, h) for h in scan(tree, names, spec.rule, imports)
+                 if h.line in mine[number]]
+    if spec.rule is not None and spec.rule.recursion:  # across cells: a helper may recurse
+        home = {id(node): n for n, tree in trees for node in ast.walk(tree)}
+        whole = ast.Module(body=[s for _, tree in trees for s in tree.body], type_ignores=[])
+        hits += [(home[id(node)], hit(node, RECURSION)) for node in recursive(whole)
+                 if node.lineno in mine[home[id(node)]]]
+    if hits:
+        number, first = min(hits, key=lambda p: (p[0], p[1].line, p[1].col))
+        return describe(first, f"code cell {number} of {name}", first.line, spec.rule)
+    if spec.rule is not None and spec.rule.plain_class:
+        return _plain_class(trees, ex.answer, spec.rule, name)
+    return None
