@@ -104,7 +104,7 @@ def test_the_field_that_grew_is_named_first():
     message = error_of(num_workers=10**5, max_sample_requests_in_flight_per_worker=10**3,
                        max_num_workers=10**6)
     assert message.startswith("num_workers=100000 is invalid")  # 50000x its default, not 500x
-    assert "samples in flight" in message
+    assert "worker processes 4,500 GB (num_workers)" in message  # 45 MB each
 
 
 def batch(T: int, B: int, obs_shape: tuple[int, ...], num_actions: int,
@@ -189,13 +189,13 @@ class WideObsEnv(gym.Env):
 
 def test_impala_checks_again_with_the_envs_spaces_before_any_process_starts():
     config = ImpalaConfig(env=WideObsEnv, backend="process", train_batch_size=50_000,
-                          max_memory_gb=0.5)  # fits at one float per observation
+                          max_memory_gb=1.2)  # fits at one float per observation
     with no_leaks(), pytest.raises(ConfigError) as info:
         Impala(config)
     message = str(info.value)
     assert message.startswith("train_batch_size=50000 is invalid: this config would need "
                               "about ")
-    assert "learner queue" in message and "max_memory_gb=0.5" in message
+    assert "learner queue" in message and "max_memory_gb=1.2" in message
 
 
 MEASURE = textwrap.dedent("""
