@@ -290,5 +290,6 @@ def test_ctrl_c_while_the_run_is_built_exits_130_without_a_traceback(tmp_path, c
     assert code == 130
     assert "interrupted before training started" in capsys.readouterr().err
     assert signal.getsignal(signal.SIGTERM) is handler
-    # the folder's lock file and config.json: nothing else was written
-    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [".lock", "config.json"]
+    # the folder's lock file, config.json and run.json: nothing else was written
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [".lock", "config.json",
+                                                                   "run.json"]

@@ -207,6 +207,7 @@ class RunFolder:
         for path in reversed(self._created) if undo else ():
             with contextlib.suppress(OSError):
                 os.rmdir(path) if path.is_dir() else path.unlink()
+        self._created = []
 
     def check(self) -> None:
         """Raise `FolderLost` unless ``out`` is still the folder this run locked."""
@@ -232,6 +233,28 @@ class RunFolder:
     def write_file(self, name: str, write: Callable[[Path], Any]) -> bool:
         """``write(path)`` writes a temporary file that then replaces ``name``; False if the
         disk refused (an `OSError`; any other error of ``write`` is raised)."""
+        try:
+            self._write(name, write)
+        except OSError as exc:
+            return self._failed(name, exc)
+        self.unwritten.pop(name, None)
+        return True
+
+    def write_first(self, files: dict[str, Any]) -> None:
+        """The run's first files (name -> JSON object): a folder that refuses them is a
+        `ConfigError`, and the claim is undone (nothing has started yet)."""
+        for name, obj in files.items():
+            data = json.dumps(jsonable(obj), indent=2).encode()
+            try:
+                self._write(name, lambda path, data=data: path.write_bytes(data))
+            except OSError as exc:
+                self.close(undo=True)
+                why = exc.strerror or exc
+                raise ConfigError(f"--out={str(self.out)!r} cannot be written ({why}, writing "
+                                  f"{name}): free some space there, or give a folder you can "
+                                  "write to") from None
+
+    def _write(self, name: str, write: Callable[[Path], Any]) -> None:
         self.check()
         tmp = self.out / f".tmp-{os.getpid()}-{name}"
         try:
@@ -239,13 +262,9 @@ class RunFolder:
             with open(tmp, "rb+") as fh:
                 os.fsync(fh.fileno())
             os.replace(tmp, self.out / name)
-        except OSError as exc:
-            return self._failed(name, exc)
         finally:
             with contextlib.suppress(OSError):
                 tmp.unlink()
-        self.unwritten.pop(name, None)
-        return True
 
     def append_metrics(self, rows: Iterable[dict[str, Any]]) -> bool:
         """Appends ``rows`` (and any that an earlier failure left waiting) to metrics.csv; a

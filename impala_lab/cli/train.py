@@ -128,12 +128,7 @@ def train_command(args: argparse.Namespace, config: ImpalaConfig) -> int:
         return supervise(args.argv, args.out)
     folder = RunFolder(args.out, overwrite=getattr(args, "overwrite", False),
                        resume=resume is not None)
-    if not (folder.write_json("config.json", config.to_dict())
-            and folder.write_json("run.json", {**flags, "argv": argv})):
-        name, reason = next(iter(folder.unwritten.items()))
-        folder.close(undo=resume is None)
-        raise ConfigError(f"--out={str(args.out)!r}: {name} cannot be written ({reason}): free "
-                          "some space there, or give another --out")
+    folder.write_first({"config.json": config.to_dict(), "run.json": {**flags, "argv": argv}})
     try:
         return _run_in(folder, args, config, state)
     finally:
@@ -284,11 +279,13 @@ def _train_and_save(impala: Impala, config: ImpalaConfig, args: argparse.Namespa
 
     started = time.monotonic()
     final, error = _train(impala, args, watch, view, on_report, limit)
+    rows = [metrics_row(final)]  # and a row of the final evaluation, if it is played
     final_evaluation = None
     try:
         if error is None and final["stop_reason"] != "interrupted" and impala.evaluator.enabled:
             left = None if limit is None else limit - (time.monotonic() - started)
             final, error, final_evaluation = _final_evaluation(impala, final, left)
+            rows += [metrics_row(final)] * (final_evaluation == "done")
     except KeyboardInterrupt:  # a signal during the final evaluation
         final = {**final, "stop_reason": "interrupted"}
     ending.defer()  # a signal from here on waits for the outputs
@@ -297,7 +294,7 @@ def _train_and_save(impala: Impala, config: ImpalaConfig, args: argparse.Namespa
     output(view.close)
     impala.stop()
     result = {**_result(watch, args, final, error, ended), "final_evaluation": final_evaluation}
-    lost = _save_outputs(impala, config, folder, result, metrics_row(final))
+    lost = _save_outputs(impala, config, folder, result, rows)
     return result, error or lost
 
 
@@ -390,12 +387,12 @@ def _result(watch: TargetWatch, args: argparse.Namespace, final: dict[str, Any],
 
 
 def _save_outputs(impala: Impala, config: ImpalaConfig, folder: RunFolder,
-                  result: dict[str, Any], row: dict[str, Any]) -> FolderLost | None:
-    """``metrics.csv``'s last row, the checkpoint, ``policy.gif``, ``report.png``, then
+                  result: dict[str, Any], rows: list[dict[str, Any]]) -> FolderLost | None:
+    """``metrics.csv``'s last rows, the checkpoint, ``policy.gif``, ``report.png``, then
     ``result.json`` with the names of those that could not be written (each said on stderr
     too). Returns the `FolderLost` that stopped them, if the folder is not the run's."""
     try:
-        folder.append_metrics([row])
+        folder.append_metrics(rows)
         _save_checkpoint(impala, folder)
         _save_policy_gif(impala, config, folder)
         try:
