@@ -277,3 +277,17 @@ def test_sigterm_during_the_final_evaluation_ends_the_run_cleanly(tmp_path):
     assert proc.returncode == 143, stderr
     assert "Traceback" not in stderr
     assert result_of(out)["stop_reason"] == "interrupted"
+
+
+def test_a_hang_up_ignored_at_the_start_stays_ignored():
+    from impala_lab.cli.endings import EndingSignals
+
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # `nohup impala-lab train ...`
+    try:
+        ending = EndingSignals()
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGTERM) == ending._handle
+        ending.restore()
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, previous)

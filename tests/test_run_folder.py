@@ -85,9 +85,8 @@ def test_a_killed_run_leaves_metrics_result_and_checkpoint_and_resumes(tmp_path)
     assert after[:len(kept)] == kept  # rows past the checkpoint were cut, the rest kept
     steps = [int(r["num_steps_sampled"]) for r in after]
     assert steps == sorted(steps) and steps[-1] >= limit  # never backwards
-    # the checkpoint's weights from the first request: a lag is counted from its version
-    lags = [float(r["policy_lag.max"]) for r in after[len(kept):] if r["policy_lag.max"]]
-    assert lags and max(lags) < saved["policy_version"]
+    # (that the workers sample with the checkpoint's weights from their first request is
+    # test_checkpoint_atomic.py::test_a_restored_run_samples_with_the_checkpoints_weights_...)
     final = json.loads((out / "result.json").read_text())
     assert final["stop_reason"] == "max_env_steps" and final["stop_return"] == 480
     run = json.loads((out / "run.json").read_text())
