@@ -187,26 +187,20 @@ def _check_env(c: Any) -> None:
     import gymnasium
 
     if c.env not in gymnasium.registry:
-        bad("env", c.env, f"gymnasium does not know this env id; {_unknown_env_hint(c.env)}")
+        ids = list(gymnasium.registry)
+        bad("env", c.env, f"gymnasium does not know this env id; {_unknown_env_hint(c.env, ids)}")
 
 
-def _unknown_env_hint(env_id: str) -> str:
-    """Other versions of the same env when some are registered (the package is there: the
+def _unknown_env_hint(env_id: str, ids: list[str]) -> str:
+    """Other versions of the same env when some are registered (its package is there: the
     version is wrong), else the package that registers its family, else close ids."""
-    name = env_id.rsplit("-v", 1)[0]
-    versions = sorted(k for k in gymnasium_ids() if k.rsplit("-v", 1)[0] == name)
+    versions = sorted(k for k in ids if k.rsplit("-v", 1)[0] == env_id.rsplit("-v", 1)[0])
     if versions:
         return f"the registered versions are {', '.join(map(repr, versions))}"
-    close = difflib.get_close_matches(env_id, gymnasium_ids(), n=3, cutoff=0.5)
+    close = difflib.get_close_matches(env_id, ids, n=3, cutoff=0.5)
     return env_package_hint(env_id) or (
         f"did you mean {', '.join(map(repr, close))}?" if close else
         "see gymnasium.pprint_registry() for the registered ids")
-
-
-def gymnasium_ids() -> list[str]:
-    import gymnasium
-
-    return list(gymnasium.registry)
 
 
 def _check_workers(c: Any) -> None:

@@ -54,13 +54,22 @@ def wait_for(predicate, timeout: float, what: str) -> None:
 
 
 # ---------------------------------------------------------------------- output streams
-@pytest.mark.parametrize("stdout", ["/dev/full", "closed before the start", "reader gone"])
+@pytest.mark.parametrize("stdout", ["/dev/full", "closed before the start", "reader gone",
+                                    "stderr on /dev/full"])
 def test_a_failing_stdout_ends_the_progress_output_never_the_run(tmp_path, stdout):
     out = tmp_path / "run"
     args = ("--out", str(out), "--max-env-steps", "20000", "--report-interval", "0.02")
     if stdout == "/dev/full":  # ENOSPC on every write
         with open("/dev/full", "w") as full:
             proc = fake_cli(*args, stdout=full, stderr=subprocess.PIPE)
+    elif stdout == "stderr on /dev/full":  # with an error to say there: a failed evaluation
+        with open("/dev/full", "w") as full:
+            proc = fake_cli(*args, "--env", "RaisesInEval-v0", "--evaluation-interval", "1000",
+                            stdout=subprocess.PIPE, stderr=full)
+        stdout_text, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 1, stdout_text  # the final evaluation failed: said, exit 1
+        assert "evaluation failed" in result_of(out)["error"]
+        return
     elif stdout == "closed before the start":  # `>&-`, with --quiet as well
         proc = fake_cli(*args, "--quiet", stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                         preexec_fn=lambda: os.close(1))
@@ -165,6 +174,8 @@ def test_a_disk_that_fills_mid_run_ends_saying_what_was_not_written(
     assert "results in" not in last
     assert "Traceback" not in stderr
     assert stderr.count(f"could not write {out / 'result.json'}") == 1  # said once
+    for name in ("policy.gif", "report.png"):  # never a 0-byte file
+        assert not (out / name).exists() or (out / name).stat().st_size > 0
     if small_disk:
         # every row whole: the file parses, each row with the header's fields
         with open(out / "metrics.csv", newline="") as fh:
