@@ -402,3 +402,14 @@ def test_sighup_ends_the_run_like_ctrl_c(tmp_path):
     assert proc.returncode == 129, stderr[-2000:]
     assert json.loads((out / "result.json").read_text())["stop_reason"] == "interrupted"
     assert (out / "checkpoint" / "state.json").is_file()
+
+
+def test_an_edited_run_json_falls_back_to_the_defaults_not_a_traceback(tmp_path):
+    out = tmp_path / "run"
+    assert fake("train", "--out", str(out), "--max-env-steps", "1000", *FAKE_RUN) == 0
+    (out / "run.json").write_text(json.dumps({"max_seconds": "soon", "stop_on": 3,
+                                              "report_interval": None, "tensorboard": 1}))
+    assert fake("train", "--resume", str(out), "--max-env-steps", "2000", *FAKE_RUN) == 0
+    run = json.loads((out / "run.json").read_text())
+    assert (run["max_seconds"], run["stop_on"], run["tensorboard"]) == (None, "train", False)
+    assert run["report_interval"] == 0.01  # given again

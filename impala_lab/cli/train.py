@@ -79,6 +79,8 @@ def check_run_args(args: argparse.Namespace) -> None:
     if not (after >= 0 and math.isfinite(after)):
         raise ConfigError(f"--train-after-target={after!r} is invalid: it must be a number of "
                           "seconds >= 0")
+    if args.stop_on not in ("train", "eval"):
+        raise ConfigError(f"--stop-on={args.stop_on!r} is invalid: choose 'train' or 'eval'")
     if args.stop_on == "eval" and args.stop_return is None:
         raise ConfigError("--stop-on=eval is invalid without --stop-return: it says which "
                           "return --stop-return watches; add --stop-return RETURN")
@@ -115,8 +117,12 @@ def train_command(args: argparse.Namespace, config: ImpalaConfig) -> int:
 
         root, state = _checkpoint_state(resume)
         stored = read_json(resume / "run.json") or {}
-        given = {**{k: v for k, v in stored.items() if k in RUN_FLAGS}, **given}
-        config = restored_config(root, state, resume_overrides(args))
+        given = {**{k: v for k, v in stored.items() if _a_flag(k, v)}, **given}
+        try:
+            config = restored_config(root, state, resume_overrides(args))
+        except TypeError as exc:  # a config field of another type in an edited state.json
+            raise ConfigError(f"--resume={str(resume)!r}: {root / 'state.json'} holds an "
+                              f"invalid config ({exc})") from None
         out, argv = resume, stored.get("argv")
     flags = {**RUN_FLAGS, **given}
     vars(args).update(flags, out=out or Path(DEFAULT_OUT))
@@ -133,6 +139,17 @@ def train_command(args: argparse.Namespace, config: ImpalaConfig) -> int:
         return _run_in(folder, args, config, state)
     finally:
         folder.close()
+
+
+def _a_flag(name: str, value: Any) -> bool:
+    """A run.json entry that can stand for a flag (an edited file's other values are left
+    out: the defaults stand)."""
+    if name not in RUN_FLAGS:
+        return False
+    default = RUN_FLAGS[name]
+    if value is None or isinstance(default, bool | str):
+        return value is default or type(value) is type(default)
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _folder_arg(args: argparse.Namespace, name: str) -> Path | None:
