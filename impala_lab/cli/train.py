@@ -226,6 +226,10 @@ def _run_in(folder: RunFolder, args: argparse.Namespace, config: ImpalaConfig,
                                   f"to the checkpoint ({exc}); nothing was trained") from None
             limit = None if limit is None else limit - before
         result, error = _train_and_save(impala, config, args, folder, watch, limit, ending)
+    except KeyboardInterrupt:  # a signal in the moments before training starts
+        say(f"impala-lab: interrupted before training started; the outputs so far are in "
+            f"{out}/", err=True)
+        return ending.exit_code(True)
     finally:
         impala.stop()
         ending.restore()

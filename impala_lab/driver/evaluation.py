@@ -267,7 +267,7 @@ class Evaluator:
                 squash=self._config.squash_actions, deadline=deadline, cancel=self._cancel)))
                 for mode in self.modes}
         except Exception as exc:  # reported in stats(), never the driver's failure
-            if not self.hung:
+            if not (self.hung or self._cancel.is_set()):  # a cancelled one did not fail
                 self._failed(f"{type(exc).__name__}: {exc}")
             return
         with self._lock:
