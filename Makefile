@@ -67,7 +67,7 @@ $(DEV_STAMP): pyproject.toml grader/pyproject.toml | $(BIN)/python
 setup: $(DEV_STAMP)
 
 demo: $(BASE_STAMP)
-	$(BIN)/impala-lab train --env CartPole-v1 --stop-return 475 --max-seconds 300 --out runs/demo
+	$(BIN)/impala-lab train --env CartPole-v1 --stop-return 475 --max-seconds 300 --out runs/demo --overwrite
 
 test: browser-deps grader-deps mujoco-deps $(DEV_STAMP)
 	$(BIN)/ruff check .

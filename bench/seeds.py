@@ -27,132 +27,31 @@ impala_lab.cli.main train ...`` and gets ``--seed S --out DIR --quiet`` appended
 command must hold ``{seed}`` and ``{out}`` (where it writes metrics.csv). The outputs:
 ``seeds.json``, ``seeds.md`` and ``seeds.png`` in ``--out`` (default ``runs/seeds``), and
 each run's own directory under it.
+
+Run again over the same folder (after a kill, say), a train run that was killed with the same
+command is resumed from its checkpoint (``--resume``), and any other earlier run in its
+folder is replaced (``--overwrite``): a run's metrics are never another run's. A run that
+fails (a non-zero exit) is reported as failed, and the command then exits 1; bad arguments
+exit 2 with one line; SIGTERM, SIGHUP or Ctrl-C end the runs in flight (each writes its
+outputs) and then the command, with 128 + the signal.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import math
 import os
 import random
-import shlex
-import subprocess
+import signal
 import sys
-import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from bench.seed_runs import Run, ending, fail, on_signal, plan_runs, run_all
 from impala_lab.classroom import seed_stats
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-@dataclass
-class Run:
-    """One seed of one setting: its command, where it writes, and what came back."""
-
-    setting: str
-    seed: int
-    argv: list[str]
-    out: Path
-    returncode: int | None = None
-    seconds: float = math.nan
-    error: str = ""
-    curves: dict[str, tuple[list[float], list[float]]] = field(default_factory=dict)
-
-
-def command_for(template: str, seed: int, out: Path) -> list[str]:
-    """The argv of one run: ``train ...`` becomes the impala-lab CLI with ``--seed``,
-    ``--out`` and ``--quiet`` appended; another command fills ``{seed}`` and ``{out}``."""
-    tokens = shlex.split(template)
-    if tokens[:1] == ["impala-lab"]:
-        tokens = tokens[1:]
-    if tokens[:1] == ["train"]:
-        return [sys.executable, "-m", "impala_lab.cli.main", *tokens,
-                "--seed", str(seed), "--out", str(out), "--quiet"]
-    if "{seed}" not in template or "{out}" not in template:
-        raise SystemExit(f"bench.seeds: the command {template!r} is not an impala-lab train "
-                         "command, so it must hold {seed} and {out} (where it writes "
-                         "metrics.csv)")
-    return [t.format(seed=seed, out=out) for t in tokens]
-
-
-def plan_runs(settings: dict[str, str], seeds: list[int], out: Path) -> list[Run]:
-    """Every setting on every seed; the settings' order rotates from seed to seed, so no
-    setting always runs first (or always beside the same neighbour)."""
-    names = list(settings)
-    runs = []
-    for i, seed in enumerate(seeds):
-        for name in names[i % len(names):] + names[:i % len(names)]:
-            run_out = out / name / f"seed_{seed}"
-            runs.append(Run(name, seed, command_for(settings[name], seed, run_out), run_out))
-    return runs
-
-
-def read_curves(path: Path, x_key: str, metrics: list[str]
-                ) -> dict[str, tuple[list[float], list[float]]]:
-    """Each metric's (x, y) from a metrics.csv (a missing or empty cell is NaN)."""
-    with open(path, newline="") as fh:
-        rows = list(csv.DictReader(fh))
-
-    def num(row: dict, key: str) -> float:
-        try:
-            return float(row.get(key) or "nan")
-        except ValueError:
-            return math.nan
-
-    xs = [num(r, x_key) for r in rows]
-    return {m: (xs, [num(r, m) for r in rows]) for m in metrics}
-
-
-def execute(run: Run, x_key: str, metrics: list[str], timeout: float | None) -> Run:
-    """Run one seed in a fresh process, then read its curves."""
-    run.out.mkdir(parents=True, exist_ok=True)
-    started = time.monotonic()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p),
-        "TF_CPP_MIN_LOG_LEVEL": "3"}
-    try:
-        proc = subprocess.run(run.argv, cwd=REPO, env=env, capture_output=True, text=True,
-                              timeout=timeout)
-        run.returncode = proc.returncode
-        if proc.returncode != 0:
-            lines = proc.stderr.strip().splitlines()
-            run.error = f"exit code {proc.returncode}" + (f": {lines[-1]}" if lines else "")
-    except subprocess.TimeoutExpired:
-        run.returncode, run.error = -1, f"timed out after {timeout} s"
-    run.seconds = round(time.monotonic() - started, 2)
-    metrics_csv = run.out / "metrics.csv"
-    if metrics_csv.exists():
-        run.curves = read_curves(metrics_csv, x_key, metrics)
-    elif not run.error:
-        run.error = f"no {metrics_csv}"
-    return run
-
-
-def run_all(runs: list[Run], jobs: int, x_key: str, metrics: list[str],
-            timeout: float | None, log: Any = None) -> list[Run]:
-    """Run ``jobs`` at a time, printing a line as each ends (to ``log``, or stdout)."""
-    done = 0
-    log = log or sys.stdout
-
-    def one(run: Run) -> Run:
-        nonlocal done
-        execute(run, x_key, metrics, timeout)
-        done += 1
-        status = "ok" if not run.error else f"FAILED: {run.error}"
-        print(f"[{done}/{len(runs)}] {run.setting} seed {run.seed}: {run.seconds:.1f} s, "
-              f"{status}", file=log, flush=True)
-        return run
-
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        return list(pool.map(one, runs))
 
 
 # ---------------------------------------------------------------------- the figures
@@ -337,42 +236,73 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="seed of the bootstrap's generator (default: drawn at random)")
     args = p.parse_args(argv)
     if not args.setting:
-        p.error("give at least one --setting NAME=COMMAND")
+        fail("give at least one --setting NAME=COMMAND")
     for s in args.setting:
         if "=" not in s or not s.split("=", 1)[0]:
-            p.error(f"--setting {s!r} is invalid: write NAME=COMMAND, e.g. "
-                    "tuned=\"train --env CartPole-v1 --max-seconds 60\"")
-    if args.seeds is None and args.n < 1:
-        p.error(f"--n {args.n} is invalid: it must be >= 1")
+            fail(f"--setting {s!r} is invalid: write NAME=COMMAND, e.g. "
+                 "tuned=\"train --env CartPole-v1 --max-seconds 60\"")
+    if args.seeds is not None:
+        text = args.seeds
+        try:
+            args.seeds = [int(x) for x in text.split(",")]
+        except ValueError:
+            args.seeds = [-1]
+        if min(args.seeds) < 0:
+            fail(f"--seeds {text!r} is invalid: give integers >= 0 separated by commas, e.g. "
+                 "--seeds 1,2,3")
+    elif args.n < 1:
+        fail(f"--n {args.n} is invalid: it must be >= 1")
     if args.jobs < 1:
-        p.error(f"--jobs {args.jobs} is invalid: it must be >= 1")
+        fail(f"--jobs {args.jobs} is invalid: it must be >= 1")
+    if args.timeout is not None and not (args.timeout > 0 and math.isfinite(args.timeout)):
+        fail(f"--timeout {args.timeout:g} is invalid: give a positive number of seconds")
     return args
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """Run every setting on every seed, print and write the report; return it."""
+    """Run every setting on every seed, print and write the report; return it. A signal
+    ends the runs in flight and raises SystemExit(128 + the signal); a metric that is no
+    column of the runs' metrics.csv SystemExit(2)."""
     args = parse_args(argv)
     settings = dict(s.split("=", 1) for s in args.setting)
     metrics = args.metric or ["episode_return_mean"]
     drawn = args.seeds is None
     seeds = ([random.SystemRandom().randrange(2**31) for _ in range(args.n)] if drawn
-             else [int(s) for s in args.seeds.split(",")])
+             else args.seeds)
+    runs = plan_runs(settings, seeds, args.out)  # checks the commands first
     print(f"bench.seeds: seeds {'drawn at random' if drawn else 'given'}: "
           f"{', '.join(map(str, seeds))}; {len(settings)} setting(s), {args.jobs} at once",
           flush=True)
-    runs = run_all(plan_runs(settings, seeds, args.out), args.jobs, args.x, metrics,
-                   args.timeout)
+    ending.clear()
+    previous = {sig: signal.signal(sig, on_signal)
+                for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
+    try:
+        runs = run_all(runs, args.jobs, args.x, metrics, args.timeout)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if ending and isinstance(ending[0], int):
+        print(f"bench.seeds: ended by signal {ending[0]}: the runs in flight were ended "
+              "(each wrote its outputs); no report", file=sys.stderr)
+        raise SystemExit(128 + ending[0])
+    if ending:
+        fail(f"--metric or --x {ending[0]}")
+    for run in runs:
+        if run.how != "new":
+            print(f"bench.seeds: {run.setting} seed {run.seed}: an earlier run in {run.out} "
+                  f"was {run.how}", flush=True)
     budget = args.budget if args.budget is not None else default_budget(runs, metrics)
     boot_seed = (args.bootstrap_seed if args.bootstrap_seed is not None
                  else random.SystemRandom().randrange(2**31))
     analysis = analyse(runs, metrics, budget, args.solve_return,
                        np.random.default_rng(boot_seed), args.compare_metrics)
+    failed = sum(bool(r.error) for r in runs)
     report = {"settings": settings, "seeds": seeds,
               "seeds_drawn": "at random" if drawn else "by --seeds", "metrics": metrics,
               "x": args.x, "budget": budget, "solve_return": args.solve_return,
               "jobs": args.jobs, "bootstrap_seed": boot_seed,
               "cpu_count": os.cpu_count(), "load_average": list(os.getloadavg()),
-              "analysis": analysis}
+              "failed_runs": failed, "analysis": analysis}
     text = markdown(report)
     print(text)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -382,8 +312,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         plot(runs, report, args.out / "seeds.png")
     except Exception as exc:  # a plot must never cost the figures
         print(f"bench.seeds: no seeds.png: {exc}", file=sys.stderr)
+    if failed:
+        print(f"bench.seeds: {failed} of {len(runs)} runs FAILED (their errors are above and "
+              "in seeds.json)", file=sys.stderr)
     return report
 
 
+def exit_code(report: dict[str, Any]) -> int:
+    """0, or 1 when a run failed."""
+    return 1 if report["failed_runs"] else 0
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(exit_code(main()))

@@ -187,11 +187,20 @@ def _check_env(c: Any) -> None:
     import gymnasium
 
     if c.env not in gymnasium.registry:
-        close = difflib.get_close_matches(c.env, list(gymnasium.registry), n=3, cutoff=0.5)
-        hint = env_package_hint(c.env) or (
-            f"did you mean {', '.join(map(repr, close))}?" if close else
-            "see gymnasium.pprint_registry() for the registered ids")
-        bad("env", c.env, f"gymnasium does not know this env id; {hint}")
+        ids = list(gymnasium.registry)
+        bad("env", c.env, f"gymnasium does not know this env id; {_unknown_env_hint(c.env, ids)}")
+
+
+def _unknown_env_hint(env_id: str, ids: list[str]) -> str:
+    """Other versions of the same env when some are registered (its package is there: the
+    version is wrong), else the package that registers its family, else close ids."""
+    versions = sorted(k for k in ids if k.rsplit("-v", 1)[0] == env_id.rsplit("-v", 1)[0])
+    if versions:
+        return f"the registered versions are {', '.join(map(repr, versions))}"
+    close = difflib.get_close_matches(env_id, ids, n=3, cutoff=0.5)
+    return env_package_hint(env_id) or (
+        f"did you mean {', '.join(map(repr, close))}?" if close else
+        "see gymnasium.pprint_registry() for the registered ids")
 
 
 def _check_workers(c: Any) -> None:
@@ -219,6 +228,7 @@ def _check_values(c: Any) -> None:
                  "num_data_loader_buffers", "tf_intra_op_threads", "lstm_cell_size"):
         if getattr(c, name) < 1:
             bad(name, getattr(c, name), "it must be a positive integer (>= 1)")
+    _check_upper_bounds(c)
     for name in ("lr", "grad_clip", "learner_queue_timeout", "epsilon", "reward_scale"):
         value = getattr(c, name)
         if not (value > 0 and math.isfinite(value)):
@@ -261,6 +271,52 @@ def _check_values(c: Any) -> None:
     for name in ("max_policy_lag", "extra_policy_lag"):
         if getattr(c, name) < 0:
             bad(name, getattr(c, name), "it must be a non-negative integer (>= 0)")
+
+
+# The largest value of each count, size and time that nothing else bounds; the sizes of data
+# (batches, queues, replay, the model) are bounded by the memory estimate
+# (`impala_lab.memory_budget`), below `MAX_COUNT` so that no product of them overflows.
+MAX_COUNT = 2**31 - 1
+UPPER_BOUNDS: dict[str, tuple[int | float, str]] = {
+    "num_envs_per_worker": (10_000, "more envs belong in more workers"),
+    "broadcast_interval": (1_000_000, "the workers would act with their first weights"),
+    "num_sgd_iter": (1_000, "each batch would be trained on that many times"),
+    "num_gpus": (256, "no machine has more learner devices"),
+    "max_policy_lag": (10**9, "use 10**9 to keep every batch"),
+    "extra_policy_lag": (1_000_000, "the workers would act with their first weights"),
+    "evaluation_interval": (10**9, "use None to switch evaluation off"),
+    "evaluation_num_episodes": (10_000, "each evaluation plays its episodes one by one in "
+                                        "the driver"),
+    "max_num_workers": (1_000_000, "no machine runs more worker processes"),
+    "learner_queue_timeout": (1e7, "longer waits are not timeouts"),
+    "sample_timeout_s": (1e7, "use None to wait forever"),
+}
+_SIZES = ("model", "impala_channels")  # tuples of widths
+
+
+def tf_thread_limit() -> int:
+    """The most TensorFlow intra-op threads a config may ask for on this machine."""
+    return max(8, 4 * (os.cpu_count() or 1))
+
+
+def _check_upper_bounds(c: Any) -> None:
+    """No count or time beyond what can work (each one's reason in `UPPER_BOUNDS`)."""
+    for name, (limit, why) in UPPER_BOUNDS.items():
+        value = getattr(c, name)
+        if value is not None and value > limit:
+            bad(name, value, f"it must be at most {limit:,}: {why}")
+    threads = tf_thread_limit()
+    if c.tf_intra_op_threads > threads:
+        bad("tf_intra_op_threads", c.tf_intra_op_threads,
+            f"it must be at most {threads} on this machine ({os.cpu_count()} CPUs): more "
+            "threads than that only wait for each other")
+    for name, kind in field_kinds(type(c)).items():
+        value = getattr(c, name)
+        values = ([value] if kind.rstrip("?") == "int" else list(value or ()) if name in _SIZES
+                  else [v for layer in value or () for v in layer] if name == "conv_filters"
+                  else [])
+        if any(v > MAX_COUNT for v in values if v is not None) and name != "seed":
+            bad(name, value, f"it must be at most {MAX_COUNT:,} (2**31 - 1)")
 
 
 def _check_evaluation(c: Any) -> None:

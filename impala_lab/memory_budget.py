@@ -1,10 +1,13 @@
 """How many bytes a config's data needs, and whether that fits: a config is refused before any
 process starts rather than failing with an out-of-memory error in the middle of a run.
 
-`memory_estimate` adds up the parts that grow with the config's sizes; `check_memory` compares
-the total with ``max_memory_gb`` (None: half of `available_memory_bytes`) and names the fields
-to lower. ``ImpalaConfig.memory_estimate`` and ``ImpalaConfig.check_memory`` call them;
-validation calls the check without an env (one float per observation, a lower bound) and
+`memory_estimate` adds up the parts that grow with the config's sizes and the fixed costs
+(TensorFlow's runtime, each worker process); `check_memory` compares the total with
+``max_memory_gb`` (None: half of `available_memory_bytes`, which reads the memory cgroups the
+process is in) and names the fields to lower. With the process backend it also checks that
+the weights' shared-memory blocks fit in ``/dev/shm`` (`check_shared_memory`).
+``ImpalaConfig.memory_estimate`` and ``ImpalaConfig.check_memory`` call them; validation
+calls the check without an env (one float per observation, a lower bound) and
 ``Impala`` again with the env's spaces.
 
 The estimate reads the sizes it needs through `MemorySizes`, a Protocol defined here that
@@ -17,6 +20,8 @@ Pure Python: imports nothing of the package but its errors and the model spec.
 from __future__ import annotations
 
 import math
+import os
+from pathlib import Path
 from typing import Any, Protocol
 
 from impala_lab.errors import ConfigError
@@ -56,7 +61,17 @@ PART_FIELDS: dict[str, tuple[str, ...]] = {
                           "sample_batch_size", "num_envs_per_worker"),
     "learner working set": ("train_batch_size", "model"),
     "weights": ("model", "num_workers"),
+    "tensorflow": (),
+    "worker processes": ("num_workers",),
 }
+# Fixed costs: the learner's TensorFlow runtime (its import and first trace, measured at
+# 540-640 MB RSS), and each worker process (Python, numpy, gymnasium and its envs).
+TENSORFLOW_BYTES = 500_000_000
+WORKER_PROCESS_BYTES = 45_000_000
+SHM_DIR = "/dev/shm"
+# Weights blocks a process run may hold at once: the latest broadcast, two kept for reuse and
+# one per worker still reading an older one.
+SHM_BLOCKS_BESIDES_WORKERS = 3
 # Copies of the weights (besides the LSTM's, counted in the working set): the learner's
 # variables, their gradient, Adam's two slots and the flat vector it broadcasts from (5), the
 # shared-memory blocks of the latest broadcast and the two kept for reuse (3), and one in each
@@ -85,8 +100,9 @@ def memory_estimate(config: MemorySizes, observation_space: Any = None,
     samples in flight (each in a worker and in the driver), and the learner's working set
     (its tensor copy of a batch, and activations and gradients per env step: 8 bytes per
     hidden or conv unit per trunk, 12 per observation element, 400 for the loss, measured
-    on TensorFlow 2.16-2.20 to within 1.1x for 16- to 256-unit MLPs). Not counted: the
-    fixed costs (TensorFlow about 0.6 GB, each worker process about 45 MB).
+    on TensorFlow 2.16-2.20 to within 1.1x for 16- to 256-unit MLPs); and the fixed costs:
+    TensorFlow (`TENSORFLOW_BYTES`) and each worker process (`WORKER_PROCESS_BYTES`; none
+    with the inline backend).
 
     A recurrent policy (``use_lstm``, C = ``lstm_cell_size``) adds to every batch its
     ``state_in`` (float32 [B, 2, C]: 8 C bytes per column), to the learner's working set
@@ -122,6 +138,9 @@ def memory_estimate(config: MemorySizes, observation_space: Any = None,
         "learner working set": columns * T * learner_per_step + train + lstm_weights,
         "weights": 4 * (LEARNER_WEIGHT_COPIES + c.num_workers) * weight_count(
             spec, obs_elements, conv_out, num_actions),
+        "tensorflow": TENSORFLOW_BYTES,
+        "worker processes": (0 if getattr(c, "backend", "process") == "inline"
+                             else WORKER_PROCESS_BYTES * c.num_workers),
     }
     parts["total"] = sum(parts.values())
     return parts
@@ -205,7 +224,8 @@ def lstm_weight_count(features: int, cell_size: int) -> int:
 def check_memory(config: MemorySizes, observation_space: Any = None,
                  action_space: Any = None) -> None:
     """Raise `ConfigError` if `memory_estimate` exceeds the limit (``max_memory_gb``, or
-    half of the available memory); the error names the fields of the largest parts."""
+    half of the available memory; the error names the fields of the largest parts), or if
+    the weights blocks do not fit in /dev/shm (`check_shared_memory`)."""
     parts = memory_estimate(config, observation_space, action_space)
     total = parts.pop("total")
     if config.max_memory_gb is not None:
@@ -213,29 +233,69 @@ def check_memory(config: MemorySizes, observation_space: Any = None,
         limit_text = f"max_memory_gb={config.max_memory_gb!r}"
     else:
         available = available_memory_bytes()
-        if available is None:  # no way to know here: no limit
-            return
-        limit = available // 2
-        limit_text = (f"{gb(limit)}, half of the {gb(available)} available "
+        limit = math.inf if available is None else available // 2  # unknown: no limit
+        limit_text = (f"{gb(limit)}, half of the {gb(available or 0)} available "
                       "(max_memory_gb=None)")
     if total <= limit:
+        check_shared_memory(config, observation_space, action_space)
         return
     largest = sorted(parts.items(), key=lambda kv: kv[1], reverse=True)
     shown = [(name, size) for name, size in largest if 10 * size >= total][:3]  # ints
     blamed = list(dict.fromkeys(f for name, _ in shown for f in part_fields(config, name)))
-    lead = max(part_fields(config, shown[0][0]), key=lambda name: _growth(config, name))
     at = "at least" if observation_space is None else "about"
-    details = "; ".join(f"{name} {gb(size)} ({' x '.join(part_fields(config, name))})"
+    details = "; ".join(f"{name} {gb(size)} ({' x '.join(part_fields(config, name)) or 'fixed'})"
                         for name, size in shown)
+    if not blamed:  # the fixed costs alone
+        raise ConfigError(f"this run would need {at} {gb(total)} of memory ({details}), more "
+                          f"than the limit of {limit_text}: raise max_memory_gb, or free memory")
+    sized = next(name for name, _ in shown if part_fields(config, name))
+    lead = max(part_fields(config, sized), key=lambda name: _growth(config, name))
     raise ConfigError(
         f"{lead}={getattr(config, lead)!r} is invalid: this config would need {at} "
         f"{gb(total)} of memory ({details}), more than the limit of {limit_text}; lower "
         f"{', '.join(blamed)}, or raise max_memory_gb")
 
 
+def check_shared_memory(config: MemorySizes, observation_space: Any = None,
+                        action_space: Any = None, shm_dir: str = SHM_DIR) -> None:
+    """Raise `ConfigError` if the process backend's weights blocks cannot fit in the free
+    space of ``shm_dir`` (a tmpfs: a write past it is a SIGBUS, not an error)."""
+    if getattr(config, "backend", None) != "process":
+        return
+    try:
+        st = os.statvfs(shm_dir)
+    except OSError:  # no /dev/shm (not Linux): nothing to check against
+        return
+    free = st.f_bavail * st.f_frsize
+    obs_elements, _, _, conv_out = _observation_sizes(config.model_spec, observation_space)
+    num_actions, _ = _action_sizes(action_space)
+    spec = config.model_spec
+    floats = weight_count(spec, obs_elements, conv_out, num_actions)
+    if spec.use_lstm:
+        features = spec.hiddens[-1] if spec.hiddens else conv_out or obs_elements
+        floats += lstm_weight_count(features, spec.lstm_cell_size)
+    block = 4 * floats + 64 * 1024  # with its header and each array's alignment
+    blocks = config.num_workers + SHM_BLOCKS_BESIDES_WORKERS
+    if blocks * block <= free:
+        return
+    at = "at least" if observation_space is None else "about"
+    raise ConfigError(
+        f"model={tuple(spec.hiddens)!r} is invalid with num_workers={config.num_workers} and "
+        f"backend='process': the weights' shared-memory blocks need {at} {mb(blocks * block)} "
+        f"({blocks} blocks of {mb(block)}: the latest broadcast, two kept for reuse and one "
+        f"per worker) and {shm_dir} has {mb(free)} free (Docker gives 64 MB unless run with "
+        "--shm-size); lower --model or --num-workers, or use --backend inline")
+
+
+def mb(n: float) -> str:
+    return f"{n / 1e6:,.1f} MB"
+
+
 def part_fields(config: MemorySizes, part: str) -> tuple[str, ...]:
     """The fields that size a part of the memory estimate, for this config."""
     names = PART_FIELDS[part]
+    if not names:  # a fixed cost
+        return ()
     if config.model_spec.use_lstm:
         names = (*names, "lstm_cell_size")
     if "train_batch_size" in names and config.sample_steps > config.train_batch_size:
@@ -256,12 +316,14 @@ def _growth(config: MemorySizes, name: str) -> float:
         return math.inf
 
 
-def available_memory_bytes() -> int | None:
+def available_memory_bytes(root: str = "/") -> int | None:
     """Memory available to new allocations: MemAvailable from /proc/meminfo (psutil where
-    there is no /proc), capped by a cgroup memory limit; None if it cannot be read."""
+    there is no /proc), capped by what the memory cgroups of this process still allow
+    (`cgroup_memory_left`); None if it cannot be read. ``root``: where /proc and /sys are
+    (tests pass a fake tree)."""
     available = None
     try:
-        with open("/proc/meminfo") as fh:
+        with open(Path(root, "proc/meminfo")) as fh:
             for line in fh:
                 if line.startswith("MemAvailable:"):
                     available = int(line.split()[1]) * 1024
@@ -275,17 +337,63 @@ def available_memory_bytes() -> int | None:
             available = int(psutil.virtual_memory().available)
         except Exception:
             return None
-    for limit_file in ("/sys/fs/cgroup/memory.max",  # cgroup v2
-                       "/sys/fs/cgroup/memory/memory.limit_in_bytes"):  # v1
-        try:
-            with open(limit_file) as fh:
-                text = fh.read().strip()
-        except OSError:
+    left = cgroup_memory_left(root)
+    return available if left is None else min(available, left)
+
+
+# cgroup v2 and v1: where the hierarchy is mounted, and the files of a group's limit, usage
+# and reclaimable file cache (in memory.stat).
+_CGROUP_FILES = {"v2": ("sys/fs/cgroup", "memory.max", "memory.current", "inactive_file"),
+                 "v1": ("sys/fs/cgroup/memory", "memory.limit_in_bytes",
+                        "memory.usage_in_bytes", "total_inactive_file")}
+
+
+def cgroup_memory_left(root: str = "/") -> int | None:
+    """Bytes the memory cgroups of this process still allow: for its own group (from
+    /proc/self/cgroup, v2 or v1) and each one above it, the limit less the usage that the
+    kernel cannot reclaim; the least of them. None: no group sets a limit."""
+    try:
+        lines = Path(root, "proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    least = None
+    for line in lines:
+        hierarchy, controllers, path = [*line.split(":", 2), "", ""][:3]
+        version = ("v2" if hierarchy == "0" and not controllers else
+                   "v1" if "memory" in controllers.split(",") else None)
+        if version is None:
             continue
-        if text.isdigit() and int(text) < 2**60:  # "max" or a huge value: no limit
-            available = min(available, int(text))
-        break
-    return available
+        mount, limit_file, usage_file, cache_key = _CGROUP_FILES[version]
+        parts = [p for p in path.split("/") if p]
+        for depth in range(len(parts), -1, -1):
+            group = Path(root, mount, *parts[:depth])
+            limit = _read_int(group / limit_file)
+            if limit is None or limit >= 2**60:  # "max", or v1's huge "no limit"
+                continue
+            used = (_read_int(group / usage_file) or 0) - _stat_value(group / "memory.stat",
+                                                                     cache_key)
+            left = max(0, limit - max(0, used))
+            least = left if least is None else min(least, left)
+    return least
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def _stat_value(path: Path, key: str) -> int:
+    try:
+        for line in path.read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == key and value.strip().isdigit():
+                return int(value)
+    except OSError:
+        pass
+    return 0
 
 
 def gb(n: float) -> str:

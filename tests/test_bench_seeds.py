@@ -6,16 +6,22 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from bench import seeds
+from bench import seed_runs, seeds
 from impala_lab.classroom import seed_stats
 
 FAKE = Path(__file__).parent / "data" / "fake_seed_run.py"
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_iqm_cuts_a_quarter_from_each_end():
@@ -84,15 +90,15 @@ def test_the_area_holds_each_report_until_the_next_and_the_last_until_the_budget
 
 
 def test_commands_get_their_seed_and_out(tmp_path):
-    argv = seeds.command_for("train --env CartPole-v1 --lr 0.01", 5, tmp_path)
+    argv = seed_runs.command_for("train --env CartPole-v1 --lr 0.01", 5, tmp_path)
     assert argv[1:] == ["-m", "impala_lab.cli.main", "train", "--env", "CartPole-v1", "--lr",
                         "0.01", "--seed", "5", "--out", str(tmp_path), "--quiet"]
-    assert seeds.command_for("impala-lab train", 2, tmp_path)[3:4] == ["train"]
-    assert seeds.command_for("run.py --s {seed} --o {out}", 9, tmp_path) == [
+    assert seed_runs.command_for("impala-lab train", 2, tmp_path)[3:4] == ["train"]
+    assert seed_runs.command_for("run.py --s {seed} --o {out}", 9, tmp_path) == [
         "run.py", "--s", "9", "--o", str(tmp_path)]
-    with pytest.raises(SystemExit, match=r"must hold \{seed\} and \{out\}"):
-        seeds.command_for("run.py --seed 3", 9, tmp_path)
-    plan = seeds.plan_runs({"a": "x {seed} {out}", "b": "y {seed} {out}"}, [1, 2, 3], tmp_path)
+    with pytest.raises(SystemExit):
+        seed_runs.command_for("run.py --seed 3", 9, tmp_path)
+    plan = seed_runs.plan_runs({"a": "x {seed} {out}", "b": "y {seed} {out}"}, [1, 2, 3], tmp_path)
     assert [(r.setting, r.seed) for r in plan] == [("a", 1), ("b", 1), ("b", 2), ("a", 2),
                                                    ("a", 3), ("b", 3)]
 
@@ -150,10 +156,15 @@ def test_drawn_seeds_are_printed_and_bad_arguments_refused(tmp_path, capsys):
     for bad, words in ((["--setting", "noequals"], "write NAME=COMMAND"),
                        (["--setting", "a=x", "--n", "0"], "--n 0 is invalid"),
                        (["--setting", "a=x", "--jobs", "0"], "--jobs 0 is invalid"),
+                       (["--setting", "a=x", "--seeds", "1,x"], "--seeds '1,x' is invalid"),
+                       (["--setting", "a=x", "--seeds", "-3"], "--seeds '-3' is invalid"),
+                       (["--setting", "a=x", "--timeout", "-1"], "--timeout -1 is invalid"),
+                       (["--setting", "a=x", "--timeout", "nan"], "--timeout nan is invalid"),
                        ([], "give at least one --setting")):
-        with pytest.raises(SystemExit):
+        with pytest.raises(SystemExit) as info:
             seeds.parse_args(bad)
-        assert words in capsys.readouterr().err
+        err = capsys.readouterr().err
+        assert info.value.code == 2 and words in err and err.count("\n") == 1, err
 
 
 def test_the_evaluation_cost_is_the_ratio_of_neighbouring_windows():
@@ -169,3 +180,85 @@ def test_the_evaluation_cost_is_the_ratio_of_neighbouring_windows():
     assert steps["ci95"] == pytest.approx([0.9, 0.9])
     assert steps["verdict"] == "evaluation on is lower"
     assert s["driver_step_ms"]["verdict"] == "inconclusive"  # ratios of exactly 1
+
+
+def test_a_metric_that_is_no_column_exits_2_naming_it(tmp_path, capsys):
+    fake = f"{sys.executable} {FAKE} --seed {{seed}} --out {{out}}"
+    with pytest.raises(SystemExit) as info:
+        seeds.main(["--setting", f"one={fake}", "--seeds", "1,2", "--jobs", "1",
+                    "--metric", "episode_return_meen", "--out", str(tmp_path)])
+    assert info.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"bench.seeds: error: --metric or --x 'episode_return_meen' is not a column of "
+        f"{tmp_path / 'one' / 'seed_1' / 'metrics.csv'}; did you mean 'episode_return_mean', "
+        "'evaluation.episode_return_mean_greedy'?")
+
+
+def run_seeds(*argv: str, **popen) -> subprocess.Popen:
+    """``python -m bench.seeds`` whose train settings run `tests.fake_run` (no TensorFlow)."""
+    code = ("import sys; import bench.seed_runs as r; r.TRAIN_MODULE = 'tests.fake_run'; "
+            "import bench.seeds as s; sys.exit(s.exit_code(s.main(sys.argv[1:])))")
+    return subprocess.Popen([sys.executable, "-c", code, *argv], cwd=REPO, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO)}, **popen)
+
+
+def test_failed_runs_make_the_command_exit_1(tmp_path):
+    fake = f"{sys.executable} {FAKE} --seed {{seed}} --out {{out}} --fail-seed 17"
+    proc = run_seeds("--setting", f"one={fake}", "--seeds", "16,17", "--out", str(tmp_path),
+                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 1, stderr
+    assert "1 of 2 runs FAILED" in stderr and "| one | 2 | 1 |" in stdout
+
+
+def test_a_rerun_resumes_a_killed_train_run_and_replaces_the_others(tmp_path, monkeypatch,
+                                                                     capsys):
+    from tests import fake_run
+
+    monkeypatch.setattr(seed_runs, "TRAIN_MODULE", "tests.fake_run")
+    setting = "train --max-env-steps 3000 --report-interval 0.01"
+    argv = ["--setting", f"a={setting}", "--seeds", "1,2", "--jobs", "1", "--out",
+            str(tmp_path)]
+    assert seeds.main(argv)["failed_runs"] == 0
+    # Seed 1 was killed at its first checkpoint: an earlier checkpoint, result.json running.
+    killed = tmp_path / "a" / "seed_1"
+    early = tmp_path / "early"
+    assert fake_run.main(["train", "--max-env-steps", "1000", "--report-interval", "0.01",
+                          "--seed", "1", "--out", str(early), "--quiet"]) == 0
+    shutil.rmtree(killed / "checkpoint")
+    shutil.copytree(early / "checkpoint", killed / "checkpoint")
+    result = json.loads((killed / "result.json").read_text())
+    (killed / "result.json").write_text(json.dumps({**result, "stop_reason": "running"}))
+    capsys.readouterr()
+    report = seeds.main(argv)
+    printed = capsys.readouterr().out
+    assert f"a seed 1: an earlier run in {killed} was resumed" in printed
+    assert f"a seed 2: an earlier run in {tmp_path / 'a' / 'seed_2'} was restarted" in printed
+    assert report["failed_runs"] == 0
+    for seed in (1, 2):  # one run each, its steps never going back
+        rows = (tmp_path / "a" / f"seed_{seed}" / "metrics.csv").read_text().splitlines()[1:]
+        assert [int(r.split(",")[1]) for r in rows] == [1000, 2000, 3000, 3000]
+
+
+def test_sigterm_to_bench_seeds_ends_its_runs_cleanly(tmp_path):
+    proc = run_seeds("--setting", "a=train --max-seconds 300 --report-interval 0.05",
+                     "--seeds", "5", "--out", str(tmp_path), stdout=subprocess.PIPE,
+                     stderr=subprocess.PIPE)
+    run = tmp_path / "a" / "seed_5"
+    try:
+        deadline = time.monotonic() + 60
+        while not (run / "metrics.csv").is_file():
+            assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read()
+            time.sleep(0.05)
+        child = int((run / ".lock").read_text())
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 143, stderr
+    assert "ended by signal 15: the runs in flight were ended" in stderr
+    assert json.loads((run / "result.json").read_text())["stop_reason"] == "interrupted"
+    with pytest.raises(ProcessLookupError):  # the run is gone, not orphaned
+        os.kill(child, 0)

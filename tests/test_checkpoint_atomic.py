@@ -316,3 +316,43 @@ def test_save_never_replaces_a_directory_that_is_not_a_checkpoint(tmp_path):
         run.save(precious)
     assert (precious / "notes.txt").read_text() == "keep me"
     assert leftovers(precious) == []
+
+
+def test_a_restored_run_samples_with_the_checkpoints_weights_from_its_first_request(tmp_path):
+    """`Impala.restore` starts the workers with the checkpoint's weights: no batch sampled
+    by fresh initial weights is queued for the learner or counted (a resumed run used to
+    train on a random policy first: trailing mean 209 -> 33.5)."""
+    from impala_lab.actor.numpy_model import NumpyModel
+
+    config = ImpalaConfig(**INLINE)
+    with Impala(config, start_learner=False) as run:
+        for _ in range(3):
+            run.step()
+        weights, version = run.policy.get_weights()
+        trained = [w + np.float32(0.5) for w in weights]  # far from any fresh start
+        run.policy.set_weights(trained, version + 7)
+        run.save(tmp_path / "ckpt")
+        saved_steps = run.num_steps_sampled
+        spaces = (run.observation_space, run.action_space)
+    assert saved_steps > 0
+    with Impala.restore(tmp_path / "ckpt", start_learner=False) as restored:
+        assert restored.num_steps_sampled == saved_steps
+        for _ in range(6):  # the learner is not started: every train batch stays queued
+            restored.step()
+        batches = []
+        while not restored.learner.inqueue.empty():
+            batches.append(restored.learner.inqueue.get_nowait())
+        buffered = restored.stats()["pipeline"]["batch_buffer_steps"]
+        counted = restored.num_steps_sampled - saved_steps
+    assert len(batches) >= 2
+    checkpoint_model, fresh_model = (NumpyModel(*spaces, config.model_spec) for _ in "ab")
+    checkpoint_model.set_weights(trained)
+    fresh_model.set_weights(weights)
+    for batch in batches:
+        assert (batch.policy_versions == version + 7).all()
+        obs = batch.obs.reshape(-1, *batch.obs.shape[2:])
+        logits = batch.behaviour_logits.reshape(len(obs), -1)
+        np.testing.assert_allclose(logits, checkpoint_model.logits(obs), rtol=1e-5, atol=1e-5)
+        assert not np.allclose(logits, fresh_model.logits(obs), atol=1e-3)
+    # every env step counted since the restore is in those batches or the batch buffer
+    assert counted == sum(b.obs.shape[0] * b.obs.shape[1] for b in batches) + buffered

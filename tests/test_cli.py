@@ -290,5 +290,22 @@ def test_ctrl_c_while_the_run_is_built_exits_130_without_a_traceback(tmp_path, c
     assert code == 130
     assert "interrupted before training started" in capsys.readouterr().err
     assert signal.getsignal(signal.SIGTERM) is handler
-    # the folder's lock file and config.json: nothing else was written
-    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [".lock", "config.json"]
+    # the folder's lock file, config.json and run.json: nothing else was written
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [".lock", "config.json",
+                                                                   "run.json"]
+
+
+@pytest.mark.parametrize("env, versions", [
+    ("CartPole-v9", "'CartPole-v0', 'CartPole-v1'"),
+    ("MinAtar/Breakout-v9", "'MinAtar/Breakout-v0', 'MinAtar/Breakout-v1'"),
+])
+def test_an_unknown_version_of_a_registered_env_lists_the_registered_ones(env, versions, capsys,
+                                                                          tmp_path):
+    import gymnasium
+
+    if env.startswith("MinAtar") and "MinAtar/Breakout-v1" not in gymnasium.registry:
+        pytest.skip("minatar is not installed here: its games are not registered")
+    assert main(["train", "--env", env, "--out", str(tmp_path / "run")]) == 2
+    assert capsys.readouterr().err == (
+        f"impala-lab: error: env={env!r} is invalid: gymnasium does not know this env id; the "
+        f"registered versions are {versions}\n")  # not "install minatar": it is installed

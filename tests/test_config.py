@@ -24,6 +24,7 @@ from impala_lab.config import (
     field_names,
     markdown_table,
 )
+from impala_lab.config_checks import MAX_COUNT
 from impala_lab.errors import ConfigError
 from impala_lab.knobs import LIVE_KNOBS
 
@@ -456,6 +457,11 @@ def test_from_dict_only_raises_value_or_type_errors(data: dict, stray_key) -> No
 @given(train=st.integers(1, 10**400), sample=st.integers(1, 10**6), envs=st.integers(1, 64),
        gpus=st.integers(0, 8))
 def test_train_batch_columns_are_exact_for_any_size(train, sample, envs, gpus) -> None:
+    if train > MAX_COUNT:  # no count beyond 2**31 - 1 (config_checks.MAX_COUNT)
+        with pytest.raises(ConfigError, match=rf"train_batch_size={train} is invalid: it must "
+                                              r"be at most 2,147,483,647"):
+            ImpalaConfig(train_batch_size=train, max_memory_gb=1e300)
+        return
     try:  # with memory to spare: the memory estimate would refuse the huge sizes
         with mock.patch("impala_lab.memory_budget.available_memory_bytes", return_value=10**1000):
             c = ImpalaConfig(train_batch_size=train, sample_batch_size=sample,

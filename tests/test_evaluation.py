@@ -18,7 +18,7 @@ import pytest
 
 from impala_lab.config import ImpalaConfig
 from impala_lab.driver.evaluation import Evaluator, evaluation_model, play_episodes
-from impala_lab.errors import ConfigError
+from impala_lab.errors import ConfigError, ImpalaError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -233,3 +233,58 @@ def test_the_progress_line_shows_the_evaluation_only_when_it_runs():
     line = progress_line({**base, "evaluation": {"episode_return_mean_greedy": 500.0,
                                                  "episode_return_mean_sampled": 35.25}})
     assert "  eval 500 / 35.2" in line
+
+
+class HangsWhenEvaluated(gym.Env):
+    """CartPole's spaces; every reset blocks until released (an env stuck in a C call)."""
+
+    observation_space = gym.make("CartPole-v1").observation_space
+    action_space = gym.spaces.Discrete(2)
+    release = None
+
+    def reset(self, *, seed=None, options=None):
+        type(self).release.wait()
+        return np.zeros(4, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(4, np.float32), 1.0, True, False, {}
+
+
+def test_a_hung_evaluation_is_given_up_at_the_first_report_past_its_deadline():
+    import threading
+
+    HangsWhenEvaluated.release = threading.Event()
+    now = [0.0]
+    config = ImpalaConfig(env=HangsWhenEvaluated, evaluation_interval=1,
+                          evaluation_num_episodes=2)
+    ev = Evaluator(config, *_spaces(), get_weights=lambda: (fixed_action_weights(config, 0), 1),
+                   timeout_s=60.0, clock=lambda: now[0])
+    try:
+        assert ev.on_report() and ev.running
+        now[0] = 30.0
+        assert not ev.on_report() and ev.broken is None  # still within its deadline
+        now[0] = 62.0
+        assert not ev.on_report()  # past it: given up, and none started again
+        assert ev.hung and ev.broken == ev.error
+        assert ev.error.startswith("an evaluation has not finished in 62 s (its deadline: "
+                                   "60 s): the env hangs in reset() or step() when evaluated")
+        assert not ev.on_report() and ev.latest()["num_failed"] == 1
+        with pytest.raises(ImpalaError, match="evaluation failed: an evaluation has not "
+                                              "finished"):
+            ev.evaluate()
+    finally:
+        HangsWhenEvaluated.release.set()
+        ev.close()
+
+
+def test_an_evaluation_past_its_deadline_fails_with_the_reason_and_three_in_a_row_break():
+    config = ImpalaConfig(evaluation_interval=1, evaluation_num_episodes=3, seed=1)
+    ev = Evaluator(config, *_spaces(), get_weights=lambda: (fixed_action_weights(config, 1), 2),
+                   timeout_s=0.0)  # every step starts after the deadline
+    for failures in (1, 2, 3):
+        with pytest.raises(ImpalaError, match="the evaluation ran past its deadline"):
+            ev.evaluate()
+        assert ev.latest()["num_failed"] == failures
+        assert (ev.broken is not None) == (failures == 3)
+    assert ev.latest()["num_evaluations"] == 0
+    ev.close()

@@ -64,9 +64,11 @@ def test_shutdown_all_ends_every_run():
 
 
 def _default_sigint() -> None:
-    """In a child before exec: Ctrl-C's default, which a shell that started this test run in
-    the background (SIGINT ignored, inherited by every child) would otherwise leave out."""
+    """In a child before exec: Ctrl-C's and the hang-up's defaults, which a shell that started
+    this test run in the background (SIGINT ignored) or under nohup (SIGHUP ignored) would
+    otherwise leave out: the CLI keeps a signal it was started with ignored."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
 def test_keyboard_interrupt_in_train_ends_the_run_and_its_workers():

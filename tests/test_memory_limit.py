@@ -104,7 +104,7 @@ def test_the_field_that_grew_is_named_first():
     message = error_of(num_workers=10**5, max_sample_requests_in_flight_per_worker=10**3,
                        max_num_workers=10**6)
     assert message.startswith("num_workers=100000 is invalid")  # 50000x its default, not 500x
-    assert "samples in flight" in message
+    assert "worker processes 4,500 GB (num_workers)" in message  # 45 MB each
 
 
 def batch(T: int, B: int, obs_shape: tuple[int, ...], num_actions: int,
@@ -189,13 +189,13 @@ class WideObsEnv(gym.Env):
 
 def test_impala_checks_again_with_the_envs_spaces_before_any_process_starts():
     config = ImpalaConfig(env=WideObsEnv, backend="process", train_batch_size=50_000,
-                          max_memory_gb=0.5)  # fits at one float per observation
+                          max_memory_gb=1.2)  # fits at one float per observation
     with no_leaks(), pytest.raises(ConfigError) as info:
         Impala(config)
     message = str(info.value)
     assert message.startswith("train_batch_size=50000 is invalid: this config would need "
                               "about ")
-    assert "learner queue" in message and "max_memory_gb=0.5" in message
+    assert "learner queue" in message and "max_memory_gb=1.2" in message
 
 
 MEASURE = textwrap.dedent("""
@@ -300,3 +300,119 @@ def test_num_workers_and_seed_are_bounded_before_anything_starts():
     assert error_of(seed=2**63).startswith("seed=9223372036854775808 is invalid: use an "
                                            "integer in [0, 2**63)")
     assert ImpalaConfig(env="CartPole-v1", seed=2**63 - 1).seed == 2**63 - 1
+
+
+# ---------------------------------------------------------------------- bounds of every count
+@pytest.mark.parametrize("field, value, words", [
+    ("evaluation_num_episodes", 10**9, "it must be at most 10,000"),  # a list of 10^9 seeds
+    ("tf_intra_op_threads", 10**6, "on this machine"),  # never trained, ignored SIGTERM
+    ("num_envs_per_worker", 10**5, "it must be at most 10,000"),
+    ("num_sgd_iter", 10**4, "it must be at most 1,000"),
+    ("broadcast_interval", 10**7, "it must be at most 1,000,000"),
+    ("num_gpus", 10**4, "it must be at most 256"),
+    ("extra_policy_lag", 10**7, "it must be at most 1,000,000"),
+    ("max_policy_lag", 10**10, "it must be at most 1,000,000,000"),
+    ("evaluation_interval", 10**10, "it must be at most 1,000,000,000"),
+    ("max_num_workers", 10**7, "it must be at most 1,000,000"),
+    ("learner_queue_timeout", 1e300, "it must be at most"),
+    ("sample_timeout_s", 1e300, "it must be at most"),
+    ("train_batch_size", 2**31, "it must be at most 2,147,483,647"),
+    ("lstm_cell_size", 10**12, "it must be at most 2,147,483,647"),
+    ("model", (2**40,), "it must be at most 2,147,483,647"),
+    ("impala_channels", (16, 2**40), "it must be at most 2,147,483,647"),
+    ("conv_filters", ((16, 2**40, 1),), "it must be at most 2,147,483,647"),
+])
+def test_every_count_and_size_has_an_upper_bound_named_with_its_field(field, value, words):
+    message = error_of(**{field: value, "max_memory_gb": 1e12})
+    assert message.startswith(f"{field}={value!r} is invalid: "), message
+    assert words in message
+
+
+def test_the_cli_refuses_a_billion_evaluation_episodes_in_one_line(tmp_path, capsys):
+    from impala_lab.cli.main import main
+
+    out = tmp_path / "run"
+    assert main(["train", "--evaluation-num-episodes", "1000000000", "--evaluation-interval",
+                 "1", "--out", str(out)]) == 2
+    assert capsys.readouterr().err == (
+        "impala-lab: error: evaluation_num_episodes=1000000000 is invalid: it must be at most "
+        "10,000: each evaluation plays its episodes one by one in the driver\n")
+    assert not out.exists()
+
+
+def test_tensorflow_and_the_worker_processes_are_counted():
+    parts = ImpalaConfig(num_workers=3).memory_estimate()
+    assert parts["tensorflow"] == memory_budget.TENSORFLOW_BYTES == 500_000_000
+    assert parts["worker processes"] == 3 * memory_budget.WORKER_PROCESS_BYTES
+    assert ImpalaConfig(num_workers=3, backend="inline").memory_estimate()[
+        "worker processes"] == 0
+    # a limit below TensorFlow alone names it, and the fix
+    message = error_of(max_memory_gb=0.3, backend="inline")
+    assert message.startswith("this run would need at least 0.5")
+    assert "tensorflow 0.5 GB (fixed)" in message and message.endswith(
+        "raise max_memory_gb, or free memory")
+
+
+def cgroup_tree(root: Path, cgroup: str, files: dict[str, str]) -> None:
+    """A fake /proc/self/cgroup and /sys/fs/cgroup under ``root``."""
+    (root / "proc/self").mkdir(parents=True)
+    (root / "proc/self/cgroup").write_text(cgroup)
+    (root / "proc/meminfo").write_text("MemTotal: 67108864 kB\nMemAvailable: 62914560 kB\n")
+    for name, text in files.items():
+        (root / "sys/fs/cgroup" / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / "sys/fs/cgroup" / name).write_text(text)
+
+
+def test_the_available_memory_is_what_the_processs_own_cgroup_v2_allows(tmp_path):
+    # The process is in /kubepods/pod1/ctr: its group allows 2 GB (1.5 GB used, 0.5 GB of
+    # it reclaimable file cache); the pod above it 1.5 GB with 0.5 GB used; the root none.
+    cgroup_tree(tmp_path, "0::/kubepods/pod1/ctr\n", {
+        "memory.max": "max\n",
+        "kubepods/pod1/memory.max": "1500000000\n",
+        "kubepods/pod1/memory.current": "500000000\n",
+        "kubepods/pod1/ctr/memory.max": "2000000000\n",
+        "kubepods/pod1/ctr/memory.current": "1500000000\n",
+        "kubepods/pod1/ctr/memory.stat": "anon 1000000000\ninactive_file 500000000\n"})
+    assert memory_budget.cgroup_memory_left(str(tmp_path)) == 1_000_000_000  # the pod's
+    assert memory_budget.available_memory_bytes(str(tmp_path)) == 1_000_000_000
+
+
+def test_the_available_memory_reads_a_cgroup_v1_memory_hierarchy(tmp_path):
+    cgroup_tree(tmp_path, "4:memory:/process_api/run1\n3:cpuset:/\n0::/\n", {
+        "memory/memory.limit_in_bytes": "9223372036854771712\n",  # v1's "no limit"
+        "memory/process_api/run1/memory.limit_in_bytes": "800000000\n",
+        "memory/process_api/run1/memory.usage_in_bytes": "300000000\n",
+        "memory/process_api/run1/memory.stat": "total_inactive_file 100000000\n"})
+    assert memory_budget.cgroup_memory_left(str(tmp_path)) == 600_000_000
+    assert memory_budget.available_memory_bytes(str(tmp_path)) == 600_000_000
+    # no limit anywhere: the machine's MemAvailable
+    (tmp_path / "sys/fs/cgroup/memory/process_api/run1/memory.limit_in_bytes").write_text("max")
+    assert memory_budget.cgroup_memory_left(str(tmp_path)) is None
+    assert memory_budget.available_memory_bytes(str(tmp_path)) == 62914560 * 1024
+
+
+def test_a_container_limit_refuses_a_config_its_host_would_take(tmp_path):
+    cgroup_tree(tmp_path, "0::/\n", {"memory.max": "1000000000\n",
+                                     "memory.current": "100000000\n"})
+    real = memory_budget.available_memory_bytes
+    with mock.patch("impala_lab.memory_budget.available_memory_bytes",
+                    lambda: real(str(tmp_path))):
+        message = error_of(train_batch_size=100_000)
+    assert "half of the 0.9 GB available" in message
+
+
+def test_shared_memory_blocks_that_cannot_fit_in_dev_shm_are_refused(monkeypatch):
+    free = 64_000_000  # Docker's default /dev/shm
+
+    class Small:
+        f_bavail, f_frsize = free // 4096, 4096
+
+    monkeypatch.setattr(memory_budget.os, "statvfs", lambda path: Small)
+    message = error_of(model=(2048, 2048), num_workers=2)
+    assert message.startswith("model=(2048, 2048) is invalid with num_workers=2 and "
+                              "backend='process': the weights' shared-memory blocks need at "
+                              "least 168.5 MB (5 blocks of 33.7 MB")
+    assert "/dev/shm has 64.0 MB free" in message
+    assert "lower --model or --num-workers, or use --backend inline" in message
+    ImpalaConfig(model=(2048, 2048), num_workers=2, backend="inline")  # no blocks
+    ImpalaConfig(model=(256, 256), num_workers=2)  # 5 blocks of 0.6 MB fit

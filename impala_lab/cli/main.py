@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from impala_lab.cli.endings import open_std_streams, say
 from impala_lab.cli.train import train_command
 from impala_lab.config import (
     GROUPS,
@@ -66,40 +67,41 @@ class _DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 def _add_train_parser(sub: Any) -> None:
     train = sub.add_parser("train", help="train a policy", formatter_class=_DefaultsFormatter)
-    run = train.add_argument_group("run: limits and target")
+    run = train.add_argument_group("run: limits and target (kept by a plain --resume)")
     run.add_argument("--stop-return", type=float, default=None,
                      help="stop once the mean return of the last 100 episodes reaches this")
-    run.add_argument("--stop-on", choices=("train", "eval"), default="train",
+    run.add_argument("--stop-on", choices=("train", "eval"), default=None,
                      help="which return --stop-return watches: the actors' (the lagged "
                      "behaviour policy, mean of the last 100 episodes) or the latest "
                      "evaluation of the learner's weights (greedy where played; needs "
-                     "--evaluation-interval)")
+                     "--evaluation-interval) (default: train)")
     run.add_argument("--max-seconds", type=float, default=None,
                      help="wall-clock limit of the whole training (with --train-after-target "
-                     "too: leave room for both phases)")
+                     "too: leave room for both phases; a resumed run trains what is left)")
     run.add_argument("--max-env-steps", type=int, default=None, help="env step limit")
-    run.add_argument("--train-after-target", type=float, default=0.0, metavar="SECONDS",
+    run.add_argument("--train-after-target", type=float, default=None, metavar="SECONDS",
                      help="once --stop-return is reached, keep training this many seconds "
                      "more; result.json then says the lowest mean return after the target "
-                     "(return_min_after_target)")
+                     "(return_min_after_target) (default: 0)")
     out = train.add_argument_group("outputs and checkpoints")
-    out.add_argument("--out", default="runs/latest",
-                     help="output folder: one run at a time; a folder holding other files is "
-                     "refused unless --overwrite")
+    out.add_argument("--out", default=None,
+                     help="output folder: one run per folder; a folder holding an earlier run "
+                     "or other files is refused unless --overwrite (default: runs/latest)")
     out.add_argument("--overwrite", action="store_true",
-                     help="write into an --out folder that holds files that are not a run's")
+                     help="replace the earlier run in --out, and write beside files that are "
+                     "not a run's")
     out.add_argument("--resume", default=None, metavar="DIR",
                      help="continue the run in DIR from its last checkpoint (weights, "
-                     "optimizer, counters), appending to its metrics; config flags given "
-                     "with it replace the run's")
-    out.add_argument("--checkpoint-every", type=float, default=60.0, metavar="SECONDS",
+                     "optimizer, counters, metrics cut back to it, its limits and flags); "
+                     "config and run flags given with it replace the run's")
+    out.add_argument("--checkpoint-every", type=float, default=None, metavar="SECONDS",
                      help="save OUT/checkpoint this often while training (atomically), so a "
-                     "killed run can be resumed; 0 saves only at the end")
-    out.add_argument("--report-interval", type=float, default=1.0,
-                     help="seconds between progress lines and metrics.csv rows")
+                     "killed run can be resumed; 0 saves only at the end (default: 60)")
+    out.add_argument("--report-interval", type=float, default=None,
+                     help="seconds between progress lines and metrics.csv rows (default: 1)")
     out.add_argument("--quiet", action="store_true",
                      help="no progress bar (in a terminal) or progress lines (elsewhere)")
-    out.add_argument("--tensorboard", action="store_true",
+    out.add_argument("--tensorboard", action="store_true", default=None,
                      help="write TensorBoard summaries of every report into OUT/tensorboard "
                      "(make tensorboard opens them)")
     run.add_argument("--preset", choices=("tuned", "rllib"), default="tuned",
@@ -215,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     """The ``impala-lab`` command; ``argv`` None reads ``sys.argv`` (the program itself: the
     console script or ``python -m``), which also lets the learner import TensorFlow without
     Keras's optional integrations (`impala_lab.speed.lean_imports`)."""
+    open_std_streams()  # `impala-lab train >&-`: no file of the run may take fd 1's place
     if argv is None:
         lean_imports.enable()
     parser = build_parser()
@@ -225,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return COMMANDS[args.command](args)
     except ConfigError as exc:
-        print(f"impala-lab: error: {exc}", file=sys.stderr)
+        say(f"impala-lab: error: {exc}", err=True)
         return 2
 
 

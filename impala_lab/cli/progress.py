@@ -12,6 +12,9 @@ furthest along (the run ends when the first one is reached). The return's bar st
 lowest mean return seen, so it works for negative returns too. Elsewhere (a log, a pipe, CI)
 the output is the dashboard's one progress line per report, exactly as without this module.
 
+`TargetWatch` follows ``--stop-return`` over the reports (of a resumed run too), and
+`final_line` is the one line a run ends with.
+
 Pure Python, like the dashboard's text view: the CLI imports it before TensorFlow.
 """
 
@@ -27,7 +30,9 @@ from typing import Any, TextIO
 
 from impala_lab.dashboard.format import is_number
 from impala_lab.dashboard.terminal import TerminalView
+from impala_lab.driver.health import RETURN_MIN_EPISODES
 from impala_lab.health_flags import describe_seen
+from impala_lab.stats import process_start
 
 BAR_WIDTH = 30
 
@@ -142,10 +147,109 @@ class ProgressView(TerminalView):
         return bar + "\n" + super().panel(stats, no_samples)
 
 
+def evaluation_return(s: Mapping[str, Any]) -> float:
+    """The return an evaluation reported: the greedy policy's where it was played, else
+    the sampled one's; NaN before the first evaluation (or with evaluation off)."""
+    ev = s.get("evaluation") or {}
+    if not ev.get("num_evaluations"):
+        return math.nan
+    greedy = ev.get("episode_return_mean_greedy", math.nan)
+    return greedy if math.isfinite(greedy) else ev.get("episode_return_mean_sampled", math.nan)
+
+
+class TargetWatch:
+    """Watches the reports for ``--stop-return``: when it was first reached (seconds from
+    process start, env steps, and on the monotonic clock), the mean returns reported from then
+    on, and the best trailing mean of the whole run."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.stop_return: float | None = args.stop_return
+        self.stop_on: str = args.stop_on
+        self.train_after_target: float = args.train_after_target
+        self.seconds: float | None = None
+        self.env_steps: int | None = None
+        self.at: float | None = None
+        self.returns_after: list[float] = []
+        self.best_return_mean: float | None = None
+        self._seconds_before = 0.0  # a resumed run's training before this process
+
+    @property
+    def reached(self) -> bool:
+        return self.at is not None
+
+    def watched_return(self, s: Mapping[str, Any]) -> float:
+        """The return ``--stop-return`` watches: the actors' trailing mean (``--stop-on
+        train``, once 100 episodes finished) or the latest evaluation's (``eval``)."""
+        if self.stop_on == "eval":
+            return evaluation_return(s)
+        return s["episode_return_mean"] if s["episode_return_count"] >= 100 else math.nan
+
+    def solved(self, s: Mapping[str, Any]) -> bool:
+        ret = self.watched_return(s)
+        return self.stop_return is not None and math.isfinite(ret) and ret >= self.stop_return
+
+    def note_best(self, s: Mapping[str, Any]) -> None:
+        ret = s["episode_return_mean"]
+        if s["episode_return_count"] >= RETURN_MIN_EPISODES and math.isfinite(ret):
+            self.best_return_mean = max(ret, self.best_return_mean or -math.inf)
+
+    def note_target(self, s: Mapping[str, Any]) -> None:
+        """The first time ``s`` meets the target: when, and after how many env steps."""
+        if self.at is None and self.solved(s):
+            self.at = time.monotonic()
+            self.seconds = round(self.at - process_start() + self._seconds_before, 2)
+            self.env_steps = s["num_steps_sampled"]
+
+    def on_report(self, s: Mapping[str, Any]) -> None:
+        """Each report (a row of metrics.csv): the best mean, the target, and from the
+        target on, the return it watched (``return_min_after_target`` is their lowest)."""
+        self.note_best(s)
+        self.note_target(s)
+        if self.at is not None:
+            self.returns_after.append(self.watched_return(s))
+
+    def stop(self, s: Mapping[str, Any]) -> bool:
+        """Reached, and trained ``--train-after-target`` seconds since. `Impala.train` calls
+        it between reports too, so the target is noted when it is met, not at the next
+        report."""
+        self.note_target(s)
+        return self.at is not None and time.monotonic() - self.at >= self.train_after_target
+
+    def resume(self, rows: list[dict[str, str]], seconds_before: float) -> None:
+        """A resumed run's watch, from the metrics.csv rows it kept (``time_total_s`` up to
+        ``seconds_before``, the checkpoint's): its best mean, and the target if it was
+        reached (its seconds are then the run's ``time_total_s``)."""
+        self._seconds_before = seconds_before
+        for row in rows:
+            s = _row_stats(row)
+            self.note_best(s)
+            if self.at is None and self.solved(s):
+                self.seconds, self.env_steps = s["time_total_s"], int(s["num_steps_sampled"])
+                self.at = time.monotonic() - max(0.0, seconds_before - s["time_total_s"])
+            elif self.at is not None:
+                self.returns_after.append(self.watched_return(s))
+
+
+def _row_stats(row: Mapping[str, str]) -> dict[str, Any]:
+    """The figures `TargetWatch` reads, from a metrics.csv row (text; NaN where empty)."""
+    def number(text: str | None) -> float:
+        try:
+            return float(text or "nan")
+        except ValueError:
+            return math.nan
+
+    s: dict[str, Any] = {k: number(row.get(k)) for k in (
+        "episode_return_mean", "episode_return_count", "time_total_s", "num_steps_sampled")}
+    s["evaluation"] = {k.split(".", 1)[1]: number(v) for k, v in row.items()
+                       if k.startswith("evaluation.")}
+    return s
+
+
 def final_line(result: dict[str, Any], args: argparse.Namespace, out: Path,
-               interrupted: bool = False) -> str:
+               interrupted: bool = False, unwritten: Mapping[str, str] | None = None) -> str:
     """The one line ``train`` ends with: was the target reached, and if not, what the health
-    monitor saw; where the results are.
+    monitor saw; where the results are, or which of them could not be written
+    (``unwritten``: file -> reason).
 
     E.g. ``impala-lab: reached mean return 475 in 14.2 s (812,000 env steps); results in
     runs/demo/`` or ``impala-lab: did NOT reach mean return 475 within 300 s (best trailing
@@ -187,10 +291,21 @@ def final_line(result: dict[str, Any], args: argparse.Namespace, out: Path,
                 f"{result['stop_reason']}); {returns}")
         if seen:
             text += f"; health monitor saw: {seen}"
-    if final.get("evaluation"):
+    ev = final.get("evaluation")
+    if ev and ev.get("num_evaluations"):
         from impala_lab.dashboard.markup import eval_figure
 
-        ev = final["evaluation"]
         modes = " / ".join(m for m in ("greedy", "sampled") if f"episode_return_mean_{m}" in ev)
-        text += f"; the final weights evaluated ({modes}): {eval_figure(ev)}"
-    return f"{prefix}{text}; results in {out}/"
+        which = ("the final weights evaluated" if result.get("final_evaluation") == "done" else
+                 f"the latest evaluation (weights version {ev.get('weights_version')})")
+        text += f"; {which} ({modes}): {eval_figure(ev)}"
+    return f"{prefix}{text}; {where(out, unwritten)}"
+
+
+def where(out: Path, unwritten: Mapping[str, str] | None) -> str:
+    """Where the results are; or which could not be written, and why."""
+    if not unwritten:
+        return f"results in {out}/"
+    reasons = ", ".join(dict.fromkeys(unwritten.values()))
+    return (f"could NOT write {', '.join(unwritten)} ({reasons}): {out}/ holds what was "
+            "written before")

@@ -1,43 +1,74 @@
 """The output folder of one ``impala-lab train`` run: claimed by a lock, written as it goes.
 
-A run writes ``config.json`` at the start and then, at every report, appends a row to
-``metrics.csv`` (flushed) and replaces ``result.json`` (the state so far, ``"running"`` until
-the end); every ``--checkpoint-every`` seconds it saves ``checkpoint/``. So a run killed with
-SIGKILL, a lost power supply or a dead Ray head still leaves its metrics, its state and a
-checkpoint to resume from (``impala-lab train --resume OUT``).
+A run writes ``config.json`` and ``run.json`` (its limits and output flags) at the start, then
+at every report a row of ``metrics.csv`` and a new ``result.json`` (``"running"`` until the
+end), and every ``--checkpoint-every`` seconds ``checkpoint/``. So a run killed with SIGKILL
+still leaves its metrics, its state and a checkpoint to resume from (``--resume OUT``).
 
-One run per folder: the run holds an exclusive ``flock`` on ``OUT/.lock`` for its whole life,
-so a second run into the same folder is refused at once (the kernel drops the lock when the
-holder dies, however it dies). A folder holding files that are not an impala_lab run's is
-refused unless ``--overwrite``; ``--out ""`` is refused.
+One run per folder. The run holds an exclusive ``flock`` on ``OUT/.lock`` for its whole life
+(the kernel drops it when the holder dies, however it dies), so a second run into the folder
+is refused. A fresh run into a folder that holds an earlier run's results is refused too
+(``--resume`` continues it, ``--overwrite`` replaces it), and so is a folder of other files
+(``--overwrite`` writes beside them). A refused folder is left as it was: the claim removes
+what it made. The folder stays the run's only while it is the folder the run locked: one
+removed or replaced mid-run raises `FolderLost` at the next write, and nothing is written at
+that path again (no folder is recreated there without its lock).
 
-A full disk must not end the run: every write goes to a temporary file renamed into place, on
-its own, and a write that fails is reported once on stderr and tried again at the next report.
+Writes that cannot tear: ``result.json``, ``config.json``, ``run.json``, ``report.png`` and
+``policy.gif`` go to a temporary file renamed into place; a ``metrics.csv`` row is appended
+in one piece, and a failed append truncates the file back to where it was (a row with a new
+column rewrites the file, renamed into place). A resumed run repairs its ``metrics.csv`` on
+open (a row torn by a kill is dropped) and cuts it back to its checkpoint's env steps. A
+write that fails (a full disk) is said once on stderr, counted in `RunFolder.unwritten` and
+tried again at the next report; rows that could not be written wait for it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import csv
+import errno
 import fcntl
 import io
 import json
 import os
+import shutil
+import stat
 import sys
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from impala_lab.errors import ConfigError
+from impala_lab.errors import ConfigError, ImpalaError
 from impala_lab.stats import jsonable
 
 # What a run writes into its folder (anything else there is not a run's).
-RUN_FILES = frozenset({"config.json", "metrics.csv", "result.json", "report.png", "policy.gif",
-                       "checkpoint", "checkpoint.prev", "tensorboard", ".lock"})
+RUN_FILES = frozenset({"config.json", "run.json", "metrics.csv", "result.json", "report.png",
+                       "policy.gif", "checkpoint", "checkpoint.prev", "tensorboard", ".lock"})
+# An earlier run's results: a fresh run is refused where one of them is.
+RESULT_FILES = ("metrics.csv", "result.json", "checkpoint", "checkpoint.prev", "tensorboard",
+                "report.png", "policy.gif")
 LOCK_NAME = ".lock"
+MAX_PENDING_ROWS = 10_000  # metrics rows kept while the disk refuses them
+
+
+class FolderLost(ImpalaError):
+    """The run's folder was removed or replaced while the run wrote into it."""
 
 
 def _is_run_file(name: str) -> bool:
     return name in RUN_FILES or name.startswith(("checkpoint.tmp-", ".tmp-"))
+
+
+def _path_error(out: Path, exc: OSError) -> ConfigError:
+    """One line for a folder path the system refuses, with the fix."""
+    why = {errno.ELOOP: "is a symbolic link loop (or goes through one): give a real folder",
+           errno.ENAMETOOLONG: "has a name longer than the file system allows (255 bytes a "
+                               "folder name): give a shorter --out",
+           errno.ENOTDIR: "goes through a file, not a folder: give a folder"}.get(exc.errno)
+    return ConfigError(f"--out={str(out)!r} {why}" if why else
+                       f"--out={str(out)!r} cannot be written ({exc.strerror or exc}): give a "
+                       "folder you can write to")
 
 
 class RunFolder:
@@ -45,135 +76,316 @@ class RunFolder:
 
     Args:
       out: the folder (created if missing).
-      overwrite: accept a folder that holds files that are not a run's.
-      resume: the folder is a run's being resumed: its metrics are appended to.
+      overwrite: accept a folder of other files, and replace an earlier run's files.
+      resume: the folder holds the run being continued.
+
+    Attributes:
+      unwritten: the files whose latest write failed, with the reason.
+      lost: the folder stopped being this run's (see `FolderLost`).
 
     Raises:
-      ConfigError: ``out`` is empty, a file, not writable, held by another run, or holds
-        other files (without ``overwrite``); the message names the path and the fix.
+      ConfigError: ``out`` is empty, a file, a link loop, too long, not writable, held by
+        another run, on a file system without locks, or holds other files or an earlier run
+        (without ``overwrite``); the message names the path and the fix.
     """
 
     def __init__(self, out: Path, *, overwrite: bool = False, resume: bool = False) -> None:
-        if not str(out).strip():
-            raise ConfigError(f"--out={str(out)!r} is invalid: give a folder for this run's "
-                              "files, e.g. --out runs/cartpole")
-        self.out = out
-        self._warned: set[str] = set()
+        self.out = Path(out)
+        self.unwritten: dict[str, str] = {}
+        self.lost = False
         self._columns: list[str] = []
-        self._rows_written = 0
-        self._make_folder()
-        self._lock_fd = self._lock()
-        others = sorted(p.name for p in out.iterdir() if not _is_run_file(p.name))
+        self._pending: list[dict[str, Any]] = []
+        self._created: list[Path] = []  # what this claim made: removed if it is refused
+        self._lock_fd: int | None = None
+        try:
+            self._claim(overwrite, resume)
+        except BaseException:
+            self.close(undo=True)
+            raise
+
+    # ------------------------------------------------------------------ the claim
+    def _claim(self, overwrite: bool, resume: bool) -> None:
+        text = str(self.out)
+        if not text.strip():
+            raise ConfigError(f"--out={text!r} is invalid: give a folder for this run's files, "
+                              "e.g. --out runs/cartpole")
+        names = self._existing_names()
+        others = sorted(n for n in names or () if not _is_run_file(n))
         if others and not overwrite:
-            self.close()
             raise ConfigError(
-                f"--out={str(out)!r} holds files that are not an impala_lab run's "
+                f"--out={text!r} holds files that are not an impala_lab run's "
                 f"({', '.join(others[:5])}{', ...' if len(others) > 5 else ''}): pick another "
                 "folder, or pass --overwrite to write the run's files beside them")
-        if resume:
-            # the earlier process's rows stay in the file; this process's history is new
-            self._columns = _existing_header(out / "metrics.csv")
+        if names is None:
+            self._make_folders()
+        self._lock()
+        if not resume:
+            earlier = [n for n in RESULT_FILES if n in (names or ())]
+            if earlier and not overwrite:
+                raise ConfigError(
+                    f"--out={text!r} holds an earlier run ({', '.join(earlier)}): continue it "
+                    f"with --resume {text}, replace it with --overwrite, or give another --out")
+            self._remove_earlier_run()
+        folder, lock = os.stat(self.out), os.fstat(self._lock_fd)
+        self._identity = ((folder.st_dev, folder.st_ino), (lock.st_dev, lock.st_ino))
 
-    def _make_folder(self) -> None:
-        if self.out.exists() and not self.out.is_dir():
-            raise ConfigError(f"--out={str(self.out)!r} is a file, not a folder: give a folder "
-                              "for this run's files")
+    def _existing_names(self) -> list[str] | None:
+        """The folder's entries; None if it does not exist."""
         try:
-            self.out.mkdir(parents=True, exist_ok=True)
-            probe = self.out / f".tmp-{os.getpid()}-probe"
-            probe.write_bytes(b"")
-            probe.unlink()
+            if not stat.S_ISDIR(os.stat(self.out).st_mode):
+                raise ConfigError(f"--out={str(self.out)!r} is a file, not a folder: give a "
+                                  "folder for this run's files")
+            return os.listdir(self.out)
+        except FileNotFoundError:
+            if os.path.islink(self.out):
+                raise ConfigError(f"--out={str(self.out)!r} is a symbolic link to a missing "
+                                  f"folder ({os.readlink(self.out)}): create it, or give "
+                                  "another --out") from None
+            return None
         except OSError as exc:
-            raise ConfigError(f"--out={str(self.out)!r} cannot be written ({exc.strerror}): "
-                              "give a folder you can write to") from None
+            raise _path_error(self.out, exc) from None
 
-    def _lock(self) -> int:
-        fd = os.open(self.out / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    def _make_folders(self) -> None:
+        missing = []
+        for path in (self.out, *self.out.parents):
+            if os.path.lexists(path):
+                break
+            missing.append(path)
+        for path in reversed(missing):
+            try:
+                os.mkdir(path)
+            except OSError as exc:
+                raise _path_error(self.out, exc) from None
+            self._created.append(path)
+
+    def _lock(self) -> None:
+        path = self.out / LOCK_NAME
+        existed = os.path.lexists(path)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            self._lock_fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                                    0o644)
+        except OSError as exc:
+            if exc.errno in (errno.EISDIR, errno.ELOOP):
+                kind = "a folder" if exc.errno == errno.EISDIR else "a symbolic link"
+                raise ConfigError(f"{path} is {kind}, not impala-lab's lock file: remove it, "
+                                  "or give another --out") from None
+            raise _path_error(self.out, exc) from None
+        if not existed:
+            self._created.append(path)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "another process"
-            os.close(fd)
+            holder = os.pread(self._lock_fd, 64, 0).decode(errors="replace").strip()
             raise ConfigError(f"--out={str(self.out)!r} is in use by another impala-lab train "
-                              f"(pid {holder}): one run per folder; give another --out, or "
-                              "wait for that run to end") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
-        return fd
+                              f"(pid {holder or 'unknown'}): one run per folder; give another "
+                              "--out, or wait for that run to end") from None
+        except OSError as exc:  # ENOLCK, EOPNOTSUPP: some network and FUSE file systems
+            raise ConfigError(f"--out={str(self.out)!r} is on a file system without file locks "
+                              f"({exc.strerror}), which keep two runs out of one folder: give "
+                              "a folder on a local disk") from None
+        with contextlib.suppress(OSError):  # the pid only names the holder in a refusal
+            os.ftruncate(self._lock_fd, 0)
+            os.pwrite(self._lock_fd, str(os.getpid()).encode(), 0)
 
-    def close(self) -> None:
-        """Releases the folder (the lock file stays: its lock is what counts)."""
-        if getattr(self, "_lock_fd", None) is not None:
+    def _remove_earlier_run(self) -> None:
+        """A fresh run's folder: what an earlier run left there goes (its lock stays)."""
+        for name in os.listdir(self.out):
+            path = self.out / name
+            if name == LOCK_NAME or not _is_run_file(name):
+                continue
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+
+    def close(self, undo: bool = False) -> None:
+        """Releases the folder (the lock file stays: its lock is what counts); ``undo``
+        also removes what the claim made (a refused folder is left as it was)."""
+        if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
+        for path in reversed(self._created) if undo else ():
+            with contextlib.suppress(OSError):
+                os.rmdir(path) if path.is_dir() else path.unlink()
+        self._created = []
+
+    def check(self) -> None:
+        """Raise `FolderLost` unless ``out`` is still the folder this run locked."""
+        if not self.lost:
+            try:
+                folder = os.stat(self.out)
+                lock = os.stat(self.out / LOCK_NAME, follow_symlinks=False)
+                self.lost = ((folder.st_dev, folder.st_ino),
+                             (lock.st_dev, lock.st_ino)) != self._identity
+            except OSError:
+                self.lost = True
+        if self.lost:
+            raise FolderLost(f"the run's folder {self.out}/ was removed or replaced while the "
+                             "run was writing into it: nothing more is written there (a folder "
+                             "made at that path since is not this run's)")
 
     # ------------------------------------------------------------------ writing
     def write_json(self, name: str, obj: Any) -> bool:
         """Replaces ``name`` with ``obj`` as JSON, atomically; False if the disk refused."""
-        return self._replace(name, json.dumps(jsonable(obj), indent=2).encode())
+        data = json.dumps(jsonable(obj), indent=2).encode()
+        return self.write_file(name, lambda path: path.write_bytes(data))
 
-    def append_metrics(self, rows: list[dict[str, Any]]) -> bool:
-        """Appends the rows not written yet (``rows`` is the whole history so far) to
-        metrics.csv and flushes it; a row with a new column rewrites the file with the wider
-        header (rare: the first report of a new figure). False if the disk refused."""
-        new = rows[self._rows_written:] if self._rows_written <= len(rows) else rows
-        if not new:
+    def write_file(self, name: str, write: Callable[[Path], Any]) -> bool:
+        """``write(path)`` writes a temporary file that then replaces ``name``; False if the
+        disk refused (an `OSError`; any other error of ``write`` is raised)."""
+        try:
+            self._write(name, write)
+        except OSError as exc:
+            return self._failed(name, exc)
+        self.unwritten.pop(name, None)
+        return True
+
+    def write_first(self, files: dict[str, Any]) -> None:
+        """The run's first files (name -> JSON object): a folder that refuses them is a
+        `ConfigError`, and the claim is undone (nothing has started yet)."""
+        for name, obj in files.items():
+            data = json.dumps(jsonable(obj), indent=2).encode()
+            try:
+                self._write(name, lambda path, data=data: path.write_bytes(data))
+            except OSError as exc:
+                self.close(undo=True)
+                why = exc.strerror or exc
+                raise ConfigError(f"--out={str(self.out)!r} cannot be written ({why}, writing "
+                                  f"{name}): free some space there, or give a folder you can "
+                                  "write to") from None
+
+    def _write(self, name: str, write: Callable[[Path], Any]) -> None:
+        self.check()
+        tmp = self.out / f".tmp-{os.getpid()}-{name}"
+        try:
+            write(tmp)
+            with open(tmp, "rb+") as fh:
+                os.fsync(fh.fileno())
+            os.replace(tmp, self.out / name)
+        finally:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+
+    def append_metrics(self, rows: Iterable[dict[str, Any]]) -> bool:
+        """Appends ``rows`` (and any that an earlier failure left waiting) to metrics.csv; a
+        row with a new column rewrites the file with the wider header. False if the disk
+        refused (the rows wait for the next call)."""
+        self.check()
+        self._pending.extend(rows)
+        del self._pending[:-MAX_PENDING_ROWS]
+        if not self._pending:
             return True
         columns = list(self._columns)
-        for row in new:
+        for row in self._pending:
             columns.extend(k for k in row if k not in columns)
         path = self.out / "metrics.csv"
         try:
             if columns != self._columns or not path.exists():
-                ok = self._rewrite_metrics(path, columns, new)
+                self._replace_metrics(columns, _read_rows(path) + self._pending)
             else:
-                with open(path, "a", newline="") as fh:
-                    csv.DictWriter(fh, fieldnames=columns).writerows(new)
-                    fh.flush()
-                ok = True
+                _append(path, _csv_text(columns, self._pending, header=False))
         except OSError as exc:
             return self._failed("metrics.csv", exc)
-        if ok:
-            self._columns, self._rows_written = columns, self._rows_written + len(new)
-        return ok
-
-    def _rewrite_metrics(self, path: Path, columns: list[str], new: list[dict]) -> bool:
-        old = []
-        if path.exists():
-            with open(path, newline="") as fh:
-                old = list(csv.DictReader(fh))
-        text = io.StringIO()
-        writer = csv.DictWriter(text, fieldnames=columns)
-        writer.writeheader()
-        writer.writerows(old + new)
-        return self._replace("metrics.csv", text.getvalue().encode())
-
-    def _replace(self, name: str, data: bytes) -> bool:
-        tmp = self.out / f".tmp-{os.getpid()}-{name}"
-        try:
-            with open(tmp, "wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, self.out / name)
-        except OSError as exc:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-            return self._failed(name, exc)
-        self._warned.discard(name)
+        self._columns, self._pending = columns, []
+        self.unwritten.pop("metrics.csv", None)
         return True
 
+    def cut_metrics(self, max_env_steps: int) -> list[dict[str, str]]:
+        """A resumed run's metrics.csv: rows torn by a kill and rows past the checkpoint's
+        ``max_env_steps`` are dropped (the file is replaced if any were); the rows kept."""
+        path = self.out / "metrics.csv"
+        if not path.exists():
+            return []
+        data = path.read_bytes()
+        whole = data[:data.rfind(b"\n") + 1].replace(b"\0", b"")  # a torn last line goes
+        header, rows = _parse(whole.decode(errors="replace"))
+        kept = [r for r in rows if _steps(r) is not None and _steps(r) <= max_env_steps]
+        self._columns = header
+        if whole != data or len(kept) != len(rows):
+            self.check()
+            self._replace_metrics(header, kept)
+        return kept
+
+    def _replace_metrics(self, columns: list[str], rows: list[dict[str, Any]]) -> None:
+        data = _csv_text(columns, rows, header=True).encode()
+        if not self.write_file("metrics.csv", lambda p: p.write_bytes(data)):
+            raise OSError(errno.EIO, self.unwritten["metrics.csv"])
+
+    def note(self, name: str, error: BaseException | None) -> None:
+        """Records how a write done elsewhere (the checkpoint) went: ``error`` None if it
+        was written."""
+        if error is None:
+            self.unwritten.pop(name, None)
+        else:
+            self.unwritten[name] = str(getattr(error, "strerror", None) or error)
+
     def _failed(self, name: str, exc: OSError) -> bool:
-        if name not in self._warned:  # once per failing file, not at every report
-            self._warned.add(name)
-            print(f"impala-lab: could not write {self.out / name} ({exc.strerror or exc}); "
-                  "training goes on and tries again at the next report", file=sys.stderr)
+        if name not in self.unwritten:  # once per failing file, not at every report
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                print(f"impala-lab: could not write {self.out / name} ({exc.strerror or exc}); "
+                      "training goes on and tries again at the next report", file=sys.stderr,
+                      flush=True)
+        self.unwritten[name] = str(exc.strerror or exc)
         return False
 
 
-def _existing_header(path: Path) -> list[str]:
-    """The columns of a resumed run's metrics.csv ([] if there is none)."""
+def read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON object file of a run (config.json, run.json, result.json); None if it is
+    missing or not one."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _csv_text(columns: list[str], rows: list[dict[str, Any]], header: bool) -> str:
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=columns)
+    if header:
+        writer.writeheader()
+    writer.writerows(rows)
+    return text.getvalue()
+
+
+def _append(path: Path, text: str) -> None:
+    """Appends ``text`` whole or not at all: a failure truncates the file back."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+    try:
+        size = os.fstat(fd).st_size
+        try:
+            view = memoryview(text.encode())
+            while view:
+                view = view[os.write(fd, view):]
+        except BaseException:  # ENOSPC, or a signal between two partial writes
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, size)
+            raise
+    finally:
+        os.close(fd)
+
+
+def _parse(text: str) -> tuple[list[str], list[dict[str, str]]]:
+    """A metrics.csv's header and its whole rows (a row with another field count is torn)."""
+    reader = csv.reader(io.StringIO(text))
+    rows: list[dict[str, str]] = []
+    header: list[str] = []
+    with contextlib.suppress(csv.Error):  # a quoted field torn at the end: the rows so far
+        header = next(reader, [])
+        for fields in reader:
+            if len(fields) == len(header):
+                rows.append(dict(zip(header, fields, strict=True)))
+    return header, rows
+
+
+def _read_rows(path: Path) -> list[dict[str, str]]:
     if not path.exists():
         return []
-    with open(path, newline="") as fh:
-        return next(csv.reader(fh), [])
+    return _parse(path.read_text(errors="replace"))[1]
+
+
+def _steps(row: dict[str, str]) -> float | None:
+    try:
+        return float(row.get("num_steps_sampled") or "nan") if row else None
+    except ValueError:
+        return None

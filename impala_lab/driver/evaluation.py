@@ -16,11 +16,18 @@ evaluation runs at a time; a report that falls due while one is running is skipp
 env seeds are the same at every evaluation (drawn from ``config.seed``), so two
 evaluations differ by their weights, not by their start states.
 
+Each evaluation has a deadline (`EVALUATION_TIMEOUT_S`, or less for the final one): its
+episodes stop there, and one whose env hangs inside ``reset()`` or ``step()`` (which no
+thread can interrupt) is given up at the first report past it, and no evaluation starts
+again in that run. A failed evaluation (an error, or the deadline) keeps the latest result
+and says why in ``error``; ``num_failed`` counts them, and `Evaluator.broken` says when the
+evaluations cannot be relied on any more (a hang, or `FAILURES_TO_GIVE_UP` in a row).
+
 ``stats()["evaluation"]`` holds the latest finished evaluation::
 
     {"episode_return_mean_greedy": 500.0, "episode_return_mean_sampled": 487.5,
      "weights_version": 812, "num_steps_sampled": 204000, "num_episodes": 10,
-     "num_evaluations": 7, "time_s": 0.41}
+     "num_evaluations": 7, "time_s": 0.41, "error": None, "num_failed": 0}
 
 (NaN returns and version -1 until the first evaluation ends.)
 """
@@ -43,6 +50,10 @@ __all__ = ["Evaluator", "play_episodes", "evaluation_model"]
 
 #: An episode longer than this ends the evaluation with an error (an env without a time limit).
 MAX_EPISODE_STEPS = 1_000_000
+#: Seconds an evaluation may play (both action choices); past it, it has failed.
+EVALUATION_TIMEOUT_S = 600.0
+#: Evaluations failed in a row after which `Evaluator.broken` gives up on them.
+FAILURES_TO_GIVE_UP = 3
 
 
 def evaluation_model(config: Any, observation_space: Any, action_space: Any) -> NumpyModel:
@@ -51,7 +62,8 @@ def evaluation_model(config: Any, observation_space: Any, action_space: Any) -> 
 
 
 def play_episodes(env: Any, model: NumpyModel, seeds: list[int], greedy: bool,
-                  rng: np.random.Generator, *, clip: bool = True, squash: bool = False
+                  rng: np.random.Generator, *, clip: bool = True, squash: bool = False,
+                  deadline: float | None = None, cancel: threading.Event | None = None
                   ) -> list[float]:
     """Play one episode per seed (``env.reset(seed=...)``) with ``model``; their returns.
 
@@ -63,6 +75,8 @@ def play_episodes(env: Any, model: NumpyModel, seeds: list[int], greedy: bool,
       rng: draws the sampled actions.
       clip, squash: how a Box action meets its bounds, as the actors do (the config's
         ``clip_actions`` and ``squash_actions``).
+      deadline: a ``time.monotonic()`` reading: an `ImpalaError` once a step starts after it.
+      cancel: set, it ends the episodes with an `ImpalaError` at the next step.
     """
     returns = []
     for seed in seeds:
@@ -74,6 +88,11 @@ def play_episodes(env: Any, model: NumpyModel, seeds: list[int], greedy: bool,
             if steps > MAX_EPISODE_STEPS:
                 raise ImpalaError(f"an evaluation episode ran past {MAX_EPISODE_STEPS:,} steps; "
                                   "give the env a time limit (gymnasium's TimeLimit)")
+            if cancel is not None and cancel.is_set():
+                raise ImpalaError("the evaluation was cancelled: the run is ending")
+            if deadline is not None and time.monotonic() > deadline:
+                raise ImpalaError("the evaluation ran past its deadline (the env is very slow, "
+                                  "or stalls, in evaluation)")
             if state is None:
                 logits = model.logits(np.asarray(obs)[None])
             else:
@@ -99,11 +118,15 @@ class Evaluator:
       observation_space, action_space: the env's spaces (the model is built for them).
       get_weights: returns the learner's current ``(weights, version)``.
       get_env_steps: returns the env steps sampled so far (recorded with each result).
+      timeout_s: seconds each evaluation may play.
+      clock: monotonic seconds (tests pass a fake one to judge a hung evaluation).
     """
 
     def __init__(self, config: Any, observation_space: Any, action_space: Any,
                  get_weights: Callable[[], tuple[list, int]],
-                 get_env_steps: Callable[[], int] = lambda: 0) -> None:
+                 get_env_steps: Callable[[], int] = lambda: 0,
+                 timeout_s: float = EVALUATION_TIMEOUT_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.enabled = bool(config.evaluation_interval)
         self.interval = int(config.evaluation_interval or 0)
         self.num_episodes = config.evaluation_num_episodes
@@ -113,16 +136,22 @@ class Evaluator:
         self._config = config
         self._spaces = (observation_space, action_space)
         self._get_weights, self._get_env_steps = get_weights, get_env_steps
+        self.timeout_s, self._clock = timeout_s, clock
         seq = np.random.SeedSequence(config.seed, spawn_key=(0xE7A1,))
         self.seeds = [int(s) for s in seq.generate_state(self.num_episodes, np.uint32)]
         self._rng_seed = seq.spawn(1)[0]
         self._reports = 0
         self._lock = threading.Lock()  # guards _latest
         self._playing = threading.Lock()  # one evaluation at a time on the one env and model
+        self._cancel = threading.Event()  # set when the run ends or an evaluation hangs
         self._thread: threading.Thread | None = None
+        self._started = 0.0  # when the background evaluation started (clock)
         self._env: Any = None
         self._model: NumpyModel | None = None
-        self.error: str | None = None
+        self.error: str | None = None  # why the latest evaluation failed (None: it did not)
+        self.num_failed = 0
+        self._failed_in_a_row = 0
+        self.hung = False
         self._latest = self._empty()
 
     def _empty(self) -> dict[str, Any]:
@@ -132,34 +161,71 @@ class Evaluator:
         return out
 
     def latest(self) -> dict[str, Any]:
-        """A copy of the latest finished evaluation (see the module docstring)."""
+        """A copy of the latest finished evaluation, with ``error`` (why the latest one
+        failed, or None) and ``num_failed`` (see the module docstring)."""
         with self._lock:
-            return dict(self._latest)
+            return {**self._latest, "error": self.error, "num_failed": self.num_failed}
 
     @property
     def running(self) -> bool:
         """True while an evaluation plays in the background."""
         return self._thread is not None and self._thread.is_alive()
 
+    @property
+    def broken(self) -> str | None:
+        """Why evaluations cannot be relied on in this run (one hung, or the last
+        `FAILURES_TO_GIVE_UP` failed); None while they work."""
+        return self.error if self.hung or self._failed_in_a_row >= FAILURES_TO_GIVE_UP else None
+
     def on_report(self) -> bool:
         """Count one report; start a background evaluation when one falls due and none
-        runs. Returns whether one started."""
-        if not self.enabled:
+        runs (an evaluation past its deadline is given up here). Returns whether one
+        started."""
+        if not self.enabled or self.hung:
             return False
         self._reports += 1
+        if self.running and self._clock() - self._started > self.timeout_s + 1.0:
+            self._give_up(self._clock() - self._started)
+            return False
         if self._reports % self.interval or self.running:
             return False
         weights = self._get_weights()  # read now: the evaluation is of these weights
-        self._thread = threading.Thread(target=self._run, args=(weights,),
-                                        name="impala-evaluation", daemon=True)
+        self._started = self._clock()
+        self._thread = threading.Thread(
+            target=self._run, args=(weights, time.monotonic() + self.timeout_s),
+            name="impala-evaluation", daemon=True)
         self._thread.start()
         return True
 
-    def evaluate(self) -> dict[str, Any]:
-        """Evaluate the learner's current weights now, in this thread; the result (also
-        ``latest()`` from now on)."""
-        self.wait()
-        self._run(self._get_weights())
+    def evaluate(self, timeout_s: float | None = None) -> dict[str, Any]:
+        """Evaluate the learner's current weights now (within ``timeout_s``, at most the
+        evaluator's own); the result (also ``latest()`` from now on).
+
+        Raises:
+          ImpalaError: the evaluation failed, ran past its deadline, or hangs.
+          KeyboardInterrupt: a signal while it played (the evaluation is cancelled).
+        """
+        timeout = self.timeout_s if timeout_s is None else min(timeout_s, self.timeout_s)
+        deadline = time.monotonic() + timeout
+        if not self.hung:
+            self.wait(max(0.0, deadline - time.monotonic()))  # a background one first
+            if self.running:
+                self._give_up(timeout)
+        if self.hung:
+            raise ImpalaError(f"evaluation failed: {self.error}")
+        thread = threading.Thread(target=self._run, args=(self._get_weights(), deadline),
+                                  name="impala-evaluation", daemon=True)
+        self._thread = thread
+        thread.start()
+        try:
+            # the episodes stop themselves at the deadline: a thread alive a second later
+            # is stuck inside the env
+            thread.join(max(0.0, deadline - time.monotonic()) + 1.0)
+        except BaseException:  # a signal ends the run: the evaluation stops at its next step
+            self._cancel.set()
+            raise
+        if thread.is_alive():
+            self._give_up(timeout)
         if self.error is not None:
             raise ImpalaError(f"evaluation failed: {self.error}")
         return self.latest()
@@ -170,11 +236,25 @@ class Evaluator:
         if thread is not None:
             thread.join(timeout)
 
-    def _run(self, weights_and_version: tuple[list, int]) -> None:
-        with self._playing:
-            self._play(weights_and_version)
+    def _give_up(self, seconds: float) -> None:
+        """An evaluation that outlived its deadline is stuck in the env: no more of them."""
+        self.hung = True
+        self._cancel.set()
+        self._failed(f"an evaluation has not finished in {seconds:.0f} s (its deadline: "
+                     f"{self.timeout_s:g} s): the env hangs in reset() or step() when "
+                     "evaluated; no more evaluations in this run")
 
-    def _play(self, weights_and_version: tuple[list, int]) -> None:
+    def _failed(self, text: str) -> None:
+        with self._lock:
+            self.error = text
+            self.num_failed += 1
+            self._failed_in_a_row += 1
+
+    def _run(self, weights_and_version: tuple[list, int], deadline: float) -> None:
+        with self._playing:
+            self._play(weights_and_version, deadline)
+
+    def _play(self, weights_and_version: tuple[list, int], deadline: float) -> None:
         weights, version = weights_and_version
         started = time.perf_counter()
         env_steps = self._get_env_steps()
@@ -184,9 +264,11 @@ class Evaluator:
             rng = np.random.default_rng(self._rng_seed)  # the same draws at every evaluation
             means = {f"episode_return_mean_{mode}": float(np.mean(play_episodes(
                 env, model, self.seeds, mode == "greedy", rng, clip=self._config.clip_actions,
-                squash=self._config.squash_actions))) for mode in self.modes}
+                squash=self._config.squash_actions, deadline=deadline, cancel=self._cancel)))
+                for mode in self.modes}
         except Exception as exc:  # reported in stats(), never the driver's failure
-            self.error = f"{type(exc).__name__}: {exc}"
+            if not (self.hung or self._cancel.is_set()):  # a cancelled one did not fail
+                self._failed(f"{type(exc).__name__}: {exc}")
             return
         with self._lock:
             self._latest = {**means, "weights_version": int(version),
@@ -195,6 +277,7 @@ class Evaluator:
                             "num_evaluations": self._latest["num_evaluations"] + 1,
                             "time_s": round(time.perf_counter() - started, 4)}
             self.error = None
+            self._failed_in_a_row = 0
 
     def _env_and_model(self) -> tuple[Any, NumpyModel]:
         if self._env is None:
@@ -205,8 +288,10 @@ class Evaluator:
         return self._env, self._model
 
     def close(self) -> None:
-        """Let a running evaluation finish (a few seconds at most), then close its env."""
-        self.wait(30.0)
+        """Stop a running evaluation at its next step (an env stuck in a call is left to its
+        daemon thread), then close its env."""
+        self._cancel.set()
+        self.wait(2.0)
         if self._env is not None and not self.running:
             self._env.close()
             self._env = None
