@@ -1,14 +1,7 @@
-"""What each figure of ``Impala.stats()`` is called, in one table.
+"""What each figure of ``Impala.stats()`` is called, in one table (`LABELS`), so that every
+view names it alike; `QUEUES` and `queue_figures`: the buffers the gauges show.
 
-The widgets' cards, the plots' legends and timing bars, the diagram's timing SVG and the
-terminal panel all name a figure through `LABELS`, so a timer or a learner stat is renamed
-(or added) here once. The ``help`` lines say what docs/training.md's "Logged metrics explained"
-says about the same keys.
-
-`QUEUES` names the buffers that the gauges show, and `queue_figures` reads their level and
-capacity from a snapshot's ``pipeline`` view.
-
-Pure Python: no numpy, no matplotlib, no ipywidgets (the CLI imports it).
+Pure Python (the CLI imports it).
 """
 
 from __future__ import annotations
@@ -20,17 +13,10 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Label:
-    """How one figure is named.
-
-    Attributes:
-      key: the flat stats key (a ``metrics.csv`` column), e.g. ``"learner.entropy"``; for a
-        queue, its `queue_figures` name.
-      name: the dashboard's name for it (cards, gauges, timing bars, plot titles).
-      short: the terminal panel's name, a few characters.
-      unit: what it counts; "" for a plain number.
-      help: one line: what it measures.
-      legend: its name in a plot legend, where the plot says the rest; "" means `name`.
-    """
+    """How one figure is named: its flat stats ``key`` (a ``metrics.csv`` column, or a
+    `queue_figures` name), the dashboard's ``name``, the terminal's ``short`` name, its
+    ``unit`` ("" for a plain number), one line of ``help``, and its plot ``legend`` ("": the
+    name)."""
 
     key: str
     name: str
@@ -152,10 +138,8 @@ QUEUES: dict[str, Label] = {label.key: label for label in (
 
 
 def queue_figures(stats: Mapping[str, Any]) -> dict[str, tuple[float, float]]:
-    """``(level, capacity)`` of every buffer in `QUEUES`, from ``stats()["pipeline"]``.
-
-    A stage the run does not report gives ``(0, 0)``.
-    """
+    """``(level, capacity)`` of every buffer in `QUEUES`, from ``stats()["pipeline"]``;
+    ``(0, 0)`` for a stage the run does not report."""
     p = stats.get("pipeline") or {}
     in_flight = p.get("in_flight") or {}
     slots = p.get("minibatch_slots") or []
