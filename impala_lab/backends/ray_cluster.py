@@ -24,10 +24,11 @@ FREE_CPU_WAIT_S = 10.0  # how long a cluster with no free CPU may take to free o
 
 @contextlib.contextmanager
 def local_only_mode(ray: Any):
-    """Ray's local-only mode while ``ray.init`` starts the local processes (see the module
-    docstring): they bind to loopback; the driver's setting is restored afterwards."""
+    """Ray's local-only mode (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``) while ``ray.init``
+    starts the local processes, which inherit it and bind to loopback; without it Ray 2.x on
+    Linux turns ``_node_ip_address="127.0.0.1"`` into the machine's primary address."""
     # The only way: Ray reads the switch into this private constant when it is imported, and
-    # no public option keeps a local Ray on loopback (Ray resolves 127.0.0.1 away on purpose).
+    # no public option keeps a local Ray on loopback.
     from ray._private import ray_constants
 
     saved_env = os.environ.get(_LOCAL_ONLY_ENV)
@@ -85,9 +86,8 @@ _HTTP2_SETTINGS = 4
 
 def probe(address: str, timeout: float) -> None:
     """Raises `ConfigError` unless a gRPC server (HTTP/2, as Ray's GCS) answers at
-    ``host:port`` within ``timeout`` seconds. ``ray.init`` retries an address that is not Ray
-    (an HTTP server, a database) for good, so this is checked first. Other address forms
-    ("auto", "ray://...") are left to Ray."""
+    ``host:port`` within ``timeout`` seconds: ``ray.init`` retries an address that is not Ray
+    for many minutes. Other forms ("auto", "ray://...") are left to Ray."""
     host, sep, port = address.rpartition(":")
     if not sep or not port.isdigit() or "/" in host:
         return
