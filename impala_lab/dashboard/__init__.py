@@ -19,7 +19,7 @@ docs/installation.md, "Notebook frontends". Scripts that call ``start_polling()`
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 __all__ = ["Dashboard", "frontend_available", "PipelineDiagram", "pipeline_svg",
            "TerminalView"]
@@ -32,11 +32,6 @@ _LAZY = {  # importing the package stays cheap: the CLI only needs the terminal 
     "TerminalView": "impala_lab.dashboard.terminal",
     "train_with_dashboard": "impala_lab.dashboard.train_with_dashboard",
 }
-
-if TYPE_CHECKING:  # pragma: no cover
-    from impala_lab.dashboard.diagram import PipelineDiagram, pipeline_svg
-    from impala_lab.dashboard.terminal import TerminalView
-    from impala_lab.dashboard.widgets import Dashboard, frontend_available
 
 
 def __getattr__(name: str) -> Any:

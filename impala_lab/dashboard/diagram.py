@@ -17,6 +17,7 @@ from typing import Any
 
 from impala_lab.dashboard.format import fmt_count, fmt_float, fmt_knob, fraction, nice_ceil
 from impala_lab.dashboard.labels import TIMERS, queue_figures
+from impala_lab.dashboard.markup import gauge_color
 
 WIDTH, HEIGHT = 1180, 290
 BOX_Y, BOX_H = 30, 182
@@ -96,11 +97,6 @@ def _bar(x: float, y: float, w: float, frac: float, color: str, cls: str) -> str
             f'height="12" rx="3" fill="{color}"/></g>')
 
 
-def _fill_color(frac: float) -> str:
-    """Learner queue: green with room, orange nearly full, red full (the learner is slow)."""
-    return "#2e9e44" if frac < 0.75 else ("#e67e22" if frac < 1.0 else "#c0392b")
-
-
 def _box(key: str, title: str, x: float, w: float, color: str) -> str:
     y, h = BOX_Y, BOX_H
     header = (f"M{x},{y + 30} V{y + 8} Q{x},{y} {x + 8},{y} H{x + w - 8} "
@@ -173,6 +169,14 @@ def _figure_box(x: float, w: float, color: str, big: str, lines: list[str],
     return out
 
 
+def _cells(x: float, w: float, top: float, n: int, cell: int, gap: int,
+           per_row: int) -> list[tuple[float, float]]:
+    """The corners of ``n`` square cells in rows of ``per_row``, centred in ``[x, x + w]``."""
+    x0 = x + (w - (min(n, per_row) * (cell + gap) - gap)) / 2
+    return [(x0 + (i % per_row) * (cell + gap), top + (i // per_row) * (cell + gap))
+            for i in range(n)]
+
+
 def _queue(x: float, w: float, s: Mapping[str, Any]) -> list[str]:
     level, size = queue_figures(s)["learner_queue"]
     frac = fraction(level, size)
@@ -180,19 +184,13 @@ def _queue(x: float, w: float, s: Mapping[str, Any]) -> list[str]:
     out = [_text(x + w / 2, BOX_Y + 62, f"{level:.0f} / {size:.0f}", size=22, weight="bold",
                  cls="impala-learner-queue"),
            _text(x + w / 2, BOX_Y + 82, "train batches waiting", color="#444")]
-    n, per_row = int(size), 8
-    if 0 < n <= 24:  # one cell per queue slot, filled up to the queue's length
-        cell, gap = 15, 3
-        row_w = min(n, per_row) * (cell + gap) - gap
-        x0 = x + (w - row_w) / 2
-        for i in range(n):
-            cx = x0 + (i % per_row) * (cell + gap)
-            cy = BOX_Y + 94 + (i // per_row) * (cell + gap)
-            fill = _fill_color(frac) if i < level else "#eeeeee"
-            out.append(f'<rect x="{cx:.1f}" y="{cy}" width="{cell}" height="{cell}" rx="2" '
+    if 0 < size <= 24:  # one cell per queue slot, filled up to the queue's length
+        for i, (cx, cy) in enumerate(_cells(x, w, BOX_Y + 94, int(size), 15, 3, 8)):
+            fill = gauge_color("learner_queue", frac) if i < level else "#eeeeee"
+            out.append(f'<rect x="{cx:.1f}" y="{cy}" width="15" height="15" rx="2" '
                        f'fill="{fill}" stroke="#999" stroke-width="0.8"/>')
     else:
-        out.append(_bar(x + 12, BOX_Y + 100, w - 24, frac, _fill_color(frac),
+        out.append(_bar(x + 12, BOX_Y + 100, w - 24, frac, gauge_color("learner_queue", frac),
                         "impala-learner-queue-bar"))
     out.append(_text(x + w / 2, BOX_Y + BOX_H - 10, f"mean {fmt_float(mean, 2)} (last 50)",
                      color="#444"))
@@ -204,17 +202,12 @@ def _ring(x: float, w: float, color: str, s: Mapping[str, Any]) -> list[str]:
     slots = p.get("minibatch_slots") or []
     out = []
     if 0 < len(slots) <= 8:
-        cell, gap, per_row = 28, 6, 4
-        row_w = min(len(slots), per_row) * (cell + gap) - gap
-        x0 = x + (w - row_w) / 2
-        for i, (occupied, ttl) in enumerate(slots):
-            cx = x0 + (i % per_row) * (cell + gap)
-            cy = BOX_Y + 44 + (i // per_row) * (cell + gap)
+        corners = _cells(x, w, BOX_Y + 44, len(slots), 28, 6, 4)
+        for (occupied, ttl), (cx, cy) in zip(slots, corners):
             fill = "#e8d9c8" if occupied else "#ffffff"
-            out.append(f'<rect class="impala-slot" x="{cx:.1f}" y="{cy}" width="{cell}" '
-                       f'height="{cell}" rx="4" fill="{fill}" stroke="{color}" '
-                       f'stroke-width="2"/>')
-            out.append(_text(cx + cell / 2, cy + 19, str(ttl) if occupied else "·", size=14,
+            out.append(f'<rect class="impala-slot" x="{cx:.1f}" y="{cy}" width="28" '
+                       f'height="28" rx="4" fill="{fill}" stroke="{color}" stroke-width="2"/>')
+            out.append(_text(cx + 14, cy + 19, str(ttl) if occupied else "·", size=14,
                              weight="bold", color=color))
     else:
         used = sum(1 for occupied, _ in slots if occupied)

@@ -5,17 +5,12 @@
     board.show()                      # widgets in this cell; a poller keeps them moving
     impala.start(max_seconds=120)     # trains in the background: the cell returns
 
-Top to bottom: status, learning-health badge, headline cards (two more for a Box-action run:
-the policy's action mean and std), the pipeline diagram, queue gauges with a bottleneck hint,
-buttons and live knobs, plots over time, the frame strip, the timing bars and the policy-lag
-histogram. The HTML lives in `markup`, sliders and buttons in `controls`, the plot schedule in
-`plot_schedule`, the widgets' places in `layout`; this class keeps them in step with the run.
-
+The widgets and their places are in `layout`, their HTML in `markup`, sliders and buttons in
+`controls`, the plot schedule in `plot_schedule`; this class keeps them in step with the run.
 A daemon poller reads ``impala.stats()`` at ``poll_hz`` and sets the widgets inside
 ``hold_sync()``; it never prints or enters an ``Output`` context (ipykernel routes a thread's
 output badly). ``refresh()`` does one update in the calling thread (step-through cells, tests).
-The dashboard only reads the run (``stats()``, ``history``, ``knob_changes``,
-``latest_frames()``, its spaces) and calls ``start/pause/stop/set_knobs``. It holds the run
+The dashboard only reads the run and calls ``start/pause/stop/set_knobs``. It holds the run
 weakly, so re-running a cell lets the old run be collected: keep your own reference.
 
 Under a blocking ``train(..., dashboard=True)`` the kernel takes no clicks until the cell
@@ -105,7 +100,6 @@ class Dashboard(DashboardWidgets):
         env_id = getattr(config, "env_id", None) or "env"
         self.title = f"IMPALA · {env_id}"
         self.blocking_train = False
-        self.last_stats: dict[str, Any] | None = None
         self._lock = threading.RLock()
         self._replay_off = False
         self._lr_scheduled = False
@@ -265,7 +259,6 @@ class Dashboard(DashboardWidgets):
 
     def _apply(self, s: Mapping[str, Any], run: Any) -> None:
         """Set every widget from one snapshot, each widget's changes in one message."""
-        self.last_stats = dict(s)
         state = self._state(run)
         widgets = [self.header, self.health, self.diagram, self.timing, self.hint, self.message,
                    self.knob_log, self.lag_histogram, self.frame_caption, self.frame_strip,

@@ -13,11 +13,8 @@ The turn, in `DriverLoop.step`::
         send_weights_and_request(worker)              # its weights, one more request
     learner.drain_trained(): the env steps the learner trained on since the last turn
 
-A turn reads the ``config`` and the ``replay`` mixer, reaches the learner only through its
-``learner`` port (`impala_lab.learner.port.LearnerPort`) and counts into ``run_stats``; the
-five calls above reach the workers through ``actors`` (task pool, supervisor, backend). The
-learner owns the weights-updated flag: the loop takes it (read and clear in one locked step)
-only once the interval is reached, so a take never wastes an update.
+The learner owns the weights-updated flag: the loop takes it (read and clear in one locked
+step) only once the interval is reached, so a take never wastes an update.
 
 The loop's state between turns is four public attributes (``batch_buffer``,
 ``batch_buffer_steps``, ``num_sent``, ``weights_ref``); everything a turn does to the world
@@ -54,17 +51,14 @@ class DriverLoop:
     """The driver's loop: its state between turns and the calls a turn makes.
 
     Args:
-      config: the run's `ImpalaConfig`; a turn reads ``train_batch_size``,
-        ``broadcast_interval`` (a live knob: the run hands in each new config),
-        ``max_sample_requests_in_flight_per_worker`` and ``learner_queue_size``.
+      config: the run's `ImpalaConfig` (the run hands in a new one when a knob changes).
       replay: the `ReplayMixer`.
       learner: the `LearnerPort`: the only way the loop reaches the learner (None until the
         learner is built: `Impala` starts the workers first, with `start`).
       run_stats: the run's `RunStats` (counters and timers).
-      actors: the `Actors` (task pool, supervisor, backend) that the library's methods below
-        use; a stand-in that overrides those methods leaves it None.
-      frames: a `LatestFrames` that `completed_samples` shows every new batch (the
-        dashboard's frame strip), or None.
+      actors: the `Actors` (task pool, supervisor, backend) that the methods below use; a
+        stand-in that overrides them leaves it None.
+      frames: a `LatestFrames` (the dashboard's frame strip) shown every new batch, or None.
 
     Attributes:
       batch_buffer: the batches (new and replayed) waiting to become a train batch.

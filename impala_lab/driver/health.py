@@ -11,17 +11,11 @@ failed episode spikes it thousands of times without harm, whereas a spike that w
 policy takes the return down and it stays down. A pipeline flag (starved, overfed) must hold
 for `PIPELINE_PERSIST_S`: on a shared machine a healthy run's learner may wait a report or two.
 
-`HealthMonitor.check` returns ``stats()["health"]``::
-
-    {"status": "ok" | "warning",
-     "flags": [{"code": "entropy_collapsed", "since_s": 41.3, "message": "..."}],
-     "seen": {"entropy_collapsed": {"first_s": 41.3, "last_s": 60.2, "times": 1,
-                                    "message": "the first message"}},
-     "num_updates_skipped": 0}
-
-Times are the run's seconds (``time_total_s``). Pure Python: the learner thread calls
-`observe_learner_step` every train step, so it appends to bounded deques and refreshes the
-medians every `MEDIAN_REFRESH_STEPS` steps.
+`HealthMonitor.check` returns ``stats()["health"]``: ``status`` ("ok" or "warning"), the
+active ``flags`` (``code``, ``message``, ``since_s``), every code ``seen`` so far (``first_s``,
+``last_s``, ``times``, its first ``message``) and ``num_updates_skipped``; times are the run's
+seconds. The learner thread calls `observe_learner_step` every train step, so it only appends
+to bounded deques and refreshes the medians every few steps.
 """
 
 from __future__ import annotations
@@ -119,22 +113,19 @@ class _Series:
         """The spikes of the last `SPIKE_HOLD_S` seconds, oldest first."""
         return [spike for spike in self.spikes if now - spike[0] <= SPIKE_HOLD_S]
 
-    def push(self, value: float, now: float) -> bool:
-        """Add one step's value; True if it is a spike against the previous steps."""
-        spike = False
+    def push(self, value: float, now: float) -> None:
+        """Add one step's value, noting a spike against the previous steps."""
         if not math.isfinite(value):
-            return False
+            return
         if (len(self.values) >= SPIKE_MIN_STEPS and self.median > 0
                 and value >= SPIKE_RATIO * self.median):
             self.num_spikes += 1
             self.spikes.append((now, value, self.median, self.num_spikes))
-            spike = True
         self.values.append(value)
         self.until_refresh -= 1
         if self.until_refresh <= 0 or len(self.values) <= SPIKE_MIN_STEPS:
             self.median = statistics.median(self.values)
             self.until_refresh = MEDIAN_REFRESH_STEPS
-        return spike
 
 
 class HealthMonitor:

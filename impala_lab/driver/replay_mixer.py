@@ -134,11 +134,7 @@ class ReplayMixer:
 
         A replayed batch is never stored again. ``worker is None`` tells the driver that the
         batch is a replay: it trains on it but does not count it as sampled nor send that
-        worker a new request.
-
-        Args:
-          pairs: ``(worker, batch)`` of new batches, e.g. from
-            `SampleTaskPool.completed_prefetch`; a batch needs a ``count`` attribute.
+        worker a new request. ``pairs`` come from `SampleTaskPool.completed_prefetch`.
         """
         for worker, batch in pairs:
             yield worker, batch

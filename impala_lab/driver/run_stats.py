@@ -37,8 +37,8 @@ LAG_WINDOW = 1000
 
 
 def lag_counts(lags: Any) -> dict[str, int]:
-    """How many of ``lags`` (ints) have each value: ``{"3": 10, "4": 2}``, sorted by lag
-    (string keys, as JSON writes them)."""
+    """How many of ``lags`` (ints) have each value, by lag, keyed as JSON writes them:
+    ``{"3": 10, "4": 2}``."""
     values, counts = np.unique(np.asarray(list(lags), dtype=np.int64), return_counts=True)
     return {str(int(v)): int(c) for v, c in zip(values, counts, strict=True)}
 

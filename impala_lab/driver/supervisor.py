@@ -31,12 +31,8 @@ logger = logging.getLogger("impala_lab")
 
 
 class WorkerSupervisor:
-    """Starts, watches and replaces the run's workers.
-
-    Args:
-      config: the run's `ImpalaConfig`.
-      backend: where workers live (``make_worker``, ``stop_worker``).
-      tasks: the `SampleTaskPool` of sample requests in flight.
+    """Starts, watches and replaces the run's workers (on ``backend``; their requests in
+    flight are in ``tasks``, the `SampleTaskPool`).
 
     Attributes:
       workers: the live worker handles, in start order.
@@ -81,10 +77,8 @@ class WorkerSupervisor:
     # ------------------------------------------------------------------ failures
     def replace(self, err: WorkerError) -> WorkerHandle:
         """End the worker ``err`` names and start its replacement (requests: the caller's).
-
-        Raises ``err`` with ``restart_failed_workers=False``, and an `ImpalaError` (caused by
-        ``err``) once the failures come back too often to be worth another restart.
-        """
+        Raises ``err`` with ``restart_failed_workers=False``, and an `ImpalaError` once the
+        failures come back too often to be worth another restart."""
         self.num_worker_failures += 1
         self._failures_in_a_row += 1
         for worker in [w for w in self.workers if w.index == err.worker_index]:
@@ -125,9 +119,8 @@ class WorkerSupervisor:
             ) from err
 
     def count_repeats(self, err: WorkerError) -> int:
-        """How often this failure (env, first line of the worker's message with its numbers
-        blanked) happened within the last `REPEATED_FAILURE_WINDOW_S` seconds, this one
-        included."""
+        """How often this failure (env, message with its numbers blanked) happened within
+        `REPEATED_FAILURE_WINDOW_S`, this one included."""
         key = (err.env_id, _NUMBERS.sub("#", err.message))
         times = self._repeated_failures.setdefault(key, deque())
         now = time.monotonic()

@@ -20,11 +20,9 @@ from typing import Any, Protocol, runtime_checkable
 
 @runtime_checkable
 class SampleFuture(Protocol):
-    """What a backend returns for one sample request.
-
-    A future may also carry ``completion_time`` (float seconds on one clock shared by the
-    backend's futures, ``None`` until done): the pool then hands futures back in that order.
-    """
+    """What a backend returns for one sample request. A future may also carry
+    ``completion_time`` (seconds on the backend's clock, None until done): the pool then
+    hands futures back in that order."""
 
     def done(self) -> bool:
         """True once the result (or the worker's error) is available; never blocks."""
