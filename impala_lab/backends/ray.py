@@ -9,7 +9,7 @@ order, so ``set_weights`` applies before the next ``sample``. Ray is imported on
 Which Ray: ``config.ray_address`` joins that cluster (`ray_cluster.join_cluster`; never shut
 down here); a Ray already initialized in this process is used as it is; otherwise a private
 local Ray starts with the machine's CPUs, no dashboard, every server on loopback
-(`ray_cluster.local_only_mode`), and ends with `RayBackend.shutdown`. Inside a Jupyter kernel
+(`ray_cluster.start_local`), and ends with `RayBackend.shutdown`. Inside a Jupyter kernel
 the actors' output stays in Ray's log files (Ray's streaming thread would write into whichever
 cell runs); errors reach the driver as `WorkerError` with the actor's traceback either way.
 
@@ -35,7 +35,7 @@ from impala_lab.backends.ray_cluster import (
     FREE_CPU_WAIT_S,
     free_cpus,
     join_cluster,
-    local_only_mode,
+    start_local,
 )
 from impala_lab.backends.worker_info import describe_env, pickled_env, worker_info
 from impala_lab.config import ImpalaConfig
@@ -194,30 +194,19 @@ class RayBackend(Backend):
         self._ray = ray
         self.handles: list[RayWorkerHandle] = []
         self._closed = False
-        self.started_ray = False
-        joined = False
-        if not ray.is_initialized():
+        self.started_ray = False  # a local Ray of its own, shut down with this backend
+        initialized_here = not ray.is_initialized()
+        if initialized_here:
             kwargs = self.init_kwargs(config, ray_init_kwargs)
             if config.ray_address:
                 join_cluster(ray, kwargs)
-                joined = True
             else:
-                # Ray's notice that token authentication is on (a ~/.ray/auth_token exists)
-                # is about clusters; this private local Ray listens on loopback only.
-                token_log = logging.getLogger(
-                    "ray._private.authentication.authentication_token_setup")
-                level = token_log.level
-                token_log.setLevel(logging.ERROR)
-                try:
-                    with local_only_mode(ray):
-                        ray.init(**kwargs)
-                finally:
-                    token_log.setLevel(level)
+                start_local(ray, kwargs)
                 self.started_ray = True
         try:
             cpus = free_cpus(ray, config, FREE_CPU_WAIT_S)
         except ConfigError:
-            if joined or self.started_ray:
+            if initialized_here:
                 ray.shutdown()  # leaves a joined cluster running
             raise
         self.cpus_per_actor = max(0.01, min(1.0, int(1e4 * cpus / config.num_workers) / 1e4))

@@ -25,11 +25,6 @@ def png_bytes(rgb: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-def encode_png(canvas: FigureCanvasAgg) -> bytes:
-    """The canvas as PNG bytes (RGB)."""
-    return png_bytes(np.asarray(canvas.buffer_rgba())[..., :3])
-
-
 class LiveFigure:
     """A view drawn again and again from growing data, cheaply (for the dashboard).
 
@@ -71,7 +66,7 @@ class LiveFigure:
             for artist in panel.artists:
                 panel.ax.draw_artist(artist)
         self.renders += 1
-        return encode_png(self.canvas)
+        return png_bytes(np.asarray(self.canvas.buffer_rgba())[..., :3])
 
 
 # ---------------------------------------------------------------------- the plot process

@@ -21,11 +21,8 @@ IN_THREAD_BUDGET = 0.03
 PLOT_BURST_S = 1.0  # CPU seconds the plots may spend at once (see allowed)
 
 
-def interval_units(view: str) -> float:
-    """A view's interval in units of the scheduler's ``interval``: headline plots first."""
-    if view in ("throughput", "return"):
-        return 1.0
-    return 2.0 if view == "queues" else 3.0
+#: A view's interval in units of the scheduler's ``interval`` (the learner's axes: 3).
+INTERVAL_UNITS = {"throughput": 1.0, "return": 1.0, "queues": 2.0}
 
 
 class PlotScheduler:
@@ -74,7 +71,8 @@ class PlotScheduler:
 
     def most_overdue(self, due: list[str], now: float) -> str | None:
         """The due view longest past its interval; None if none is past it yet."""
-        overdue = {v: (now - self._last[v]) / (self.interval * interval_units(v)) for v in due}
+        overdue = {v: (now - self._last[v]) / (self.interval * INTERVAL_UNITS.get(v, 3.0))
+                   for v in due}
         view = max(overdue, key=overdue.get) if overdue else None
         return view if view is not None and overdue[view] >= 1 else None
 

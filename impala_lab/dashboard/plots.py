@@ -226,7 +226,6 @@ class TimingPanel:
         self.ax: Axes | None = None
         self.bars: list[Any] = []
         self.texts: list[Any] = []
-        self._xmax: float | None = None
 
     @property
     def keys(self) -> list[str]:
@@ -257,17 +256,13 @@ class TimingPanel:
             col = cols.get(key)
             finite = col[np.isfinite(col)] if col is not None else np.array([])
             values.append(float(finite[-1]) if len(finite) else 0.0)
-        top = max(values) if values else 0.0
-        changed = False
-        if self._xmax is None or top > self._xmax or top < 0.25 * self._xmax:
-            self._xmax = nice_ceil(max(top * 1.3, 1.0))
-            self.ax.set_xlim(0, self._xmax)
-            changed = True
+        xmax = nice_ceil(max(max(values, default=0.0) * 1.3, 1.0))
+        self.ax.set_xlim(0, xmax)
         for bar, text, v in zip(self.bars, self.texts, values):
             bar.set_width(v)
-            text.set_position((v + self._xmax * 0.01, text.get_position()[1]))
+            text.set_position((v + xmax * 0.01, text.get_position()[1]))
             text.set_text(f"{v:.3g}")
-        return changed
+        return True  # drawn statically (report.png): no blitting to spare
 
 
 LEARNER_PARTS = ("losses", "entropy", "grad_norm", "rho")
