@@ -174,23 +174,18 @@ def run_study(settings: StudySettings, directory: str | Path,
     todo = _runs(settings, seeds)
     paths = [directory / f"{_name(run)}.json" for run in todo]
     records: dict[int, dict[str, Any]] = {}
-    done = 0
 
     def finished(i: int, record: dict[str, Any]) -> None:
-        nonlocal done
         records[i] = record
-        done += 1
         if progress:
-            progress(f"[{done}/{len(todo)}] {_name(todo[i])}: final return "
+            progress(f"[{len(records)}/{len(todo)}] {_name(todo[i])}: final return "
                      f"{record['final_return']:.1f}, lag at training "
                      f"{record['policy_lag_at_training']}, {record['seconds']} s")
 
-    missing = []
     for i, path in enumerate(paths):
         if path.exists():
             finished(i, json.loads(path.read_text()))
-        else:
-            missing.append(i)
+    missing = [i for i in range(len(todo)) if i not in records]
     if jobs == 1:
         for i in missing:
             finished(i, _run_and_save(settings, todo[i], paths[i]))
