@@ -1,10 +1,8 @@
 """Where rollout workers live: ``inline`` (the driver's process), ``process`` (spawned
 processes, the default) or ``ray`` (Ray actors).
 
-`BACKENDS` is the one registry of backend names; `make_backend` builds the one named by
-``config.backend``. A backend's module is imported on first use of its name, so importing
-this package imports neither Ray nor TensorFlow, and `impala_lab.backends.base` (which every
-backend imports) imports none of them.
+`make_backend` builds the one ``config.backend`` names in `BACKENDS`; a backend's module is
+imported on first use, so importing this package imports neither Ray nor TensorFlow.
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
 """What a backend provides: where rollout workers live and how the driver talks to them.
 
-The driver (`impala_lab.driver.impala.Impala`) only ever uses this interface, so the same loop runs
-with workers in its own process (``inline``), in spawned processes (``process``) or as Ray
-actors (``ray``).
-
-A worker handle turns each call into a message: ``sample()`` returns a future (the
-`impala_lab.driver.task_pool.SampleFuture` protocol) and ``set_weights(ref)`` is applied by the
-worker
-before its next sample, in order. ``put_weights`` is called once per broadcast and returns a
-reference that every worker can read (a shared-memory block, a Ray object ref, or the arrays
-themselves inline), so weights move once per broadcast, not once per request.
+The driver uses only this interface, so the same loop runs with workers in its own process
+(``inline``), in spawned processes (``process``) or as Ray actors (``ray``). A handle turns
+each call into a message: ``sample()`` returns a future (`SampleFuture`), ``set_weights(ref)``
+applies before the worker's next sample. ``put_weights`` publishes once per broadcast a
+reference every worker can read (a shared-memory block, a Ray object ref, the arrays inline),
+so weights move once per broadcast, not once per request.
 """
 
 from __future__ import annotations
@@ -54,8 +50,7 @@ class Backend(abc.ABC):
         self.env = config.env  # a gymnasium env id or a zero-argument env factory
 
     def worker_kwargs(self, index: int) -> dict[str, Any]:
-        """Arguments of `impala_lab.actor.make_rollout_worker` for worker ``index`` (seeded
-        from config.seed, index)."""
+        """`impala_lab.actor.make_rollout_worker`'s arguments for worker ``index``."""
         c = self.config
         vector_env: Any = False
         if c.vector_env:  # CartPole's vector env, adapted to reset in the ending step
@@ -97,9 +92,8 @@ class Backend(abc.ABC):
 
 
 def pid_exists(pid: int) -> bool:
-    """Whether a process with this pid exists (this process's own pid counts; another user's
-    too). Checkpoint temp directories and shared-memory blocks carry their writer's pid: a
-    pid that is gone marks them as left behind by a killed run."""
+    """Whether a process with this pid exists (ours and another user's count): a checkpoint
+    temp folder or shared-memory block whose writer's pid is gone was left by a killed run."""
     if pid == os.getpid():
         return True
     try:

@@ -1,8 +1,6 @@
-"""Workers that live in the caller's process: every stage can be inspected between calls.
-
-A sample request runs at once, inside ``sample()``, so after ``impala.step()`` a notebook can
-look at the worker, its envs and the batch it returned. Nothing runs in parallel: this backend
-is for stepping through and for tests, not for speed.
+"""Workers in the caller's process, for stepping through and tests: a sample request runs at
+once, inside ``sample()``, so after ``impala.step()`` a notebook can look at the worker, its
+envs and the batch it returned.
 """
 
 from __future__ import annotations

@@ -1,21 +1,15 @@
 """The driver's side of one worker process: its pipe, its queue of requests, its state.
 
-A `ProcessWorkerHandle` sends commands (see `impala_lab.backends.worker_process`), keeps the
-futures of the requests the worker still owes in request order, and completes them as the
-answers arrive (`ProcessWorkerHandle.drain`) or fails them all when the worker ends
-(`ProcessWorkerHandle.on_exit`). `ProcessBackend` decides when to read which pipe and when to
-stop a worker; it never touches a handle's queue or state directly.
+A `ProcessWorkerHandle` sends commands (`impala_lab.backends.worker_process`), keeps the
+futures of the requests the worker owes in request order, completes them as answers arrive
+(`drain`) and fails them all when the worker ends (`on_exit`). `ProcessBackend` decides when to
+read which pipe and when to stop a worker; ``ProcessFuture.result()`` blocks in the backend's
+wait, handed in as a callable, so this module never imports the backend.
 
-Only the backend completes a future: a handle completes one while the backend reads its pipe
-(`impala_lab.backends.process.ProcessBackend.wait`), and ``ProcessFuture.result()`` on a
-pending future blocks in the backend's own wait, which the backend hands each handle as a
-callable when it starts the worker. This module never imports the backend module.
-
-Threads: the driver's thread reads and writes the pipes; a shutdown at interpreter exit may
-stop the workers from the main thread meanwhile. The handle's state changes under the
-backend's lock, and every use of the pipe, its close included, under the handle's own pipe
-lock (a ``multiprocess`` connection closed by one thread while another reads it fails with
-a TypeError from deep inside).
+Threads: a shutdown at interpreter exit may stop workers from the main thread while the
+driver's thread uses the pipes. The handle's state changes under the backend's lock, and every
+use of the pipe, its close included, under the handle's pipe lock (a ``multiprocess``
+connection closed while another thread reads it fails with a TypeError from deep inside).
 """
 
 from __future__ import annotations
@@ -47,17 +41,13 @@ PIPE_GONE = (EOFError, OSError)
 
 
 class ProcessFuture:
-    """One request to a worker process (the `SampleFuture` protocol).
-
-    Completed while the backend reads the worker's pipe (its ``wait``, or ``result()``, which
-    blocks in ``wait_until_done``) when the worker answers or dies; ``completion_time`` is the
-    ``time.monotonic()`` at which the driver received the answer.
+    """One request to a worker process (a `SampleFuture`), completed while the backend reads
+    the worker's pipe; ``completion_time``: when the driver received the answer.
 
     Args:
       handle: the worker asked.
       weight_blocks: the weights blocks named by ``set_weights`` before this request.
-      wait_until_done: the backend's blocking wait for one future (injected, so that this
-        module needs no backend).
+      wait_until_done: the backend's blocking wait for one future.
     """
 
     __slots__ = ("_done", "_error", "_value", "_wait_until_done", "completion_time", "handle",
@@ -66,7 +56,7 @@ class ProcessFuture:
     def __init__(self, handle: ProcessWorkerHandle, weight_blocks: list[str],
                  wait_until_done: Callable[[ProcessFuture], None]) -> None:
         self.handle = handle
-        self.weight_blocks = weight_blocks  # blocks named by set_weights before this request
+        self.weight_blocks = weight_blocks
         self._wait_until_done = wait_until_done
         self._done = False
         self._value: Any = None
@@ -96,15 +86,8 @@ class ProcessFuture:
 
 
 class ProcessWorkerHandle(WorkerHandle):
-    """The driver's side of one worker process.
-
-    Attributes:
-      index: the worker's index in the run.
-      pid: the worker's process id.
-      exitcode: the process's exit code once it ended (-N: killed by signal N); None before.
-      env_id: the env's name (the id, or the factory's ``__qualname__``).
-      process: the ``multiprocess`` Process.
-      conn: the driver's end of the pipe.
+    """The driver's side of one worker process (``process``, a ``multiprocess`` Process, and
+    ``conn``, the driver's end of its pipe); ``exitcode`` once it ended (-N: signal N).
 
     Args (besides those attributes):
       lock: the backend's lock; it guards this handle's request queue and state.
@@ -121,7 +104,6 @@ class ProcessWorkerHandle(WorkerHandle):
         self.exitcode: int | None = None
         self.conn = conn
         self.env_id = env_id
-        self.started_at = time.monotonic()
         self._lock = lock  # guards the state below
         self._blocks = blocks
         self._wait_until_done = wait_until_done
@@ -141,8 +123,7 @@ class ProcessWorkerHandle(WorkerHandle):
         return self._request(("sample",))
 
     def info(self) -> ProcessFuture:
-        """Queues a request for the worker's state (`impala_lab.backends.worker_info.worker_info`'s
-        dict), answered after the queued samples."""
+        """Queues a request for the worker's `worker_info`, answered after the queued samples."""
         return self._request(("info",))
 
     def set_weights(self, weights_ref: Any) -> None:
@@ -297,10 +278,9 @@ class ProcessWorkerHandle(WorkerHandle):
         return self._alive and self.process.is_alive()
 
     def waitables(self) -> list[int]:
-        """The file descriptors of the pipe and the process sentinel, for
+        """The pipe's and the process sentinel's file descriptors, for
         ``multiprocess.connection.wait``; empty once the worker ended. Call under the
-        backend's lock: a worker is marked ended under it before its pipe and process are
-        closed. (A descriptor closed while the caller waits on it reads as ready.)"""
+        backend's lock, under which a worker is marked ended before its pipe is closed."""
         return [self.conn.fileno(), self.process.sentinel] if self._alive else []
 
     def describe(self) -> str:
@@ -327,9 +307,8 @@ class ProcessWorkerHandle(WorkerHandle):
 
 
 def _unguarded_main_hint() -> str:
-    """Why a worker may die while starting: spawn runs the driver's script again in the
-    worker, and a script that builds the run at top level tries to start workers from there
-    (multiprocess refuses). Said only if the script has no ``__main__`` guard."""
+    """Why a worker may die while starting, if the driver's script has no ``__main__`` guard:
+    spawn runs the script again in the worker, which then tries to start workers itself."""
     main_file = getattr(sys.modules.get("__main__"), "__file__", None)
     if not main_file or not os.path.isfile(main_file):
         return ""  # a notebook, the REPL or python -c: nothing is re-run

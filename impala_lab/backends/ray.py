@@ -1,64 +1,21 @@
 """Rollout workers as Ray actors (the ``ray`` extra: ``pip install 'impala_lab[ray]'``).
 
-The same `RolloutWorker` as the other backends, wrapped in a Ray actor (numpy and gymnasium
-only: actors never import TensorFlow). A weights broadcast is one ``ray.put`` of
-``(weights, version)``; every ``set_weights`` passes that object ref, which Ray resolves in
-the actor (zero-copy from the node's object store), so weights move once per broadcast and
-node. A sample request is an actor task; Ray runs one caller's tasks on an actor in the
-order they were submitted, so ``set_weights`` applies before the next ``sample``.
-`RayBackend.wait` is ``ray.wait`` (blocking, no polling).
+The same `RolloutWorker` as the other backends, in a Ray actor (numpy and gymnasium only). A
+broadcast is one ``ray.put`` of ``(weights, version)`` whose object ref every ``set_weights``
+passes, so weights move once per broadcast and node; Ray runs one caller's tasks on an actor in
+order, so ``set_weights`` applies before the next ``sample``. Ray is imported only when a
+`RayBackend` is built.
 
-Ray itself is imported only when a `RayBackend` is built (`impala_lab.backends.make_backend`
-imports this module lazily), so the package works without Ray installed.
+Which Ray: ``config.ray_address`` joins that cluster (`ray_cluster.join_cluster`; never shut
+down here); a Ray already initialized in this process is used as it is; otherwise a private
+local Ray starts with the machine's CPUs, no dashboard, every server on loopback
+(`ray_cluster.start_local`), and ends with `RayBackend.shutdown`. Inside a Jupyter kernel
+the actors' output stays in Ray's log files (Ray's streaming thread would write into whichever
+cell runs); errors reach the driver as `WorkerError` with the actor's traceback either way.
 
-Starting Ray:
-
-- ``config.ray_address`` set: ``ray.init(address=config.ray_address)`` joins an existing
-  cluster; the backend never shuts that cluster down. A head that does not answer a TCP
-  connect within `JOIN_PROBE_TIMEOUT_S` is a `ConfigError` at once (``ray.init`` itself
-  retries such an address for many minutes); a cluster that refuses the driver (its token
-  authentication, see below) is a `ConfigError` naming the address and ``RAY_AUTH_MODE``
-  after Ray's 20 s of retries.
-- Ray already initialized in this process (e.g. by the notebook): the backend uses it and
-  leaves it running.
-- Otherwise a private local Ray starts (``address="local"``, also where a ``ray start``
-  cluster runs on this machine) with the machine's CPUs, no dashboard, and every
-  Ray server listening on loopback only. Ray 2.x turns ``_node_ip_address="127.0.0.1"`` into
-  the machine's primary address on Linux (``ray._private.services.resolve_ip_for_localhost``)
-  unless Ray runs in local-only mode, which ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` selects
-  (the default on Windows and macOS); the backend sets that mode while ``ray.init`` starts
-  the local processes (they inherit it) and restores the driver's setting afterwards.
-  The actors get the directory holding ``impala_lab`` on their path
-  (``JobConfig(code_search_path=...)``), so a source checkout works without installing.
-  `RayBackend.shutdown` shuts this Ray down again.
-
-Worker output (``print`` in an env, warnings) is streamed to the driver's terminal
-(``log_to_driver=True``), except inside a Jupyter kernel, where Ray's streaming thread
-would write into whichever cell runs; there it stays in Ray's log files
-(``/tmp/ray/session_latest/logs``). Errors never depend on it: an env that raises reaches
-the driver as `WorkerError` with the actor's traceback.
-
-Each actor asks for ``min(1, free CPUs / num_workers)`` CPUs, so ``num_workers`` above the
-CPU count shares the CPUs (as processes would) instead of leaving actors unscheduled; a
-cluster with no free CPU (other jobs hold them all) is a `ConfigError` after
-`FREE_CPU_WAIT_S`, not a hang. Actors are spread over the nodes (``scheduling_strategy=
-"SPREAD"``), so every node samples and a lost node takes only its share of the workers.
-
-Running on a Ray cluster (docs/training.md's "Where the workers live" has the details;
-``tests/test_ray_cluster.py`` runs these steps)::
-
-    # every node and the driver: the same Python, Ray, impala_lab and gymnasium, and
-    # (Ray >= 2.52; older Ray has no token authentication, skip these two)
-    export RAY_AUTH_MODE=token         # the cluster's token in ~/.ray/auth_token
-    ray get-auth-token --generate      # on the head, once; copy ~/.ray/auth_token to the others
-    ray start --head --port=6379       # on the head node
-    ray start --address=<head>:6379    # on each other node
-    impala-lab train --backend ray --ray-address <head>:6379
-
-From Python: ``Impala(ImpalaConfig(backend="ray", ray_address="<head>:6379"))``. The env
-factory travels to the actors with cloudpickle: a factory defined in a notebook is carried
-by value, but the modules it imports must be installed on every node. `RayBackend.
-worker_pids` gives the actors' process ids on their nodes (local ones only on one machine).
+Each actor asks for ``min(1, free CPUs / num_workers)`` CPUs (more workers than CPUs share
+them, as processes would), spread over the nodes. docs/training.md, "A Ray cluster", has the
+cluster's setup.
 """
 
 from __future__ import annotations
@@ -78,7 +35,7 @@ from impala_lab.backends.ray_cluster import (
     FREE_CPU_WAIT_S,
     free_cpus,
     join_cluster,
-    local_only_mode,
+    start_local,
 )
 from impala_lab.backends.worker_info import describe_env, pickled_env, worker_info
 from impala_lab.config import ImpalaConfig
@@ -123,8 +80,7 @@ class RolloutActor:
 
 
 class RayFuture:
-    """One actor task (the `SampleFuture` protocol); ``completion_time`` is when the driver
-    first saw it done."""
+    """One actor task (a `SampleFuture`); ``completion_time``: when the driver saw it done."""
 
     __slots__ = ("_done", "completion_time", "handle", "ref", "seq")
 
@@ -178,13 +134,7 @@ class RayFuture:
 
 
 class RayWorkerHandle(WorkerHandle):
-    """The driver's side of one worker actor.
-
-    Attributes:
-      index: the worker's index in the run.
-      env_id: the env's name (the id, or the factory's ``__qualname__``).
-      actor: the Ray actor handle.
-    """
+    """The driver's side of one worker actor (``actor``: its Ray handle)."""
 
     def __init__(self, backend: RayBackend, index: int, actor: Any, env_id: str) -> None:
         self._backend = backend
@@ -203,9 +153,7 @@ class RayWorkerHandle(WorkerHandle):
         return RayFuture(self.actor.sample.remote(), self)
 
     def info(self) -> RayFuture:
-        """Submits a task returning the actor's state:
-        `impala_lab.backends.worker_info.worker_info`'s
-        dict and the ``node_id`` of the node it runs on."""
+        """Submits a task returning the actor's `worker_info` and its node's ``node_id``."""
         return RayFuture(self.actor.info.remote(), self)
 
     def set_weights(self, weights_ref: Any) -> None:
@@ -234,16 +182,8 @@ class RayWorkerHandle(WorkerHandle):
 
 
 class RayBackend(Backend):
-    """Rollout workers as Ray actors (see the module docstring).
-
-    Args:
-      config: the run's config; ``config.ray_address`` picks the cluster.
-      ray_init_kwargs: extra ``ray.init`` arguments for a Ray this backend starts (e.g.
-        ``{"num_cpus": 2}``), overriding the defaults of `init_kwargs`.
-
-    Raises:
-      ImportError: if Ray is not installed (naming the ``ray`` extra).
-    """
+    """Rollout workers as Ray actors (see the module docstring); ``ray_init_kwargs`` override
+    `init_kwargs` for a Ray this backend starts. Without Ray installed: ImportError."""
 
     name = "ray"
 
@@ -254,30 +194,19 @@ class RayBackend(Backend):
         self._ray = ray
         self.handles: list[RayWorkerHandle] = []
         self._closed = False
-        self.started_ray = False
-        joined = False
-        if not ray.is_initialized():
+        self.started_ray = False  # a local Ray of its own, shut down with this backend
+        initialized_here = not ray.is_initialized()
+        if initialized_here:
             kwargs = self.init_kwargs(config, ray_init_kwargs)
             if config.ray_address:
                 join_cluster(ray, kwargs)
-                joined = True
             else:
-                # Ray's notice that token authentication is on (a ~/.ray/auth_token exists)
-                # is about clusters; this private local Ray listens on loopback only.
-                token_log = logging.getLogger(
-                    "ray._private.authentication.authentication_token_setup")
-                level = token_log.level
-                token_log.setLevel(logging.ERROR)
-                try:
-                    with local_only_mode(ray):
-                        ray.init(**kwargs)
-                finally:
-                    token_log.setLevel(level)
+                start_local(ray, kwargs)
                 self.started_ray = True
         try:
             cpus = free_cpus(ray, config, FREE_CPU_WAIT_S)
         except ConfigError:
-            if joined or self.started_ray:
+            if initialized_here:
                 ray.shutdown()  # leaves a joined cluster running
             raise
         self.cpus_per_actor = max(0.01, min(1.0, int(1e4 * cpus / config.num_workers) / 1e4))
@@ -359,9 +288,9 @@ class RayBackend(Backend):
         return [f for f in futures if f._done]
 
     def check_raylet(self, why: str) -> None:
-        """Raises `ClusterLostError` when this driver's raylet no longer accepts a connection
-        on its socket: the node under the driver is gone, and no actor can be replaced.
-        ``why`` is Ray's report of the actor's death, quoted in the error."""
+        """Raises `ClusterLostError` (quoting ``why``, Ray's report of an actor's death) when
+        this driver's raylet refuses its socket: the node under the driver is gone, and no
+        actor can be replaced."""
         node = getattr(self._ray._private.worker.global_worker, "node", None)
         path = getattr(node, "raylet_socket_name", None)
         if not isinstance(path, str) or not os.path.exists(path):

@@ -2,13 +2,13 @@
 
 `join_cluster` probes the address first (`probe`: a Ray head answers HTTP/2's preface with
 a SETTINGS frame, an HTTP server or a silent port does not) and turns Ray's failures into a
-`ConfigError` naming the address and the fix; `local_only_mode` keeps a Ray this process
-starts on loopback; `free_cpus` waits a little for a cluster with no free CPU, then says so.
+`ConfigError` naming the address and the fix; `start_local` starts a private Ray on loopback;
+`free_cpus` waits a little for a cluster with no free CPU, then says so.
 """
 
 from __future__ import annotations
 
-import contextlib
+import logging
 import os
 import socket
 import time
@@ -22,21 +22,26 @@ JOIN_PROBE_TIMEOUT_S = 5.0  # a TCP connect to ``ray_address`` before ray.init t
 FREE_CPU_WAIT_S = 10.0  # how long a cluster with no free CPU may take to free one
 
 
-@contextlib.contextmanager
-def local_only_mode(ray: Any):
-    """Ray's local-only mode while ``ray.init`` starts the local processes (see the module
-    docstring): they bind to loopback; the driver's setting is restored afterwards."""
+def start_local(ray: Any, kwargs: dict[str, Any]) -> None:
+    """``ray.init(**kwargs)`` of a private local Ray in Ray's local-only mode
+    (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, which its processes inherit: they bind to
+    loopback; without it Ray 2.x on Linux turns ``_node_ip_address="127.0.0.1"`` into the
+    machine's primary address). The driver's setting is restored afterwards, and Ray's notice
+    that token authentication is on (it is about clusters) is silenced meanwhile."""
     # The only way: Ray reads the switch into this private constant when it is imported, and
-    # no public option keeps a local Ray on loopback (Ray resolves 127.0.0.1 away on purpose).
+    # no public option keeps a local Ray on loopback.
     from ray._private import ray_constants
 
     saved_env = os.environ.get(_LOCAL_ONLY_ENV)
     saved_flag = getattr(ray_constants, "ENABLE_RAY_CLUSTER", None)
+    token_log = logging.getLogger("ray._private.authentication.authentication_token_setup")
+    saved_level = token_log.level
     os.environ[_LOCAL_ONLY_ENV] = "0"
     if saved_flag is not None:
         ray_constants.ENABLE_RAY_CLUSTER = False
+    token_log.setLevel(logging.ERROR)
     try:
-        yield
+        ray.init(**kwargs)
     finally:
         if saved_env is None:
             os.environ.pop(_LOCAL_ONLY_ENV, None)
@@ -44,6 +49,7 @@ def local_only_mode(ray: Any):
             os.environ[_LOCAL_ONLY_ENV] = saved_env
         if saved_flag is not None:
             ray_constants.ENABLE_RAY_CLUSTER = saved_flag
+        token_log.setLevel(saved_level)
 
 
 def join_cluster(ray: Any, kwargs: dict[str, Any]) -> None:
@@ -85,9 +91,8 @@ _HTTP2_SETTINGS = 4
 
 def probe(address: str, timeout: float) -> None:
     """Raises `ConfigError` unless a gRPC server (HTTP/2, as Ray's GCS) answers at
-    ``host:port`` within ``timeout`` seconds. ``ray.init`` retries an address that is not Ray
-    (an HTTP server, a database) for good, so this is checked first. Other address forms
-    ("auto", "ray://...") are left to Ray."""
+    ``host:port`` within ``timeout`` seconds: ``ray.init`` retries an address that is not Ray
+    for many minutes. Other forms ("auto", "ray://...") are left to Ray."""
     host, sep, port = address.rpartition(":")
     if not sep or not port.isdigit() or "/" in host:
         return

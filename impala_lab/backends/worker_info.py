@@ -1,13 +1,10 @@
 """What the process and Ray backends share: sending the env to another process, and a
 worker's report about itself.
 
-The env (an id, or a zero-argument factory) is pickled with cloudpickle (a gymnasium
-dependency), as Ray does: functions, lambdas and classes defined in a notebook or a script
-travel by value, with the variables and notebook-defined classes they use; functions and
-classes of importable modules travel by reference. Objects holding operating-system or
-C-extension state (locks, queues, files, sockets, ``sqlite3.Connection``, generators,
-``mmap``, ctypes pointers, SSL contexts, hash objects, weak references) cannot travel, so a
-factory holding one is refused with a ValueError before any worker starts.
+The env (an id, or a zero-argument factory) travels with cloudpickle, as with Ray: what a
+notebook or script defines travels by value, what a module defines by reference. A factory
+holding operating-system or C-extension state (a lock, file, socket, database connection,
+generator) cannot travel, and is refused with a ValueError before any worker starts.
 """
 
 from __future__ import annotations
@@ -37,15 +34,9 @@ def describe_env(env: Any) -> str:
 
 def pickled_env(env: Any, backend: str, destination: str, importable: str,
                 dumps: Callable[[Any], bytes] | None = None) -> bytes:
-    """``env`` pickled with cloudpickle, or a ValueError that says why it cannot travel.
-
-    Args:
-      env: a gymnasium env id or a zero-argument env factory.
-      backend: the backend's name, for the message (``"process"``, ``"ray"``).
-      destination: where the env goes, for the message (``"a worker process"``).
-      importable: where an importable factory must live (``"a .py file on sys.path"``).
-      dumps: the pickler (default: ``cloudpickle.dumps`` with protocol 5).
-    """
+    """``env`` pickled (by ``dumps``, default cloudpickle's), or a ValueError that says why it
+    cannot travel; ``backend``, ``destination`` (``"a worker process"``) and ``importable``
+    (where an importable factory must live) word the message."""
     if dumps is None:
         import cloudpickle
 
@@ -75,12 +66,8 @@ def rss_bytes() -> int | None:
 
 
 def worker_info(worker: Any) -> dict[str, Any]:
-    """What a worker reports about itself (a `RolloutWorker` in this process).
-
-    Keys: ``pid``, ``ppid``, ``index`` (the worker's index in the run), ``env_id``,
-    ``weights_version``, ``num_env_steps``, ``rss_bytes``, ``tensorflow_imported`` and
-    ``keras_imported`` (actors must import neither), ``sigint_ignored``.
-    """
+    """What a `RolloutWorker` in this process reports about itself (tests check that actors
+    import neither TensorFlow nor Keras, and ignore SIGINT)."""
     return {
         "pid": os.getpid(), "ppid": os.getppid(), "index": worker.worker_index,
         "env_id": worker.env_id, "weights_version": worker.weights_version,
@@ -92,10 +79,9 @@ def worker_info(worker: Any) -> dict[str, Any]:
 
 
 def oom_kill_count() -> int | None:
-    """How many processes the kernel's out-of-memory killer has ended in this process's memory
-    cgroup (``oom_kill`` in cgroup v2's ``memory.events`` or v1's ``memory.oom_control``); None
-    where neither can be read (not Linux, no memory cgroup). Read before and after a worker
-    dies of SIGKILL, it tells an OOM kill from another process's ``kill -9``."""
+    """How many processes the out-of-memory killer has ended in this process's memory cgroup
+    (v2 or v1), or None where neither can be read. Read before and after a worker dies of
+    SIGKILL, it tells an OOM kill from another process's ``kill -9``."""
     for path in _oom_count_files():
         try:
             with open(path) as fh:

@@ -1,7 +1,5 @@
 """The worker process of the process backend: one `RolloutWorker` serving the driver's
-commands over a duplex pipe.
-
-Commands, in order (the driver's side is `impala_lab.backends.process`)::
+commands over a duplex pipe (messages pickled with protocol 5: an array is one copy)::
 
     driver -> worker   ("set_weights", SharedWeights)   no reply; applied before the next sample
                        ("sample",)                      reply ("ok", SampleBatch)
@@ -9,27 +7,14 @@ Commands, in order (the driver's side is `impala_lab.backends.process`)::
                        ("stop",)                        the worker exits at once
     worker -> driver   ("ok", value) or ("error", record) for each request, in request order
 
-Messages are pickled with protocol 5 (numpy arrays travel as one contiguous copy). A worker
-reads its pipe only between samples, and reads ahead: a queued ``stop`` ends it before the
-samples queued in front of it.
-
-Lifetime: the worker ignores SIGINT (interrupting a notebook cell interrupts the driver,
-which stops its workers in order), exits when its pipe closes, and exits when its parent
-dies: a watchdog thread compares ``os.getppid()`` with the parent's pid every 0.5 s
-(``PR_SET_PDEATHSIG`` fires when the *thread* that started the worker ends, which would kill
-the workers of a driver running in a background thread).
-
-Faults: an env that raises (or cannot be built) is answered with an error record (exception
-type and message, formatted traceback, env id) and the worker exits: a broken env is not
-reused; the driver restarts the worker. An env that calls ``sys.exit()`` is answered the same
-way (the error names the call), rather than ending the worker with a bare exit code.
-
-Process group: each worker starts a session of its own (``os.setsid``), so the processes an
-env starts (a simulator, a renderer) belong to the worker's group, and the driver ends the
-whole group with the worker (`end_process_group`); the watchdog does the same when the
-driver is gone. A terminal's Ctrl-C no longer reaches workers directly: they ignored it anyway.
-
-This module imports numpy, gymnasium and `impala_lab.actor.rollout_worker` only, never TensorFlow.
+The worker reads ahead between samples, so a queued ``stop`` ends it before the samples queued
+in front. It ignores SIGINT (the driver stops it in order), exits when its pipe closes, and
+exits when its parent dies: a watchdog thread compares ``os.getppid()`` with the parent's pid
+(``PR_SET_PDEATHSIG`` would fire when the *thread* that started it ends, killing the workers
+of a driver in a background thread). An env that raises, cannot be built or calls
+``sys.exit()`` is answered with an error record and the worker exits: a broken env is not
+reused. Each worker leads a session of its own (``os.setsid``), so the processes its env starts
+end with it (`end_process_group`). Never imports TensorFlow.
 """
 
 from __future__ import annotations
@@ -55,17 +40,9 @@ _WATCHDOG_PERIOD_S = 0.5
 
 def worker_main(conn: Any, parent_pid: int, index: int, env_blob: bytes,
                 kwargs: dict[str, Any]) -> None:
-    """The worker process's target: builds a `RolloutWorker` and serves the driver.
-
-    Args:
-      conn: the worker's end of the duplex pipe.
-      parent_pid: the driver's pid (the watchdog exits once the parent is gone).
-      index: the worker's index in the run (messages).
-      env_blob: the env id or factory, pickled with cloudpickle.
-      kwargs: the other arguments of `RolloutWorker`.
-    """
-    # First: a Ctrl-C reaches the driver, which stops us in order; our own session holds the
-    # env's helper processes, so that they end with us.
+    """The worker process's target: builds a `RolloutWorker` (``env_blob``: the env id or
+    factory, cloudpickled; ``kwargs``: its other arguments) and serves the driver on ``conn``
+    until it stops or ``parent_pid`` is gone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     with contextlib.suppress(OSError):  # already a group leader (not under spawn)
         os.setsid()
@@ -95,8 +72,8 @@ def _watch_parent(parent_pid: int) -> None:
 
 
 def end_process_group(pgid: int) -> None:
-    """SIGKILLs every process of the worker's group ``pgid`` (its pid), if any is left; a no-op
-    where the worker is not a group leader or the group is gone."""
+    """SIGKILLs every process left in the worker's group ``pgid`` (its pid); never the
+    driver's own group."""
     if pgid <= 1 or (pgid == os.getpgrp() and pgid != os.getpid()):
         return  # never the driver's own group
     with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -115,8 +92,8 @@ def _send_error(conn: Any, exc: BaseException, what: str, env_id: str) -> None:
 
 
 def _build_worker(conn: Any, index: int, env_blob: bytes, kwargs: dict[str, Any]) -> Any:
-    """The `RolloutWorker`; if it cannot be built, the error record goes to the driver (as the
-    answer to its first request) and the process exits with code 1."""
+    """The `RolloutWorker`; if it cannot be built, the error record answers the driver's
+    first request and the process exits with code 1."""
     from impala_lab.actor import make_rollout_worker
 
     env_id = f"<env of worker {index}>"

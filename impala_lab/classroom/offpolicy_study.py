@@ -1,31 +1,20 @@
 """The IMPALA paper's off-policy study at laptop scale: corrections x replay under policy lag.
 
-Section 5.2.2 of the paper (Espeholt et al. 2018, table 2) trains with four ways of learning
-from lagged data ("none", "epsilon", "is1", "vtrace"; `impala_lab.learner.corrections`), each
-without
-and with replay (half of every train batch replayed), and its appendix E (figure E.1) varies
-the lag itself. This module runs the same grid on a small task:
+The paper's table 2 (section 5.2.2) trains with four ways of learning from lagged data
+(`impala_lab.learner.corrections`), each without and with replay (half of every train batch
+replayed); its figure E.1 varies the lag. This module runs the same grid on a small task:
 
     study = StudySettings(env="CartPole-v1", env_steps=1_000_000, num_seeds=10)
     results = run_study(study, "runs/offpolicy")        # each finished run cached there
     print(table2_markdown(results))                  # IQM [95% interval] per cell
     print(claims_markdown(results))                  # the paper's claims: agrees/differs/...
 
-Every run of a cell uses the same seeds (drawn at random when the study directory is new and
-printed; a study directory that has them keeps them), the same env-step budget and the same
-`study_config`: the tuned preset of the env, the inline backend (workers in this process, no
-extra processes) and a learner queue of 2 train batches, so the learner trains on nearly
-everything sampled and runs compare per env step. The actors are held ``extra_policy_lag``
-learner updates behind (`DriverLoop.broadcast`), which makes the lag large enough for the
-corrections to matter on a task that is otherwise almost on-policy.
-
-A run's record (`run_one`): its learning curve (env steps, mean return of the last 100
-episodes), its final return (that mean at the end of the budget), the env steps at which the
-mean first reached the env's solve threshold, and the policy lag at training. The returns are
-those of the actors' episodes, so with ``extra_policy_lag`` = K they belong to weights K
-updates older than the learner's. A study
-directory holds one JSON file per run and ``study.json`` (settings and seeds); a run whose file
-exists is read, not rerun, so an interrupted study continues where it stopped.
+Every run of a cell has the same seeds (drawn at random for a new study directory), budget and
+`study_config`. The actors are held ``extra_policy_lag`` updates behind, which makes the lag
+large enough for the corrections to matter on a task that is otherwise almost on-policy; the
+returns are the actors' episodes', so they belong to those older weights. A study directory
+holds ``study.json`` (settings, seeds) and one JSON record per run: an interrupted study
+continues where it stopped.
 """
 
 from __future__ import annotations
@@ -64,16 +53,11 @@ class StudySettings:
     """One study: the grid and the budget of each run.
 
     Attributes:
-      env: gymnasium env id.
       env_steps: env steps sampled per run.
       extra_policy_lag: K of the table-2 grid (the actors act K learner updates behind).
-      replay_proportions: the replay columns: 0.0 (no replay) and 1.0 (one replayed batch per
-        new one: half of every train batch replayed).
-      replay_buffer_num_slots: sample batches the replay store keeps (FIFO).
-      num_seeds: seeds per cell of the table.
-      lags: the lag sweep's values of extra_policy_lag (figure E.1; no replay).
-      sweep_seeds: seeds per point of the sweep (the first of the table's seeds).
-      corrections: the corrections to compare.
+      replay_proportions: the replay columns (1.0: half of every train batch replayed).
+      lags: the lag sweep's values of extra_policy_lag (figure E.1; no replay), each over the
+        first ``sweep_seeds`` of the table's seeds.
       overrides: config fields on top of the env's tuned preset.
     """
 
@@ -96,8 +80,9 @@ class StudySettings:
 
 def study_config(settings: StudySettings, correction: str, replay: float, lag: int,
                  seed: int) -> ImpalaConfig:
-    """The config of one run: the env's tuned preset, inline workers, a short learner queue,
-    the correction (with the ``vtrace`` switch that agrees), replay and lag."""
+    """One run's config: the env's tuned preset, inline workers, a learner queue of 2 (the
+    learner trains on nearly all that is sampled, so runs compare per env step), the
+    correction, replay and lag."""
     return ImpalaConfig.tuned(
         settings.env, backend="inline", num_workers=2, learner_queue_size=2, seed=seed,
         vtrace=correction == "vtrace", off_policy_correction=correction,
@@ -107,7 +92,8 @@ def study_config(settings: StudySettings, correction: str, replay: float, lag: i
 
 def run_one(config: ImpalaConfig, env_steps: int, solved_at: float = math.inf,
             report_interval: float = 0.5) -> dict[str, Any]:
-    """Train one run for ``env_steps`` env steps sampled; its record (see the module doc)."""
+    """Train one run for ``env_steps`` env steps; its record: the learning curve ([env steps,
+    trailing mean return]), the final return, the env steps to ``solved_at`` and the lags."""
     from impala_lab.driver.impala import Impala
 
     curve: list[list[float]] = []
@@ -163,8 +149,7 @@ def study_seeds(settings: StudySettings, directory: Path) -> list[int]:
 
 
 def _run_and_save(settings: StudySettings, run: dict[str, Any], path: Path) -> dict[str, Any]:
-    """Train one run of the study and write its record to ``path`` (also in a worker
-    process: everything here is picklable)."""
+    """Train one run of the study and write its record to ``path`` (picklable: jobs > 1)."""
     config = study_config(settings, run["correction"], run["replay"], run["lag"], run["seed"])
     record = {**run, **run_one(config, settings.env_steps,
                                SOLVED_AT.get(settings.env, math.inf))}
@@ -189,23 +174,18 @@ def run_study(settings: StudySettings, directory: str | Path,
     todo = _runs(settings, seeds)
     paths = [directory / f"{_name(run)}.json" for run in todo]
     records: dict[int, dict[str, Any]] = {}
-    done = 0
 
     def finished(i: int, record: dict[str, Any]) -> None:
-        nonlocal done
         records[i] = record
-        done += 1
         if progress:
-            progress(f"[{done}/{len(todo)}] {_name(todo[i])}: final return "
+            progress(f"[{len(records)}/{len(todo)}] {_name(todo[i])}: final return "
                      f"{record['final_return']:.1f}, lag at training "
                      f"{record['policy_lag_at_training']}, {record['seconds']} s")
 
-    missing = []
     for i, path in enumerate(paths):
         if path.exists():
             finished(i, json.loads(path.read_text()))
-        else:
-            missing.append(i)
+    missing = [i for i in range(len(todo)) if i not in records]
     if jobs == 1:
         for i in missing:
             finished(i, _run_and_save(settings, todo[i], paths[i]))

@@ -1,18 +1,10 @@
 """What an off-policy study found (`impala_lab.classroom.offpolicy_study`), with intervals.
 
-Every figure of a cell is over its n seeds: the interquartile mean (IQM) with a percentile
-bootstrap 95% interval (`impala_lab.classroom.seed_stats`), of two figures per run:
-
-- the final return: the trailing-100 mean return at the end of the budget (the paper's
-  table 2 reports this one);
-- the run mean: the learning curve's mean over the budget (its area divided by its length),
-  where a slow start and a late collapse both count.
-
-The paper's claims are checked by `paper_claims` on the interval of a difference of IQMs
-(each side resampled on its own): "agrees" when the interval lies on the claim's side of 0,
-"differs" when it lies on the other side, "inconclusive" when it holds 0. The bootstrap's
-generator has a fixed seed, so a study's tables print the same every time (the runs' seeds are
-the ones drawn at random).
+Each cell gives, over its n seeds, the interquartile mean (IQM) and its bootstrap 95% interval
+(`seed_stats`) of two figures per run: the final return (the paper's table 2) and `run_mean`.
+A claim of the paper is checked on the interval of a difference of IQMs: "agrees" when it lies
+on the claim's side of 0, "differs" on the other, else "inconclusive". The bootstrap's
+generator has a fixed seed, so a study's tables print the same every time.
 """
 
 from __future__ import annotations
@@ -63,9 +55,8 @@ def _figures(runs: Sequence[dict[str, Any]], figure: str) -> list[float]:
 
 
 def cell(runs: Sequence[dict[str, Any]], solved_at: float = math.inf) -> dict[str, Any]:
-    """Of some runs: n; the IQM and 95% interval of the final return (``final``,
-    ``final_ci``) and of `run_mean` (``run_mean``, ``run_mean_ci``); the median, worst and
-    best final return; the median peak (the curve's highest mean); and how many runs ever
+    """Of some runs: n; IQM and 95% interval of the final return (``final``, ``final_ci``)
+    and of `run_mean`; median, worst and best final return; median peak; runs that ever
     reached ``solved_at``."""
     rng = np.random.default_rng(_BOOTSTRAP_SEED)
     finals, means = _figures(runs, "final"), _figures(runs, "run_mean")
@@ -95,9 +86,9 @@ def _interval(value: float, ci: Sequence[float]) -> str:
 
 
 def table2_markdown(results: dict[str, Any]) -> str:
-    """Table 2 laid out as the paper's: a row per correction, a column per replay setting;
-    each cell the final return's IQM [95% interval] (the highest of a column in bold), the
-    run mean's, and the runs that ever reached the solve threshold, of n."""
+    """Table 2 laid out as the paper's (a row per correction, a column per replay setting):
+    the final return's IQM [95% interval] (a column's highest in bold), the run mean's, and
+    the runs that ever reached the solve threshold."""
     s = results["settings"]
     table = table2(results)
     solved_at = SOLVED_AT.get(s["env"], math.inf)
@@ -153,15 +144,9 @@ def _difference(results: dict[str, Any], a: dict[str, Any], b: dict[str, Any],
 
 def paper_claims(results: dict[str, Any], figure: str = "final") -> list[dict[str, Any]]:
     """The paper's findings of table 2 and figure E.1, each checked on ``figure`` ("final"
-    or "run_mean").
-
-    Returns:
-      One dict per claim: ``claim``, ``verdict`` ("agrees", "differs" or "inconclusive") and
-      ``tests``: each difference it rests on (``a``, ``b``, ``difference`` = IQM(a) -
-      IQM(b), ``ci95``, ``n`` of each side, and its own ``verdict``). A claim resting on
-      several differences agrees when all of them agree, differs when any of them differs,
-      and is inconclusive otherwise.
-    """
+    or "run_mean"): a dict per claim with its ``verdict`` and ``tests``, the differences it
+    rests on (``a``, ``b``, ``difference`` = IQM(a) - IQM(b), ``ci95``, ``n``, ``verdict``).
+    A claim agrees when all its tests agree, differs when any differs."""
     s = results["settings"]
     lag = s["extra_policy_lag"]
     top = max(s["lags"])
@@ -205,9 +190,8 @@ def paper_claims(results: dict[str, Any], figure: str = "final") -> list[dict[st
 
 
 def claims_markdown(results: dict[str, Any]) -> str:
-    """`paper_claims` on both figures, a row per claim; each verdict with the difference of
-    IQMs [95% interval] and the n of each side that decided it (of its differences with the
-    claim's verdict, the largest)."""
+    """`paper_claims` on both figures, a row per claim; each verdict with the deciding
+    difference of IQMs [95% interval] and the n of each side."""
     rows = ["| the paper's finding | on the final return | on the run mean |",
             "| --- | --- | --- |"]
     by_figure = {f: paper_claims(results, f) for f in ("final", "run_mean")}
@@ -225,9 +209,8 @@ def claims_markdown(results: dict[str, Any]) -> str:
 
 
 def plot_study(results: dict[str, Any], path: str | Path | None = None) -> Any:
-    """Learning curves of the table's grid (a panel per replay setting, the median over
-    seeds with the interquartile band) and the lag sweep (the run mean's IQM with its 95%
-    interval); saved to ``path`` if given."""
+    """The table's learning curves (a panel per replay setting: median and interquartile
+    band over seeds) and the lag sweep (run mean's IQM, 95% interval); saved to ``path``."""
     import matplotlib.pyplot as plt
 
     s = results["settings"]

@@ -1,20 +1,8 @@
-"""Statistics over seeds: the interquartile mean, bootstrap intervals, curves' areas, verdicts.
-
-Learning results vary a lot from seed to seed, so one run says little and a mean over a few
-is pulled around by one outlier. This module reports what Agarwal et al. (2021, "Deep RL at
-the edge of the statistical precipice") recommend and their `rliable` package computes:
-
-- the interquartile mean (IQM): the mean of the middle half of the runs (a quarter of them,
-  rounded down, cut from each end, as ``scipy.stats.trim_mean(x, 0.25)``), robust to an
-  outlier yet using more runs than the median;
-- a percentile bootstrap 95% interval of it: resample the runs with replacement many times,
-  take each resample's IQM, report the 2.5th and 97.5th percentiles;
-- for two settings, the interval of the difference of their IQMs (each side resampled on its
-  own); it says "A better" when it lies above 0, "B better" below, else "inconclusive";
-- for two figures of the same runs (e.g. training return and evaluation return), the
-  interval of their paired difference (the runs resampled together).
-
-Only numpy; the random generator of each bootstrap is passed in, so a test can fix it.
+"""Statistics over seeds, as Agarwal et al. (2021, "Deep RL at the edge of the statistical
+precipice") recommend: the interquartile mean (IQM: robust to an outlier, yet using more runs
+than the median), its percentile bootstrap interval, and the interval of a difference of two
+IQMs (unpaired, or paired for two figures of the same runs). Each bootstrap's random generator
+is passed in, so a test can fix it.
 """
 
 from __future__ import annotations
@@ -30,7 +18,7 @@ NUM_RESAMPLES = 5000
 
 
 def iqm(values: Sequence[float] | np.ndarray) -> float:
-    """The interquartile mean: the mean after cutting floor(n / 4) values from each end."""
+    """The mean after cutting floor(n / 4) values from each end (``trim_mean(x, 0.25)``)."""
     x = np.sort(np.asarray(values, dtype=np.float64).ravel())
     if x.size == 0:
         return math.nan
@@ -92,13 +80,9 @@ def verdict(low: float, high: float, names: tuple[str, str] = ("A", "B")) -> str
 
 
 def area_under_curve(xs: Sequence[float], ys: Sequence[float], budget: float) -> float:
-    """The curve's mean height over [0, budget]: each report's value held until the next
-    one (a step curve), the first finite value also before it, the last one until the
-    budget; divided by the budget. NaN when no value is finite.
-
-    A run that stopped early (it reached its target) counts its last value for the rest of
-    the budget, so stopping does not lower its area.
-    """
+    """The step curve's mean height over [0, budget]: each value held until the next, the
+    first also before it, the last until the budget (a run that stopped at its target is not
+    penalised); NaN when no value is finite."""
     x = np.asarray(xs, np.float64)
     y = np.asarray(ys, np.float64)
     keep = np.isfinite(x) & np.isfinite(y) & (x <= budget)
@@ -127,12 +111,9 @@ def summarize(values: Sequence[float], rng: np.random.Generator,
 
 
 def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """The Wilson score interval (95% for the default z) of a rate ``successes / n``.
-
-    Unlike the normal approximation it stays inside [0, 1] and is not of width zero at 5 of
-    5: with few seeds the interval, not the rate, says how much a solve rate is worth.
-    (0.0, 1.0) when ``n`` is 0.
-    """
+    """The Wilson score interval (95% for the default z) of a rate ``successes / n``, (0, 1)
+    for n = 0: unlike the normal approximation it stays in [0, 1] and is not of width zero at
+    5 of 5."""
     if n <= 0:
         return 0.0, 1.0
     p = successes / n

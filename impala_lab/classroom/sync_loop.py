@@ -9,10 +9,9 @@ The same workers, model and learner as `Impala`, without the asynchrony::
         concatenate along B, learn_on_batch once    # ... and the learner for the slowest actor
         publish the new weights
 
-Every batch is on-policy (policy lag 0) and no correction is needed, but nothing overlaps:
-while the learner trains every actor is idle, and while the actors sample the learner is idle.
-This is the paper's "batched A2C (sync traj.)"; ``python -m bench.throughput`` puts its env
-steps per second beside the asynchronous pipeline's.
+Every batch is on-policy, but nothing overlaps: while the learner trains the actors idle, and
+the other way round. The paper's "batched A2C (sync traj.)"; ``python -m bench.throughput``
+compares its throughput with the asynchronous pipeline's.
 """
 
 from __future__ import annotations
@@ -27,17 +26,9 @@ from impala_lab.driver.build import as_config, check_env, check_learner_devices,
 
 
 class SyncLoop:
-    """Workers of ``config.backend`` and a `VTracePolicy`, stepped in lock step.
-
-    Args:
-      config: an `ImpalaConfig` (or dict); ``num_workers``, ``num_envs_per_worker``,
-        ``sample_batch_size``, ``backend``, the model and the loss are used as `Impala` uses
-        them; the queue, replay and broadcast fields do not apply.
-      **overrides: config fields to change.
-
-    Attributes:
-      num_steps_sampled: env steps sampled so far; num_updates: learner steps so far.
-    """
+    """Workers of ``config.backend`` (an `ImpalaConfig` or dict, with ``overrides``) and a
+    `VTracePolicy`, stepped in lock step; the queue, replay and broadcast fields do not
+    apply. Counts ``num_steps_sampled`` and ``num_updates``."""
 
     def __init__(self, config: ImpalaConfig | dict | None = None, **overrides: Any) -> None:
         self.config = as_config(config, None, overrides)

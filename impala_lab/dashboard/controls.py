@@ -1,11 +1,5 @@
-"""The dashboard's controls as widgets: a slider per live knob, built from `knobs.KNOBS`, and
-the start, pause and stop buttons.
-
-A knob's slider follows its `Knob`: an ``IntSlider`` for an int knob, a ``FloatLogSlider``
-(base 10) for a ``log`` knob, a ``FloatSlider`` otherwise; range, step, readout format and
-tooltip come from the table, the first value from the config's default (the first refresh
-shows the run's). Each slider has the CSS class ``impala-knob-<name>`` and each button
-``impala-button-<name>`` (the browser test clicks them).
+"""The dashboard's controls: a slider per live knob (its range, step and help from
+`knobs.KNOBS`) and the start, pause and stop buttons.
 """
 
 from __future__ import annotations
@@ -54,8 +48,8 @@ def knob_widget(name: str) -> W.ValueWidget:
 
 
 def show_value(w: W.ValueWidget, knob: Knob, value: Any) -> None:
-    """Set a slider to the run's value, widening its range when the value lies outside it
-    (the config may allow more than the slider's range)."""
+    """Set a slider to the run's value, widening its range to hold it (the config may allow
+    more than the slider)."""
     if knob.log:
         exponent = math.log10(value)
         w.min, w.max = min(w.min, math.floor(exponent)), max(w.max, math.ceil(exponent))
@@ -65,13 +59,8 @@ def show_value(w: W.ValueWidget, knob: Knob, value: Any) -> None:
 
 
 class KnobSliders:
-    """A slider per live knob that follows the run's values and reports the user's moves.
-
-    ``on_move(name, value)`` gets a user's move, the value cast to the knob's type, unless the
-    run already has that value. `follow` shows the run's values without calling it: only the
-    values that changed since the last `follow`, so a move the run has not applied yet stays
-    on its slider.
-    """
+    """A slider per live knob that follows the run's values and reports the user's moves to
+    ``on_move(name, value)`` (cast to the knob's type; not when the run has that value)."""
 
     def __init__(self, on_move: Callable[[str, Any], None]) -> None:
         self.on_move = on_move
@@ -84,7 +73,8 @@ class KnobSliders:
             self.sliders[name] = w
 
     def follow(self, knobs: Mapping[str, Any]) -> None:
-        """Show the run's knob values (``stats()["knobs"]``)."""
+        """Show the run's knob values (``stats()["knobs"]``) that changed since the last call,
+        so a move the run has not applied yet stays on its slider."""
         self._local.following = True
         try:
             for name, w in self.sliders.items():

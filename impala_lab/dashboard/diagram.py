@@ -1,23 +1,11 @@
 """The pipeline diagram: an SVG of the data's way through IMPALA, with live figures per stage.
 
-Left to right, as the data flows::
-
-    actors -> task pool -> replay mixer -> batch buffer -> learner queue -> minibatch ring
-      ^                                                                       -> learner
-      '------------------------- weight broadcast --------------------------------'
-
-Each stage shows its figures from one ``Impala.stats()`` snapshot: requests in flight per
-worker, replay store fill, batch buffer fill, learner queue fill against
-``learner_queue_size``, minibatch slots with their ttl, weights version and policy lag.
-An arrow is drawn dashed and dark while data crossed it since the previous drawing (its dashes
-march one step per drawing) and grey while nothing moved, so a paused run visibly stops.
-
-Stable classes on the live counters (for tests and custom CSS): ``impala-count-sampled``,
-``impala-sample-rate``, ``impala-train-rate``, ``impala-weights-version``,
-``impala-learner-queue``, ``impala-broadcast``, ``impala-policy-lag``; every arrow has
-``impala-edge`` and ``impala-edge-flowing`` while data moves. A worker that
-``stats()["workers"]`` marks stalled (no sample for a quarter of ``sample_timeout_s``) is
-drawn red with the seconds since its last sample (``impala-worker-stalled``).
+Left to right: actors, task pool, replay mixer, batch buffer, learner queue, minibatch ring,
+learner, and the weight broadcast back to the actors; each stage shows its figures from one
+``Impala.stats()`` snapshot. An arrow that data crossed since the previous drawing is dark and
+its dashes march; an idle one is grey, so a paused run visibly stops. A stalled worker is
+drawn red with the seconds since its last sample. The ``impala-...`` CSS classes on counters,
+arrows and workers are what tests and custom CSS find them by.
 """
 
 from __future__ import annotations
@@ -29,6 +17,7 @@ from typing import Any
 
 from impala_lab.dashboard.format import fmt_count, fmt_float, fmt_knob, fraction, nice_ceil
 from impala_lab.dashboard.labels import TIMERS, queue_figures
+from impala_lab.dashboard.markup import gauge_color
 
 WIDTH, HEIGHT = 1180, 290
 BOX_Y, BOX_H = 30, 182
@@ -43,6 +32,7 @@ STAGES = (
     ("ring", "minibatch ring", 872, 140, "#7b5a3a"),
     ("learner", "learner", 1040, 132, "#218a3b"),
 )
+WHERE = {key: (x, w, color) for key, _, x, w, color in STAGES}
 # Which counter moves each arrow: (from stage, to stage, flow name).
 EDGES = (
     ("actors", "pool", "sample"),
@@ -107,12 +97,6 @@ def _bar(x: float, y: float, w: float, frac: float, color: str, cls: str) -> str
             f'height="12" rx="3" fill="{color}"/></g>')
 
 
-def _fill_color(frac: float) -> str:
-    """Learner queue: green while there is room, orange when nearly full, red when full (the
-    learner is the bottleneck)."""
-    return "#2e9e44" if frac < 0.75 else ("#e67e22" if frac < 1.0 else "#c0392b")
-
-
 def _box(key: str, title: str, x: float, w: float, color: str) -> str:
     y, h = BOX_Y, BOX_H
     header = (f"M{x},{y + 30} V{y + 8} Q{x},{y} {x + 8},{y} H{x + w - 8} "
@@ -134,7 +118,7 @@ def _edge(x1: float, x2: float, y: float, flowing: bool, phase: int, cls: str) -
             f'{"on" if flowing else "off"})"/>')
 
 
-def _actors(x: float, w: float, s: Mapping[str, Any], color: str) -> list[str]:
+def _actors(x: float, w: float, color: str, s: Mapping[str, Any]) -> list[str]:
     p = s.get("pipeline") or {}
     in_flight = p.get("in_flight") or {}
     most = int(p.get("max_in_flight", 0))
@@ -174,8 +158,8 @@ def _actors(x: float, w: float, s: Mapping[str, Any], color: str) -> list[str]:
     return out
 
 
-def _figure_box(x: float, w: float, big: str, lines: list[str], frac: float | None,
-                cls: str, color: str) -> list[str]:
+def _figure_box(x: float, w: float, color: str, big: str, lines: list[str],
+                frac: float | None, cls: str) -> list[str]:
     """A stage that is one big figure, caption lines and an optional fill bar."""
     out = [_text(x + w / 2, BOX_Y + 64, big, size=22, weight="bold", cls=cls)]
     for i, line in enumerate(lines):
@@ -185,6 +169,14 @@ def _figure_box(x: float, w: float, big: str, lines: list[str], frac: float | No
     return out
 
 
+def _cells(x: float, w: float, top: float, n: int, cell: int, gap: int,
+           per_row: int) -> list[tuple[float, float]]:
+    """The corners of ``n`` square cells in rows of ``per_row``, centred in ``[x, x + w]``."""
+    x0 = x + (w - (min(n, per_row) * (cell + gap) - gap)) / 2
+    return [(x0 + (i % per_row) * (cell + gap), top + (i // per_row) * (cell + gap))
+            for i in range(n)]
+
+
 def _queue(x: float, w: float, s: Mapping[str, Any]) -> list[str]:
     level, size = queue_figures(s)["learner_queue"]
     frac = fraction(level, size)
@@ -192,41 +184,30 @@ def _queue(x: float, w: float, s: Mapping[str, Any]) -> list[str]:
     out = [_text(x + w / 2, BOX_Y + 62, f"{level:.0f} / {size:.0f}", size=22, weight="bold",
                  cls="impala-learner-queue"),
            _text(x + w / 2, BOX_Y + 82, "train batches waiting", color="#444")]
-    n, per_row = int(size), 8
-    if 0 < n <= 24:  # one cell per queue slot, filled up to the queue's length
-        cell, gap = 15, 3
-        row_w = min(n, per_row) * (cell + gap) - gap
-        x0 = x + (w - row_w) / 2
-        for i in range(n):
-            cx = x0 + (i % per_row) * (cell + gap)
-            cy = BOX_Y + 94 + (i // per_row) * (cell + gap)
-            fill = _fill_color(frac) if i < level else "#eeeeee"
-            out.append(f'<rect x="{cx:.1f}" y="{cy}" width="{cell}" height="{cell}" rx="2" '
+    if 0 < size <= 24:  # one cell per queue slot, filled up to the queue's length
+        for i, (cx, cy) in enumerate(_cells(x, w, BOX_Y + 94, int(size), 15, 3, 8)):
+            fill = gauge_color("learner_queue", frac) if i < level else "#eeeeee"
+            out.append(f'<rect x="{cx:.1f}" y="{cy}" width="15" height="15" rx="2" '
                        f'fill="{fill}" stroke="#999" stroke-width="0.8"/>')
     else:
-        out.append(_bar(x + 12, BOX_Y + 100, w - 24, frac, _fill_color(frac),
+        out.append(_bar(x + 12, BOX_Y + 100, w - 24, frac, gauge_color("learner_queue", frac),
                         "impala-learner-queue-bar"))
     out.append(_text(x + w / 2, BOX_Y + BOX_H - 10, f"mean {fmt_float(mean, 2)} (last 50)",
                      color="#444"))
     return out
 
 
-def _ring(x: float, w: float, s: Mapping[str, Any], color: str) -> list[str]:
+def _ring(x: float, w: float, color: str, s: Mapping[str, Any]) -> list[str]:
     p = s.get("pipeline") or {}
     slots = p.get("minibatch_slots") or []
     out = []
     if 0 < len(slots) <= 8:
-        cell, gap, per_row = 28, 6, 4
-        row_w = min(len(slots), per_row) * (cell + gap) - gap
-        x0 = x + (w - row_w) / 2
-        for i, (occupied, ttl) in enumerate(slots):
-            cx = x0 + (i % per_row) * (cell + gap)
-            cy = BOX_Y + 44 + (i // per_row) * (cell + gap)
+        corners = _cells(x, w, BOX_Y + 44, len(slots), 28, 6, 4)
+        for (occupied, ttl), (cx, cy) in zip(slots, corners):
             fill = "#e8d9c8" if occupied else "#ffffff"
-            out.append(f'<rect class="impala-slot" x="{cx:.1f}" y="{cy}" width="{cell}" '
-                       f'height="{cell}" rx="4" fill="{fill}" stroke="{color}" '
-                       f'stroke-width="2"/>')
-            out.append(_text(cx + cell / 2, cy + 19, str(ttl) if occupied else "·", size=14,
+            out.append(f'<rect class="impala-slot" x="{cx:.1f}" y="{cy}" width="28" '
+                       f'height="28" rx="4" fill="{fill}" stroke="{color}" stroke-width="2"/>')
+            out.append(_text(cx + 14, cy + 19, str(ttl) if occupied else "·", size=14,
                              weight="bold", color=color))
     else:
         used = sum(1 for occupied, _ in slots if occupied)
@@ -251,45 +232,43 @@ def _learner(x: float, w: float, s: Mapping[str, Any]) -> list[str]:
     ]
 
 
-def _replay(x: float, w: float, stats: Mapping[str, Any], color: str) -> list[str]:
+def _replay(x: float, w: float, color: str, stats: Mapping[str, Any]) -> list[str]:
     level, cap = queue_figures(stats)["replay"]
     if cap <= 0:
-        return _figure_box(x, w, "off", ["no replay slots", "(new batches", "pass through)"],
-                           None, "impala-replay", color)
+        return _figure_box(x, w, color, "off",
+                           ["no replay slots", "(new batches", "pass through)"], None,
+                           "impala-replay")
     knobs = stats.get("knobs") or {}
-    return _figure_box(x, w, f"{level:.0f} / {cap:.0f}",
+    return _figure_box(x, w, color, f"{level:.0f} / {cap:.0f}",
                        ["batches stored", f"p = {fmt_knob(knobs.get('replay_proportion', '–'))}",
                         f"{fmt_count(stats.get('num_steps_replayed'))} replayed"],
-                       fraction(level, cap), "impala-replay", color)
+                       fraction(level, cap), "impala-replay")
 
 
 def _stages(stats: Mapping[str, Any]) -> list[str]:
     """Every stage's box with its figures, left to right."""
     p = stats.get("pipeline") or {}
     q = queue_figures(stats)
-    where = {key: (x, w, color) for key, _, x, w, color in STAGES}
     parts = [_box(key, title, x, w, color) for key, title, x, w, color in STAGES]
-    parts += _actors(*where["actors"][:2], stats, where["actors"][2])
+    parts += _actors(*WHERE["actors"], stats)
     level, cap = q["in_flight"]
-    parts += _figure_box(*where["pool"][:2], f"{level:.0f} / {cap:.0f}",
-                         ["requests", "in flight"], fraction(level, cap), "impala-in-flight",
-                         where["pool"][2])
-    parts += _replay(*where["replay"][:2], stats, where["replay"][2])
+    parts += _figure_box(*WHERE["pool"], f"{level:.0f} / {cap:.0f}", ["requests", "in flight"],
+                         fraction(level, cap), "impala-in-flight")
+    parts += _replay(*WHERE["replay"], stats)
     level, cap = q["batch_buffer"]
-    parts += _figure_box(*where["buffer"][:2], f"{level:.0f} / {cap:.0f}",
+    parts += _figure_box(*WHERE["buffer"], f"{level:.0f} / {cap:.0f}",
                          ["env steps", f"{fmt_count(p.get('num_train_batches'))} batches out"],
-                         fraction(level, cap), "impala-batch-buffer", where["buffer"][2])
-    parts += _queue(*where["queue"][:2], stats)
-    parts += _ring(*where["ring"][:2], stats, where["ring"][2])
-    parts += _learner(*where["learner"][:2], stats)
+                         fraction(level, cap), "impala-batch-buffer")
+    parts += _queue(*WHERE["queue"][:2], stats)
+    parts += _ring(*WHERE["ring"], stats)
+    parts += _learner(*WHERE["learner"][:2], stats)
     return parts
 
 
 def _edges(flowing: Mapping[str, bool], phase: Mapping[str, int]) -> list[str]:
     """The arrows between neighbouring stages, at mid height."""
-    where = {key: (x, w) for key, _, x, w, _ in STAGES}
     mid = BOX_Y + BOX_H / 2
-    return [_edge(where[src][0] + where[src][1] + 3, where[dst][0] - 5, mid,
+    return [_edge(WHERE[src][0] + WHERE[src][1] + 3, WHERE[dst][0] - 5, mid,
                   flowing.get(flow, False), phase.get(flow, 0), flow)
             for src, dst, flow in EDGES]
 
@@ -297,10 +276,9 @@ def _edges(flowing: Mapping[str, bool], phase: Mapping[str, int]) -> list[str]:
 def _broadcast(stats: Mapping[str, Any], on: bool, phase: int) -> list[str]:
     """The weight broadcast: an arrow from the learner back to the actors, under the stages,
     with its counters and the policy lag."""
-    where = {key: (x, w) for key, _, x, w, _ in STAGES}
     color = "#218a3b" if on else "#9fc9a9"
-    lx = where["learner"][0] + where["learner"][1] / 2
-    ax = where["actors"][0] + where["actors"][1] / 2
+    lx = WHERE["learner"][0] + WHERE["learner"][1] / 2
+    ax = WHERE["actors"][0] + WHERE["actors"][1] / 2
     by = BOX_Y + BOX_H + 34
     offset = -(phase * 4) % DASH_PERIOD
     parts = [f'<path class="impala-edge impala-edge-broadcast'
@@ -335,18 +313,9 @@ def _broadcast(stats: Mapping[str, Any], on: bool, phase: int) -> list[str]:
 
 def pipeline_svg(stats: Mapping[str, Any], *, flowing: Mapping[str, bool] | None = None,
                  phase: Mapping[str, int] | None = None) -> str:
-    """The pipeline diagram of one ``Impala.stats()`` snapshot as an ``<svg>`` string.
-
-    Args:
-      stats: a snapshot; missing parts (no pipeline view yet, no learner step) draw as
-        empty stages, never raise.
-      flowing: flow name (``sample, mix, batch, train, broadcast``) -> whether that arrow
-        is drawn moving; None draws every arrow still.
-      phase: flow name -> dash offset step of a moving arrow.
-
-    Returns:
-      ``<svg viewBox="0 0 1180 290" width="100%" ...>``: it scales to the cell's width.
-    """
+    """The diagram of one ``Impala.stats()`` snapshot as an ``<svg>`` that scales to the
+    cell's width; missing parts draw as empty stages. ``flowing``: flow name (`FLOWS`) ->
+    whether its arrow moves (None: none does); ``phase``: flow name -> its dash offset step."""
     flowing = flowing or {}
     phase = phase or {}
     parts = [
@@ -367,12 +336,8 @@ def pipeline_svg(stats: Mapping[str, Any], *, flowing: Mapping[str, bool] | None
 
 
 def timing_svg(stats: Mapping[str, Any], width: int = 560) -> str:
-    """The timing breakdown (``stats()["timing_breakdown"]``, mean ms) as horizontal bars.
-
-    Drawn at the poll rate (an SVG string costs far less than a matplotlib render); the
-    scale is a round number of ms above the largest timer. Each value's text has the class
-    ``impala-timer-<key>``.
-    """
+    """The timing breakdown (``stats()["timing_breakdown"]``, mean ms) as horizontal bars, on
+    a round scale above the largest timer (an SVG costs far less than a matplotlib render)."""
     timing = stats.get("timing_breakdown") or {}
     rows = [(key, label.name, float(timing.get(key) or 0.0)) for key, label in TIMERS.items()
             if key in timing] or [(key, label.name, 0.0) for key, label in TIMERS.items()]

@@ -1,10 +1,7 @@
-"""How the dashboard writes numbers: counts, floats, knob values, gauges.
+"""How every view of the dashboard writes numbers, so one figure reads the same everywhere.
 
-Every view (the widgets, the diagram, the plots, the terminal) formats through these, so one
-figure reads the same everywhere. Anything that is not a finite number (None, NaN, a missing
-key) shows as ``"–"`` instead of raising: a snapshot before the first step has many of them.
-
-Pure Python: no numpy, no matplotlib, no ipywidgets (the CLI imports it).
+Anything that is not a finite number (None, NaN: a snapshot before the first step has many)
+shows as ``"–"`` instead of raising. Pure Python (the CLI imports it).
 """
 
 from __future__ import annotations
@@ -55,8 +52,8 @@ def fraction(part: Any, whole: Any) -> float:
 
 
 def nice_ceil(v: float) -> float:
-    """The smallest 1, 1.5, 2, 2.5, 3, 4, 5, 6 or 8 times a power of ten that is >= v
-    (an axis or bar scale that changes in round steps)."""
+    """The smallest 1, 1.5, 2, 2.5, 3, 4, 5, 6 or 8 times a power of ten >= v (a scale that
+    changes in round steps)."""
     if v <= 0 or not math.isfinite(v):
         return 1.0
     exp = math.floor(math.log10(v))

@@ -1,16 +1,8 @@
-"""The frame strip: the last observations of one worker's env, as the driver received them.
+"""The frame strip: the last observations of one worker's env (`Impala.latest_frames()`)
+side by side as a PNG, a red gap at each episode's end, under a caption saying whose they are.
 
-`Impala.latest_frames()` gives the last K observations of column 0 of the live worker with the
-lowest index (`impala_lab.driver.latest_frames`); this panel draws them side by side as a PNG in an
-``Image`` widget, under a one-line caption: which worker and env, and the run's env steps when
-the newest frame arrived. A red gap between two frames marks an episode's end. The poller
-reads the frames at every tick and encodes a new PNG only when new ones arrived (under a
-millisecond for MinAtar's 8 frames of 10x10: at 4 Hz, well under 1 % of a core).
-Observations that are not images (CartPole's four numbers) make no strip: the caption says
-so in one line.
-
-Stable classes: ``impala-frame-strip`` (the panel), ``impala-frame-strip-image``,
-``impala-frame-strip-caption``.
+A new PNG is encoded only when new frames arrived. Observations that are not images
+(CartPole's four numbers) make no strip: the caption says so.
 """
 
 from __future__ import annotations
@@ -38,15 +30,12 @@ def caption_html(frames: Frames | None, reason: str = "") -> str:
 
 
 class FrameStripView:
-    """What the panel shows for one run: a PNG and a caption, re-encoded only on new frames.
-
-    Args:
-      observation_space: the run's (None: a run without one, nothing is shown).
+    """What the panel shows for a run with ``observation_space`` (None: no panel).
 
     Attributes:
       reason: why this env has no strip ("" if it has one).
       visible: whether the panel is shown at all.
-      encodes: PNGs encoded so far (tests and the overhead bench read it).
+      encodes: PNGs encoded so far.
     """
 
     def __init__(self, observation_space: Any) -> None:

@@ -1,14 +1,7 @@
-"""What each figure of ``Impala.stats()`` is called, in one table.
+"""What each figure of ``Impala.stats()`` is called, in one table (`LABELS`), so that every
+view names it alike; `QUEUES` and `queue_figures`: the buffers the gauges show.
 
-The widgets' cards, the plots' legends and timing bars, the diagram's timing SVG and the
-terminal panel all name a figure through `LABELS`, so a timer or a learner stat is renamed
-(or added) here once. The ``help`` lines say what docs/training.md's "Logged metrics explained"
-says about the same keys.
-
-`QUEUES` names the buffers that the gauges show, and `queue_figures` reads their level and
-capacity from a snapshot's ``pipeline`` view.
-
-Pure Python: no numpy, no matplotlib, no ipywidgets (the CLI imports it).
+Pure Python (the CLI imports it).
 """
 
 from __future__ import annotations
@@ -20,17 +13,10 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Label:
-    """How one figure is named.
-
-    Attributes:
-      key: the flat stats key (a ``metrics.csv`` column), e.g. ``"learner.entropy"``; for a
-        queue, its `queue_figures` name.
-      name: the dashboard's name for it (cards, gauges, timing bars, plot titles).
-      short: the terminal panel's name, a few characters.
-      unit: what it counts; "" for a plain number.
-      help: one line: what it measures.
-      legend: its name in a plot legend, where the plot says the rest; "" means `name`.
-    """
+    """How one figure is named: its flat stats ``key`` (a ``metrics.csv`` column, or a
+    `queue_figures` name), the dashboard's ``name``, the terminal's ``short`` name, its
+    ``unit`` ("" for a plain number), one line of ``help``, and its plot ``legend`` ("": the
+    name)."""
 
     key: str
     name: str
@@ -46,42 +32,28 @@ class Label:
 
 
 LABELS: dict[str, Label] = {label.key: label for label in (
-    # the headline figures
-    Label("sample_throughput", "sampled", "sample", "env steps/s",
-          "env steps sampled per second over the last 10 s"),
-    Label("train_throughput", "trained", "train", "env steps/s",
-          "samples trained on per second over the last 10 s (each of num_sgd_iter passes "
-          "counts)"),
+    # the headline figures (docs/training.md, "Logged metrics explained", says more)
+    Label("sample_throughput", "sampled", "sample", "env steps/s", "env steps sampled per s"),
+    Label("train_throughput", "trained", "train", "env steps/s", "samples trained on per s"),
     Label("episode_return_mean", "return (last 100)", "return", "",
-          "mean return of the last 100 finished episodes", legend="return"),
-    Label("evaluation", "eval return", "eval", "",
-          "the latest evaluation of the learner's weights on envs of its own: mean return "
-          "greedy / sampled (config evaluation_interval; 'off' without it)"),
+          "mean return of the last 100 episodes", legend="return"),
+    Label("evaluation", "eval return", "eval", "", "the latest evaluation: greedy / sampled"),
     Label("evaluation.episode_return_mean_greedy", "eval return (greedy)", "eval", "",
-          "mean return of the latest evaluation of the learner's weights, most likely "
-          "action at every step (config evaluation_interval)", legend="eval greedy"),
+          "the latest evaluation's mean return, greedy", legend="eval greedy"),
     Label("evaluation.episode_return_mean_sampled", "eval return (sampled)", "eval~", "",
-          "mean return of the latest evaluation of the learner's weights, actions drawn from "
-          "the policy (config evaluation_interval)", legend="eval sampled"),
-    Label("num_steps_sampled", "env steps", "steps", "env steps",
-          "env steps the workers returned, in total"),
-    Label("weights_version", "weights", "weights", "versions",
-          "the learner's weights version (train steps applied)"),
+          "the latest evaluation's mean return, sampled", legend="eval sampled"),
+    Label("num_steps_sampled", "env steps", "steps", "env steps", "env steps sampled in all"),
+    Label("weights_version", "weights", "weights", "versions", "train steps applied"),
     Label("policy_lag.mean", "policy lag", "lag", "updates",
-          "learner version minus the version that sampled a batch, when the batch reaches "
-          "the driver; mean over the last 100 samples", legend="policy lag (updates)"),
+          "a batch's lag when it reaches the driver", legend="policy lag (updates)"),
     Label("policy_lag_at_training.mean", "lag at training", "t.lag", "updates",
-          "learner version minus the version that sampled a batch, when the learner trains "
-          "on it (every num_sgd_iter pass counts); mean over the last 100 updates",
-          legend="lag at training (updates)"),
+          "a batch's lag when the learner trains on it", legend="lag at training (updates)"),
     Label("learner_queue.mean", "learner queue", "queue", "batches",
-          "batches left in the learner queue after each train step, mean over the last 50 "
-          "steps", legend="learner queue (batches)"),
-    Label("time_total_s", "time", "time", "s",
-          "seconds since the run was built (a restored run goes on counting)"),
+          "batches left in the learner queue after a step", legend="learner queue (batches)"),
+    Label("time_total_s", "time", "time", "s", "seconds since the run was built"),
     # the timing breakdown, in pipeline order: mean ms over the last 10 operations
     Label("timing_breakdown.optimizer_step_time_ms", "driver step", "step", "ms",
-          "the driver's step: one turn of its loop"),
+          "one turn of the driver's loop"),
     Label("timing_breakdown.batch_concat_time_ms", "concat", "concat", "ms",
           "concatenating sample batches into a train batch"),
     Label("timing_breakdown.broadcast_time_ms", "broadcast", "bcast", "ms",
@@ -95,26 +67,21 @@ LABELS: dict[str, Label] = {label.key: label for label in (
     Label("timing_breakdown.learner_grad_time_ms", "grad", "grad", "ms",
           "the learner's gradient step"),
     # the last train step's learner stats
-    Label("learner.total_loss", "total loss", "loss", "",
-          "what the learner minimizes: the policy loss, plus the weighted value loss, minus the "
-          "weighted entropy"),
+    Label("learner.total_loss", "total loss", "loss", "", "what the learner minimizes"),
     Label("learner.policy_loss", "policy loss", "pi", "", "the policy-gradient loss",
           legend="policy"),
     Label("learner.vf_loss", "value loss", "vf", "", "the value function's loss",
           legend="value"),
     Label("learner.entropy", "entropy", "ent", "nats", "the policy's entropy, per sample"),
     Label("learner.grad_gnorm", "grad norm", "gnorm", "", "the gradient's norm before clipping"),
-    Label("learner.mean_rho", "mean rho", "rho", "",
-          "mean importance weight; 1 is on-policy"),
+    Label("learner.mean_rho", "mean rho", "rho", "", "mean importance weight; 1 is on-policy"),
     Label("learner.vf_explained_var", "vf explained var", "expl.var", "",
-          "the share of the returns' variance that the value function explains"),
-    # Box actions only (a Gaussian policy): the learner's policy over the train batch
-    Label("learner.action_mean", "action mean", "mean", "",
-          "the Gaussian policy's mean action, averaged over the train batch's steps and "
-          "action dimensions (Box actions only)", legend="mean"),
-    Label("learner.action_std", "action std", "std", "",
-          "the Gaussian policy's standard deviation, averaged over the train batch's steps "
-          "and action dimensions (Box actions only)", legend="std"),
+          "the share of the returns' variance the value function explains"),
+    # Box actions only (a Gaussian policy), averaged over the train batch
+    Label("learner.action_mean", "action mean", "mean", "", "the policy's mean action",
+          legend="mean"),
+    Label("learner.action_std", "action std", "std", "", "the policy's standard deviation",
+          legend="std"),
 )}
 
 
@@ -152,10 +119,8 @@ QUEUES: dict[str, Label] = {label.key: label for label in (
 
 
 def queue_figures(stats: Mapping[str, Any]) -> dict[str, tuple[float, float]]:
-    """``(level, capacity)`` of every buffer in `QUEUES`, from ``stats()["pipeline"]``.
-
-    A stage the run does not report gives ``(0, 0)``.
-    """
+    """``(level, capacity)`` of every buffer in `QUEUES`, from ``stats()["pipeline"]``;
+    ``(0, 0)`` for a stage the run does not report."""
     p = stats.get("pipeline") or {}
     in_flight = p.get("in_flight") or {}
     slots = p.get("minibatch_slots") or []

@@ -1,11 +1,9 @@
-"""The policy-lag histogram: how many recent batches were how many learner updates behind.
+"""The policy-lag histogram (``stats()["policy_lag_distribution"]``), as SVG.
 
-Two sets of bars share one lag axis (``stats()["policy_lag_distribution"]``): the lag of each
-new batch when it reached the driver (``at_arrival``, dropped batches included) and when the
-learner trained on it (``at_training``; larger by the wait in the learner queue and the ring).
-A dashed line marks ``extra_policy_lag`` (the actors are held that far behind), a red one
-``max_policy_lag`` (new batches beyond it are dropped), with the env steps dropped so far.
-Drawn as SVG at the poll rate, like the timing bars.
+Two sets of bars share one lag axis: each new batch's lag when it reached the driver
+(``at_arrival``, dropped ones too) and when the learner trained on it (``at_training``: later
+by the wait in the learner queue and the ring). A dashed line marks ``extra_policy_lag``, a red
+one ``max_policy_lag`` (new batches beyond it are dropped).
 """
 
 from __future__ import annotations
@@ -25,12 +23,8 @@ def _fractions(counts: Mapping[str, int]) -> dict[int, float]:
 
 
 def lag_histogram_svg(stats: Mapping[str, Any], width: int = 470) -> str:
-    """The histogram of ``stats()["policy_lag_distribution"]`` as an SVG string.
-
-    Bars are fractions of each series' batches; lags beyond the axis (at most 60 columns) are
-    drawn in its last column. The dropped count has the class ``impala-lag-dropped`` and each
-    bar ``impala-lag-<series>-<lag>``.
-    """
+    """The histogram as an SVG string: bars are fractions of each series' batches; lags
+    beyond the axis (60 columns at most) go in its last column."""
     dist = stats.get("policy_lag_distribution") or {}
     knobs = stats.get("knobs") or {}
     extra, limit = knobs.get("extra_policy_lag"), knobs.get("max_policy_lag")

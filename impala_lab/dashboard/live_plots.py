@@ -1,11 +1,5 @@
-"""Live figures for the dashboard: drawn again and again from growing data, cheaply, and
-optionally in a child process.
-
-`LiveFigure` keeps its axes and only redraws the axes, ticks and labels when the limits must
-change (they grow in steps, with headroom); otherwise it blits the lines onto the saved
-background, several times cheaper than a full draw (``python -m bench.dashboard_overhead``
-measures the whole dashboard). `PlotProcess` draws live figures in a spawned child, so that
-matplotlib's hold on the GIL does not slow the kernel's run.
+"""Live figures for the dashboard, redrawn cheaply from growing data (`LiveFigure`), and a
+child process that draws them (`PlotProcess`), so matplotlib's hold on the GIL spares the run.
 """
 
 from __future__ import annotations
@@ -23,18 +17,12 @@ from impala_lab.dashboard.plots import DPI, HasColumns, columns, new_figure, vie
 
 
 def png_bytes(rgb: np.ndarray) -> bytes:
-    """uint8 [H, W, 3] as PNG bytes, at a fast zlib level (a live PNG is replaced within
-    seconds)."""
+    """uint8 [H, W, 3] as PNG bytes, at a fast zlib level (a live PNG lives seconds)."""
     from PIL import Image
 
     buf = io.BytesIO()
     Image.fromarray(np.ascontiguousarray(rgb)).save(buf, format="png", compress_level=1)
     return buf.getvalue()
-
-
-def encode_png(canvas: FigureCanvasAgg) -> bytes:
-    """The canvas as PNG bytes (RGB)."""
-    return png_bytes(np.asarray(canvas.buffer_rgba())[..., :3])
 
 
 class LiveFigure:
@@ -43,9 +31,9 @@ class LiveFigure:
         live = LiveFigure("throughput")
         png = live.render(impala.history)      # bytes for an ipywidgets Image
 
-    Lines, bars and bar labels are animated artists: a render sets their data and, unless the
-    axes limits or knob marks changed, restores the saved background and draws only them.
-    ``full_draws`` and ``renders`` count both kinds (tests read them).
+    Lines, bars and bar labels are animated artists: unless the axes limits or knob marks
+    changed, a render restores the saved background and draws only them (blitting, several
+    times cheaper than a full draw). ``full_draws`` and ``renders`` count both kinds.
     """
 
     def __init__(self, view: str, *, figsize: tuple[float, float] | None = None,
@@ -78,15 +66,13 @@ class LiveFigure:
             for artist in panel.artists:
                 panel.ax.draw_artist(artist)
         self.renders += 1
-        return encode_png(self.canvas)
+        return png_bytes(np.asarray(self.canvas.buffer_rgba())[..., :3])
 
 
 # ---------------------------------------------------------------------- the plot process
 def _serve(conn: Any, views: tuple[str, ...]) -> None:
-    """The plot process: renders ``(view, columns)`` requests into ``(view, png, cpu_s)``.
-
-    Ends when the dashboard sends None or its end of the pipe closes (the kernel ended).
-    """
+    """The plot process: renders ``(view, columns)`` requests into ``(view, png, cpu_s)``
+    until the dashboard sends None or its end of the pipe closes."""
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # an interrupted cell is the kernel's affair
@@ -105,19 +91,15 @@ def _serve(conn: Any, views: tuple[str, ...]) -> None:
 
 
 class PlotProcess:
-    """Live figures drawn in a child process, one request at a time.
-
-    Matplotlib holds the GIL while it draws (tens of ms for a full redraw): in the notebook's
-    kernel that time is taken from the run's driver and learner threads. Here the kernel only
-    computes the columns and moves about 40 kB each way through a pipe.
+    """Live figures drawn in a child process, one request at a time: the kernel only computes
+    the columns and moves about 40 kB each way through a pipe.
 
         plotter = PlotProcess(LIVE_VIEWS)
         plotter.submit("throughput", columns(history, keys))
-        ...
         done = plotter.poll()         # None, or (view, png bytes, child CPU seconds)
 
-    The child is spawned (never forked: TensorFlow may be loaded here), ignores SIGINT and
-    exits when the pipe closes, so it cannot outlive the kernel; ``close()`` ends it at once.
+    The child is spawned (TensorFlow may be loaded here: no fork), ignores SIGINT and exits
+    when the pipe closes, so it cannot outlive the kernel.
     """
 
     def __init__(self, views: Sequence[str]) -> None:

@@ -1,12 +1,6 @@
-"""The dashboard's HTML, from a stats snapshot: pure functions, no widgets.
+"""The dashboard's HTML: pure functions of a stats snapshot (tests call them on a dict).
 
-Each function returns the ``value`` of one ``ipywidgets.HTML`` of `Dashboard` (inline CSS
-only: nothing to install in the frontend). They read a snapshot of ``Impala.stats()`` (and,
-for the messages, the few facts of the dashboard's own state that they name) and never touch a
-widget or a run, so tests call them on a plain dict.
-
-Stable classes (the browser test and custom CSS read them): ``impala-status-<state>``,
-``impala-health-ok``, ``impala-health-warning``, ``impala-health-<code>``.
+Each returns the ``value`` of one ``ipywidgets.HTML`` of `Dashboard`, with inline CSS only.
 """
 
 from __future__ import annotations
@@ -53,7 +47,7 @@ BOX_CARDS = ("action_mean", "action_std")
 
 def box_actions(action_space: Any) -> bool:
     """Whether a run's action space is a gymnasium ``Box`` (a Gaussian policy, whose learner
-    stats add ``action_mean`` and ``action_std``); False for None or any other space."""
+    stats add ``action_mean`` and ``action_std``)."""
     if action_space is None:
         return False
     from gymnasium import spaces
@@ -86,8 +80,7 @@ def _escape(text: str) -> str:
 
 
 def header_html(title: str, stats: Mapping[str, Any] | None, state: str) -> str:
-    """The title, the backend and workers (once the snapshot has a pipeline view) and the
-    run's state, one of `STATES`."""
+    """The title, the backend and workers (once known) and the run's state (`STATES`)."""
     label, color = STATES[state]
     p = (stats or {}).get("pipeline") or {}
     detail = ""
@@ -100,8 +93,8 @@ def header_html(title: str, stats: Mapping[str, Any] | None, state: str) -> str:
 
 
 def health_html(health: Mapping[str, Any] | None) -> str:
-    """The learning-health badge: one orange badge per active flag with its sentence;
-    "ok" (and what the run saw earlier) otherwise; nothing without a health key."""
+    """An orange badge per active health flag with its sentence, else "ok" (and what the run
+    saw earlier); "" without a health key."""
     if not health:
         return ""
     flags = health.get("flags") or []
@@ -133,15 +126,14 @@ def card_html(name: str, stats: Mapping[str, Any]) -> str:
 
 
 def gauge_text(name: str, level: float, capacity: float) -> str:
-    """The figure beside a queue gauge: ``"5 / 16"``, or ``"off"`` for a replay store
-    without slots."""
+    """The figure beside a gauge: ``"5 / 16"``, or ``"off"`` for a replay without slots."""
     text = "off" if name == "replay" and capacity <= 0 else f"{level:.0f} / {capacity:.0f}"
     return f'<span style="font-size:15px">{text}</span>'
 
 
 def gauge_color(name: str, frac: float) -> str:
-    """The learner queue's gauge goes green, orange (nearly full), red (full: the learner
-    is the bottleneck); the other gauges stay blue."""
+    """The learner queue's gauge: green, orange (nearly full), red (full: the learner is
+    the bottleneck); the others blue."""
     if name != "learner_queue":
         return BLUE
     return GREEN if frac < 0.75 else (ORANGE if frac < 1 else RED)
@@ -176,9 +168,8 @@ def bottleneck_html(stats: Mapping[str, Any]) -> str:
 
 def message_html(*, error: BaseException | None = None, blocking_train: bool = False,
                  replay_off: bool = False, note: str = "", note_error: bool = False) -> str:
-    """The line under the controls, the first that applies: a background training error;
-    that ``train()`` holds the cell; that replay is off; the last button's or knob's note
-    (red when it is an error)."""
+    """The line under the controls, the first that applies: a background training error,
+    ``train()`` holding the cell, replay off, the last button's or knob's note."""
     if error is not None:
         text = (f"background training failed: {type(error).__name__}: {error}. "
                 "impala.wait() raises it with its traceback.")

@@ -1,11 +1,5 @@
-"""The data behind the plots: a run's rows as columns over time, and where knobs changed.
-
-Rows come from a live run's history (`impala_lab.stats.StatsHistory`, or its ``rows()``) or
-from a run directory's ``metrics.csv`` (`read_metrics_csv`); `columns` turns either into float
-arrays by flat key, decimated for long runs, and `knob_marks` finds the knob changes that the
-plots mark. `impala_lab.dashboard.plots` draws them (and re-exports these names).
-
-numpy only: no matplotlib.
+"""The data behind the plots (numpy only): rows of a history or a ``metrics.csv`` as float
+columns by flat key, and where the knobs changed.
 """
 
 from __future__ import annotations
@@ -42,12 +36,7 @@ def read_metrics_csv(path: str | Path) -> list[dict[str, float]]:
 
 def column(rows: Sequence[Mapping], key: str) -> np.ndarray:
     """One key over the rows: ``[len(rows)]`` float64, NaN where a row lacks it."""
-    out = np.full(len(rows), np.nan)
-    for i, r in enumerate(rows):
-        v = r.get(key)
-        if isinstance(v, int | float | np.number) and not isinstance(v, bool):
-            out[i] = float(v)
-    return out
+    return _as_float([r.get(key) for r in rows])
 
 
 class HasColumns(Protocol):
@@ -58,17 +47,9 @@ class HasColumns(Protocol):
 
 def columns(source: Sequence[Mapping] | HasColumns, keys: Sequence[str],
             max_points: int = MAX_POINTS) -> dict[str, np.ndarray]:
-    """The columns `keys` (plus ``time_total_s``) of rows or of a `StatsHistory`.
-
-    Args:
-      source: flat rows (``history.rows()``, ``read_metrics_csv``) or a `StatsHistory`.
-      keys: flat keys such as ``"learner.total_loss"``.
-      max_points: longer columns are decimated evenly to this many points, the last row
-        always kept (a plot of a day-long run stays cheap).
-
-    Returns:
-      key -> ``[n]`` float64 array (NaN where a row lacks the key); all of one length.
-    """
+    """``{key: [n] float64}`` (NaN where a row lacks the key) of `keys` and ``time_total_s``,
+    from flat rows or a `StatsHistory`; longer columns are decimated evenly to `max_points`,
+    the last row kept."""
     keys = list(dict.fromkeys([X_KEY, *keys]))
     if hasattr(source, "column") and not isinstance(source, Sequence):
         cols = {}
@@ -84,7 +65,8 @@ def columns(source: Sequence[Mapping] | HasColumns, keys: Sequence[str],
     return cols
 
 
-def _as_float(values: np.ndarray) -> np.ndarray:
+def _as_float(values: Sequence[object]) -> np.ndarray:
+    """Numbers as float64, anything else (None, text, a bool) as NaN."""
     out = np.full(len(values), np.nan)
     for i, v in enumerate(values):
         if isinstance(v, int | float | np.number) and not isinstance(v, bool):

@@ -1,18 +1,9 @@
 """`PlotScheduler`: which live plot the dashboard draws next, where, and within what CPU.
 
-A plot is worth drawing only when the run's history has rows it has not drawn. Of those, the
-most overdue goes first: time since its last render over its interval (throughput and return
-every ``interval``, the queues every two, the learner's axes every three). Drawing costs CPU
-that the run wants, so a token bucket holds the plots to ``budget`` of one core on average,
-with a burst for the first full draws.
-
-Where: the poller's plots go to a `PlotProcess` (matplotlib holds the GIL while it draws, and
-the kernel's GIL belongs to the run's driver and learner threads), one request at a time. If
-that child cannot start or dies, the scheduler draws in the calling thread from then on,
-within ``min(budget, IN_THREAD_BUDGET)``. ``draw_all`` draws every due plot here and now
-(``Dashboard.refresh()``: step-through cells and tests).
-
-The scheduler draws; what to do with a PNG is the caller's ``show(view, png)``.
+Only a plot whose history has new rows is drawn, the most overdue first (headline plots every
+``interval``, the queues every two, the learner's axes every three), and a token bucket holds
+drawing to ``budget`` of one core. The poller's plots go to a `PlotProcess`; if it cannot start
+or dies, they are drawn in the calling thread within ``min(budget, IN_THREAD_BUDGET)``.
 """
 
 from __future__ import annotations
@@ -30,11 +21,8 @@ IN_THREAD_BUDGET = 0.03
 PLOT_BURST_S = 1.0  # CPU seconds the plots may spend at once (see allowed)
 
 
-def interval_units(view: str) -> float:
-    """A view's interval in units of the scheduler's ``interval``: headline plots first."""
-    if view in ("throughput", "return"):
-        return 1.0
-    return 2.0 if view == "queues" else 3.0
+#: A view's interval in units of the scheduler's ``interval`` (the learner's axes: 3).
+INTERVAL_UNITS = {"throughput": 1.0, "return": 1.0, "queues": 2.0}
 
 
 class PlotScheduler:
@@ -65,8 +53,7 @@ class PlotScheduler:
         self.seconds = 0.0
         self._rows_seen: dict[str, int] = dict.fromkeys(self.views, -1)
         self._last: dict[str, float] = dict.fromkeys(self.views, -math.inf)
-        # CPU as a token bucket: `budget` core-seconds accrue per second, up to a burst that
-        # lets the first full draws (limits still settling) happen without delay.
+        # `budget` core-seconds accrue per second, up to a burst for the first full draws
         self._tokens = PLOT_BURST_S
         self._refilled = time.monotonic()
 
@@ -84,7 +71,8 @@ class PlotScheduler:
 
     def most_overdue(self, due: list[str], now: float) -> str | None:
         """The due view longest past its interval; None if none is past it yet."""
-        overdue = {v: (now - self._last[v]) / (self.interval * interval_units(v)) for v in due}
+        overdue = {v: (now - self._last[v]) / (self.interval * INTERVAL_UNITS.get(v, 3.0))
+                   for v in due}
         view = max(overdue, key=overdue.get) if overdue else None
         return view if view is not None and overdue[view] >= 1 else None
 
@@ -111,8 +99,8 @@ class PlotScheduler:
         self._last[view] = now
 
     def step(self, history: Any) -> BaseException | None:
-        """The poller's turn: at most one view, in the child process or, without one, in
-        this thread. Returns the error that made it give up the child (it then draws here)."""
+        """The poller's turn: at most one view, in the child process or else here. Returns the
+        error that made it give up the child."""
         if not self.use_process:
             self.draw_here(history, force=False)
             return None

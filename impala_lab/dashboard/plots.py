@@ -1,28 +1,14 @@
 """Matplotlib figures of a run, from a live run's history or a run directory's ``metrics.csv``.
 
-The views (the same in the dashboard, in notebooks and in the CLI's ``report.png``):
+The views (`VIEWS`; the same in the dashboard, notebooks and the CLI's ``report.png``):
+throughput, return, learner queue and policy lag, the latest timing breakdown, the learner's
+stats, and a Box-action run's policy mean and std. A dotted line marks each knob change.
 
-- ``throughput``: sample and train throughput (env steps/s) over time;
-- ``return``: mean episode return (last 100 episodes) over time;
-- ``queues``: learner queue length (mean of the last 50 learner steps) and policy lag;
-- ``timing``: the timing breakdown (ms) of the latest row, one bar per timer;
-- ``learner``: total, policy and value loss; entropy; grad norm; mean rho and
-  vf_explained_var, over time;
-- ``actions``: a Box-action run's policy mean and std (``learner.action_mean``,
-  ``learner.action_std``) over time; `has_actions` tells whether rows carry them.
-
-Knob changes (the ``knobs.*`` columns changing between rows) are marked with a dotted
-vertical line on the plots over time, so the effect of a knob can be read off them.
-
-Every figure is a plain `matplotlib.figure.Figure` on an Agg canvas (never pyplot: no global
-state, safe in the dashboard's poller thread, nothing to close, no window). In a notebook a
-figure shows as the cell's value::
+Figures are plain `Figure` objects on an Agg canvas, never pyplot (no global state: safe in the
+poller thread); in a notebook one shows as the cell's value::
 
     from impala_lab.dashboard import plots
-    rows = plots.read_metrics_csv("runs/cartpole/metrics.csv")   # or impala.history.rows()
-    plots.report_figure(rows)
-
-`live_plots.LiveFigure` draws the same views for the dashboard, again and again, cheaply.
+    plots.report_figure(plots.read_metrics_csv("runs/cartpole/metrics.csv"))
 """
 
 from __future__ import annotations
@@ -40,16 +26,16 @@ from matplotlib.figure import Figure
 
 from impala_lab.dashboard.format import nice_ceil
 from impala_lab.dashboard.labels import ACTIONS, EVAL_KEYS, LABELS, TIMERS
-
-# The data behind the plots lives in plot_data; its names are re-exported here.
-from impala_lab.dashboard.plot_data import KNOB_KEYS as KNOB_KEYS
-from impala_lab.dashboard.plot_data import MAX_POINTS as MAX_POINTS
-from impala_lab.dashboard.plot_data import X_KEY as X_KEY
-from impala_lab.dashboard.plot_data import HasColumns as HasColumns
-from impala_lab.dashboard.plot_data import column as column
-from impala_lab.dashboard.plot_data import columns as columns
-from impala_lab.dashboard.plot_data import knob_marks as knob_marks
-from impala_lab.dashboard.plot_data import read_metrics_csv as read_metrics_csv
+from impala_lab.dashboard.plot_data import (  # noqa: F401  (re-exported: the plots' data)
+    KNOB_KEYS,
+    MAX_POINTS,
+    X_KEY,
+    HasColumns,
+    column,
+    columns,
+    knob_marks,
+    read_metrics_csv,
+)
 
 TITLE_SIZE, LABEL_SIZE, TICK_SIZE, LEGEND_SIZE = 13, 11, 10, 10  # readable on a projector
 
@@ -70,8 +56,8 @@ class RunFigure(Figure):
 # ---------------------------------------------------------------------- limits
 def _x_limits(t: np.ndarray, cur: tuple[float, float] | None,
               live: bool) -> tuple[float, float] | None:
-    """New x limits once the data leaves the current ones: live ones double, rounded (each
-    change costs a full redraw); a static figure fits the data."""
+    """New x limits once the data leaves the current ones (None: keep them): a live figure's
+    double, rounded (each change costs a full redraw); a static one fits the data."""
     t = t[np.isfinite(t)]
     if not len(t):
         return None if cur else (0.0, 60.0 if live else 10.0)
@@ -86,13 +72,9 @@ def _x_limits(t: np.ndarray, cur: tuple[float, float] | None,
 
 def _y_limits(values: list[np.ndarray], cur: tuple[float, float] | None,
               floor: float | None, live: bool = True) -> tuple[float, float] | None:
-    """New y limits, or None to keep `cur`.
-
-    A static figure fits all the data. A live one fits the 2nd-98th percentile (a single
-    spike, such as the first losses, is clipped instead of squashing the rest), with
-    generous headroom, and changes only when that range leaves the limits or fills less than
-    30 % of them: every change costs a full redraw.
-    """
+    """New y limits, or None to keep `cur`. A static figure fits the data; a live one fits
+    the 2nd-98th percentile (one spike is clipped instead of squashing the rest) with
+    headroom, and changes only when that range leaves them or fills under 30 % of them."""
     finite = [v[np.isfinite(v)] for v in values]
     finite = [v for v in finite if len(v)]
     if not finite:
@@ -189,8 +171,7 @@ class LinePanel:
         self.lines = [ax.plot([], [], color=s.color, lw=2, label=s.label, animated=animated)[0]
                       for s in self.series]
         if self.legend and len(self.series) > 1:
-            # Above the axes, right of the title: never over the lines, so a live figure keeps
-            # it in the background instead of drawing its text at every render.
+            # above the axes, never over the lines: a live figure keeps it in the background
             ax.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=len(self.series),
                       fontsize=LEGEND_SIZE, frameon=False, borderaxespad=0.1,
                       handlelength=1.2, columnspacing=0.8, handletextpad=0.4)
@@ -245,7 +226,6 @@ class TimingPanel:
         self.ax: Axes | None = None
         self.bars: list[Any] = []
         self.texts: list[Any] = []
-        self._xmax: float | None = None
 
     @property
     def keys(self) -> list[str]:
@@ -276,17 +256,13 @@ class TimingPanel:
             col = cols.get(key)
             finite = col[np.isfinite(col)] if col is not None else np.array([])
             values.append(float(finite[-1]) if len(finite) else 0.0)
-        top = max(values) if values else 0.0
-        changed = False
-        if self._xmax is None or top > self._xmax or top < 0.25 * self._xmax:
-            self._xmax = nice_ceil(max(top * 1.3, 1.0))
-            self.ax.set_xlim(0, self._xmax)
-            changed = True
+        xmax = nice_ceil(max(max(values, default=0.0) * 1.3, 1.0))
+        self.ax.set_xlim(0, xmax)
         for bar, text, v in zip(self.bars, self.texts, values):
             bar.set_width(v)
-            text.set_position((v + self._xmax * 0.01, text.get_position()[1]))
+            text.set_position((v + xmax * 0.01, text.get_position()[1]))
             text.set_text(f"{v:.3g}")
-        return changed
+        return True  # drawn statically (report.png): no blitting to spare
 
 
 LEARNER_PARTS = ("losses", "entropy", "grad_norm", "rho")
@@ -333,14 +309,12 @@ def view_panels(view: str) -> list[LinePanel | TimingPanel]:
 #: The learner's stats of a Box-action run only, as flat keys (``metrics.csv`` columns).
 ACTION_KEYS = tuple(f"learner.{key}" for key in ACTIONS)
 VIEWS = ("throughput", "return", "queues", "timing", "learner", "actions")
-# The dashboard draws the learner row as four figures: a limit change in one of them then
-# redraws a quarter of the row.
-# The timing breakdown is an SVG there (diagram.timing_svg), redrawn at the poll rate.
+# The dashboard's: the learner row as four figures (a limit change redraws a quarter of it);
+# its timing breakdown is an SVG (diagram.timing_svg); a Box-action run adds BOX_LIVE_VIEWS.
 LIVE_VIEWS = ("throughput", "return", "queues", *(f"learner.{part}" for part in LEARNER_PARTS))
-# A Box-action run's dashboard adds these (half width, beside the lag histogram).
 BOX_LIVE_VIEWS = ("actions",)
-# Figure sizes in inches at DPI. The dashboard is 960 px wide (a notebook beside JupyterLab's
-# file browser): half-width views 470x230 px, the learner row four figures of 232x240 px.
+# Figure sizes in inches at DPI: the dashboard is 960 px wide (beside JupyterLab's file
+# browser), half-width views 470x230 px, the learner row four figures of 232x240 px.
 DPI = 80
 SIZES = {"throughput": (5.875, 2.875), "return": (5.875, 2.875), "queues": (5.875, 2.875),
          "timing": (5.875, 2.875), "actions": (5.875, 2.875), "learner": (11.6, 3.0),
@@ -376,9 +350,8 @@ def new_figure(view: str, panels: list, animated: bool, figsize: tuple[float, fl
 
 def view_figure(view: str, source: Sequence[Mapping] | HasColumns, *,
                 figsize: tuple[float, float] | None = None, dpi: int = DPI) -> RunFigure:
-    """One view of rows or a history: ``throughput, return, queues, timing, learner``,
-    ``actions`` (a Box-action run's), or one of the learner's axes (``learner.losses``,
-    ``.entropy``, ``.grad_norm``, ``.rho``)."""
+    """One view (`VIEWS`, or one learner axes: ``learner.losses``, ``.entropy``,
+    ``.grad_norm``, ``.rho``) of rows or a history."""
     panels = view_panels(view)
     fig = new_figure(view, panels, False, figsize, dpi)
     cols = columns(source, [k for p in panels for k in p.keys])
@@ -393,9 +366,8 @@ def has_actions(rows: Sequence[Mapping] | HasColumns) -> bool:
 
 
 def report_figure(rows: Sequence[Mapping] | HasColumns, title: str = "") -> RunFigure:
-    """Every view in one figure (the CLI's ``report.png``): return, throughput, queues and
-    policy lag, timing breakdown, then the learner stats in a row of four (five with a
-    Box-action run's ``actions``)."""
+    """Every view in one figure (the CLI's ``report.png``): a 2x2 grid, then the learner
+    stats in a row of four (five with a Box-action run's ``actions``)."""
     fig = RunFigure(figsize=(14.5, 10.5), dpi=DPI, facecolor="white", layout="constrained")
     top, bottom = fig.subfigures(2, 1, height_ratios=[2, 1])
     grid = top.subplots(2, 2)

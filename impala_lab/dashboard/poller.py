@@ -1,9 +1,8 @@
-"""`Poller`: a daemon thread that calls ``tick()`` on a dashboard a few times a second.
+"""`Poller`: a daemon thread that calls a dashboard's ``tick()`` a few times a second.
 
-It holds the dashboard weakly (a dashboard nobody keeps is collected and its poller ends),
-never prints, and survives a ``tick()`` that raises (counted in `errors`, kept in
-`last_error`): a torn read while someone steps the run by hand must not end the updates.
-A ``tick()`` that returns False ends it (the run is gone or stopped).
+It holds the dashboard weakly (an unused one is collected and its poller ends), never prints,
+and survives a ``tick()`` that raises (a torn read while someone steps the run by hand);
+``tick()`` returning False ends it.
 """
 
 from __future__ import annotations

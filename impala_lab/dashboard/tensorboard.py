@@ -4,23 +4,9 @@
     run.train(max_seconds=60, on_report=writer.write)   # or writer.hook(another_hook)
     writer.close()
 
-``Impala.train(tensorboard_dir=...)`` (`train_with_tensorboard`) and ``impala-lab train
---tensorboard`` do this, and write the stats ``train`` returns too.
-Each report writes, at step ``num_steps_sampled`` (the same step axis as ``metrics.csv``):
-
-- one scalar per number of ``stats()``, nested keys joined with ``/`` (``learner/entropy``,
-  ``timing_breakdown/learner_grad_time_ms``, ``pipeline/in_flight/0``), and per worker
-  ``workers/<index>/<field>``; strings, other lists and non-finite values (a mean over no
-  episodes yet is NaN) are left out;
-- ``knob_changes``: a text line per live-knob change, at the env step it was applied;
-- ``policy_lag/batches``: a histogram of the policy lag of every sample batch that reached the
-  driver since the previous report (one value per batch, as ``policy_lag/mean`` averages).
-
-TensorFlow (``tf.summary``, which needs the ``tensorboard`` package) is imported when a writer
-is built, so the module itself is cheap to import; actor processes never build one.
-
-A write that fails (a full disk, a folder removed) turns the writer off with one warning on
-the ``impala_lab`` logger: summaries are a view of the run, and the run goes on without them.
+Each report writes at step ``num_steps_sampled`` (docs/training.md, "TensorBoard", lists the
+tags). TensorFlow is imported only when a writer is built. A write that fails (a full disk)
+turns the writer off with one warning: summaries are a view of the run, which goes on.
 """
 
 from __future__ import annotations
@@ -45,12 +31,9 @@ logger = logging.getLogger("impala_lab")
 
 
 def scalar_tags(snapshot: Mapping[str, Any]) -> dict[str, float]:
-    """The TensorBoard scalars of a stats snapshot: ``{tag: value}``.
-
-    Nested mappings become ``/``-joined tags; a list of mappings with an ``index`` key (the
-    workers) becomes ``<key>/<index>/<field>``. Booleans count as 0/1. Strings, ``None``, other
-    lists and NaN/inf are left out (TensorBoard would draw NaN as a broken line).
-    """
+    """The TensorBoard scalars of a stats snapshot: ``{tag: value}``, nested keys joined
+    with ``/``, the workers as ``workers/<index>/<field>``, booleans as 0/1. Strings, None,
+    other lists and NaN/inf are left out (TensorBoard would draw NaN as a broken line)."""
     out: dict[str, float] = {}
 
     def walk(value: Any, name: str) -> None:
@@ -70,21 +53,14 @@ def scalar_tags(snapshot: Mapping[str, Any]) -> dict[str, float]:
 
 
 def knob_change_text(change: Mapping[str, Any]) -> str:
-    """One line of markdown for an entry of ``Impala.knob_changes``.
-
-    E.g. ``` `lr` set to 0.001 at 12.3 s (env step 48,000) ```.
-    """
+    """One line of markdown for an entry of ``Impala.knob_changes``."""
     return (f"`{change['knob']}` set to {change['value']!r} at {change['time_s']:.1f} s "
             f"(env step {change['num_steps_sampled']:,})")
 
 
 class TensorBoardWriter:
-    """Writes stats snapshots as TensorBoard summaries under `logdir` (see the module docstring).
-
-    Use `write` as ``Impala.train``'s ``on_report`` hook (or `hook` to chain another one), write
-    the final snapshot ``train`` returns, and `close` it (or use it as a context manager).
-    Events are flushed after every write, so TensorBoard shows a run while it trains.
-    """
+    """Writes stats snapshots as TensorBoard summaries under `logdir`, flushed at every write
+    so TensorBoard shows a run while it trains; `close` it, or use it as a context manager."""
 
     def __init__(self, logdir: str | os.PathLike, *,
                  knob_changes: Sequence[Mapping[str, Any]] | None = None,
@@ -93,9 +69,8 @@ class TensorBoardWriter:
 
         Args:
           logdir: the folder for the event files, e.g. ``runs/NAME/tensorboard``.
-          knob_changes: the run's growing list of knob changes (``Impala.knob_changes``:
-            dicts with ``knob, value, time_s, num_steps_sampled``); each write adds the new ones.
-          policy_lags: returns the policy lags of the sample batches since its previous call
+          knob_changes: the run's growing ``Impala.knob_changes``; each write adds the new ones.
+          policy_lags: returns the policy lags of the batches since its previous call
             (``RunStats.take_policy_lags``); each write draws them as a histogram.
         """
         try:
@@ -128,8 +103,8 @@ class TensorBoardWriter:
                    policy_lags=run.run_stats.take_policy_lags)
 
     def write(self, snapshot: Mapping[str, Any]) -> None:
-        """Writes one report: its scalars, new knob changes and the lag histogram; after a
-        failed write (see the module docstring) nothing more."""
+        """Writes one report (scalars, new knob changes, lag histogram); nothing after a
+        failed write."""
         if self._closed:
             raise ValueError(f"this TensorBoardWriter ({self.logdir}) is closed")
         if self.failed is not None:
@@ -143,8 +118,7 @@ class TensorBoardWriter:
 
     def _write(self, snapshot: Mapping[str, Any]) -> None:
         step = int(snapshot[STEP_KEY])
-        # The whole report goes out as one Summary proto, one op: a tf.summary.scalar op per
-        # tag (an eager op each) cost the driver tens of times more per report.
+        # One Summary proto, one op: an eager tf.summary.scalar op per tag cost far more.
         summary = self._summary_type()
         for tag, value in scalar_tags(snapshot).items():
             summary.value.extend(self._scalar_pb(tag, value).value)

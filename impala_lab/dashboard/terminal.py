@@ -1,19 +1,9 @@
 """The dashboard's text view: the same figures as the widgets, for a terminal or a log.
 
-`render(stats)` returns a few lines (at most 100 columns) that follow the data's way through
-the pipeline; `progress_line(stats)` is one line for logs; `TerminalView` redraws the panel in
-place in a TTY (the CLI's live view) and prints one line per report elsewhere. The dashboard's
-``show()`` prints `render` when there is no notebook frontend.
-
-Both show the learning-health monitor's active flags (``stats()["health"]``) when there are
-any: the line ends with ``health: entropy collapsed, ...``, the panel has a ``health`` line.
-A report window in which no sample reached the driver (``num_steps_sampled`` did not move
-since the previous report; none yet at the first) says so: ``NO SAMPLES since the last report
-(12.0 s since the last sample)``, or ``NO SAMPLES yet (3.0 s)`` (`TerminalView` compares the
-snapshots).
-
-Pure Python on purpose: no numpy, no matplotlib, no ipywidgets, so the CLI stays quick to
-start and this module is safe to import anywhere.
+`render` is the panel (at most 100 columns, in the data's order through the pipeline),
+`progress_line` one line for logs; both name the active health flags, and say so when a
+report window brought no sample. `TerminalView` redraws the panel in place in a TTY (the CLI's
+live view), else prints a line per report. Pure Python, so the CLI starts quickly.
 """
 
 from __future__ import annotations
@@ -31,9 +21,8 @@ from impala_lab.health_flags import flag_labels
 
 # ---------------------------------------------------------------------- the views
 def no_samples_note(s: Mapping[str, Any]) -> str:
-    """What a report window without a sample says, with the seconds since the last one:
-    ``NO SAMPLES yet (3.0 s)`` before the first, else ``NO SAMPLES since the last report
-    (12.0 s since the last sample)``."""
+    """What a report window without a sample says: ``NO SAMPLES yet (3.0 s)`` before the
+    first, else ``NO SAMPLES since the last report (12.0 s since the last sample)``."""
     since = s.get("seconds_since_sample")
     if not s.get("num_steps_sampled"):
         return "NO SAMPLES yet" + (f" ({since:.1f} s)" if is_number(since) else "")
@@ -43,8 +32,7 @@ def no_samples_note(s: Mapping[str, Any]) -> str:
 
 def progress_line(s: Mapping[str, Any], no_samples: bool = False) -> str:
     """One line: time, env steps, return, throughputs, learner queue, policy lag, the latest
-    evaluation's returns (greedy / sampled) with evaluation on, the health flags when there
-    are any, and `no_samples_note` when ``no_samples``."""
+    evaluation (if on), the health flags (if any), and `no_samples_note` if ``no_samples``."""
     q = queue_figures(s)["learner_queue"]
     lag = (s.get("policy_lag") or {}).get("mean", math.nan)
     ret = s.get("episode_return_mean", math.nan)
@@ -83,10 +71,9 @@ def _pipeline_line(s: Mapping[str, Any]) -> str:
 
 
 def render(s: Mapping[str, Any], title: str = "", no_samples: bool = False) -> str:
-    """The text dashboard (7 lines, <= 100 columns) of one ``Impala.stats()`` snapshot; one
-    more with a ``health`` line when the snapshot has a health key (every live run's has), an
-    ``actions`` line under the learner's when its stats have a Box-action run's action mean
-    and std, and `no_samples_note` under the first when ``no_samples``."""
+    """The text dashboard (7 lines, <= 100 columns) of one ``Impala.stats()`` snapshot, plus
+    a ``health`` line (with a health key), an ``actions`` line (a Box-action run's) and
+    `no_samples_note` (if ``no_samples``)."""
     p = s.get("pipeline") or {}
     lag = s.get("policy_lag") or {}  # at the driver; ``trained``: when the learner trains
     trained = s.get("policy_lag_at_training") or {}

@@ -1,10 +1,5 @@
-"""`train_with_dashboard`: a blocking ``train()`` with the live dashboard on.
-
-``Impala.train(..., dashboard=True)`` calls it. The cell holds until the stop condition, so the
-kernel takes no clicks meanwhile: the dashboard's controls stay disabled, its poller thread
-keeps the widgets moving (reading the pipeline view each step leaves, see
-``Impala.driving_thread``), and without a notebook frontend the terminal view is printed at
-every report. ``impala.start()`` is the variant with live controls.
+"""`train_with_dashboard`: ``Impala.train(..., dashboard=True)``, a blocking ``train()`` whose
+dashboard keeps moving (its controls disabled: the kernel takes no clicks meanwhile).
 """
 
 from __future__ import annotations

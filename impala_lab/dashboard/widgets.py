@@ -5,45 +5,16 @@
     board.show()                      # widgets in this cell; a poller keeps them moving
     impala.start(max_seconds=120)     # trains in the background: the cell returns
 
-What it shows (top to bottom): the run's status; a learning-health badge (``stats()["health"]``:
-a warning badge per active flag with its one-sentence explanation, else "ok" and what was seen
-earlier); the headline figures; the pipeline diagram
-(`impala_lab.dashboard.diagram`); gauges for the queues with a bottleneck hint; start, pause
-and stop buttons and the live knobs; plots of throughput and return; the frame strip, the
-last observations of one worker's env when they are images
-(`impala_lab.dashboard.frame_strip`); plots of learner queue and policy lag, the timing
-breakdown and the learner stats (`impala_lab.dashboard.plots`), and the policy-lag histogram
-(`impala_lab.dashboard.lag_histogram`). A run whose action space is a gymnasium Box (a Gaussian
-policy) adds two headline cards, the policy's action mean and std from the learner's last
-step, and their plot over time beside the histogram; any other run's page is as without them.
+The widgets and their places are in `layout`, their HTML in `markup`, sliders and buttons in
+`controls`, the plot schedule in `plot_schedule`; this class keeps them in step with the run.
+A daemon poller reads ``impala.stats()`` at ``poll_hz`` and sets the widgets inside
+``hold_sync()``; it never prints or enters an ``Output`` context (ipykernel routes a thread's
+output badly). ``refresh()`` does one update in the calling thread (step-through cells, tests).
+The dashboard only reads the run and calls ``start/pause/stop/set_knobs``. It holds the run
+weakly, so re-running a cell lets the old run be collected: keep your own reference.
 
-The parts live in their own modules: the HTML of each widget in `markup` (pure functions of a
-snapshot), the sliders and buttons in `controls`, which plot to draw when in `plot_schedule`,
-the widgets and where each sits in `layout`. This class keeps them in step with the run and
-passes clicks to it.
-
-How it runs: the widgets are built and displayed by the main thread; one daemon poller thread
-reads ``impala.stats()`` at ``poll_hz`` (default 4 Hz) and sets the widgets' values inside
-``hold_sync()``; it never prints, displays or enters an ``Output`` context (ipykernel routes
-a thread's output badly). The diagram, gauges and the timing bars (SVG) follow every poll.
-The plots over time are matplotlib Agg PNGs in ``Image`` widgets, redrawn only when
-``impala.history`` has new rows, by a small spawned plot process within ``plot_budget`` of one
-core (`plot_schedule.PlotScheduler`). ``refresh()`` does one complete update in the calling
-thread: step-through cells and tests use it. ``python -m bench.dashboard_overhead`` measures
-what all of it costs the run.
-
-The dashboard only reads ``stats()``, ``history``, ``knob_changes`` and, where the run has
-them, ``observation_space`` and ``latest_frames()`` (the frame strip) and ``action_space``
-(the action cards and plot), and calls
-``start()``, ``pause()``, ``stop()`` and ``set_knobs()``; it never reaches into the pipeline.
-It holds the run weakly: re-running a cell that makes a new run lets the old one be collected
-(and its workers end); keep your own reference (``impala = Impala(...)``).
-
-Buttons and knobs work while the kernel is idle, i.e. with ``impala.start()`` (background
-training). ``impala.train(..., dashboard=True)`` holds the cell until its stop condition: the
-widgets keep moving (the poller's updates reach the page), but the kernel cannot receive
-clicks until the cell ends, so the controls are disabled meanwhile; interrupt the kernel to
-end such a run early (``train()`` then stops the run), or use ``start()`` instead.
+Under a blocking ``train(..., dashboard=True)`` the kernel takes no clicks until the cell
+ends, so the controls stay disabled; use ``start()`` for live controls.
 """
 
 from __future__ import annotations
@@ -69,8 +40,8 @@ from impala_lab.dashboard.terminal import TerminalView, render
 
 
 def frontend_available() -> bool:
-    """True inside a Jupyter kernel (JupyterLab, Notebook, VS Code, Voila) that can show
-    widgets; False in a plain Python process or a terminal IPython."""
+    """True inside a Jupyter kernel that can show widgets; False in a plain or terminal
+    Python."""
     try:
         from IPython import get_ipython
     except ImportError:
@@ -111,10 +82,9 @@ class Dashboard(DashboardWidgets):
       plot_interval: seconds between two renders of one plot, at least.
       plot_budget: share of one CPU core the plots may use on average, in (0, 1].
       plot_process: draw the poller's plots in a child process (the kernel's GIL stays with
-        the run); False, or a child that cannot start, draws them in the poller thread
-        within ``min(plot_budget, 0.03)``.
-      start_kwargs: arguments of ``impala.start()`` for the start button, e.g.
-        ``{"max_seconds": 300}`` or ``{"stop": {"episode_return_mean": 475}}``.
+        the run); else, or if it cannot start, in the poller thread.
+      start_kwargs: ``impala.start()``'s arguments for the start button, e.g.
+        ``{"max_seconds": 300}``.
     """
 
     def __init__(self, impala: Any, *, poll_hz: float = 4.0, plot_interval: float = 1.0,
@@ -130,7 +100,6 @@ class Dashboard(DashboardWidgets):
         env_id = getattr(config, "env_id", None) or "env"
         self.title = f"IMPALA · {env_id}"
         self.blocking_train = False
-        self.last_stats: dict[str, Any] | None = None
         self._lock = threading.RLock()
         self._replay_off = False
         self._lr_scheduled = False
@@ -170,11 +139,8 @@ class Dashboard(DashboardWidgets):
     # ------------------------------------------------------------------ showing
     def show(self, *, blocking_train: bool = False) -> None:
         """Display the widgets and start the poller; without a frontend, print the text view.
-
-        Args:
-          blocking_train: ``Impala.train(dashboard=True)`` passes True: the controls stay
-            disabled until ``train_ended()`` (the kernel cannot take clicks meanwhile).
-        """
+        ``blocking_train`` (from ``train(dashboard=True)``) disables the controls until
+        ``train_ended()``."""
         self.blocking_train = blocking_train
         if not frontend_available():
             print(self.text())
@@ -228,8 +194,7 @@ class Dashboard(DashboardWidgets):
         self._poller.start(self)
 
     def stop_polling(self, timeout: float = 2.0) -> None:
-        """Stop the poller thread and wait for it. The plot process stays for a restart;
-        ``close()``, the end of the run or of this dashboard ends it."""
+        """Stop the poller thread and wait for it (the plot process stays until ``close()``)."""
         self._poller.stop(timeout)
 
     @property
@@ -272,16 +237,9 @@ class Dashboard(DashboardWidgets):
     # ------------------------------------------------------------------ updating
     def refresh(self, stats: Mapping[str, Any] | None = None, *, plots: bool = True
                 ) -> dict[str, Any]:
-        """Update every widget now, in the calling thread (step-through cells, tests).
-
-        Args:
-          stats: the snapshot to show; None reads ``impala.stats()``.
-          plots: also redraw every plot whose rows changed, here and now (ignoring the plot
-            budget); while the poller's plot process runs, it is asked to draw them instead.
-
-        Returns:
-          the snapshot shown.
-        """
+        """Update every widget now, in the calling thread, from ``stats`` (None: the run's);
+        returns the snapshot shown. ``plots`` redraws every plot with new rows, here or, while
+        the poller's plot process runs, there."""
         run = self.impala
         if stats is None:
             if run is None:
@@ -293,8 +251,7 @@ class Dashboard(DashboardWidgets):
             self._apply(stats, run)
             if plots and run is not None:
                 if self._scheduler.child is not None and self.polling:
-                    # The poller's plot process draws them: ask for all of them soon, rather
-                    # than draw here with other axes limits (the plots would jump).
+                    # drawn here, they would have other axes limits than the child's: jumps
                     self._scheduler.redraw_soon()
                 else:
                     self._scheduler.draw_here(run.history, force=True)
@@ -302,7 +259,6 @@ class Dashboard(DashboardWidgets):
 
     def _apply(self, s: Mapping[str, Any], run: Any) -> None:
         """Set every widget from one snapshot, each widget's changes in one message."""
-        self.last_stats = dict(s)
         state = self._state(run)
         widgets = [self.header, self.health, self.diagram, self.timing, self.hint, self.message,
                    self.knob_log, self.lag_histogram, self.frame_caption, self.frame_strip,

@@ -1,10 +1,8 @@
 """`Actors`: the driver's side of the actors box, one object for the loop to talk to.
 
-Three parts look after the actors: the backend (where they live and how weights reach them),
-the `SampleTaskPool` (which sample requests each still owes) and the `WorkerSupervisor`
-(starting, watching and replacing them). The driver loop needs a handful of calls across the
-three; `Actors` names those calls, so the loop has one collaborator for the actors instead
-of three and never reaches into any of them.
+The backend (where workers live), the `SampleTaskPool` (the requests each owes) and the
+`WorkerSupervisor` (starting and replacing them) look after the actors; `Actors` names the
+calls the loop needs across the three, so the loop never reaches into any of them.
 """
 
 from __future__ import annotations
@@ -20,13 +18,7 @@ from impala_lab.errors import WorkerError
 
 
 class Actors:
-    """The run's workers as the driver loop uses them.
-
-    Args:
-      backend: where the workers live (``put_weights``).
-      tasks: the `SampleTaskPool` of the sample requests in flight.
-      supervisor: the `WorkerSupervisor` (starts, replaces and clocks the workers).
-    """
+    """The run's workers as the driver loop uses them."""
 
     def __init__(self, backend: Backend, tasks: SampleTaskPool,
                  supervisor: WorkerSupervisor) -> None:

@@ -1,10 +1,5 @@
-"""`BackgroundTraining`: a run trained in a thread of its own while the caller goes on.
-
-`Impala` mixes it in. ``start()`` runs ``train()`` in a daemon thread (a notebook cell
-returns and the dashboard keeps moving), ``pause()`` ends it after the current step (the run
-stays usable), ``wait()`` blocks until it ends; an error in that thread is kept and raised by
-``pause()``/``wait()``. ``driving_thread()`` marks the one thread that steps a run, so that
-other threads (a dashboard's poller) read the pipeline view its last step left.
+"""`BackgroundTraining` (an `Impala` mixin): ``train()`` in a daemon thread while the caller
+(a notebook cell) goes on; an error there is kept and raised by ``pause()`` or ``wait()``.
 """
 
 from __future__ import annotations
@@ -43,10 +38,7 @@ class BackgroundTraining:
     def start(self, stop: StopCondition = None, *, max_seconds: float | None = None,
               max_env_steps: int | None = None, report_interval: float = 1.0) -> None:
         """Train in a background thread: the notebook cell returns, the dashboard keeps moving.
-
-        ``pause()`` ends the background training (the run stays usable), ``stop()`` ends the
-        run. Arguments as in ``train()``; the result lands in ``last_result``.
-        """
+        Arguments as in ``train()``; the result lands in ``last_result``."""
         self._check_running()
         if self.is_training:
             raise ImpalaError("this run is already training in the background")

@@ -13,33 +13,22 @@ The turn, in `DriverLoop.step`::
         send_weights_and_request(worker)              # its weights, one more request
     learner.drain_trained(): the env steps the learner trained on since the last turn
 
-Six collaborators in two groups. What a turn reads and counts into: the ``config``, the
-``replay`` mixer, the ``learner`` (a `impala_lab.learner.port.LearnerPort`: put a batch,
-drain what was trained, take the weights-updated flag, read the weights) and the run's
-``run_stats``. What the library's versions of the five calls below use to reach the world:
-the ``actors`` (`impala_lab.driver.actors.Actors`: task pool, supervisor, backend) and the
-dashboard's ``frames``. The learner owns the weights-updated flag: the loop only takes it
-(read and clear in one locked step), and asks only once the interval is reached, so a take
-never wastes an update.
+The learner owns the weights-updated flag: the loop takes it (read and clear in one locked
+step) only once the interval is reached, so a take never wastes an update.
 
 The loop's state between turns is four public attributes (``batch_buffer``,
 ``batch_buffer_steps``, ``num_sent``, ``weights_ref``); everything a turn does to the world
-goes through five public methods. `Impala` runs this class as it is; Exercise 4's scripted
-stand-in (`impala_lab.classroom.exercises.driver_step.StepDriver`) subclasses it and overrides
-the five methods to script the workers and log every call, so the student's answer and the
-library run the same interface.
+goes through five public methods, which Exercise 4's scripted stand-in
+(`impala_lab.classroom.exercises.driver_step.StepDriver`) overrides: the student's answer and
+the library run the same interface.
 
-Policy lag is a dial here (Sample Factory's and the IMPALA paper's appendix E's): a new batch
-more than ``max_policy_lag`` learner updates behind is dropped where it arrives, in
-`DriverLoop.completed_samples` (its worker still gets weights and a new request), and
-``extra_policy_lag`` = K holds broadcasts back, in `DriverLoop.broadcast`: the weights published
-are the newest ones at least K updates older than the learner's, so once the learner has made
-K updates every batch is sampled at least K updates behind.
+Policy lag is a dial (the IMPALA paper's appendix E): a new batch more than ``max_policy_lag``
+updates behind is dropped where it arrives (its worker still gets weights and a new request),
+and ``extra_policy_lag`` = K publishes only weights at least K updates older than the
+learner's, so every batch is then sampled at least K updates behind.
 
-One deliberate difference from RLlib: RLlib forgot the published weights and the broadcast
-counter at the end of every ``_step`` call, so broadcast_interval only counted the returns
-within one call. Here both persist across turns, so broadcast_interval means what its name
-says.
+Unlike RLlib, which forgot the published weights and the broadcast counter at the end of every
+``_step`` call, both persist across turns, so broadcast_interval means what its name says.
 """
 
 from __future__ import annotations
@@ -62,17 +51,14 @@ class DriverLoop:
     """The driver's loop: its state between turns and the calls a turn makes.
 
     Args:
-      config: the run's `ImpalaConfig`; a turn reads ``train_batch_size``,
-        ``broadcast_interval`` (a live knob: the run hands in each new config),
-        ``max_sample_requests_in_flight_per_worker`` and ``learner_queue_size``.
+      config: the run's `ImpalaConfig` (the run hands in a new one when a knob changes).
       replay: the `ReplayMixer`.
       learner: the `LearnerPort`: the only way the loop reaches the learner (None until the
         learner is built: `Impala` starts the workers first, with `start`).
       run_stats: the run's `RunStats` (counters and timers).
-      actors: the `Actors` (task pool, supervisor, backend) that the library's methods below
-        use; a stand-in that overrides those methods leaves it None.
-      frames: a `LatestFrames` that `completed_samples` shows every new batch (the
-        dashboard's frame strip), or None.
+      actors: the `Actors` (task pool, supervisor, backend) that the methods below use; a
+        stand-in that overrides them leaves it None.
+      frames: a `LatestFrames` (the dashboard's frame strip) shown every new batch, or None.
 
     Attributes:
       batch_buffer: the batches (new and replayed) waiting to become a train batch.
@@ -166,8 +152,8 @@ class DriverLoop:
                 blocking = False
 
     def show_frames(self, worker: Any, batch: SampleBatch, env_steps: int) -> None:
-        """Let ``frames`` take the last frames of a new batch when ``worker`` is the live
-        worker with the lowest index; ``env_steps``: the run's, this batch included."""
+        """Let ``frames`` (the dashboard's strip) take a new batch's last frames; ``env_steps``:
+        the run's, this batch included."""
         if self.frames is None or self.frames.kind is None:
             return
         lowest = self.actors.lowest_live_index(default=worker.index)
@@ -226,9 +212,8 @@ class DriverLoop:
             self._publish(*self.learner.get_weights())
 
     def _publish(self, weights: Any, version: int) -> None:
-        """Publish ``(weights, version)``, or the older weights `held_back_weights` picks,
-        and reset `num_sent` (`broadcast` with the learner's weights; `start` with the
-        learner's first ones before it exists). The caller times it."""
+        """Publish ``(weights, version)``, or the older weights `held_back_weights` picks, and
+        reset `num_sent`. The caller times it."""
         chosen = self.held_back_weights(weights, version)
         if chosen is not None:
             self.weights_ref = self.actors.put_weights(*chosen)

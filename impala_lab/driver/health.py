@@ -1,65 +1,21 @@
 """`HealthMonitor`: says when learning looks wrong, in words and figures.
 
-One idea: compare each figure the run already measures against a documented threshold, and
-name what crosses it. Eight flags (their codes):
+Each figure the run already measures is compared with a threshold (the constants below), and
+what crosses one is named: ``entropy_collapsed``, ``value_loss_spike``, ``grad_norm_spike``,
+``updates_skipped``, ``learner_starved``, ``learner_overfed``, ``no_samples``,
+``worker_stalled``. docs/training.md, "Learning health", says when each is raised and clears.
 
-- ``entropy_collapsed``: the policy's mean entropy over the last `ENTROPY_WINDOW` learner
-  steps is below `ENTROPY_COLLAPSE_FRACTION` of the largest possible, ``log(num_actions)``,
-  while the mean return is below `LOW_RETURN_FRACTION` of the best trailing mean seen so far.
-  A near-deterministic policy that does well is fine; one that does badly can no longer
-  explore its way out (with ``entropy_coeff`` 0 nothing pushes it back). Both figures are
-  relative, so CartPole's collapsed policy (return about 9, the random policy's is about 22)
-  is caught after a fall from 400 as well as from the start.
-- ``value_loss_spike`` / ``grad_norm_spike``: one learner step's ``vf_loss`` (``grad_gnorm``)
-  at least `SPIKE_RATIO` times the median of the previous `SPIKE_WINDOW` steps, while the
-  mean return has stayed below `SPIKE_RETURN_FRACTION` of the best trailing mean seen so far
-  for `SPIKE_CONFIRM_S` seconds (or no return is known yet: then the ratio alone decides).
-  The learner thread feeds every step (`observe_learner_step`), so a spike between two
-  reports is not missed; a spike counts for `SPIKE_HOLD_S` seconds, so a return that falls
-  and stays down within that time after it raises the flag, with the spike's time. Why the
-  return too: a healthy run near the top keeps the median tiny (its value head predicts its
-  long episodes well), so one failed episode there gives a loss thousands of times that
-  median while the run's return barely moves: the ratio alone cries wolf. A spike that wrecks
-  the policy, like notebook 06's recorded collapse, takes the return down with it and it
-  stays down; a healthy run on its way up can halve its mean return for a second and be back
-  the next, which is why the fall must last.
-- ``updates_skipped``: updates rejected because the loss or gradient norm was not finite
-  (``VTracePolicy.num_updates_skipped``), counted since the start; the flag stays up.
-- ``learner_starved``: the learner queue held at most `STARVED_QUEUE_FRACTION` of its
-  capacity on average and the learner spent at least `STARVED_WAIT_FRACTION` of its time
-  waiting for data: the actors are the bottleneck.
-- ``learner_overfed``: the queue held at least `OVERFED_QUEUE_FRACTION` of its capacity and
-  the driver was blocked on the full queue at least `OVERFED_BLOCKED_FRACTION` of the time:
-  the learner is the bottleneck, and batches grow stale (policy lag) while they wait.
+Two choices need a why. A loss or gradient spike counts only while the mean return has stayed
+low for `SPIKE_CONFIRM_S`: near the top a healthy run's value loss has a tiny median, so one
+failed episode spikes it thousands of times without harm, whereas a spike that wrecks the
+policy takes the return down and it stays down. A pipeline flag (starved, overfed) must hold
+for `PIPELINE_PERSIST_S`: on a shared machine a healthy run's learner may wait a report or two.
 
-  Both pipeline flags come up only once their condition has held at every check for
-  `PIPELINE_PERSIST_S` seconds (``since_s`` is when it began): on a shared machine another
-  process can take the CPU from the actors for a moment, and a healthy run's learner then
-  waits more than usual for a report or two; an imbalance worth a warning lasts.
-- ``no_samples``: while ``train()`` runs, no worker's sample reached the driver for
-  `NO_SAMPLES_S` seconds: every env hangs, or every worker fails while starting.
-- ``worker_stalled``: while ``train()`` runs, a worker's last sample is `stalled_after_s`
-  seconds ago (a quarter of ``sample_timeout_s``, at which the driver ends and replaces it):
-  its env may hang. ``stats()["workers"]`` marks the worker, the dashboard's diagram too.
-
-`HealthMonitor.check` returns the JSON-ready dict that ``Impala.stats()["health"]`` holds::
-
-    {"status": "ok" | "warning",
-     "flags": [{"code": "entropy_collapsed", "since_s": 41.3,
-                "message": "entropy collapsed: ... (one sentence with the figures)"}],
-     "seen": {"entropy_collapsed": {"first_s": 41.3, "last_s": 60.2, "times": 1,
-                                    "message": "the first message"}},
-     "num_updates_skipped": 0}
-
-A flag clears when its condition goes away (``updates_skipped`` counts since the start and
-stays); ``since_s`` is when it came up. ``seen`` keeps every code the run ever raised, for an
-end-of-run summary (`describe_seen`): when first and last, how many times (each spike counts,
-and each time a condition came back) and its first message. Times are the run's seconds
-(``time_total_s``).
-
-Pure Python (no numpy, no TensorFlow): the learner thread calls `observe_learner_step` about
-200 times a second, so it appends to a few bounded deques and refreshes the medians only
-every `MEDIAN_REFRESH_STEPS` steps (a few microseconds per step).
+`HealthMonitor.check` returns ``stats()["health"]``: ``status`` ("ok" or "warning"), the
+active ``flags`` (``code``, ``message``, ``since_s``), every code ``seen`` so far (``first_s``,
+``last_s``, ``times``, its first ``message``) and ``num_updates_skipped``; times are the run's
+seconds. The learner thread calls `observe_learner_step` every train step, so it only appends
+to bounded deques and refreshes the medians every few steps.
 """
 
 from __future__ import annotations
@@ -72,61 +28,49 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-# The flags' names for people live in the shared vocabulary: the views read them too.
-from impala_lab.health_flags import LABELS as LABELS  # re-exported: the flags and their words
+# The flags' words live in the shared vocabulary (the views read them), re-exported here.
+from impala_lab.health_flags import LABELS as LABELS
 from impala_lab.health_flags import describe_seen as describe_seen
 from impala_lab.health_flags import flag_codes as flag_codes
 from impala_lab.health_flags import flag_labels as flag_labels
 
 # ---------------------------------------------------------------------- thresholds
-#: Entropy counts as collapsed below this fraction of log(num_actions) (CartPole: 0.069 nats,
-#: a policy that picks one action with probability above about 0.985).
+#: Entropy collapsed: below this fraction of log(num_actions) (CartPole: 0.069 nats) ...
 ENTROPY_COLLAPSE_FRACTION = 0.1
-#: Learner steps whose mean entropy is compared (one step's entropy is noisy).
+#: ... as the mean of this many learner steps (one step's entropy is noisy).
 ENTROPY_WINDOW = 20
 #: The return is "low" below this fraction of the best trailing mean return seen so far.
 LOW_RETURN_FRACTION = 0.5
 #: Episodes a trailing mean needs before it counts (for the best, and for "low").
 RETURN_MIN_EPISODES = 20
-#: A step's vf_loss or grad_gnorm at least this many times the recent median is a spike.
-#: Healthy tuned CartPole runs reach it too (about 27x as the return rises, thousands of
-#: times near the top when one episode fails), hence the return test below; the recorded
-#: collapse reached 30-100x as it fell.
+#: A spike: one step's vf_loss or grad_gnorm this many times the median of the previous
+#: `SPIKE_WINDOW` steps (healthy runs reach it too: hence the return test).
 SPIKE_RATIO = 20.0
-#: A spike raises its flag only while the mean return is below this fraction of the best
-#: trailing mean so far (the same "low" as the entropy flag's): the spike came with a fall.
 SPIKE_RETURN_FRACTION = LOW_RETURN_FRACTION
-#: ... and it must have stayed there this many seconds (a healthy run can dip for a report).
+#: Seconds the return must have stayed low for a spike to raise its flag.
 SPIKE_CONFIRM_S = 10.0
-#: Learner steps in the median a spike is measured against.
 SPIKE_WINDOW = 100
-#: Steps of history needed before spikes are looked for (the first steps move a lot).
+#: Steps of history before spikes are looked for (the first steps move a lot).
 SPIKE_MIN_STEPS = 20
-#: The median is recomputed every this many steps (cheap enough for the learner thread).
 MEDIAN_REFRESH_STEPS = 10
-#: A spike flag stays up this many seconds after the latest spike.
+#: Seconds a spike flag stays up after the latest spike.
 SPIKE_HOLD_S = 30.0
-#: Learner steps in the learner_queue window needed before starved/overfed are judged.
+#: Learner steps in the learner_queue window before starved/overfed are judged.
 PIPELINE_MIN_STEPS = 20
-#: A pipeline condition (starved, overfed) must hold this many seconds before it is raised:
-#: on a shared machine a healthy run's learner can wait far more than usual for a report.
 PIPELINE_PERSIST_S = 10.0
-#: Starved: mean queue length at most this fraction of learner_queue_size ...
+#: Starved: mean queue length at most this fraction of learner_queue_size, and the learner
+#: waiting for data at least `STARVED_WAIT_FRACTION` of its time.
 STARVED_QUEUE_FRACTION = 0.1
-#: ... and the learner waited for data at least this fraction of its time (a healthy run's
-#: learner may wait more than half of it).
 STARVED_WAIT_FRACTION = 0.8
-#: Overfed: mean queue length at least this fraction of learner_queue_size ...
+#: Overfed: mean queue length at least this fraction of learner_queue_size, and the driver
+#: blocked on the full queue at least `OVERFED_BLOCKED_FRACTION` of the time.
 OVERFED_QUEUE_FRACTION = 0.9
-#: ... and the driver was blocked on the full queue at least this fraction of the time.
 OVERFED_BLOCKED_FRACTION = 0.5
-#: No sample reached the driver for this many seconds of training: ``no_samples`` (a healthy
-#: run gets many a second; a Ray actor takes a few seconds to start).
+#: Seconds of training without a sample reaching the driver: ``no_samples``.
 NO_SAMPLES_S = 10.0
-#: A worker is marked stalled once its last sample is this fraction of ``sample_timeout_s``
-#: ago (15 s at the default 60 s): a warning before the driver ends it at the timeout ...
+#: A worker is stalled once its last sample is this fraction of ``sample_timeout_s`` ago, or
+#: `WORKER_STALLED_S` with ``sample_timeout_s=None``: a warning before the driver ends it.
 WORKER_STALLED_FRACTION = 0.25
-#: ... or this many seconds with ``sample_timeout_s=None`` (stalled workers are never ended).
 WORKER_STALLED_S = 15.0
 
 #: The spike flags and the learner stat each watches.
@@ -134,8 +78,9 @@ SPIKE_STATS = {"value_loss_spike": "vf_loss", "grad_norm_spike": "grad_gnorm"}
 SPIKE_CODES = tuple(SPIKE_STATS)
 PIPELINE_CODES = ("learner_starved", "learner_overfed")
 
+
 def stalled_after_s(sample_timeout_s: float | None) -> float:
-    """Seconds without a sample after which a worker is marked stalled (see the module docs)."""
+    """Seconds without a sample after which a worker is marked stalled."""
     if sample_timeout_s is None:
         return WORKER_STALLED_S
     return WORKER_STALLED_FRACTION * sample_timeout_s
@@ -168,22 +113,19 @@ class _Series:
         """The spikes of the last `SPIKE_HOLD_S` seconds, oldest first."""
         return [spike for spike in self.spikes if now - spike[0] <= SPIKE_HOLD_S]
 
-    def push(self, value: float, now: float) -> bool:
-        """Add one step's value; True if it is a spike against the previous steps."""
-        spike = False
+    def push(self, value: float, now: float) -> None:
+        """Add one step's value, noting a spike against the previous steps."""
         if not math.isfinite(value):
-            return False
+            return
         if (len(self.values) >= SPIKE_MIN_STEPS and self.median > 0
                 and value >= SPIKE_RATIO * self.median):
             self.num_spikes += 1
             self.spikes.append((now, value, self.median, self.num_spikes))
-            spike = True
         self.values.append(value)
         self.until_refresh -= 1
         if self.until_refresh <= 0 or len(self.values) <= SPIKE_MIN_STEPS:
             self.median = statistics.median(self.values)
             self.until_refresh = MEDIAN_REFRESH_STEPS
-        return spike
 
 
 class HealthMonitor:
@@ -237,20 +179,17 @@ class HealthMonitor:
         """Judge the run now; returns the ``health`` dict (see the module docs).
 
         Args:
-          episode_return_mean: mean return of the last episodes (stats()'s figure).
-          episode_return_count: episodes in that mean.
-          learner_queue: ``stats()["learner_queue"]`` (mean and count of the queue length
-            after each learner step).
-          learner_wait_ms: mean ms the learner waited for data per step.
-          learner_grad_ms: mean ms of a learner train step.
-          driver_blocked_fraction: share of the recent wall time the driver waited to put a
-            batch on the full learner queue.
+          episode_return_mean, episode_return_count: the mean return of the last episodes,
+            and how many episodes it holds.
+          learner_queue: ``stats()["learner_queue"]`` (the queue length after each step).
+          learner_wait_ms, learner_grad_ms: mean ms per learner step waiting for data, and
+            training.
+          driver_blocked_fraction: the recent share of time the driver waited on the full
+            learner queue.
           policy_lag: mean policy lag (for the overfed message).
           num_updates_skipped: non-finite updates rejected since the start.
-          seconds_since_sample: seconds since a sample last reached the driver while
-            training (NaN: not training, nothing judged).
-          stalled_workers: ``stats()["workers"]`` entries marked stalled (``index``,
-            ``seconds_since_sample``).
+          seconds_since_sample: since a sample last reached the driver (NaN: not judged).
+          stalled_workers: the ``stats()["workers"]`` entries marked stalled.
           sample_timeout_s: the run's, for the messages.
         """
         with self._lock:
@@ -270,8 +209,7 @@ class HealthMonitor:
                     "num_updates_skipped": self._num_skipped}
 
     def _raise_flags(self, flags: dict[str, str], now: float) -> list[dict[str, Any]]:
-        """Clear the flags whose condition went away, note the new ones in ``seen``; the
-        ``flags`` list of the health dict."""
+        """The health dict's ``flags``: the gone ones cleared, the new ones noted in ``seen``."""
         for code in list(self._active):
             if code not in flags:
                 del self._active[code]
@@ -299,8 +237,8 @@ class HealthMonitor:
                 f"or lower lr or grad_clip")
 
     def _low_return(self, ret: float, count: int, now: float) -> bool | None:
-        """Whether the mean return is below `LOW_RETURN_FRACTION` of the best trailing mean so
-        far (which it updates, with when it went low); None while too few episodes ended."""
+        """Whether the mean return is below `LOW_RETURN_FRACTION` of the best so far (updating
+        the best and when it went low); None while too few episodes ended."""
         if not (count >= RETURN_MIN_EPISODES and math.isfinite(ret)):
             return None
         self.best_return_mean = max(self.best_return_mean, float(ret))
@@ -326,9 +264,9 @@ class HealthMonitor:
                 f"does badly no longer explores (raise entropy_coeff or lower lr)")
 
     def _check_spikes(self, flags: dict[str, str], now: float, low: bool | None) -> None:
-        """Raise each spike flag whose spikes of the last `SPIKE_HOLD_S` seconds came with a
-        return low for `SPIKE_CONFIRM_S` seconds (or ``low`` None: no return known yet); note
-        those spikes in ``seen``, each once, at its own time."""
+        """Raise each spike flag with spikes in the last `SPIKE_HOLD_S` seconds while the
+        return is low for `SPIKE_CONFIRM_S` (or not known yet); note each spike in ``seen``
+        once, at its own time."""
         if low is False or (low and not now - self._low_since >= SPIKE_CONFIRM_S):
             return
         for code, series in self._series.items():
@@ -367,8 +305,7 @@ class HealthMonitor:
         return now
 
     def _hold_back_pipeline(self, flags: dict[str, str], now: float) -> None:
-        """Drop a pipeline flag whose condition has not yet held `PIPELINE_PERSIST_S` seconds;
-        forget when a condition began once it is gone."""
+        """Drop a pipeline flag whose condition has not yet held `PIPELINE_PERSIST_S`."""
         for code in PIPELINE_CODES:
             if code not in flags:
                 self._pipeline_since.pop(code, None)

@@ -1,10 +1,9 @@
-"""`KnobControl`: a run's live knobs (`impala_lab.knobs`) and its learning-rate schedule.
+"""`KnobControl` (an `Impala` mixin): a run's live knobs (`impala_lab.knobs`) and its
+learning-rate schedule.
 
-`Impala` mixes it in. ``set_knobs`` validates a change at once and queues it; the driver
-applies the queue before its next step (``_apply_pending_knobs``), so a knob never changes in
-the middle of one. With ``lr_schedule`` the learning rate follows the schedule over env steps
-sampled instead (`impala_lab.schedules`), set before each driver step as RLlib sets it before
-each training iteration, and the ``lr`` knob is refused.
+``set_knobs`` validates a change at once and queues it; the driver applies the queue before its
+next step, so a knob never changes in the middle of one. With ``lr_schedule`` the rate follows
+the schedule over env steps, set before each driver step, and the ``lr`` knob is refused.
 """
 
 from __future__ import annotations
@@ -17,8 +16,8 @@ from impala_lab.schedules import scheduled_value
 
 __all__ = ["KnobControl"]
 
-# The scheduled rate is assigned when it has moved this much (relative) since the last
-# assignment, or reached its end: a few hundred assignments over a schedule, not one per step.
+# The scheduled rate is assigned once it moved this much (relative), or reached its end: a
+# few hundred assignments over a schedule, not one per step.
 LR_STEP = 0.002
 
 
@@ -62,8 +61,7 @@ class KnobControl:
         set_knobs.__doc__ = set_knobs.__doc__.format(knobs=_knob_lines())
 
     def _apply_pending_knobs(self) -> None:
-        """The queued knob changes, and the schedule's learning rate for the env steps
-        sampled so far."""
+        """Apply the queued knob changes, and the schedule's rate for the env steps so far."""
         if self.config.lr_schedule is not None:
             self._follow_lr_schedule()
         with self._knob_lock:

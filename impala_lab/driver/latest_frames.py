@@ -1,14 +1,9 @@
 """`LatestFrames`: the latest frames of one worker's env, kept by the driver.
 
-The dashboard shows what an actor sees without asking the actors for anything: the driver
-already holds every new batch's observations ``obs [T, B, *obs_shape]``. `LatestFrames` copies
-the last K time steps of column 0 (the worker's first env) of each new batch from one worker,
-the one with the lowest live index (worker 0 unless it failed and was replaced), and drops
-everything else of the batch at once. Replayed batches never reach it (it sits before the
-replay mixer), so a replayed frame is never shown as a new one. Batches dropped for policy lag
-do reach it: their frames are new env steps all the same.
-
-What counts as an image and how frames are drawn is `impala_lab.envs.frames`'s.
+The dashboard shows what an actor sees without asking the actors: the driver copies the last
+K steps of column 0 of ``obs [T, B, *obs_shape]`` from each new batch of the live worker with
+the lowest index. It sits before the replay mixer, so a replayed frame never shows as new;
+batches dropped for policy lag do reach it (new env steps all the same).
 """
 
 from __future__ import annotations
@@ -24,17 +19,11 @@ __all__ = ["LatestFrames"]
 
 
 class LatestFrames:
-    """Keeps the last K frames of column ``column`` of the lowest live worker's batches.
+    """Keeps the last ``length`` frames of env ``column`` of the lowest live worker's batches;
+    observations that are not images are never copied (`latest` stays None).
 
-    Args:
-      observation_space: the env's; observations that are not images (`image_kind` None)
-        are never copied and `latest` stays None.
-      length: K, frames kept.
-      column: the env column followed (0: each worker's first env).
-
-    ``observe`` runs in the driver's thread, ``latest`` in any (a dashboard's poller): each
-    ``observe`` builds new arrays and swaps them in under a lock, never writing into arrays a
-    reader may hold.
+    ``observe`` runs in the driver's thread, ``latest`` in any: ``observe`` swaps new arrays in
+    under a lock, never writing into arrays a reader may hold.
     """
 
     def __init__(self, observation_space: Any, length: int = FRAME_STRIP_LENGTH,
@@ -52,10 +41,8 @@ class LatestFrames:
         """Take the last K frames of a new batch if it comes from the followed worker.
 
         Args:
-          worker_index: the worker that sampled ``batch``.
-          batch: a new `SampleBatch` [T, B] (never a replayed one).
-          lowest_live_index: the lowest index among the live workers: the one followed. When
-            it changes (that worker failed), the strip starts again from the new one.
+          worker_index: the worker that sampled ``batch`` (a new `SampleBatch` [T, B]).
+          lowest_live_index: the worker followed; when it changes, the strip starts anew.
           env_steps: the run's env steps sampled, this batch included.
 
         Returns:
@@ -85,7 +72,6 @@ class LatestFrames:
         return True
 
     def latest(self) -> Frames | None:
-        """The frames kept so far, or None (no batch of the followed worker yet, or
-        observations that are not images)."""
+        """The frames kept so far, or None (none yet, or not images)."""
         with self._lock:
             return self._frames

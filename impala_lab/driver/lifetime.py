@@ -1,9 +1,7 @@
-"""How a run ends: the registry of live runs, the cleanup each run's finalizer calls, and the
-exit hook that ends every run still alive.
+"""How a run ends: the registry of live runs, each run's finalizer, the exit hook.
 
-Kept apart from `impala_lab.driver.impala` so that ``impala_lab.shutdown_all()`` never needs
-TensorFlow: this module imports nothing heavy, and a process that never built a run has
-nothing to end.
+Apart from `impala_lab.driver.impala` so that ``impala_lab.shutdown_all()`` never needs
+TensorFlow.
 """
 
 from __future__ import annotations
@@ -17,8 +15,7 @@ from typing import Any
 # Every run not yet stopped (weakly: a dropped run is ended by its finalizer, not kept here).
 live_runs: weakref.WeakSet[Any] = weakref.WeakSet()
 
-# How long the last cleanup waits for a learner still inside a train step (its first one
-# traces the graph: seconds on a loaded machine).
+# How long the last cleanup waits for a learner inside a train step (a first one traces).
 LEARNER_EXIT_WAIT_S = 120.0
 
 

@@ -13,9 +13,7 @@ RLlib's rule::
 so the number of replays per new batch is ``floor(f) + Bernoulli(f - floor(f))``, whose mean
 is exactly `replay_proportion`. Replays start only once the store holds more batches than one
 train batch needs (``ceil(train_batch_size / sample_batch_size)``), so a train batch is never
-made of a few batches repeated.
-
-Nothing here imports TensorFlow; batches only need a ``count`` attribute (env steps).
+made of a few batches repeated. Batches only need a ``count`` attribute (env steps).
 """
 
 from __future__ import annotations
@@ -60,8 +58,8 @@ class ReplayMixer:
             same replays.
 
         Raises:
-          ConfigError (a ValueError): a negative or non-integer size, a negative
-            `replay_proportion`, or a store too small to ever replay (see `replay_proportion`).
+          ConfigError (a ValueError): a bad size or `replay_proportion`, or a store too small
+            to ever replay (see `replay_proportion`).
         """
         for name, value, low in (("replay_buffer_num_slots", replay_buffer_num_slots, 0),
                                  ("train_batch_size", train_batch_size, 1),
@@ -82,12 +80,9 @@ class ReplayMixer:
     def replay_proportion(self) -> float:
         """Replayed batches per new batch, on average; settable while mixing (the dashboard).
 
-        Setting it checks that it is a finite number >= 0 and, when it is > 0, that the
-        store can ever replay: it must be able to hold more than `replay_threshold` batches,
-        i.e. ``replay_buffer_num_slots > ceil(train_batch_size / sample_batch_size)``. This
-        includes RLlib's check (``replay_buffer_num_slots * sample_batch_size <=
-        train_batch_size`` is an error) and also refuses the sizes RLlib let through
-        that never replay (e.g. 11 slots of 50 steps for train_batch_size=510).
+        A value > 0 needs a store that can ever replay, one of more than `replay_threshold`
+        slots: stricter than RLlib's check, which let through sizes that never replay (11
+        slots of 50 steps for train_batch_size=510).
         """
         return self._replay_proportion
 
@@ -139,11 +134,7 @@ class ReplayMixer:
 
         A replayed batch is never stored again. ``worker is None`` tells the driver that the
         batch is a replay: it trains on it but does not count it as sampled nor send that
-        worker a new request.
-
-        Args:
-          pairs: ``(worker, batch)`` of new batches, e.g. from
-            `SampleTaskPool.completed_prefetch`; a batch needs a ``count`` attribute.
+        worker a new request. ``pairs`` come from `SampleTaskPool.completed_prefetch`.
         """
         for worker, batch in pairs:
             yield worker, batch

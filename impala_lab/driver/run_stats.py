@@ -1,18 +1,13 @@
 """`RunStats`: the driver's counters, meters, timers and windows, and the ``stats()`` dict.
 
-The driver loop counts into one `RunStats`; ``Impala.stats()`` asks it for the snapshot that
-the dashboard, the CLI (metrics.csv) and the tests read. The keys of RLlib's
-AsyncSamplesOptimizer stats (``sample_throughput``, ``train_throughput``, ``num_weight_syncs``,
-``num_steps_replayed``, ``timing_breakdown``, ``learner_queue``, ``learner``) come first, then
-episodes, policy lag, liveness, the pipeline view (`pipeline_view`: what the diagram draws),
-the live knobs and learning health.
+The snapshot keeps RLlib's AsyncSamplesOptimizer keys first, then episodes, policy lag,
+liveness, the pipeline view (`pipeline_view`), the live knobs and learning health
+(docs/training.md, "Logged metrics explained", has every key).
 
-Policy lag is measured twice. ``stats()["policy_lag"]`` when a new batch reaches the driver:
-the learner's weights version then, minus the version that sampled each column of the batch.
-``stats()["policy_lag_at_training"]`` when the learner trains on a batch (each of its
-num_sgd_iter passes, and each replay, counting): the learner's version just before that
-update minus the same sampling versions. The batch waits in the learner queue and the
-minibatch ring between the two, so the second is the lag V-trace actually corrects.
+Policy lag is measured twice: ``policy_lag`` when a new batch reaches the driver (the learner's
+version then minus the version that sampled each column), ``policy_lag_at_training`` when the
+learner trains on it (each pass and replay counting). The batch waits in the learner queue and
+the minibatch ring in between, so the second is the lag V-trace actually corrects.
 """
 
 from __future__ import annotations
@@ -42,8 +37,8 @@ LAG_WINDOW = 1000
 
 
 def lag_counts(lags: Any) -> dict[str, int]:
-    """How many of ``lags`` (ints) have each value: ``{"3": 10, "4": 2}``, sorted by lag
-    (string keys, as JSON writes them)."""
+    """How many of ``lags`` (ints) have each value, by lag, keyed as JSON writes them:
+    ``{"3": 10, "4": 2}``."""
     values, counts = np.unique(np.asarray(list(lags), dtype=np.int64), return_counts=True)
     return {str(int(v)): int(c) for v, c in zip(values, counts, strict=True)}
 
@@ -71,27 +66,18 @@ def _ms(timer: TimerStat) -> float:
 
 
 class RunStats:
-    """What the driver counts and times.
+    """What the driver counts and times (RLlib's names where RLlib has them).
 
     Attributes:
-      num_steps_sampled, num_steps_trained: env steps the workers returned / the learner
-        reported trained (RLlib's names).
-      num_weight_syncs: weights sent to a worker; num_broadcasts: weights published.
+      num_weight_syncs, num_broadcasts: weights sent to a worker / published.
       num_train_batches: train batches put on the learner queue.
-      episodes_total: episodes the new batches ended.
-      optimizer_step_timer, concat_timer, broadcast_timer: `TimerStat` of a driver step, of
-        concatenating a train batch, of publishing the weights.
-      sample_meter, train_meter: env steps sampled / trained, per second.
-      queue_wait_meter: seconds the driver waited on the full learner queue, per second.
-      episode_returns, episode_lengths: the last 100 episodes.
-      policy_lag: mean lag of each new batch (last 100); largest_policy_lag: the largest lag
-        of any column so far (the config's ``max_policy_lag`` is the limit, not this);
-        recent_policy_lags: each new batch's mean lag until
-        `take_policy_lags` (TensorBoard's histogram), at most the last 100,000;
-        arrival_lags: the lag of each of the last `LAG_WINDOW` new batches (its oldest
-        column), dropped ones too (``stats()["policy_lag_distribution"]``).
-      num_samples_dropped_for_lag: env steps of the new batches dropped for being more than
-        ``max_policy_lag`` updates behind.
+      sample_meter, train_meter, queue_wait_meter: env steps sampled / trained, and seconds
+        the driver waited on the full learner queue, per second.
+      policy_lag: each new batch's mean lag (last 100); largest_policy_lag: the largest of any
+        column so far; recent_policy_lags: each new batch's mean lag until `take_policy_lags`
+        (TensorBoard's histogram); arrival_lags: the lag of the oldest column of each of the
+        last `LAG_WINDOW` new batches, dropped ones too.
+      num_samples_dropped_for_lag: env steps of new batches dropped past ``max_policy_lag``.
     """
 
     def __init__(self) -> None:
@@ -116,8 +102,7 @@ class RunStats:
         self.recent_policy_lags: deque[float] = deque(maxlen=100_000)
         self._start_time = time.monotonic()
         self._elapsed_before_restore = 0.0
-        # When the first sample reached the driver and when the learner first reported trained
-        # steps (`time.monotonic`; None until then): ``stats()["startup"]``.
+        # when the first sample arrived, when the first trained steps: ``stats()["startup"]``
         self.first_sample_at: float | None = None
         self.first_trained_at: float | None = None
 
@@ -174,21 +159,16 @@ class RunStats:
                  judging_liveness: bool, pipeline: dict[str, Any],
                  last_error: str | None, evaluation: dict[str, Any] | None = None
                  ) -> dict[str, Any]:
-        """``Impala.stats()``: every figure of the run, from these counters and the parts.
+        """``Impala.stats()``: every figure of the run, from these counters and the run's
+        parts (its current config, learner, replay mixer, policy and health monitor).
 
         Args:
-          config: the run's current `ImpalaConfig` (the live knobs' values).
-          learner: `LearnerThread` or `MultiGPULearner` (timers, queue stat, last stats).
-          replay: the `ReplayMixer` (``num_replayed``).
-          policy: the `VTracePolicy` (``version``, ``num_updates_skipped``).
-          health: the `HealthMonitor`; judged here, with these figures.
-          num_worker_failures: workers that failed and were replaced (or ended the run).
           liveness: seconds since the last sample reached the driver, and per-worker rows.
           judging_liveness: False while the driver waits on the full learner queue or is
             not training; a stalled sample is then nobody's fault.
-          pipeline: the diagram's view of every stage.
+          pipeline: `pipeline_view`'s dict.
           last_error: the error that ended ``train()``, as text, or None.
-          evaluation: the latest `Evaluator` result, or None (evaluation off: no key).
+          evaluation: the latest `Evaluator` result, or None (no key).
         """
         returns = list(self.episode_returns)
         return_mean = float(np.mean(returns)) if returns else math.nan
@@ -238,8 +218,8 @@ class RunStats:
         return snapshot
 
     def _lag_figures(self, learner: Any) -> dict[str, Any]:
-        """The ``stats()`` keys of policy lag: at arrival (here) and at training (the
-        learner's; a stand-in learner without them reads as no figures yet)."""
+        """The ``stats()`` keys of policy lag, at arrival and at training (the learner's; a
+        stand-in learner without them reads as no figures yet)."""
         lag = self.policy_lag.stats()
         train_lag_stat = getattr(learner, "train_lag_stat", None)
         train_lag = train_lag_stat.stats() if train_lag_stat is not None else {"count": 0}
@@ -276,13 +256,8 @@ class RunStats:
 
 
 def pipeline_view(loop: Any, num_workers: int) -> dict[str, Any]:
-    """``stats()["pipeline"]``: the figures of every stage that the diagram draws.
-
-    Args:
-      loop: the run's `DriverLoop` (and through it the config, the actors, the replay
-        mixer, the learner and the counters).
-      num_workers: workers alive.
-    """
+    """``stats()["pipeline"]``: every stage's figures that the diagram draws, from the run's
+    `DriverLoop` (and through it its parts) and the workers alive."""
     config, learner = loop.config, loop.learner
     mb = learner.minibatch_buffer
     in_flight = loop.actors.in_flight_counts()
@@ -310,12 +285,9 @@ def pipeline_view(loop: Any, num_workers: int) -> dict[str, Any]:
 
 
 def history_row(snapshot: Mapping[str, Any]) -> dict[str, Any]:
-    """A ``stats()`` snapshot as one flat row of ``history`` and metrics.csv.
-
-    ``health`` becomes two columns: ``health.status`` and ``health.flags`` (the active flags'
-    codes joined with ``;``); ``pipeline``, ``workers`` and ``policy_lag_distribution`` stay
-    out of it.
-    """
+    """A ``stats()`` snapshot as one flat row of ``history`` and metrics.csv: ``health`` as
+    ``health.status`` and ``health.flags`` (codes joined with ``;``), without ``pipeline``,
+    ``workers`` and ``policy_lag_distribution``."""
     row = flatten({k: v for k, v in snapshot.items()
                    if k not in ("pipeline", "health", "workers", "policy_lag_distribution")})
     row.pop("learner_queue.count", None)

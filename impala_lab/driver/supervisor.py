@@ -1,20 +1,12 @@
 """`WorkerSupervisor`: the run's workers, when each last answered, and what a failure costs.
 
 A worker that raises, dies, or owes a sample longer than ``sample_timeout_s`` is ended and
-replaced by a new worker with the next index (``restart_failed_workers=True``), or its error
-ends the run. Restarts are bounded twice, so an env that always fails cannot restart forever:
-
-- failures in a row without any sample in between: at most ``max(3, 2 x num_workers)``;
-- the same failure coming back (same env, same first line of the message with its numbers
-  blanked: pids, steps, seconds): at most `MAX_REPEATED_WORKER_FAILURES` (or 2 x num_workers
-  if more) within `REPEATED_FAILURE_WINDOW_S` seconds, however many samples came between.
-  (The failures-in-a-row limit resets on every returned sample: an env that failed after
-  each worker's first sample would restart forever.) RLlib bounds restarts by their number
-  alone (``max_num_worker_restarts``, 1000).
-
-Liveness: per worker, when it started, when its last sample reached the driver and how many
-it returned; the dashboard and the health monitor show a worker as stalled when it owes a
-sample for a quarter of ``sample_timeout_s``.
+replaced by one with the next index (``restart_failed_workers=True``), or its error ends the
+run. Restarts are bounded twice, so an env that always fails cannot restart forever: at most
+``max(3, 2 x num_workers)`` failures in a row without a sample, and at most
+`MAX_REPEATED_WORKER_FAILURES` (or 2 x num_workers) of the same failure (same env, same
+message, numbers blanked) within `REPEATED_FAILURE_WINDOW_S`, samples or not in between: an
+env that failed after each worker's first sample would reset the first bound every time.
 """
 
 from __future__ import annotations
@@ -31,8 +23,7 @@ from impala_lab.errors import ImpalaError, WorkerError
 
 MAX_REPEATED_WORKER_FAILURES = 20
 REPEATED_FAILURE_WINDOW_S = 600.0
-#: How often the driver asks which workers owe a sample longer than ``sample_timeout_s``
-#: (at most; a quarter of ``sample_timeout_s`` if that is shorter).
+#: How often (at most) the driver looks for workers past ``sample_timeout_s``.
 LIVENESS_CHECK_PERIOD_S = 0.5
 _NUMBERS = re.compile(r"0x[0-9a-fA-F]+|\d+(?:\.\d+)?(?:[eE][+-]?\d+)?")
 
@@ -40,13 +31,8 @@ logger = logging.getLogger("impala_lab")
 
 
 class WorkerSupervisor:
-    """Starts, watches and replaces the run's workers.
-
-    Args:
-      config: the run's `ImpalaConfig` (num_workers, restart_failed_workers,
-        sample_timeout_s, env_id).
-      backend: where workers live (``make_worker``, ``stop_worker``).
-      tasks: the `SampleTaskPool` of sample requests in flight.
+    """Starts, watches and replaces the run's workers (on ``backend``; their requests in
+    flight are in ``tasks``, the `SampleTaskPool`).
 
     Attributes:
       workers: the live worker handles, in start order.
@@ -91,10 +77,8 @@ class WorkerSupervisor:
     # ------------------------------------------------------------------ failures
     def replace(self, err: WorkerError) -> WorkerHandle:
         """End the worker ``err`` names and start its replacement (requests: the caller's).
-
-        Raises ``err`` with ``restart_failed_workers=False``, and an `ImpalaError` (caused by
-        ``err``) once the failures come back too often to be worth another restart.
-        """
+        Raises ``err`` with ``restart_failed_workers=False``, and an `ImpalaError` once the
+        failures come back too often to be worth another restart."""
         self.num_worker_failures += 1
         self._failures_in_a_row += 1
         for worker in [w for w in self.workers if w.index == err.worker_index]:
@@ -135,9 +119,8 @@ class WorkerSupervisor:
             ) from err
 
     def count_repeats(self, err: WorkerError) -> int:
-        """How often this failure (env, first line of the worker's message with its numbers
-        blanked) happened within the last `REPEATED_FAILURE_WINDOW_S` seconds, this one
-        included."""
+        """How often this failure (env, message with its numbers blanked) happened within
+        `REPEATED_FAILURE_WINDOW_S`, this one included."""
         key = (err.env_id, _NUMBERS.sub("#", err.message))
         times = self._repeated_failures.setdefault(key, deque())
         now = time.monotonic()
@@ -148,9 +131,8 @@ class WorkerSupervisor:
 
     def hung_workers(self) -> list[WorkerError]:
         """An error for each worker that owes a sample longer than ``sample_timeout_s`` (its
-        env hangs), to be handled as a failure; checked every `LIVENESS_CHECK_PERIOD_S` at
-        most. Inline workers sample inside ``sample()``, in the driver's thread, so they never
-        owe one (a hung inline env hangs the driver)."""
+        env hangs), to be handled as a failure. (An inline worker samples in the driver's
+        thread, so it never owes one: a hung inline env hangs the driver.)"""
         timeout = self.config.sample_timeout_s
         now = time.monotonic()
         if timeout is None or now < self._next_liveness_check:
@@ -176,11 +158,9 @@ class WorkerSupervisor:
     # ------------------------------------------------------------------ liveness
     def liveness(self, judging: bool) -> tuple[float, list[dict[str, Any]]]:
         """Seconds since the last sample reached the driver, and per worker (by index): seconds
-        since its last sample (or its start), samples returned, requests in flight, and
-        ``stalled``: at least `impala_lab.driver.health.stalled_after_s` (a quarter of
-        ``sample_timeout_s``), and only while ``judging`` (train() runs and the driver is not
-        waiting on the full learner queue: then no sample is handed out, and no worker is to
-        blame). Both count from `sampling_since` if that is later."""
+        since its last sample (or start), samples returned, requests in flight, and
+        ``stalled`` (past `stalled_after_s`, only while ``judging``: train() runs and the
+        driver is not waiting on the full learner queue). Both count from `sampling_since`."""
         now = time.monotonic()
         since = self.sampling_since
         last = self._last_sample_at

@@ -5,29 +5,24 @@ worker, so a worker never idles while the driver handles its previous batch. The
 remembers which worker each request went to and hands back finished ones in the order they
 finished, like RLlib's ``TaskPool`` over Ray object ids.
 
-A backend represents a request by a future (see `SampleFuture`) and may supply a `wait_fn`
-that blocks efficiently (on process sentinels and pipes, or ``ray.wait``). The default,
-`poll_wait`, polls ``done()`` with a short sleep: fine for tests and the inline backend.
-
-Nothing here imports TensorFlow.
+A backend represents a request by a future (`SampleFuture`) and supplies a `wait_fn` that
+blocks efficiently (on process pipes, or ``ray.wait``); the default, `poll_wait`, polls.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from typing import Any, Protocol, runtime_checkable
 
 
 @runtime_checkable
 class SampleFuture(Protocol):
-    """What a backend returns for one sample request.
-
-    A future may also carry ``completion_time`` (float seconds on one clock shared by the
-    backend's futures, ``None`` until done): the pool then hands futures back in that order.
-    """
+    """What a backend returns for one sample request. A future may also carry
+    ``completion_time`` (seconds on the backend's clock, None until done): the pool then
+    hands futures back in that order."""
 
     def done(self) -> bool:
         """True once the result (or the worker's error) is available; never blocks."""
@@ -53,19 +48,12 @@ DEFAULT: Any = _Default()
 
 def poll_wait(futures: list[Any], timeout: float | None, *, min_sleep: float = 0.0005,
               max_sleep: float = 0.02) -> list[Any]:
-    """The default `wait_fn`: polls ``done()``, sleeping with a doubling backoff.
+    """The default `wait_fn`: polls ``done()``, sleeping with a doubling backoff from
+    `min_sleep` to `max_sleep` seconds (for tests and inline futures; a real backend blocks
+    on OS handles, which wakes at once and costs no CPU).
 
-    Meant for tests and in-process (inline) futures; a real backend should block on OS
-    handles instead, which wakes at once and costs no CPU.
-
-    Args:
-      futures: the futures to watch.
-      timeout: seconds to wait for at least one to finish; 0 checks once; None waits forever.
-      min_sleep, max_sleep: the backoff's first and largest sleep, seconds.
-
-    Returns:
-      The futures that are done, in the order of `futures` (polling cannot see which
-      finished first); empty if none finished within `timeout` (or `futures` is empty).
+    Returns the done futures in the order of `futures` (polling cannot see which finished
+    first), or [] if none finished within `timeout` (0: check once; None: wait forever).
     """
     if not futures:
         return []
@@ -98,15 +86,10 @@ class SampleTaskPool:
     every one of them has one, else in the order `wait_fn` returned them.
 
     Errors: a request leaves the pool *before* its ``result()`` is called, so when the
-    result raises (the worker's error), the exception reaches the caller and the pool holds
-    exactly the other requests; the caller decides whether to restart the worker
-    (`reset_workers`) or give up.
+    result raises (the worker's error), the pool holds exactly the other requests; the caller
+    restarts the worker (`reset_workers`) or gives up.
 
-    Liveness: `owed_since` says, per worker, since when it owes an answer (the driver ends a
-    worker that owes one longer than ``sample_timeout_s``).
-
-    Not a thread-safe queue for several consumers: one driver thread consumes. The counts
-    may be read from another thread (a lock guards the bookkeeping).
+    One driver thread consumes; another may read the counts (a lock guards the bookkeeping).
     """
 
     def __init__(self, wait_fn: WaitFn | None = None,
@@ -114,14 +97,12 @@ class SampleTaskPool:
         """Creates an empty pool.
 
         Args:
-          wait_fn: ``wait_fn(futures, timeout) -> done_futures``: returns, as soon as at
-            least one of `futures` is done or `timeout` seconds passed (0: do not block;
-            None: no limit), every future of the list that is done, in completion order.
-            Defaults to `poll_wait`.
-          blocking_timeout: the longest a ``blocking_wait=True`` call blocks unless the call
-            passes its own `timeout` (seconds, None: no limit); on expiry it yields nothing,
-            as RLlib's ``TaskPool`` (10 s) does, so the driver's loop can check its own
-            stop conditions.
+          wait_fn: ``wait_fn(futures, timeout) -> done_futures``: as soon as one of `futures`
+            is done or `timeout` seconds passed (0: do not block; None: no limit), every done
+            future of the list, in completion order. Defaults to `poll_wait`.
+          blocking_timeout: the longest a ``blocking_wait=True`` call blocks by default
+            (None: no limit); on expiry it yields nothing, as RLlib's ``TaskPool`` (10 s), so
+            the driver's loop can check its own stop conditions.
         """
         self._wait = wait_fn if wait_fn is not None else poll_wait
         self.blocking_timeout = blocking_timeout
@@ -237,13 +218,10 @@ class SampleTaskPool:
 
     def owed_since(self) -> dict[Hashable, float]:
         """``{worker: time.monotonic() since which it owes an answer}`` for every worker with
-        a request in flight that is not done.
-
-        That is the later of when its oldest unanswered request was sent and when one of its
-        requests was last seen done: a worker answers its requests in order, so one working
-        through a queue of requests owes only the next answer. Asks `wait_fn` once without
-        blocking first, so answers that have arrived count (the process backend reads its
-        pipes there). A worker whose every request is done, or that has none, owes nothing.
+        a request in flight that is not done: the later of when its oldest unanswered request
+        was sent and when one of its requests was last seen done (a worker answers in order,
+        so one working through a queue owes only the next answer). Asks `wait_fn` once without
+        blocking first, so answers that have arrived count.
         """
         with self._lock:
             entries = [(w, f, self._sent_at.get(k)) for k, (w, f) in self._in_flight.items()]
@@ -267,19 +245,13 @@ class SampleTaskPool:
 
     def in_flight_counts(self) -> dict[Hashable, int]:
         """``{worker: requests in flight}`` for every worker with at least one."""
-        counts: dict[Hashable, int] = {}
         with self._lock:
-            for w, _ in self._in_flight.values():
-                counts[w] = counts.get(w, 0) + 1
-        return counts
+            return dict(Counter(w for w, _ in self._in_flight.values()))
 
     def prefetched_counts(self) -> dict[Hashable, int]:
         """``{worker: requests prefetched, not yet handed out}``."""
-        counts: dict[Hashable, int] = {}
         with self._lock:
-            for w, _ in self._prefetched:
-                counts[w] = counts.get(w, 0) + 1
-        return counts
+            return dict(Counter(w for w, _ in self._prefetched))
 
     @property
     def num_prefetched(self) -> int:
