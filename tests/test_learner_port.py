@@ -6,6 +6,7 @@ clear in one step), and any object with the port's members can drive `DriverLoop
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from types import SimpleNamespace
@@ -104,12 +105,25 @@ def test_an_update_landing_between_two_takes_is_never_lost():
     assert flag.take() is False
 
 
+class PutRecordingQueue(queue.Queue):
+    """A ``queue.Queue`` that records how each put was asked to block: ``(block, timeout)``."""
+
+    def __init__(self, maxsize: int) -> None:
+        super().__init__(maxsize)
+        self.puts: list[tuple[bool, float | None]] = []
+
+    def put(self, item: object, block: bool = True, timeout: float | None = None) -> None:
+        self.puts.append((block, timeout))
+        super().put(item, block, timeout)
+
+
 def test_put_batch_says_when_the_queue_stayed_full():
     learner = LearnerThread(CountingPolicy(), learner_queue_size=1)
+    learner.inqueue = PutRecordingQueue(maxsize=1)
     assert learner.put_batch(Batch(1), timeout=0.0) is True
-    start = time.monotonic()
     assert learner.put_batch(Batch(2), timeout=0.05) is False
-    assert time.monotonic() - start >= 0.04
+    # It waited the 0.05 s for room (Queue.put's own timeout), then said so.
+    assert learner.inqueue.puts == [(True, 0.0), (True, 0.05)]
     assert learner.inqueue.qsize() == 1 and learner.inqueue.queue[0].count == 1
 
 
