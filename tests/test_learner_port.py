@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import queue
 import threading
-import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -21,6 +20,7 @@ from impala_lab.driver.replay_mixer import ReplayMixer
 from impala_lab.driver.run_stats import RunStats
 from impala_lab.learner.learner_thread import LearnerThread
 from impala_lab.learner.port import LearnerPort, UpdateFlag
+from tests.waiting import wait_for
 
 T = 2
 
@@ -44,13 +44,6 @@ class CountingPolicy:
         return [np.full(2, self.version, np.float32)], self.version
 
 
-def _wait_for(predicate, seconds: float = 10.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.005)
-
-
 def test_the_flag_is_set_by_the_learner_thread_and_taken_once_by_the_driver():
     learner = LearnerThread(CountingPolicy(), learner_queue_size=8)
     assert isinstance(learner, LearnerPort)
@@ -59,7 +52,7 @@ def test_the_flag_is_set_by_the_learner_thread_and_taken_once_by_the_driver():
     try:
         for count in (10, 20, 30):
             assert learner.put_batch(Batch(count), timeout=1.0)
-        _wait_for(lambda: learner.num_steps == 3)
+        wait_for(lambda: learner.num_steps == 3, "three updates")
         # Three updates, one take: the driver broadcasts once for all of them.
         assert learner.weights_updated  # a look does not take it
         assert learner.take_weights_updated() is True
@@ -70,7 +63,7 @@ def test_the_flag_is_set_by_the_learner_thread_and_taken_once_by_the_driver():
         with pytest.raises(AttributeError):
             learner.weights_updated = False  # only a take clears it
         assert learner.put_batch(Batch(5), timeout=1.0)
-        _wait_for(lambda: learner.num_steps == 4)
+        wait_for(lambda: learner.num_steps == 4, "the fourth update")
         assert learner.take_weights_updated() is True and learner.drain_trained() == 5
     finally:
         learner.stop()

@@ -17,6 +17,8 @@ from typing import Any
 # Every run not yet stopped (weakly: a dropped run is ended by its finalizer, not kept here).
 live_runs: weakref.WeakSet[Any] = weakref.WeakSet()
 
+# How long a cleanup first waits for the learner thread to end before it ends the workers.
+LEARNER_STOP_WAIT_S = 2.0
 # How long the last cleanup waits for a learner still inside a train step (its first one
 # traces the graph: seconds on a loaded machine).
 LEARNER_EXIT_WAIT_S = 120.0
@@ -35,7 +37,7 @@ def cleanup(backend: Any, learner: Any) -> None:
     """End a run's learner thread and its workers (the run's finalizer: it must not hold the
     `Impala` object, or the run could never be collected)."""
     try:
-        learner.stop(timeout=2.0)
+        learner.stop(timeout=LEARNER_STOP_WAIT_S)
     finally:
         try:
             backend.shutdown()
