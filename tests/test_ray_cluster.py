@@ -130,8 +130,9 @@ def test_the_cli_trains_on_the_cluster_and_leaves_it_as_it_found_it(cluster, tmp
     assert (tmp_path / "result.json").exists()
     # The run's actors are gone (killed by the backend, then the job ended), their CPUs free
     # again, and both nodes still up.
-    wait_for(lambda: live_actors() == [], "the run's actors to end")
-    wait_for(lambda: ray.available_resources().get("CPU") == total, "the CPUs to be free")
+    wait_for(lambda: live_actors() == [], "the run's actors to end", interval=0.2)
+    wait_for(lambda: ray.available_resources().get("CPU") == total, "the CPUs to be free",
+             interval=0.2)
     assert node_ids(cluster) == before
 
 
@@ -175,7 +176,7 @@ def test_a_cluster_without_a_free_cpu_is_a_config_error_not_a_hang(cluster, monk
     finally:
         for h in holders:
             ray.kill(h)
-    wait_for(lambda: ray.available_resources().get("CPU") == 3, "the CPUs to be free")
+    wait_for(lambda: ray.available_resources().get("CPU") == 3, "the CPUs to be free", interval=0.2)
 
 
 def test_workers_spread_over_both_nodes_and_a_lost_nodes_worker_is_replaced(cluster):
@@ -208,7 +209,7 @@ def test_workers_spread_over_both_nodes_and_a_lost_nodes_worker_is_replaced(clus
         # The replacement could only go to the head, where the run samples on.
         assert sorted(placement(run).values()) == ["node_a", "node_a"]
         assert run.num_steps_sampled > sampled
-    wait_for(lambda: live_actors() == [], "the run's actors to end")
+    wait_for(lambda: live_actors() == [], "the run's actors to end", interval=0.2)
 
 
 def test_a_lost_head_ends_a_cli_run_with_a_clear_error_and_its_outputs(cluster, tmp_path):
@@ -223,7 +224,7 @@ def test_a_lost_head_ends_a_cli_run_with_a_clear_error_and_its_outputs(cluster, 
         cwd=REPO, env=os.environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_for(lambda: (out / "result.json").exists() or proc.poll() is not None,
-                 "the run's first report", timeout=120)
+                 "the run's first report", timeout=120, interval=0.2)
         assert proc.poll() is None, proc.communicate()[1][-3000:]
         (head,) = [n for n in cluster.nodes if n.resource == "node_a"]
         for pid in head.pids():
