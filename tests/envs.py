@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
@@ -186,14 +187,16 @@ class WrongObsEnv(FixedLengthEnv):
 
 class SlowEnv(FixedLengthEnv):
     """A `FixedLengthEnv` that sleeps ``delay_s`` seconds in every ``step()`` (for timeouts,
-    backpressure and throughput tests)."""
+    backpressure and throughput tests); ``sleep`` is the sleep it calls."""
 
-    def __init__(self, delay_s: float = 0.01, length: int = 5, **kwargs: Any) -> None:
+    def __init__(self, delay_s: float = 0.01, length: int = 5,
+                 sleep: Callable[[float], None] = time.sleep, **kwargs: Any) -> None:
         super().__init__(length=length, **kwargs)
         self.delay_s = delay_s
+        self.sleep = sleep
 
     def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
-        time.sleep(self.delay_s)
+        self.sleep(self.delay_s)
         return super().step(action)
 
 

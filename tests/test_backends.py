@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import itertools
-import time
+import threading
 
 import numpy as np
 import pytest
@@ -24,6 +24,7 @@ from impala_lab.model_spec import ModelSpec
 from tests.backend_helpers import ENV3, HIDDENS, B, T, config, model_for, results
 from tests.envs import FixedLengthEnv, RaisingEnv
 from tests.leaks import wait_gone
+from tests.waiting import wait_for
 
 DESCRIBE = {"inline": "worker {index} (inline, env FixedLengthEnv)",
             "process": "worker {index} (process {pid}, env FixedLengthEnv)",
@@ -143,10 +144,8 @@ def test_an_env_error_is_a_worker_error_with_its_stage_message_and_traceback(bui
     assert str(err).startswith("worker 4 (env RaisingEnv) failed: RuntimeError: boom at step 3")
     assert 'raise RuntimeError(f"boom at step {self.total_steps}")' in err.remote_traceback
     assert "tests/envs.py" in err.remote_traceback
-    deadline = time.monotonic() + 10  # a worker process exits right after its error record
-    while h.is_alive() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not h.is_alive()  # a broken env is not reused
+    # A broken env is not reused: its worker exits right after the error record.
+    wait_for(lambda: not h.is_alive(), "the broken worker's exit")
 
 
 def test_stop_worker_ends_one_worker_and_the_others_go_on(build):
@@ -163,9 +162,14 @@ def test_stop_worker_ends_one_worker_and_the_others_go_on(build):
 def test_wait_returns_the_done_futures_and_nothing_for_nothing(build):
     backend = build(num_workers=1)
     h = backend.make_worker(0)
-    t0 = time.monotonic()
-    assert backend.wait([], None) == [] and backend.wait([], 5.0) == []
-    assert time.monotonic() - t0 < 0.1
+    # Nothing to wait for returns at once: neither "no limit" nor an hour blocks.
+    answers: list = []
+    waiter = threading.Thread(
+        target=lambda: answers.extend([backend.wait([], None), backend.wait([], 3600.0)]),
+        daemon=True)
+    waiter.start()
+    waiter.join(60)
+    assert answers == [[], []], "wait([]) blocked"
     fut = h.sample()
     assert results(backend, [fut])[0].count == T * B
     assert backend.wait([fut], 0) == [fut]

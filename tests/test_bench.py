@@ -15,6 +15,7 @@ import pytest
 
 from bench import __main__ as bench_main
 from bench import pipeline
+from tests.waiting import wait_for
 
 
 def _positive(x: float) -> bool:
@@ -167,22 +168,29 @@ def test_draw_seeds_are_distinct_and_random_per_run():
     assert pipeline.draw_seeds(5, random.Random(7)) == pipeline.draw_seeds(5, random.Random(7))
 
 
-def _proc_state(pid: int) -> str | None:
-    """The state letter of /proc/PID/stat (R running, Z zombie, ...); None if gone."""
+def _proc_stat(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (state first); None if gone."""
     try:
         with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0]
+            return fh.read().rsplit(")", 1)[1].split()
     except OSError:
         return None
+
+
+def _cpu_ticks(pid: int) -> int:
+    fields = _proc_stat(pid)
+    return int(fields[11]) + int(fields[12]) if fields else -1  # utime + stime
 
 
 def test_busy_processes_spin_beside_the_block_and_end_with_it():
     with pipeline.busy_processes(2) as pids:
         assert len(pids) == 2
-        time.sleep(0.3)
-        # Spinning: running, or runnable and just scheduled out; never ended or stopped.
-        assert all(_proc_state(pid) in ("R", "S") for pid in pids)
-    assert all(_proc_state(pid) is None for pid in pids)  # ended and reaped
+        # Spinning: each uses CPU time (a tenth of a second of it), and is never ended or
+        # stopped (running, or runnable and just scheduled out).
+        hz = os.sysconf("SC_CLK_TCK")
+        wait_for(lambda: all(_cpu_ticks(pid) >= hz // 10 for pid in pids), "the processes spin")
+        assert all(_proc_stat(pid)[0] in ("R", "S") for pid in pids)
+    assert all(_proc_stat(pid) is None for pid in pids)  # ended and reaped
 
 
 def test_main_solve_prints_the_random_seeds_and_writes_the_solve_table(tmp_path, monkeypatch,
@@ -581,11 +589,12 @@ def test_minatar_cpu_share_finds_exactly_the_worker_processes_and_their_cpu():
         for h in handles:
             h.info().result()
         assert minatar._worker_pids(os.getpid()) == sorted(h.pid for h in handles)
-        before = minatar._cpu_seconds(os.getpid())
-        t0 = time.process_time()
+        before, t0 = minatar._cpu_seconds(os.getpid()), time.process_time()
         while time.process_time() - t0 < 0.2:  # burn 0.2 s of this process's CPU
             pass
-        assert minatar._cpu_seconds(os.getpid()) - before == pytest.approx(0.2, abs=0.05)
+        # The same CPU time as the process's own count (every thread), to its 10 ms ticks.
+        burnt = time.process_time() - t0
+        assert minatar._cpu_seconds(os.getpid()) - before == pytest.approx(burnt, abs=0.03)
     finally:
         backend.shutdown()
 

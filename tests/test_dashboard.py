@@ -15,7 +15,6 @@ import io
 import os
 import re
 import struct
-import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -29,6 +28,7 @@ from impala_lab.dashboard.widgets import Dashboard, frontend_available
 from impala_lab.errors import ConfigError
 from impala_lab.knobs import KNOBS, LIVE_KNOBS
 from impala_lab.stats import StatsHistory, flatten
+from tests.waiting import wait_for
 
 STATS = {
     "sample_throughput": 7323.68, "train_throughput": 19093.798,
@@ -420,16 +420,11 @@ def test_the_poller_updates_widgets_from_its_thread_and_ends_with_the_run():
     board.start_polling()
     try:
         run.snapshot["num_steps_sampled"] = 99_999
-        deadline = time.monotonic() + 5
-        while "99,999" not in board.cards["num_steps_sampled"].value:
-            assert time.monotonic() < deadline, "the poller did not update the card"
-            time.sleep(0.05)
+        wait_for(lambda: "99,999" in board.cards["num_steps_sampled"].value,
+                 "the poller's update of the card")
         assert board.polling and board.poll_errors == 0
         run.stop()
-        deadline = time.monotonic() + 5
-        while board.polling:
-            assert time.monotonic() < deadline, "the poller did not end with the run"
-            time.sleep(0.05)
+        wait_for(lambda: not board.polling, "the poller's end with the run")
         assert "impala-status-stopped" in board.header.value
     finally:
         board.stop_polling()
@@ -444,19 +439,14 @@ def test_the_poller_draws_plots_in_a_child_process_and_ends_it():
     blank = board.plots["throughput"].value
     board.start_polling()
     try:
-        deadline = time.monotonic() + 30
-        while board.plot_renders < 3:
-            assert time.monotonic() < deadline, f"no plots drawn: {board.last_poll_error!r}"
-            time.sleep(0.1)
+        wait_for(lambda: board.plot_renders >= 3,
+                 lambda: f"3 plots drawn (last poll error: {board.last_poll_error!r})")
         child = board._scheduler.child.process
         assert board.plot_process and child.is_alive() and child.pid != os.getpid()
         assert board.plots["throughput"].value != blank
         assert png_size(board.plots["throughput"].value) == (470, 230)
         run.stop()  # the poller ends, and the child with it
-        deadline = time.monotonic() + 15
-        while board.polling:
-            assert time.monotonic() < deadline, "the poller did not end with the run"
-            time.sleep(0.05)
+        wait_for(lambda: not board.polling, "the poller's end with the run")
         assert board._scheduler.child is None
         child.join(5)
         assert not child.is_alive(), (child.exitcode, board.last_poll_error)
@@ -470,10 +460,8 @@ def test_without_the_plot_process_the_poller_draws_in_its_thread():
     board = Dashboard(run, poll_hz=5, plot_process=False)
     board.start_polling()
     try:
-        deadline = time.monotonic() + 10
-        while board.plot_renders < 1:
-            assert time.monotonic() < deadline, f"no plots drawn: {board.last_poll_error!r}"
-            time.sleep(0.05)
+        wait_for(lambda: board.plot_renders >= 1,
+                 lambda: f"a plot drawn (last poll error: {board.last_poll_error!r})")
         assert board._scheduler.child is None
     finally:
         board.close()
@@ -713,10 +701,7 @@ def test_knobs_and_buttons_drive_a_live_run(run):
     board.knobs["entropy_coeff"].value = 0.02
     board.start_button.click()
     assert run.is_training and "impala-status-training" in board.header.value
-    deadline = time.monotonic() + 10
-    while not run.knob_changes:
-        assert time.monotonic() < deadline, "the knob was not applied by the driver"
-        time.sleep(0.05)
+    wait_for(lambda: run.knob_changes, "the driver's applying the knob")
     board.pause_button.click()
     assert not run.is_training
     assert run.knob_changes[-1]["knob"] == "entropy_coeff"
@@ -818,10 +803,8 @@ def test_the_frame_strip_shows_new_frames_and_encodes_only_when_they_change():
     board.start_polling()  # the poller shows newer frames at its cadence
     try:
         run.frames = _minatar_frames(2, seed=1)
-        deadline = time.monotonic() + 5
-        while board._frame_view.encodes < 2:
-            assert time.monotonic() < deadline, f"no new strip: {board.last_poll_error!r}"
-            time.sleep(0.02)
+        wait_for(lambda: board._frame_view.encodes >= 2,
+                 lambda: f"a new strip (last poll error: {board.last_poll_error!r})")
         np.testing.assert_array_equal(_png_pixels(board.frame_strip.value),
                                       strip_rgb(run.frames))
     finally:

@@ -340,15 +340,11 @@ def test_train_checks_its_stop_condition_between_reports():
     """A condition met between reports ends the run at the next check, not at the next
     report: with a 60 s report interval no report is ever taken, yet train() returns as
     soon as the condition holds (well before max_seconds, which would say "max_seconds")."""
-    import time
-
     reports = []
     with Impala(ImpalaConfig(**SMALL)) as run:
         start = run.num_steps_sampled
-        t0 = time.monotonic()
         result = run.train(lambda s: s["num_steps_sampled"] >= start + 200, max_seconds=60,
                            report_interval=60, on_report=reports.append)
         assert result["stop_reason"] == "stop condition"
         assert result["num_steps_sampled"] >= start + 200
         assert reports == []  # stopped by a check between reports
-        assert time.monotonic() - t0 < 30

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -46,13 +45,13 @@ def test_step_by_hand_uses_each_batch_num_sgd_iter_times():
 def test_background_thread_trains_and_stops():
     policy = RecordingPolicy()
     learner = LearnerThread(policy)
+    fifth_step = threading.Event()
+    learner.on_train_step = lambda metrics: len(policy.seen) == 5 and fifth_step.set()
     learner.start()
     for tag in range(5):
         learner.inqueue.put(Batch(1, tag))
-    deadline = time.monotonic() + 5
-    while len(policy.seen) < 5 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    learner.stop(timeout=2)
+    assert fifth_step.wait(60)
+    learner.stop(timeout=60)
     assert policy.seen == [0, 1, 2, 3, 4]
     assert not learner.is_alive()
 
@@ -65,7 +64,7 @@ def test_exception_is_kept_and_raised_in_the_driver_with_the_stage_named():
     learner = LearnerThread(Broken())
     learner.start()
     learner.inqueue.put(Batch(1))
-    learner.join(5)
+    learner.join(60)
     assert not learner.is_alive()
     with pytest.raises(LearnerError) as info:
         learner.raise_if_failed()
@@ -82,7 +81,7 @@ def test_non_finite_loss_error_is_passed_through_unchanged():
     learner = LearnerThread(NaNPolicy())
     learner.start()
     learner.inqueue.put(Batch(1))
-    learner.join(5)
+    learner.join(60)
     with pytest.raises(NonFiniteLossError, match="total_loss=nan"):
         learner.raise_if_failed()
 
@@ -91,7 +90,7 @@ def test_an_empty_queue_past_learner_queue_timeout_is_an_error_not_a_hang():
     learner = LearnerThread(RecordingPolicy(), learner_queue_timeout=0.3)
     learner.poll_interval = 0.05
     learner.start()
-    learner.join(5)
+    learner.join(60)
     assert not learner.is_alive()
     with pytest.raises(LearnerError, match="learner_queue_timeout"):
         learner.raise_if_failed()
@@ -111,32 +110,37 @@ def test_num_sgd_iter_can_change_between_steps():
     assert np.isfinite(learner.timers()["learner_grad_time_ms"].mean)
 
 
-def test_the_runs_cleanup_waits_for_a_train_step_in_flight():
+def test_the_runs_cleanup_waits_for_a_train_step_in_flight(monkeypatch):
     # A run's cleanup also runs at interpreter exit, and a learner thread still inside a
     # TensorFlow call then crashes the process: the cleanup waits until the step is over.
     from impala_lab.driver import lifetime
 
-    class SlowPolicy:
+    monkeypatch.setattr(lifetime, "LEARNER_STOP_WAIT_S", 0.0)  # the first wait gives up at once
+
+    class BlockedPolicy:
+        """Its train step lasts until the backend has shut down."""
+
         def __init__(self) -> None:
-            self.started = threading.Event()
+            self.started, self.release = threading.Event(), threading.Event()
 
         def learn_on_batch(self, batch: Batch) -> dict:
             self.started.set()
-            time.sleep(3.0)  # longer than stop()'s first 2 s wait
+            assert self.release.wait(60)
             return {}
 
     class Backend:
-        shut_down = False
+        step_in_flight_at_shutdown = None
 
         def shutdown(self) -> None:
-            self.shut_down = True
+            self.step_in_flight_at_shutdown = learner.is_alive() and learner.num_steps == 0
+            policy.release.set()
 
-    policy, backend = SlowPolicy(), Backend()
+    policy, backend = BlockedPolicy(), Backend()
     learner = LearnerThread(policy)
     learner.start()
     learner.inqueue.put(Batch(1))
-    assert policy.started.wait(5)
+    assert policy.started.wait(60)
     lifetime.cleanup(backend, learner)
-    assert backend.shut_down
-    assert not learner.is_alive()
+    assert backend.step_in_flight_at_shutdown  # the first wait ended with the step going on
+    assert not learner.is_alive()  # the last one waited for it
     assert learner.num_steps == 1

@@ -6,8 +6,8 @@ clear in one step), and any object with the port's members can drive `DriverLoop
 
 from __future__ import annotations
 
+import queue
 import threading
-import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -20,6 +20,7 @@ from impala_lab.driver.replay_mixer import ReplayMixer
 from impala_lab.driver.run_stats import RunStats
 from impala_lab.learner.learner_thread import LearnerThread
 from impala_lab.learner.port import LearnerPort, UpdateFlag
+from tests.waiting import wait_for
 
 T = 2
 
@@ -43,13 +44,6 @@ class CountingPolicy:
         return [np.full(2, self.version, np.float32)], self.version
 
 
-def _wait_for(predicate, seconds: float = 10.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.005)
-
-
 def test_the_flag_is_set_by_the_learner_thread_and_taken_once_by_the_driver():
     learner = LearnerThread(CountingPolicy(), learner_queue_size=8)
     assert isinstance(learner, LearnerPort)
@@ -58,7 +52,7 @@ def test_the_flag_is_set_by_the_learner_thread_and_taken_once_by_the_driver():
     try:
         for count in (10, 20, 30):
             assert learner.put_batch(Batch(count), timeout=1.0)
-        _wait_for(lambda: learner.num_steps == 3)
+        wait_for(lambda: learner.num_steps == 3, "three updates")
         # Three updates, one take: the driver broadcasts once for all of them.
         assert learner.weights_updated  # a look does not take it
         assert learner.take_weights_updated() is True
@@ -69,7 +63,7 @@ def test_the_flag_is_set_by_the_learner_thread_and_taken_once_by_the_driver():
         with pytest.raises(AttributeError):
             learner.weights_updated = False  # only a take clears it
         assert learner.put_batch(Batch(5), timeout=1.0)
-        _wait_for(lambda: learner.num_steps == 4)
+        wait_for(lambda: learner.num_steps == 4, "the fourth update")
         assert learner.take_weights_updated() is True and learner.drain_trained() == 5
     finally:
         learner.stop()
@@ -104,12 +98,25 @@ def test_an_update_landing_between_two_takes_is_never_lost():
     assert flag.take() is False
 
 
+class PutRecordingQueue(queue.Queue):
+    """A ``queue.Queue`` that records how each put was asked to block: ``(block, timeout)``."""
+
+    def __init__(self, maxsize: int) -> None:
+        super().__init__(maxsize)
+        self.puts: list[tuple[bool, float | None]] = []
+
+    def put(self, item: object, block: bool = True, timeout: float | None = None) -> None:
+        self.puts.append((block, timeout))
+        super().put(item, block, timeout)
+
+
 def test_put_batch_says_when_the_queue_stayed_full():
     learner = LearnerThread(CountingPolicy(), learner_queue_size=1)
+    learner.inqueue = PutRecordingQueue(maxsize=1)
     assert learner.put_batch(Batch(1), timeout=0.0) is True
-    start = time.monotonic()
     assert learner.put_batch(Batch(2), timeout=0.05) is False
-    assert time.monotonic() - start >= 0.04
+    # It waited the 0.05 s for room (Queue.put's own timeout), then said so.
+    assert learner.inqueue.puts == [(True, 0.0), (True, 0.05)]
     assert learner.inqueue.qsize() == 1 and learner.inqueue.queue[0].count == 1
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import queue
 import threading
-import time
 
 import pytest
 
@@ -118,21 +117,63 @@ def test_block_timeout_raises_empty_and_leaves_state_unchanged():
     assert buf.get(block_timeout=0) == ("b", T)
 
 
+class ArrivesWhileBlocked(queue.Queue):
+    """A queue whose item arrives (from another thread) only while a get blocks without a
+    timeout: a get that does not block, or gives up, finds it empty."""
+
+    def get(self, block: bool = True, timeout: float | None = None) -> object:
+        if block and timeout is None:
+            threading.Thread(target=self.put, args=("late",)).start()
+        return super().get(block, timeout)
+
+
 def test_blocking_get_waits_for_an_item():
-    q: queue.Queue = queue.Queue()
-    buf = MinibatchBuffer(q, 1, 1)
-    timer = threading.Timer(0.05, q.put, args=("late",))
-    timer.start()
+    buf = MinibatchBuffer(ArrivesWhileBlocked(), 1, 1)
     assert buf.get() == ("late", T)
-    timer.join()
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class ClockedQueue:
+    """A ``queue.Queue`` on a fake clock: a get on the empty queue blocks for exactly the
+    seconds asked (the clock moves on by them), then raises ``queue.Empty``, as
+    ``Queue.get(timeout=...)`` does. ``waits`` lists the seconds each empty get blocked."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        self.clock = clock
+        self.items: list[object] = []
+        self.waits: list[float] = []
+
+    def put(self, item: object) -> None:
+        self.items.append(item)
+
+    def get(self, block: bool = True, timeout: float | None = None) -> object:
+        if self.items:
+            return self.items.pop(0)
+        assert timeout is not None or not block, "a get that would block forever"
+        waited = timeout if block else 0.0
+        self.waits.append(waited)
+        self.clock.now += waited
+        raise queue.Empty
+
+
+def clocked_buffer(timeout: float) -> tuple[MinibatchBuffer, ClockedQueue, FakeClock]:
+    clock = FakeClock()
+    q = ClockedQueue(clock)
+    return MinibatchBuffer(q, 1, 1, timeout=timeout, clock=clock), q, clock
 
 
 def test_learner_queue_timeout_without_block_timeout():
-    buf = MinibatchBuffer(queue.Queue(), 1, 1, timeout=0.1)
-    t0 = time.monotonic()
+    buf, q, _ = clocked_buffer(timeout=0.1)
     with pytest.raises(LearnerQueueTimeout) as info:
         buf.get()
-    assert 0.09 <= time.monotonic() - t0 < 2.0
+    assert q.waits == [0.1]  # one wait of the whole timeout, then the error
     err = info.value
     assert isinstance(err, TimeoutError) and not isinstance(err, queue.Empty)
     msg = str(err)
@@ -141,20 +182,18 @@ def test_learner_queue_timeout_without_block_timeout():
 
 
 def test_learner_queue_timeout_summed_over_short_calls():
-    q: queue.Queue = queue.Queue()
-    buf = MinibatchBuffer(q, 1, 1, timeout=0.2)
+    buf, q, clock = clocked_buffer(timeout=0.2)
     empties = 0
-    t0 = time.monotonic()
     with pytest.raises(LearnerQueueTimeout):
         while True:
             try:
                 buf.get(block_timeout=0.03)
             except queue.Empty:
                 empties += 1
-    # 0.2 s of waiting in slices of at least 0.03 s: at most 6 Empty, then the error
-    # (fewer when a loaded machine stretches the slices).
-    assert 1 <= empties <= 6
-    assert time.monotonic() - t0 >= 0.19
+    # 0.2 s of waiting in slices of 0.03 s: 6 Empty (0.18 s), then the last 0.02 s and the error.
+    assert empties == 6
+    assert q.waits == pytest.approx([0.03] * 6 + [0.02])
+    assert clock.now == pytest.approx(0.2)
     # After the error the sum restarts: a short call is a plain Empty again.
     with pytest.raises(queue.Empty) as info:
         buf.get(block_timeout=0.01)
@@ -162,24 +201,24 @@ def test_learner_queue_timeout_summed_over_short_calls():
 
 
 def test_item_arrival_resets_the_waited_time():
-    q: queue.Queue = queue.Queue()
-    buf = MinibatchBuffer(q, 1, 1, timeout=0.5)
+    buf, q, clock = clocked_buffer(timeout=0.5)
     for round_ in range(5):  # 0.6 s of waiting in all, over the limit but never in one go
         for _ in range(4):  # 0.12 s of waiting per round, well under the 0.5 s limit
             with pytest.raises(queue.Empty):
                 buf.get(block_timeout=0.03)
         q.put(round_)
         assert buf.get(block_timeout=0.03) == (round_, T)
+    assert clock.now == pytest.approx(0.6)
 
 
 def test_time_outside_get_does_not_count():
-    q: queue.Queue = queue.Queue()
-    buf = MinibatchBuffer(q, 1, 1, timeout=0.3)
+    buf, _, clock = clocked_buffer(timeout=0.3)
     with pytest.raises(queue.Empty):
         buf.get(block_timeout=0.02)
-    time.sleep(0.4)  # e.g. a student pausing between step-through cells
-    with pytest.raises(queue.Empty):
+    clock.now += 0.4  # e.g. a student pausing between step-through cells
+    with pytest.raises(queue.Empty) as info:
         buf.get(block_timeout=0.02)
+    assert not isinstance(info.value, LearnerQueueTimeout)
 
 
 @pytest.mark.parametrize(

@@ -119,9 +119,10 @@ for b in batches:
 learner.start()
 during = threading.active_count()
 deadline = time.monotonic() + 60
-while learner.num_steps < 7 and time.monotonic() < deadline and learner.error is None:
+# 7 steps, the last buffer released and both idle again: nothing more can come.
+while ((learner.num_steps < 7 or len(released) < 4 or learner.idle_buffers.qsize() < 2)
+       and learner.error is None and time.monotonic() < deadline):
     time.sleep(0.01)
-time.sleep(0.3)  # nothing more may come
 learner.stop()
 counts = []
 while not learner.outqueue.empty():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import multiprocess.connection
 import numpy as np
 import pytest
 
@@ -31,10 +33,12 @@ from impala_lab.backends.shared_weights import (
     read_shared_weights,
     write_shared_weights,
 )
+from impala_lab.backends.worker_process import _serve
 from impala_lab.errors import WorkerError
 from tests.backend_helpers import ENV3, B, T, config, model_for, results
 from tests.envs import FixedLengthEnv, RaisingEnv, SlowEnv
 from tests.leaks import alive, wait_gone
+from tests.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -293,23 +297,32 @@ def test_env_error_reaches_the_driver_with_the_worker_traceback():
     assert shm_names(backend.blocks.prefix) == set()
 
 
-def test_wait_blocks_without_spinning_and_a_killed_worker_fails_its_futures():
-    slow = functools.partial(SlowEnv, delay_s=0.2, length=100)
-    backend = ProcessBackend(config(slow, num_workers=1, num_envs=1, T=10))
+HANGS = functools.partial(SlowEnv, delay_s=3600.0, length=100)  # a sample never ends
+
+
+def test_wait_blocks_without_spinning_and_a_killed_worker_fails_its_futures(monkeypatch):
+    backend = ProcessBackend(config(HANGS, num_workers=1, num_envs=1, T=10))
     try:
         h = backend.make_worker(5)
         assert isinstance(h, ProcessWorkerHandle)
         futs = [h.sample(), h.sample()]
-        cpu0, t0 = time.process_time(), time.monotonic()
+        # It blocks in the OS's poll() on the pipe and the sentinel: one look, one wait for
+        # the rest of the timeout, one last look. Polling would look again and again.
+        timeouts: list[float | None] = []
+        real_wait = multiprocess.connection.wait
+
+        def recording_wait(objects, timeout=None):
+            timeouts.append(timeout)
+            return real_wait(objects, timeout)
+
+        monkeypatch.setattr(multiprocess.connection, "wait", recording_wait)
         assert backend.wait(futs, 0.5) == []
-        wall, cpu = time.monotonic() - t0, time.process_time() - cpu0
-        assert 0.5 <= wall < 1.5
-        assert cpu < 0.05, f"wait() used {cpu:.3f} s CPU in {wall:.2f} s: it spins"
+        assert len(timeouts) <= 4 and 0.0 < max(timeouts) <= 0.5, timeouts
+        monkeypatch.undo()
 
         os.kill(h.pid, signal.SIGKILL)
-        t0 = time.monotonic()
-        done = backend.wait(futs, 10.0)
-        assert time.monotonic() - t0 < 3.0  # woken by the pipe's EOF, not the timeout
+        # Woken by the pipe's EOF: a wait that ran out would return nothing.
+        done = backend.wait(futs, 60.0)
         assert set(done) == set(futs)
         for f in futs:
             with pytest.raises(WorkerError) as info:
@@ -325,19 +338,70 @@ def test_wait_blocks_without_spinning_and_a_killed_worker_fails_its_futures():
         backend.shutdown()
 
 
+class FakePipe:
+    """The worker's end of the pipe, in this process: ``driver_sends`` queues commands as the
+    driver's pickled messages; ``answers`` are the worker's replies."""
+
+    def __init__(self, *commands: tuple) -> None:
+        self.incoming: list[bytes] = []
+        self.answers: list[tuple] = []
+        self.driver_sends(*commands)
+
+    def driver_sends(self, *commands: tuple) -> None:
+        self.incoming += [pickle.dumps(c, protocol=5) for c in commands]
+
+    def recv_bytes(self) -> bytes:
+        if not self.incoming:
+            raise EOFError
+        return self.incoming.pop(0)
+
+    def poll(self, timeout: float) -> bool:
+        return bool(self.incoming)
+
+    def send_bytes(self, data: bytes) -> None:
+        self.answers.append(pickle.loads(data))
+
+
+class CountingWorker:
+    """Samples "batch 1", "batch 2", ...; ``during_sample(n)`` runs inside the n-th sample."""
+
+    env_id = "FakeEnv"
+
+    def __init__(self, during_sample=lambda n: None) -> None:
+        self.samples = 0
+        self.during_sample = during_sample
+
+    def sample(self) -> str:
+        self.samples += 1
+        self.during_sample(self.samples)
+        return f"batch {self.samples}"
+
+
+def test_a_worker_finishes_its_sample_then_reads_stop_before_the_queued_ones():
+    pipe = FakePipe(("sample",))
+    worker = CountingWorker(
+        during_sample=lambda n: n == 1 and pipe.driver_sends(*[("sample",)] * 3, ("stop",)))
+    _serve(pipe, worker, reader=None)  # returns: the worker process exits with code 0
+    assert worker.samples == 1 and pipe.answers == [("ok", "batch 1")]
+    assert pipe.incoming == []  # the queued samples were read, and dropped
+
+
+def test_a_worker_serves_its_requests_in_order_until_the_pipe_closes():
+    pipe = FakePipe(("sample",), ("sample",))
+    worker = CountingWorker(during_sample=lambda n: n == 2 and pipe.driver_sends(("sample",)))
+    with pytest.raises(EOFError):  # the driver closed the pipe: worker_main returns
+        _serve(pipe, worker, reader=None)
+    assert pipe.answers == [("ok", "batch 1"), ("ok", "batch 2"), ("ok", "batch 3")]
+
+
 def test_stop_worker_fails_pending_requests_and_ends_the_process():
-    slow = functools.partial(SlowEnv, delay_s=0.025, length=100)  # 0.5 s per sample
-    backend = ProcessBackend(config(slow, num_workers=2, num_envs=1, T=20))
+    backend = ProcessBackend(config(ENV3, num_workers=2, num_envs=1, T=20))
     try:
         h0, h1 = backend.make_worker(0), backend.make_worker(1)
         results(backend, [h0.sample()])  # the worker is up
         futs = [h0.sample() for _ in range(4)]
-        time.sleep(0.1)
-        t0 = time.monotonic()
         backend.stop_worker(h0)
-        # It finishes the sample it is in (<= 0.5 s), then reads "stop" before the 3 queued
-        # ones (1.5 s) and exits by itself (code 0, not terminated).
-        assert time.monotonic() - t0 < 1.2
+        # It read "stop" and exited by itself (code 0), not terminated after the join.
         assert h0.exitcode == 0
         assert not alive(h0.pid)
         for f in futs:
@@ -353,7 +417,7 @@ def test_stop_worker_fails_pending_requests_and_ends_the_process():
 
 
 # ---------------------------------------------------------------------- lifetimes
-def test_shutdown_is_fast_idempotent_and_leaves_no_process_or_block():
+def test_shutdown_ends_every_worker_in_order_and_leaves_no_process_or_block():
     backend = ProcessBackend(config(ENV3, num_workers=2))
     handles = [backend.make_worker(i) for i in range(2)]
     ref = backend.put_weights(model_for(ENV3).initial_weights(0), 0)
@@ -364,9 +428,9 @@ def test_shutdown_is_fast_idempotent_and_leaves_no_process_or_block():
     pids = [h.pid for h in handles]
     prefix = backend.blocks.prefix
     assert shm_names(prefix)
-    t0 = time.monotonic()
     backend.shutdown()
-    assert time.monotonic() - t0 < 2.0
+    # Each read "stop" and exited by itself (code 0), none terminated after the join.
+    assert [h.exitcode for h in handles] == [0, 0]
     assert wait_gone(pids, 0.1) == []
     assert shm_names(prefix) == set()
     backend.shutdown()  # again: nothing to do
@@ -376,16 +440,22 @@ def test_shutdown_is_fast_idempotent_and_leaves_no_process_or_block():
 
 
 PARENT_SCRIPT = textwrap.dedent("""
-    import functools, sys, time
+    import functools, os, sys, time
     sys.path.insert(0, {root!r})
     from impala_lab.backends.process import ProcessBackend
     from impala_lab.config import ImpalaConfig
     from impala_lab.actor.numpy_model import NumpyModel
     from tests.envs import SlowEnv
 
-    mode = {mode!r}
-    delay = 0.0 if mode != "sleep" else 1.0
-    env = functools.partial(SlowEnv, delay_s=delay, length=3)
+    mode, inside = {mode!r}, {inside!r}
+
+    def sleep_inside(seconds):  # marks this worker as inside a sample, then sleeps
+        open(os.path.join(inside, str(os.getpid())), "w").close()
+        time.sleep(seconds)
+
+    # mode "sleep": every sample hangs (an hour per step), so a worker is deaf to its pipe
+    delay = 0.0 if mode != "sleep" else 3600.0
+    env = functools.partial(SlowEnv, delay_s=delay, length=3, sleep=sleep_inside)
     backend = ProcessBackend(ImpalaConfig(env=env, num_workers=2, num_envs_per_worker=2,
                                           sample_batch_size=5, model=(8,), seed=0))
     handles = [backend.make_worker(i) for i in range(2)]
@@ -402,8 +472,8 @@ PARENT_SCRIPT = textwrap.dedent("""
         if mode != "sleep":
             for f in futures:
                 f.result()
-    if mode == "sleep":
-        time.sleep(0.5)  # each worker is now inside a 10 s sample: deaf to its pipe
+    while mode == "sleep" and len(os.listdir(inside)) < 2:
+        time.sleep(0.01)  # until each worker is inside its hanging sample
     print(backend.blocks.prefix, *backend.worker_pids(), flush=True)
     if mode == "sleep":
         time.sleep(60)
@@ -413,40 +483,41 @@ PARENT_SCRIPT = textwrap.dedent("""
 """)
 
 
-def run_parent(mode: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", PARENT_SCRIPT.format(root=str(ROOT),
-                                                                        mode=mode)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=str(ROOT))
+def run_parent(mode: str, inside: Path) -> subprocess.Popen:
+    """The script in ``mode``; its workers mark themselves in the folder ``inside`` when
+    they enter a sample."""
+    script = PARENT_SCRIPT.format(root=str(ROOT), mode=mode, inside=str(inside))
+    return subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=str(ROOT))
 
 
-def test_workers_exit_when_their_parent_is_killed():
-    # The workers are busy sampling when the parent dies, so only their watchdog (not a
-    # closed pipe) can end them in time.
-    parent = run_parent("sleep")
+def test_workers_exit_when_their_parent_is_killed(tmp_path):
+    # The workers are inside samples that never end when the parent dies, so only their
+    # watchdog (not a closed pipe) can end them.
+    parent = run_parent("sleep", tmp_path)
+    pids: list[int] = []
     try:
         line = parent.stdout.readline().split()
         assert len(line) == 3, parent.stderr.read()
         prefix, pids = line[0], [int(p) for p in line[1:]]
         assert all(alive(p) for p in pids)
         parent.kill()
-        parent.wait(5)
-        assert wait_gone(pids, 5.0) == [], "workers outlived their parent"
+        parent.wait(60)
+        assert wait_gone(pids, 60.0) == [], "workers outlived their parent"
         # The resource tracker unlinks the weights blocks once the workers are gone.
-        deadline = time.monotonic() + 5
-        while shm_names(prefix) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert shm_names(prefix) == set()
+        wait_for(lambda: not shm_names(prefix), "the weights blocks unlinked")
     finally:
         if parent.poll() is None:
             parent.kill()
         parent.stdout.close()
         parent.stderr.close()
+        for pid in wait_gone(pids, 0.0):  # a failed test leaves no hanging worker behind
+            os.kill(pid, signal.SIGKILL)
 
 
 @pytest.mark.parametrize("mode", ["shutdown", "exit"])
-def test_clean_exit_leaves_no_block_and_no_warning(mode):
-    parent = run_parent(mode)
+def test_clean_exit_leaves_no_block_and_no_warning(mode, tmp_path):
+    parent = run_parent(mode, tmp_path)
     out, err = parent.communicate(timeout=30)
     assert parent.returncode == 0, err
     prefix, *pids = out.split()

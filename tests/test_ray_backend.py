@@ -13,7 +13,6 @@ import functools
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 import ray
@@ -26,7 +25,7 @@ from impala_lab.errors import ConfigError, WorkerError
 from tests import backend_helpers as helpers
 from tests.backend_helpers import ENV3, model_for, results
 from tests.envs import RaisingEnv
-from tests.leaks import alive
+from tests.leaks import wait_gone
 
 
 def config(env=ENV3, **kw) -> ImpalaConfig:
@@ -104,10 +103,7 @@ def test_weights_are_put_once_and_stop_worker_ends_the_actor_process(ray_backend
     for h in handles:
         ray_backend.stop_worker(h)
     assert ray_backend.handles == []
-    deadline = time.monotonic() + 10
-    while any(alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not any(alive(p) for p in pids), "stop_worker left the actor process running"
+    assert wait_gone(pids, 60.0) == [], "stop_worker left the actor process running"
 
 
 def test_env_error_becomes_worker_error_with_the_actor_traceback(ray_backend):

@@ -19,6 +19,7 @@ import pytest
 
 from impala_lab import ImpalaConfig
 from impala_lab.backends.process import ProcessBackend
+from tests.leaks import wait_gone
 
 SHM = Path("/dev/shm")
 REPO = Path(__file__).resolve().parents[1]
@@ -30,6 +31,19 @@ pytestmark = pytest.mark.skipif(not SHM.is_dir(), reason="no /dev/shm (not Linux
 
 def blocks_of(pid: int) -> list[str]:
     return sorted(p.name for p in SHM.glob(f"il{pid}_*"))
+
+
+def group_members(pgid: int) -> list[int]:
+    """The pids of the processes in process group ``pgid``."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.getpgid(int(entry)) == pgid:
+                    members.append(int(entry))
+            except ProcessLookupError:
+                pass
+    return members
 
 
 def dead_pid() -> int:
@@ -63,9 +77,11 @@ def test_blocks_of_a_driver_killed_with_its_process_group_go_when_a_backend_star
     try:
         assert driver.stdout.readline().strip() == "ready"
         assert blocks_of(driver.pid), "the driver made no weights block"
-        os.killpg(driver.pid, signal.SIGKILL)  # the driver and its resource tracker
-        driver.wait(timeout=10)
-        time.sleep(0.5)
+        group = group_members(driver.pid)  # the driver and its resource tracker
+        assert driver.pid in group and len(group) >= 2
+        os.killpg(driver.pid, signal.SIGKILL)
+        driver.wait(timeout=60)
+        assert wait_gone(group, 60) == []  # no process of the group could unlink them now
         left = blocks_of(driver.pid)
         assert left, "nothing was left behind to clean up"
         start_backend()

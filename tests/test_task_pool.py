@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
-import time
 
 import pytest
 
@@ -270,30 +269,55 @@ def test_prefetch_does_not_block_when_something_is_prefetched():
 
 
 def test_blocking_wait_with_poll_wait_and_a_thread():
-    pool = SampleTaskPool()
+    # The result comes from another thread, and only once the pool waits for it.
     fut = concurrent.futures.Future()
+    waiting = threading.Event()
+
+    def wait(futures, timeout):
+        waiting.set()
+        return poll_wait(futures, timeout)
+
+    pool = SampleTaskPool(wait_fn=wait, blocking_timeout=None)
     pool.add("w", fut)
-    timer = threading.Timer(0.05, fut.set_result, args=("late",))
-    timer.start()
-    t0 = time.monotonic()
+    answer = threading.Thread(target=lambda: waiting.wait(60) and fut.set_result("late"))
+    answer.start()
     assert list(pool.completed(blocking_wait=True)) == [("w", "late")]
-    assert time.monotonic() - t0 < 5.0
-    timer.join()
+    answer.join()
+
+
+class FakeTime:
+    """A clock and a sleep on it: each sleep moves the clock on by its seconds (recorded)."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+        self.sleeps: list[float] = []
+        self.on_sleep = lambda: None
+
+    def clock(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+        self.on_sleep()
 
 
 def test_poll_wait():
     a, b, c = FakeFuture(), FakeFuture(), FakeFuture()
     assert poll_wait([], None) == []
-    t0 = time.monotonic()
-    assert poll_wait([a, b], 0.05) == []
-    assert 0.045 <= time.monotonic() - t0 < 1.0
+    t = FakeTime()
+    assert poll_wait([a, b], 0.05, clock=t.clock, sleep=t.sleep) == []
+    # A doubling backoff from 0.5 ms, the last sleep cut at the deadline: 0.05 s in all.
+    assert t.sleeps == pytest.approx([0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.0185])
+    assert t.now == pytest.approx(100.05)
     c.finish()
     a.finish()
     assert poll_wait([a, b, c], 0) == [a, c]
-    timer = threading.Timer(0.03, b.finish)
-    timer.start()
-    assert poll_wait([b], None) == [b]
-    timer.join()
+    # No timeout: it polls until one is done, its sleeps capped at max_sleep.
+    t = FakeTime()
+    t.on_sleep = lambda: len(t.sleeps) == 9 and b.finish()
+    assert poll_wait([b], None, clock=t.clock, sleep=t.sleep, max_sleep=0.004) == [b]
+    assert t.sleeps == [0.0005, 0.001, 0.002] + [0.004] * 6
 
 
 def test_same_worker_many_requests_and_hashable_workers():
@@ -308,12 +332,9 @@ def test_same_worker_many_requests_and_hashable_workers():
     assert pool.count(w) == 2
 
 
-def test_owed_since_counts_from_the_later_of_the_request_and_the_last_answer(monkeypatch):
-    import impala_lab.driver.task_pool as task_pool
-
+def test_owed_since_counts_from_the_later_of_the_request_and_the_last_answer():
     clock = [100.0]
-    monkeypatch.setattr(task_pool.time, "monotonic", lambda: clock[0])
-    pool = SampleTaskPool()
+    pool = SampleTaskPool(clock=lambda: clock[0])
     a1, a2, b1 = FakeFuture("a1"), FakeFuture("a2"), FakeFuture("b1")
     pool.add("a", a1)
     pool.add("a", a2)

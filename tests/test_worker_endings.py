@@ -15,7 +15,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from typing import Any
 
 import pytest
@@ -25,6 +24,8 @@ from impala_lab.backends.process import ProcessBackend
 from impala_lab.errors import WorkerError
 from tests.backend_helpers import config, results
 from tests.envs import FixedLengthEnv, SlowEnv
+from tests.leaks import alive, wait_gone
+from tests.waiting import wait_for
 
 
 class ExitingEnv(FixedLengthEnv):
@@ -50,21 +51,6 @@ class HelperEnv(SlowEnv):
             fh.write(f"{self.helper.pid}\n")
 
 
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except FileNotFoundError:
-        return False
-
-
-def wait_gone(pids: list[int], timeout: float = 10.0) -> list[int]:
-    deadline = time.monotonic() + timeout
-    while any(alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return [p for p in pids if alive(p)]
-
-
 @pytest.mark.parametrize("code", [0, 3, "bye"])
 def test_an_env_that_calls_sys_exit_is_named(code):
     backend = ProcessBackend(config(functools.partial(ExitingEnv, code=code), num_workers=1))
@@ -81,8 +67,8 @@ def test_an_env_that_calls_sys_exit_is_named(code):
 def _killed_worker_message(monkeypatch: pytest.MonkeyPatch, counts: list[int]) -> str:
     readings = iter(counts)
     monkeypatch.setattr(process_handle, "oom_kill_count", lambda: next(readings))
-    slow = functools.partial(SlowEnv, delay_s=0.2, length=100)
-    backend = ProcessBackend(config(slow, num_workers=1, num_envs=1, T=10))
+    hangs = functools.partial(SlowEnv, delay_s=3600.0, length=100)  # a sample never ends
+    backend = ProcessBackend(config(hangs, num_workers=1, num_envs=1, T=10))
     try:
         handle = backend.make_worker(0)
         future = handle.sample()
@@ -125,14 +111,12 @@ def test_an_envs_helper_processes_end_with_a_stopped_worker(tmp_path):
 
 def test_an_envs_helper_processes_end_when_their_worker_dies(tmp_path):
     pid_file = tmp_path / "helpers"
-    env = functools.partial(HelperEnv, str(pid_file), delay_s=0.2, length=100)
+    env = functools.partial(HelperEnv, str(pid_file), delay_s=3600.0, length=100)  # hangs
     backend = ProcessBackend(config(env, num_workers=1, num_envs=1, T=10))
     try:
         handle = backend.make_worker(0)
         future = handle.sample()
-        deadline = time.monotonic() + 30
-        while not pid_file.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for(pid_file.exists, "the env's helper started")
         helpers = [int(p) for p in pid_file.read_text().split()]
         os.kill(handle.pid, signal.SIGKILL)
         with pytest.raises(WorkerError):

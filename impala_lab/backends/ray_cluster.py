@@ -12,6 +12,7 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Callable
 from typing import Any
 
 from impala_lab.config import ImpalaConfig
@@ -120,17 +121,20 @@ def probe(address: str, timeout: float) -> None:
         )
 
 
-def free_cpus(ray: Any, config: ImpalaConfig, wait_s: float) -> float:
-    """The Ray cluster's free CPUs, waiting up to ``wait_s`` seconds for at least 0.01 per
-    worker (actors just killed free theirs a moment later); `ConfigError` if none come."""
-    deadline = time.monotonic() + wait_s
+def free_cpus(ray: Any, config: ImpalaConfig, wait_s: float, *,
+              clock: Callable[[], float] = time.monotonic,
+              sleep: Callable[[float], None] = time.sleep) -> float:
+    """The Ray cluster's free CPUs, waiting up to ``wait_s`` seconds (on ``clock``, looking
+    every 0.2 s) for at least 0.01 per worker (actors just killed free theirs a moment
+    later); `ConfigError` if none come."""
+    deadline = clock() + wait_s
     while True:
         free = ray.available_resources().get("CPU", 0.0)
         if free >= 0.01 * config.num_workers:
             return free
-        if time.monotonic() >= deadline:
+        if clock() >= deadline:
             break
-        time.sleep(0.2)
+        sleep(0.2)
     total = ray.cluster_resources().get("CPU", 0.0)
     where = f"at {config.ray_address!r}" if config.ray_address else "of this process"
     raise ConfigError(

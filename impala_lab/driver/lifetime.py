@@ -15,6 +15,8 @@ from typing import Any
 # Every run not yet stopped (weakly: a dropped run is ended by its finalizer, not kept here).
 live_runs: weakref.WeakSet[Any] = weakref.WeakSet()
 
+# How long a cleanup first waits for the learner thread to end before it ends the workers.
+LEARNER_STOP_WAIT_S = 2.0
 # How long the last cleanup waits for a learner inside a train step (a first one traces).
 LEARNER_EXIT_WAIT_S = 120.0
 
@@ -32,7 +34,7 @@ def cleanup(backend: Any, learner: Any) -> None:
     """End a run's learner thread and its workers (the run's finalizer: it must not hold the
     `Impala` object, or the run could never be collected)."""
     try:
-        learner.stop(timeout=2.0)
+        learner.stop(timeout=LEARNER_STOP_WAIT_S)
     finally:
         try:
             backend.shutdown()

@@ -47,30 +47,31 @@ DEFAULT: Any = _Default()
 
 
 def poll_wait(futures: list[Any], timeout: float | None, *, min_sleep: float = 0.0005,
-              max_sleep: float = 0.02) -> list[Any]:
+              max_sleep: float = 0.02, clock: Callable[[], float] = time.monotonic,
+              sleep: Callable[[float], None] = time.sleep) -> list[Any]:
     """The default `wait_fn`: polls ``done()``, sleeping with a doubling backoff from
-    `min_sleep` to `max_sleep` seconds (for tests and inline futures; a real backend blocks
-    on OS handles, which wakes at once and costs no CPU).
+    `min_sleep` to `max_sleep` seconds on `clock` with `sleep` (for tests and inline futures;
+    a real backend blocks on OS handles, which wakes at once and costs no CPU).
 
     Returns the done futures in the order of `futures` (polling cannot see which finished
     first), or [] if none finished within `timeout` (0: check once; None: wait forever).
     """
     if not futures:
         return []
-    deadline = None if timeout is None else time.monotonic() + timeout
-    sleep = min_sleep
+    deadline = None if timeout is None else clock() + timeout
+    pause = min_sleep
     while True:
         ready = [f for f in futures if f.done()]
         if ready:
             return ready
         if deadline is None:
-            time.sleep(sleep)
+            sleep(pause)
         else:
-            left = deadline - time.monotonic()
+            left = deadline - clock()
             if left <= 0:
                 return []
-            time.sleep(min(sleep, left))
-        sleep = min(sleep * 2, max_sleep)
+            sleep(min(pause, left))
+        pause = min(pause * 2, max_sleep)
 
 
 class SampleTaskPool:
@@ -93,7 +94,8 @@ class SampleTaskPool:
     """
 
     def __init__(self, wait_fn: WaitFn | None = None,
-                 blocking_timeout: float | None = 10.0) -> None:
+                 blocking_timeout: float | None = 10.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         """Creates an empty pool.
 
         Args:
@@ -103,28 +105,30 @@ class SampleTaskPool:
           blocking_timeout: the longest a ``blocking_wait=True`` call blocks by default
             (None: no limit); on expiry it yields nothing, as RLlib's ``TaskPool`` (10 s), so
             the driver's loop can check its own stop conditions.
+          clock: the time in seconds that `owed_since` tells (the supervisor's clock).
         """
+        self._clock = clock
         self._wait = wait_fn if wait_fn is not None else poll_wait
         self.blocking_timeout = blocking_timeout
         self._lock = threading.Lock()
         # id(future) -> (worker, future); the dict keeps the futures alive, so ids stay unique.
         self._in_flight: dict[int, tuple[Hashable, Any]] = {}
         self._prefetched: deque[tuple[Hashable, Any]] = deque()
-        self._sent_at: dict[int, float] = {}  # id(future) -> time.monotonic() of add()
+        self._sent_at: dict[int, float] = {}  # id(future) -> the clock at add()
         self._last_answer: dict[Hashable, float] = {}  # worker -> when a request was seen done
 
     def add(self, worker: Hashable, future: Any) -> None:
         """Records a sample request sent to `worker`, represented by `future`."""
         with self._lock:
             self._in_flight[id(future)] = (worker, future)
-            self._sent_at[id(future)] = time.monotonic()
+            self._sent_at[id(future)] = self._clock()
 
     def _take(self, key: int) -> tuple[Hashable, Any] | None:
         """Removes a done request from in flight (caller holds the lock); notes the answer."""
         entry = self._in_flight.pop(key, None)
         self._sent_at.pop(key, None)
         if entry is not None:
-            self._last_answer[entry[0]] = time.monotonic()
+            self._last_answer[entry[0]] = self._clock()
         return entry
 
     def _ready(self, block: bool, timeout: float | None) -> list[Any]:
@@ -217,7 +221,7 @@ class SampleTaskPool:
         return dropped
 
     def owed_since(self) -> dict[Hashable, float]:
-        """``{worker: time.monotonic() since which it owes an answer}`` for every worker with
+        """``{worker: the clock's time since which it owes an answer}`` for every worker with
         a request in flight that is not done: the later of when its oldest unanswered request
         was sent and when one of its requests was last seen done (a worker answers in order,
         so one working through a queue owes only the next answer). Asks `wait_fn` once without
@@ -228,7 +232,7 @@ class SampleTaskPool:
         if not entries:
             return {}
         self._wait([f for _, f, _ in entries], 0.0)
-        now = time.monotonic()
+        now = self._clock()
         owed: dict[Hashable, float] = {}
         with self._lock:
             for worker, fut, sent in entries:

@@ -22,6 +22,7 @@ import numbers
 import queue
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 
@@ -60,7 +61,8 @@ class MinibatchBuffer:
     """
 
     def __init__(self, inqueue: Any, size: int, num_sgd_iter: int,
-                 timeout: float | None = None) -> None:
+                 timeout: float | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         """Creates an empty ring.
 
         Args:
@@ -68,6 +70,7 @@ class MinibatchBuffer:
           size: slots in the ring (``minibatch_buffer_size``), >= 1.
           num_sgd_iter: times each item is served at most, >= 1.
           timeout: ``learner_queue_timeout``, seconds > 0, or None to wait forever.
+          clock: returns the current time in seconds; the waits in `get` are measured on it.
         """
         _check_int("size", size, "the ring needs at least 1 slot; set minibatch_buffer_size >= 1")
         _check_int("num_sgd_iter", num_sgd_iter,
@@ -86,6 +89,7 @@ class MinibatchBuffer:
         self.ttl = [0] * self.size
         self.idx = 0
         self._waited = 0.0
+        self._clock = clock
         self._lock = threading.Lock()  # makes slots() a consistent snapshot
 
     def get(self, block_timeout: float | None = None) -> tuple[Any, bool]:
@@ -134,11 +138,11 @@ class MinibatchBuffer:
             return self._get_within(block_timeout)
         left = self.timeout - self._waited
         final = block_timeout is None or block_timeout >= left  # this wait may exhaust it
-        start = time.monotonic()
+        start = self._clock()
         try:
             item = self._get_within(max(left, 0.0) if final else block_timeout)
         except queue.Empty:
-            self._waited += time.monotonic() - start
+            self._waited += self._clock() - start
             if final or self._waited >= self.timeout:
                 self._waited = 0.0
                 raise LearnerQueueTimeout(
