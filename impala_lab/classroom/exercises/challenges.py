@@ -1,24 +1,11 @@
-"""The optional challenges: each exercise again, with less scaffolding and a rule.
+"""The optional challenges: each exercise again, with less scaffolding and, for some, a rule.
 
-A challenge is graded by its exercise's own checker machinery: the same cases (the drawn
-ones included), the same reference, the same comparison; only its `Spec` has the challenge's
-name (``<exercise>_challenge``) and, where the challenge has one, a structural rule
-(`impala_lab.classroom.exercises._static.Rule`): the notebook's check reads the code between
-the markers for it, the instructors' grader every line the student wrote. Its notebook gives
-less help: a definition instead of a recursion, words instead of code.
-
-- ``minibatch_get_challenge``: the whole ring, ``__init__`` and ``get``, with no base class.
-- ``replay_mix_challenge``: ``mix`` from the draw rule given in words only.
-- ``vtrace_numpy_challenge``: V-trace from its definition, with no Python loop.
-- ``driver_step_challenge``: the driver's step from its invariants, not from RLlib's loop.
-- ``vtrace_loss_challenge``: the loss with V-trace written in TensorFlow, without the
-  library's ``vtrace`` module.
-- ``lstm_unroll_challenge``: Keras's LSTM cell from its documentation, the reset with masks
-  and no ``if``.
-- ``diag_gaussian_challenge``: the log-prob and the entropy from the one-dimensional normal
-  density alone (the entropy derived, not given), with no Python loop.
-
-Nothing here imports TensorFlow.
+A challenge (``<exercise>_challenge``) has its exercise's cases, reference and comparison,
+and its notebook gives less help (a definition instead of a recursion, words instead of
+code). The rules (`impala_lab.classroom.exercises._static.Rule`): the ring with no base
+class (1), V-trace (3) and the Gaussian (7) with no Python loop, the V-trace loss without the
+library's ``vtrace`` module (5), the LSTM's reset with masks and no ``if`` (6). Nothing here
+imports TensorFlow.
 """
 
 from __future__ import annotations
@@ -74,7 +61,7 @@ def _ring_answer_trace(answer_cls: Any, case: Case) -> list[Any]:
 
 
 def _ring_hint(exp_out: Any, out: Any, exp_taken: int, taken: int) -> str:
-    """A hint from what the learner sees only (the state is the answer's own design)."""
+    """A hint from what the learner sees (the state is the answer's own design)."""
     if not (isinstance(out, tuple) and len(out) == 2):
         return "get() must return a pair (item, released)."
     if taken > exp_taken:
@@ -187,7 +174,7 @@ def _own_vtrace(text: str) -> str:
 
 
 def _vtrace_loss_cases() -> list[Case]:
-    out = vtrace_loss.cases()
+    out = vtrace_loss.SPEC.cases()
     for case in out:
         case.hint = _own_vtrace(case.hint)
     return out
@@ -237,7 +224,7 @@ SPECS: dict[str, Spec] = {s.exercise: s for s in (
 
 
 def _check(name: str, answer: Any, show: bool) -> CheckResult:
-    return run_check(SPECS[name], getattr(answer, "__name__", "the answer"), answer, show=show)
+    return run_check(SPECS[name], answer, show=show)
 
 
 def check_minibatch_get_challenge(answer_cls: Any, *, show: bool = True) -> CheckResult:
