@@ -16,8 +16,7 @@ code_cells`, the very code the sandbox then runs) and decides:
   implementation, the challenge's rule, its recursion over all cells together, and a ``no
   base class`` rule on every statement that binds the answer's name), and what only the
   grader must stop: code it cannot read (`UNREADABLE`) and a look at the checker's frames or
-  objects (`INTROSPECTION`). ``getattr(x, "name")`` with a literal name is read as
-  ``x.name``.
+  objects (`INTROSPECTION`), read with import aliases resolved (`grader_keys`).
 
 The handed-out notebook is the exercise's stub from the installed course
 (`impala_lab.classroom.course.course_root`).
@@ -36,10 +35,10 @@ from impala_lab.classroom.exercises._static import (
     RECURSION,
     Hit,
     Rule,
-    aliases,
-    attr_keys,
     broken,
     describe,
+    imported,
+    keys,
     recursive,
     scan,
     table,
@@ -203,20 +202,70 @@ def _plain_class(trees: list[tuple[int, ast.Module]], answer: str, rule: Rule,
     return None
 
 
+def aliases(tree: ast.AST) -> dict[str, str]:
+    """The names that `tree`'s imports bind, mapped to what they stand for (``np`` ->
+    ``numpy``, ``import_module`` -> ``importlib.import_module``)."""
+    out = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                out[a.asname or a.name.split(".")[0]] = a.name if a.asname else \
+                    a.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            for a in node.names:
+                out[a.asname or a.name] = f"{node.module}.{a.name}"
+    return out
+
+
+def _dotted(node: ast.AST, imports: dict[str, str]) -> str | None:
+    """``a.b.c`` with the root resolved through `imports` (None: not a plain dotted name)."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    return ".".join([imports.get(node.id, node.id), *reversed(parts)])
+
+
+def _literal_getattrs(tree: ast.AST) -> set[int]:
+    """The ``getattr``/``hasattr`` names of calls whose attribute is a literal name."""
+    return {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)
+            and isinstance(n.func, ast.Name) and n.func.id in ("getattr", "hasattr")
+            and len(n.args) >= 2 and isinstance(n.args[1], ast.Constant)
+            and isinstance(n.args[1].value, str) and n.args[1].value.isidentifier()}
+
+
+def grader_keys(node: ast.AST, imports: dict[str, str], literal: set[int]) -> list[str]:
+    """`keys`, and the keys only the grader's tables use: a whole dotted expression, as
+    written and with the import aliases `imports` resolved (``"sys.modules"``); an import of
+    module NAME and every use of a name it binds (``"module:NAME"``); a keyword argument
+    (``"kw:NAME"``). A ``getattr(x, "name")`` or ``hasattr`` call whose function is in
+    `literal` (`_literal_getattrs`) reads as ``x.name``."""
+    if id(node) in literal:
+        return []
+    if isinstance(node, ast.Call) and id(node.func) in literal:
+        node = ast.Attribute(node.args[0], node.args[1].value, ast.Load())
+    if isinstance(node, ast.Name):
+        return keys(node) + ([f"module:{imports[node.id]}"] if node.id in imports else [])
+    if isinstance(node, ast.Attribute):
+        root = _dotted(node.value, imports)
+        return [f"{ast.unparse(node.value)}.{node.attr}", *keys(node)] + (
+            [f"{root}.{node.attr}"] if root else [])
+    if isinstance(node, ast.Import | ast.ImportFrom):
+        full = [imported(node, a) for a in node.names]
+        return keys(node) + full + [f"module:{'.'.join(name.split('.')[:k])}" for name in full
+                                    for k in range(1, name.count(".") + 2)]
+    if isinstance(node, ast.keyword) and node.arg:
+        return [f"kw:{node.arg}"]
+    return keys(node)
+
+
 def _scan(tree: ast.Module, names: dict[str, tuple[str, str]], rule: Rule | None,
           imports: dict[str, str]) -> list[Hit]:
-    """`scan` with a literal ``getattr(x, "name")`` (or ``hasattr``) read as ``x.name``, and
-    unreadable code shown with its call."""
-    literal = {id(n.func): n for n in ast.walk(tree) if isinstance(n, ast.Call)
-               and isinstance(n.func, ast.Name) and n.func.id in ("getattr", "hasattr")
-               and len(n.args) >= 2 and isinstance(n.args[1], ast.Constant)
-               and isinstance(n.args[1].value, str) and n.args[1].value.isidentifier()}
-    hits = [h for h in scan(tree, names, rule, imports) if id(h.node) not in literal]
-    for call in literal.values():
-        key = next((k for k in attr_keys(call.args[0], call.args[1].value, imports)
-                    if k in names), None)
-        if key is not None:
-            hits.append(Hit(call, names[key][1], names[key][0]))
+    """`scan` with `grader_keys`; unreadable code is shown with its call."""
+    literal = _literal_getattrs(tree)
+    hits = scan(tree, names, rule, lambda node: grader_keys(node, imports, literal))
     called = {id(n.func): n for n in ast.walk(tree) if isinstance(n, ast.Call)}
     return [Hit(called.get(id(h.node), h.node), h.what, h.kind) if h.kind == "unreadable"
             else h for h in hits]

@@ -6,10 +6,8 @@ challenge's `Rule` (a loop, an ``if``, a base class, a name). The instructors' g
 every cell the student wrote with the same `scan`, and adds what only it must stop
 (``impala_lab_grader.static``: code it cannot read, the checker's frames).
 
-A name matches as a variable or an attribute (``"MinibatchBuffer"``), only as an attribute
-(``".step"``), as an imported name, or as a whole dotted expression with import aliases
-resolved (``"sys.modules"``); ``"module:NAME"`` matches an import of module NAME and every
-use of the name it binds.
+A name matches as a variable, an attribute or a part of an imported name
+(``"MinibatchBuffer"``), or only as an attribute (``".step"``).
 """
 
 from __future__ import annotations
@@ -18,6 +16,7 @@ import ast
 import inspect
 import linecache
 import textwrap
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,54 +73,21 @@ class Hit:
 RECURSION = "a function that calls itself (a loop too)"
 
 
-def aliases(tree: ast.AST) -> dict[str, str]:
-    """The names that `tree`'s imports bind, mapped to what they stand for (``np`` ->
-    ``numpy``, ``import_module`` -> ``importlib.import_module``)."""
-    out = {}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            for a in node.names:
-                out[a.asname or a.name.split(".")[0]] = a.name if a.asname else \
-                    a.name.split(".")[0]
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            for a in node.names:
-                out[a.asname or a.name] = f"{node.module}.{a.name}"
-    return out
+def imported(node: ast.Import | ast.ImportFrom, alias: ast.alias) -> str:
+    """The full dotted name an import's `alias` names (``from a.b import c``: ``a.b.c``)."""
+    module = node.module if isinstance(node, ast.ImportFrom) else None
+    return f"{module}.{alias.name}" if module else alias.name
 
 
-def _dotted(node: ast.AST, imports: dict[str, str]) -> str | None:
-    """``a.b.c`` with the root resolved through `imports` (None: not a plain dotted name)."""
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if not isinstance(node, ast.Name):
-        return None
-    return ".".join([imports.get(node.id, node.id), *reversed(parts)])
-
-
-def attr_keys(obj: ast.AST, attr: str, imports: dict[str, str]) -> list[str]:
-    """The keys of ``obj.attr`` (see the module docstring)."""
-    root = _dotted(obj, imports)
-    return [f"{ast.unparse(obj)}.{attr}", "." + attr, attr] + ([f"{root}.{attr}"] if root else [])
-
-
-def keys(node: ast.AST, imports: dict[str, str]) -> list[str]:
-    """The keys a table of names can name `node` by (see the module docstring)."""
+def keys(node: ast.AST) -> list[str]:
+    """The keys a table of names can name `node` by: a name, an attribute (``".attr"`` or
+    ``"attr"``), each part of an imported name, a definition (``"def:NAME"``)."""
     if isinstance(node, ast.Name):
-        return [node.id] + ([f"module:{imports[node.id]}"] if node.id in imports else [])
+        return [node.id]
     if isinstance(node, ast.Attribute):
-        return attr_keys(node.value, node.attr, imports)
+        return ["." + node.attr, node.attr]
     if isinstance(node, ast.Import | ast.ImportFrom):
-        module = (node.module or "") if isinstance(node, ast.ImportFrom) else ""
-        out = []
-        for a in node.names:
-            parts = (f"{module}.{a.name}" if module else a.name).split(".")
-            out += [".".join(parts), *parts,
-                    *(f"module:{'.'.join(parts[:k])}" for k in range(1, len(parts) + 1))]
-        return out
-    if isinstance(node, ast.keyword) and node.arg:
-        return [f"kw:{node.arg}"]
+        return [part for a in node.names for part in imported(node, a).split(".")]
     if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
         return [f"def:{node.name}"]
     return []
@@ -134,15 +100,14 @@ def table(forbidden: dict[str, str], rule: Rule | None) -> dict[str, tuple[str, 
 
 
 def scan(tree: ast.AST, names: dict[str, tuple[str, str]], rule: Rule | None = None,
-         imports: dict[str, str] | None = None) -> list[Hit]:
-    """Every use in `tree` of a name of `names` (`table`) and of the syntax `rule` forbids,
-    in the order of the text (its recursion is `recursive`'s). `imports`: the import aliases
-    in force (default: `tree`'s own)."""
-    imports = aliases(tree) if imports is None else imports
+         keys_of: Callable[[ast.AST], list[str]] = keys) -> list[Hit]:
+    """Every use in `tree` of a name of `names` (`table`), as `keys_of` reads a node's names,
+    and of the syntax `rule` forbids, in the order of the text (its recursion is
+    `recursive`'s)."""
     syntax = rule.syntax if rule is not None else {}
     hits = []
     for node in ast.walk(tree):
-        key = next((k for k in keys(node, imports) if k in names), None)
+        key = next((k for k in keys_of(node) if k in names), None)
         if key is not None and hasattr(node, "lineno"):
             kind, what = names[key]
             hits.append(Hit(node, what, kind))
