@@ -54,50 +54,39 @@ __all__ = ["CheckResult", "Exercise", "EXERCISES", "MARK_START", "MARK_END", "fa
 @dataclass(frozen=True)
 class Exercise:
     """One exercise: its notebook (same name in exercises/ and solutions/), the name the
-    notebook gives the answer, its checker here, and for a challenge its exercise (``base``)."""
+    notebook gives the answer, and for a challenge its exercise (``base``)."""
 
     name: str
     title: str
     notebook: str
     answer: str
-    checker: str
     base: str = ""
 
+    @property
+    def checker(self) -> str:
+        """Its checker's name in this package."""
+        return f"check_{self.name}"
 
-EXERCISES: dict[str, Exercise] = {e.name: e for e in (
+
+def _challenge(base: Exercise, title: str) -> Exercise:
+    name = f"{base.name}_challenge"
+    return Exercise(name, f"{title} (challenge)", f"{base.notebook[:3]}c_{name}.ipynb",
+                    base.answer, base.name)
+
+
+_BASES = (
     Exercise("minibatch_get", "MinibatchBuffer.get", "ex1_minibatch_buffer_get.ipynb",
-             "MyMinibatchBuffer", "check_minibatch_get"),
-    Exercise("replay_mix", "ReplayMixer.mix", "ex2_replay_mixer.ipynb", "mix",
-             "check_replay_mix"),
-    Exercise("vtrace_numpy", "V-trace in numpy", "ex3_vtrace_numpy.ipynb", "vtrace",
-             "check_vtrace_numpy"),
-    Exercise("driver_step", "the driver loop's step", "ex4_driver_step.ipynb", "driver_step",
-             "check_driver_step"),
-    Exercise("vtrace_loss", "the V-trace loss", "ex5_vtrace_loss.ipynb", "vtrace_loss",
-             "check_vtrace_loss"),
-    Exercise("lstm_unroll", "the masked LSTM unroll", "ex6_lstm_unroll.ipynb", "lstm_unroll",
-             "check_lstm_unroll"),
+             "MyMinibatchBuffer"),
+    Exercise("replay_mix", "ReplayMixer.mix", "ex2_replay_mixer.ipynb", "mix"),
+    Exercise("vtrace_numpy", "V-trace in numpy", "ex3_vtrace_numpy.ipynb", "vtrace"),
+    Exercise("driver_step", "the driver loop's step", "ex4_driver_step.ipynb", "driver_step"),
+    Exercise("vtrace_loss", "the V-trace loss", "ex5_vtrace_loss.ipynb", "vtrace_loss"),
+    Exercise("lstm_unroll", "the masked LSTM unroll", "ex6_lstm_unroll.ipynb", "lstm_unroll"),
     Exercise("diag_gaussian", "the diagonal Gaussian's log-prob and entropy",
-             "ex7_diag_gaussian.ipynb", "logp_and_entropy", "check_diag_gaussian"),
-    Exercise("minibatch_get_challenge", "the minibatch ring from scratch (challenge)",
-             "ex1c_minibatch_get_challenge.ipynb", "MyMinibatchBuffer",
-             "check_minibatch_get_challenge", "minibatch_get"),
-    Exercise("replay_mix_challenge", "the replay mixer from its rule (challenge)",
-             "ex2c_replay_mix_challenge.ipynb", "mix", "check_replay_mix_challenge",
-             "replay_mix"),
-    Exercise("vtrace_numpy_challenge", "V-trace without a loop (challenge)",
-             "ex3c_vtrace_numpy_challenge.ipynb", "vtrace", "check_vtrace_numpy_challenge",
-             "vtrace_numpy"),
-    Exercise("driver_step_challenge", "the driver's step from its invariants (challenge)",
-             "ex4c_driver_step_challenge.ipynb", "driver_step", "check_driver_step_challenge",
-             "driver_step"),
-    Exercise("vtrace_loss_challenge", "the V-trace loss, V-trace included (challenge)",
-             "ex5c_vtrace_loss_challenge.ipynb", "vtrace_loss", "check_vtrace_loss_challenge",
-             "vtrace_loss"),
-    Exercise("lstm_unroll_challenge", "the LSTM unroll with masks (challenge)",
-             "ex6c_lstm_unroll_challenge.ipynb", "lstm_unroll", "check_lstm_unroll_challenge",
-             "lstm_unroll"),
-    Exercise("diag_gaussian_challenge", "the Gaussian from its density, no loop (challenge)",
-             "ex7c_diag_gaussian_challenge.ipynb", "logp_and_entropy",
-             "check_diag_gaussian_challenge", "diag_gaussian"),
-)}
+             "ex7_diag_gaussian.ipynb", "logp_and_entropy"),
+)
+EXERCISES: dict[str, Exercise] = {e.name: e for e in (*_BASES, *map(_challenge, _BASES, (
+    "the minibatch ring from scratch", "the replay mixer from its rule",
+    "V-trace without a loop", "the driver's step from its invariants",
+    "the V-trace loss, V-trace included", "the LSTM unroll with masks",
+    "the Gaussian from its density, no loop")))}

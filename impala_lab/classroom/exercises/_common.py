@@ -245,6 +245,27 @@ def first_difference(expected: np.ndarray, actual: np.ndarray, rtol: float,
     return tuple(int(i) for i in np.argwhere(~close)[0])
 
 
+def named_slip(slips: dict[str, str], variant: Callable[[str], dict[str, Any]], name: str,
+               actual: np.ndarray) -> str:
+    """The hint of the first of `slips` whose `name` (``variant(slip)[name]``) is the numbers
+    `actual` has, or ""."""
+    for slip, hint in slips.items():
+        guess = variant(slip)[name]
+        if np.shape(guess) == actual.shape and first_difference(guess, actual, 1e-4,
+                                                                1e-4) is None:
+            return hint
+    return ""
+
+
+def window(labels: list[str], i: int, back: int, ahead: int, end: str) -> str:
+    """`labels` around the `i`-th, marked ``→`` (or `end`, marked, when `i` is past them)."""
+    lo = max(0, i - back)
+    items = [("→ " if k == i else "") + s for k, s in enumerate(labels[lo:i + ahead], lo)]
+    if i >= len(labels):
+        items.append(f"→ {end}")
+    return ("... " if lo else "") + ", ".join(items) + (" ..." if i + ahead < len(labels) else "")
+
+
 def as_array(value: Any, name: str, shape: tuple[int, ...]) -> np.ndarray:
     """The answer's output as a float64 array of `shape`, or a `Mismatch` saying why not."""
     try:

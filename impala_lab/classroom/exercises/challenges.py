@@ -33,7 +33,6 @@ from impala_lab.classroom.exercises._common import (
     same,
     verbatim,
 )
-from impala_lab.classroom.exercises._guard import Raised
 from impala_lab.classroom.exercises._spec import Spec, run_check
 from impala_lab.classroom.exercises._static import Rule
 
@@ -60,15 +59,19 @@ def _ring_answer_trace(answer_cls: Any, case: Case) -> list[Any]:
     return minibatch_get._serve(build, case, answer=True)
 
 
-def _ring_hint(exp_out: Any, out: Any, exp_taken: int, taken: int) -> str:
+def _ring_show(out: Any, state: dict[str, Any]) -> Any:
+    return verbatim(f"returned {out!r}; items taken from the queue={state['items_taken']}")
+
+
+def _ring_hint(exp_out: Any, out: Any, exp: dict[str, Any], act: dict[str, Any]) -> str:
     """A hint from what the learner sees (the state is the answer's own design)."""
     if not (isinstance(out, tuple) and len(out) == 2):
         return "get() must return a pair (item, released)."
-    if taken > exp_taken:
+    if act["items_taken"] > exp["items_taken"]:
         return ("Too many items taken: this catches taking a new item while the slot's item "
                 "still has passes left (or more than one per call). Take one only when the "
                 "slot you serve is empty.")
-    if taken < exp_taken:
+    if act["items_taken"] < exp["items_taken"]:
         return ("Too few items taken: this catches serving an item again after its last "
                 "pass. A slot whose item was released takes a new item on its next visit.")
     if not same(out[0], exp_out[0]):
@@ -80,23 +83,7 @@ def _ring_hint(exp_out: Any, out: Any, exp_taken: int, taken: int) -> str:
 
 
 def _ring_compare(case: Case, expected: list[Any], actual: list[Any]) -> None:
-    for call, (exp, act) in enumerate(zip(expected, actual), start=1):
-        exp_out, exp_state = exp
-        if isinstance(act, Raised):
-            raise act
-        if isinstance(act, Mismatch):
-            act.expected = verbatim(f"returned {exp_out!r}; items taken from the queue="
-                                    f"{exp_state['items_taken']}")
-            raise act
-        out, state = act
-        if not same(out, exp_out) or not same(state["items_taken"], exp_state["items_taken"]):
-            raise Mismatch(
-                f"call {call} of get()",
-                verbatim(f"returned {exp_out!r}; items taken from the queue="
-                         f"{exp_state['items_taken']}"),
-                verbatim(f"returned {out!r}; items taken from the queue="
-                         f"{state['items_taken']}"),
-                _ring_hint(exp_out, out, exp_state["items_taken"], state["items_taken"]))
+    minibatch_get.compare_calls(expected, actual, _ring_show, _ring_hint)
 
 
 # ------------------------------------------------------------------ 3: no Python loop

@@ -27,11 +27,11 @@ from impala_lab.classroom.exercises._common import (
     first_difference,
     format_value,
     loaded,
+    named_slip,
     verbatim,
 )
 from impala_lab.classroom.exercises._spec import Spec, run_check
 
-EXERCISE = "diag_gaussian"
 RTOL, ATOL = 1e-5, 1e-6
 _LOG_2PI = math.log(2.0 * math.pi)
 WIDE_LOG_STD, NARROW_LOG_STD = 100.0, -110.0  # past float32's exp range (about -103 to 88)
@@ -114,10 +114,6 @@ def make_inputs(N: int, D: int, kind: str, dtype: str, seed: int) -> dict[str, n
             "actions": actions.astype(dtype)}
 
 
-def _inputs(case: Case) -> dict[str, np.ndarray]:
-    return make_inputs(**case.params)
-
-
 def _compared(case: Case) -> tuple[str, ...]:
     return ("entropy",) if case.params["kind"] == "narrow" else ("logp", "entropy")
 
@@ -164,7 +160,7 @@ def _answer_trace(answer: Any, case: Case) -> dict[str, np.ndarray]:
     # copies: an answer that writes into its inputs cannot change the reference's; the far
     # log-stds overflow exp on purpose (the values are judged, not numpy's warnings)
     with np.errstate(all="ignore"):
-        out = call_answer(answer, **{k: v.copy() for k, v in _inputs(case).items()})
+        out = call_answer(answer, **{k: v.copy() for k, v in make_inputs(**case.params).items()})
     if not (isinstance(out, tuple | list) and len(out) == 2):
         raise Mismatch("what logp_and_entropy returns", verbatim("(logp, entropy)"), out,
                        "Return a pair (logp, entropy), two arrays of shape [N].")
@@ -175,7 +171,7 @@ def _answer_trace(answer: Any, case: Case) -> dict[str, np.ndarray]:
 def _reference_trace(case: Case) -> dict[str, np.ndarray]:
     from impala_lab.actor.distributions import DiagGaussian
 
-    x = _inputs(case)
+    x = make_inputs(**case.params)
     return {"logp": np.asarray(DiagGaussian.logp(x["inputs"], x["actions"]), np.float64),
             "entropy": np.asarray(DiagGaussian.entropy(x["inputs"]), np.float64)}
 
@@ -276,18 +272,9 @@ _NOT_FINITE = ("inf or nan where the reference is finite: this catches exp(log_s
                "where log s appears, and (a - m) * exp(-log_std) for z.")
 
 
-def _diagnose(case: Case, name: str, ans: np.ndarray) -> str:
-    """The hint of the slip whose numbers the answer's `name` matches ("" if none)."""
-    x = _inputs(case)
-    for slip, hint in _SLIPS.items():
-        guess = _variant(x["inputs"], x["actions"], slip)[name]
-        if np.shape(guess) == ans.shape and first_difference(guess, ans, 1e-4, 1e-4) is None:
-            return hint
-    return ""
-
-
 def _compare(case: Case, ref: dict[str, np.ndarray], ans: dict[str, np.ndarray]) -> None:
     N = case.params["N"]
+    x = make_inputs(**case.params)
     for name in _compared(case):
         expected, actual = ref[name], ans[name]
         bad = ~np.isfinite(actual) & np.isfinite(expected)
@@ -296,7 +283,8 @@ def _compare(case: Case, ref: dict[str, np.ndarray], ans: dict[str, np.ndarray])
         if idx is None:
             continue
         i = idx[0]
-        hint = _NOT_FINITE if bad.any() else _diagnose(case, name, actual)
+        hint = _NOT_FINITE if bad.any() else named_slip(
+            _SLIPS, lambda slip: _variant(x["inputs"], x["actions"], slip), name, actual)
         if not hint and name == "entropy" and "logp" in _compared(case):
             hint = ("logp is right, the entropy is not: H = sum_d (log_std_d + (1 + log 2π)/2)"
                     ", the same whatever the action and the mean.")
@@ -328,7 +316,7 @@ def draw(rng: random.Random) -> Case:
                  "the constant or the log-std that the fixed cases miss.")
 
 
-SPEC = Spec(EXERCISE, lambda: [_case(*row) for row in _CASES], _answer_trace,
+SPEC = Spec("diag_gaussian", lambda: [_case(*row) for row in _CASES], _answer_trace,
             _reference_trace, _compare, _references,
             {"DiagGaussian": "the library's DiagGaussian",
              "TFDiagGaussian": "the library's TFDiagGaussian",

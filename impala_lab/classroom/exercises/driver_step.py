@@ -25,13 +25,12 @@ from impala_lab.classroom.exercises._common import (
     loaded,
     same,
     verbatim,
+    window,
 )
 from impala_lab.classroom.exercises._guard import Raised, portable
 from impala_lab.classroom.exercises._spec import Spec, run_check
 from impala_lab.driver.driver_loop import DriverLoop
 from impala_lab.learner.port import UpdateFlag
-
-EXERCISE = "driver_step"
 
 
 class FakeWorker:
@@ -228,11 +227,7 @@ _CASES = [
 
 
 def _window(events: list[str], i: int) -> str:
-    lo = max(0, i - 4)
-    items = [("→ " if k == i else "") + e for k, e in enumerate(events[lo:i + 3], lo)]
-    if i >= len(events):
-        items.append("→ (no more calls in this step)")
-    return ("... " if lo else "") + ", ".join(items) + (" ..." if i + 3 < len(events) else "")
+    return window(events, i, 4, 3, "(no more calls in this step)")
 
 
 def _event_hint(expected: str | None, actual: str | None) -> str:
@@ -359,7 +354,7 @@ def draw(rng: random.Random) -> Case:
                  "order of the calls that the fixed cases miss; follow RLlib's loop.")
 
 
-SPEC = Spec(EXERCISE, lambda: [_case(*row) for row in _CASES], _answer_trace,
+SPEC = Spec("driver_step", lambda: [_case(*row) for row in _CASES], _answer_trace,
             _reference_trace, _compare,
             lambda: [DriverLoop.step, *loaded("impala_lab.driver.impala", "Impala.step")],
             {"DriverLoop": "the library's DriverLoop.step", "Impala": "the library's Impala",

@@ -24,10 +24,10 @@ from impala_lab.classroom.exercises._common import (
     call_answer,
     first_difference,
     loaded,
+    named_slip,
 )
 from impala_lab.classroom.exercises._spec import Spec, run_check
 
-EXERCISE = "lstm_unroll"
 RTOL, ATOL = 1e-5, 1e-5
 
 # name, T, B, F, C, carried state, where episodes end ("none", "middle", "edges", "random"),
@@ -81,14 +81,10 @@ def make_inputs(T: int, B: int, F: int, C: int, carried: bool, ends: str, seed: 
             "bias": (0.5 * rng.standard_normal(4 * C)).astype(f32)}
 
 
-def _inputs(case: Case) -> dict[str, np.ndarray]:
-    return make_inputs(**case.params)
-
-
 def _answer_trace(answer: Any, case: Case) -> dict[str, np.ndarray]:
     p = case.params
     # copies: an answer that writes into its inputs cannot change the reference's
-    out = call_answer(answer, **{k: v.copy() for k, v in _inputs(case).items()})
+    out = call_answer(answer, **{k: v.copy() for k, v in make_inputs(**case.params).items()})
     if not (isinstance(out, tuple | list) and len(out) == 2):
         raise Mismatch("what lstm_unroll returns", "(hs, state_out)", out,
                        "Return a pair (hs, state_out): hs [T, B, C], state_out [B, 2, C].")
@@ -146,41 +142,32 @@ _SLIPS = {
 }
 
 
-def _diagnose(case: Case, name: str, ans: np.ndarray) -> str:
-    """The hint of the slip whose numbers the answer's `name` matches ("" if none)."""
-    inputs = _inputs(case)
-    for slip, hint in _SLIPS.items():
-        if first_difference(_variant(inputs, slip)[name], ans, 1e-4, 1e-4) is None:
-            return hint
-    return ""
-
-
 def _reference_trace(case: Case) -> dict[str, np.ndarray]:
     from impala_lab.actor.layers import lstm_sequence
 
-    hs, state_out = lstm_sequence(**_inputs(case))
+    hs, state_out = lstm_sequence(**make_inputs(**case.params))
     return {"hs": np.asarray(hs, np.float64), "state_out": np.asarray(state_out, np.float64)}
 
 
 def _compare(case: Case, ref: dict[str, np.ndarray], ans: dict[str, np.ndarray]) -> None:
     p = case.params
-    dones = _inputs(case)["dones"]
+    inputs = make_inputs(**case.params)
     for name in ("hs", "state_out"):
         idx = first_difference(ref[name], ans[name], RTOL, ATOL)
         if idx is None:
             continue
-        hint = _diagnose(case, name, ans[name])
+        hint = named_slip(_SLIPS, lambda slip: _variant(inputs, slip), name, ans[name])
         if name == "hs":
             t, b, k = idx
             where = f"hs[{t}, {b}, {k}] (step t={t}, column b={b}, unit {k})"
-            if not hint and t > 0 and dones[t - 1, b]:
+            if not hint and t > 0 and inputs["dones"][t - 1, b]:
                 hint = (f"column b={b}'s episode ended at step {t - 1}: step {t} must start "
                         "from a zero state.")
         else:
             b, which, k = idx
             where = (f"state_out[{b}, {which}, {k}] ({'h' if which == 0 else 'c'} of column "
                      f"b={b} after the last step)")
-            if not hint and dones[-1, b]:
+            if not hint and inputs["dones"][-1, b]:
                 hint = (f"column b={b}'s episode ended at the last step: its state_out is "
                         "zeros (the next unroll starts a new episode).")
             elif not hint:
@@ -215,7 +202,7 @@ def _references() -> list[Any]:
             + loaded("impala_lab.actor.numpy_model", "NumpyModel.step", "NumpyModel.unroll"))
 
 
-SPEC = Spec(EXERCISE, lambda: [_case(*row) for row in _CASES], _answer_trace,
+SPEC = Spec("lstm_unroll", lambda: [_case(*row) for row in _CASES], _answer_trace,
             _reference_trace, _compare, _references,
             {"lstm_step": "the library's layers.lstm_step",
              "lstm_sequence": "the library's layers.lstm_sequence",

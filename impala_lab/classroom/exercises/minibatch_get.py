@@ -10,6 +10,7 @@ the hint, not graded.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from typing import Any
 
 from impala_lab.classroom.exercises._common import (
@@ -24,8 +25,6 @@ from impala_lab.classroom.exercises._common import (
 )
 from impala_lab.classroom.exercises._guard import Raised, portable
 from impala_lab.classroom.exercises._spec import Spec, run_check
-
-EXERCISE = "minibatch_get"
 
 # (size, num_sgd_iter, calls of get()): simplest first.
 _CASES = [
@@ -153,18 +152,21 @@ def _reference_trace(case: Case) -> list[Any]:
     return _serve(MinibatchBuffer, case, answer=False)
 
 
-def _compare(case: Case, expected: list[Any], actual: list[Any]) -> None:
+def compare_calls(expected: list[Any], actual: list[Any], show: Callable[..., Any],
+                  diagnose: Callable[..., str]) -> None:
+    """Raises at the first call of get() whose result or items taken differ: `show(out,
+    state)` shows a call, `diagnose(exp_out, out, exp_state, state)` gives the hint."""
     for call, (exp, act) in enumerate(zip(expected, actual), start=1):
         exp_out, exp_state = exp
         if isinstance(act, Raised):
             raise act
         if isinstance(act, Mismatch):
-            act.expected = _show(exp_out, exp_state)
+            act.expected = show(exp_out, exp_state)
             raise act
         out, state = act
         if not same(out, exp_out) or not same(state["items_taken"], exp_state["items_taken"]):
-            raise Mismatch(f"call {call} of get()", _show(exp_out, exp_state),
-                           _show(out, state), _diagnose(exp_out, out, exp_state, state))
+            raise Mismatch(f"call {call} of get()", show(exp_out, exp_state), show(out, state),
+                           diagnose(exp_out, out, exp_state, state))
     if len(actual) < len(expected):  # cut short: an honest run makes every call or raises
         raise Mismatch(f"call {len(actual) + 1} of get()", expected[len(actual)][0],
                        verbatim("no call"), "")
@@ -183,8 +185,8 @@ def draw(rng: random.Random) -> Case:
                  "order that the fixed cases happen to miss.")
 
 
-SPEC = Spec(EXERCISE, lambda: [_case(*row) for row in _CASES], _answer_trace,
-            _reference_trace, _compare,
+SPEC = Spec("minibatch_get", lambda: [_case(*row) for row in _CASES], _answer_trace,
+            _reference_trace, lambda case, exp, act: compare_calls(exp, act, _show, _diagnose),
             lambda: loaded("impala_lab.learner.minibatch_buffer", "MinibatchBuffer.get"),
             {"MinibatchBuffer": "the library's MinibatchBuffer"}, draw)
 

@@ -33,11 +33,10 @@ from impala_lab.classroom.exercises._common import (
     loaded,
     same,
     verbatim,
+    window,
 )
 from impala_lab.classroom.exercises._guard import portable
 from impala_lab.classroom.exercises._spec import Spec, run_check
-
-EXERCISE = "replay_mix"
 
 DRAWS = ("make exactly RLlib's draws, in this order: rng.random() for each test of the "
          "while loop, then rng.choice(store) for each replay.")
@@ -86,12 +85,8 @@ def _label(pair: Any) -> str:
 
 
 def _window(seq: list[Any], i: int) -> str:
-    lo = max(0, i - 3)
-    items = [("→ " if k == i else "") + _label(p) for k, p in enumerate(seq[lo:i + 2], lo)]
-    if i >= len(seq):
-        items.append("→ (nothing more)")
-    return (f"items {lo}..: {'... ' if lo else ''}{', '.join(items)}"
-            f"{' ...' if i + 2 < len(seq) else ''}")
+    return f"items {max(0, i - 3)}..: " + window([_label(p) for p in seq], i, 3, 2,
+                                                   "(nothing more)")
 
 
 def _diagnose(expected: list[Any], actual: list[Any], i: int) -> str:
@@ -196,7 +191,7 @@ def draw(rng: random.Random) -> Case:
                  "threshold or the draws that the fixed cases miss. " + DRAWS)
 
 
-SPEC = Spec(EXERCISE, lambda: [_case(*row) for row in _CASES], _answer_trace,
+SPEC = Spec("replay_mix", lambda: [_case(*row) for row in _CASES], _answer_trace,
             _reference_trace, _compare,
             lambda: loaded("impala_lab.driver.replay_mixer", "ReplayMixer.mix"),
             {"ReplayMixer": "the library's ReplayMixer", ".mix": "the library's ReplayMixer.mix",

@@ -31,7 +31,6 @@ from impala_lab.classroom.exercises._common import (
 from impala_lab.classroom.exercises._guard import Raised, portable
 from impala_lab.classroom.exercises._spec import Spec, run_check
 
-EXERCISE = "vtrace_loss"
 RTOL, ATOL = 1e-4, 1e-4
 GRAD_RTOL, GRAD_ATOL = 1e-3, 1e-4
 GRADIENTS = ("target_logits", "values", "bootstrap_value")
@@ -292,7 +291,7 @@ def _references() -> list[Any]:
             *loaded("impala_lab.learner.vtrace_policy", "VTracePolicy.loss_and_stats")]
 
 
-SPEC = Spec(EXERCISE, lambda: [_case(*row) for row in _CASES], _answer_trace,
+SPEC = Spec("vtrace_loss", lambda: [_case(*row) for row in _CASES], _answer_trace,
             _reference_trace, _compare, _references,
             {"_Reference": "the checker's own reference loss",
              ".loss_and_stats": "the library's VTracePolicy.loss_and_stats",

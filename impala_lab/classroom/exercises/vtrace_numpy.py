@@ -26,7 +26,6 @@ from impala_lab.classroom.exercises._common import (
 )
 from impala_lab.classroom.exercises._spec import Spec, run_check
 
-EXERCISE = "vtrace_numpy"
 RTOL, ATOL = 1e-5, 1e-6
 
 # name, T, B, log_rho scale, episode ends, clip_rho, clip_pg_rho, seed, hint
@@ -158,7 +157,7 @@ def draw(rng: random.Random) -> Case:
 
 _LIBRARY = ("from_importance_weights_numpy", "from_importance_weights", "from_logits_numpy",
             "from_logits")
-SPEC = Spec(EXERCISE, lambda: [_case(*row) for row in _CASES], _answer_trace,
+SPEC = Spec("vtrace_numpy", lambda: [_case(*row) for row in _CASES], _answer_trace,
             _reference_trace, _compare, lambda: loaded("impala_lab.learner.vtrace", *_LIBRARY),
             {name: f"the library's vtrace.{name}" for name in _LIBRARY}, draw)
 
