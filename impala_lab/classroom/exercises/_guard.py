@@ -60,8 +60,8 @@ class Opaque:
 
 
 def portable(value: Any) -> Any:
-    """`value` itself when it pickles, else an `Opaque` of its repr (traces travel between
-    the grading process and the grader)."""
+    """`value` itself when it pickles (plain data), else an `Opaque` of its repr, taken
+    once, here: an answer's value that is not data is compared and shown by its text."""
     try:
         pickle.dumps(value)
         return value
