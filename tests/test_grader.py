@@ -28,6 +28,7 @@ from impala_lab_grader.__main__ import main as cli_main
 from impala_lab_grader.grade import grade_notebook
 from impala_lab_grader.notebook import load_answer, source, tags
 from impala_lab_grader.sandbox import bwrap_problem
+from impala_lab_grader.static import static_verdict
 
 ROOT = Path(__file__).resolve().parent.parent
 STUBS = ROOT / "notebooks" / "exercises"
@@ -247,10 +248,12 @@ def test_reading_the_expected_values_from_the_stack_fails():
 
     result = ex.check_replay_mix(mix, show=False)  # nothing there to read: a wrong answer
     assert not result.passed and result.failed_case == 1, result.message
-    flagged = ex.check_replay_mix(_in_region(
+    # the grader flags the look itself, before the hand-in runs
+    flagged = static_verdict(EXERCISES["replay_mix"], with_region(
+        notebook("replay_mix"),
         "frame = sys._getframe(1)\nyield from frame.f_back.f_locals['expected']\n"),
-        show=False)
-    assert not flagged.passed and "reads the call stack (sys._getframe)" in flagged.message
+        EXERCISES["replay_mix"].notebook)
+    assert "reads the call stack (sys._getframe)" in flagged
 
 
 def _in_region(body: str, signature: str = "mix(pairs, store, replay_proportion, "

@@ -31,6 +31,7 @@ import io
 import json
 import linecache
 import os
+import random
 import resource
 import sys
 from collections.abc import Callable
@@ -107,6 +108,20 @@ def spec_of(exercise: Any) -> Any:
     return importlib.import_module(f"impala_lab.classroom.exercises.{exercise.name}").SPEC
 
 
+DRAWN = 2  # fresh cases per grading
+
+
+def all_cases(spec: Any, seed: int) -> list[Any]:
+    """The spec's fixed cases, then `DRAWN` cases drawn from `seed`."""
+    cases = spec.cases()
+    rng = random.Random(f"{spec.exercise}:{seed}")
+    for k in range(DRAWN if spec.draw is not None else 0):
+        case = spec.draw(rng)
+        case.description += f" [drawn at random: grading seed {seed}, draw {k + 1}]"
+        cases.append(case)
+    return cases
+
+
 def _limit(memory_mb: int, processes: int, cpu_s: int) -> None:
     # CPU: SIGXCPU at the limit (its message), SIGKILL five seconds of CPU later
     for what, soft, hard in ((resource.RLIMIT_AS, memory_mb * 2**20, memory_mb * 2**20),
@@ -128,7 +143,7 @@ def _out_of_tasks(exc: BaseException | None) -> bool:
 
 def _run(exercise: str, cells_path: str, seed: int, fd: int) -> None:
     from impala_lab.classroom.exercises import EXERCISES
-    from impala_lab.classroom.exercises._spec import all_cases, answer_traces
+    from impala_lab.classroom.exercises._spec import answer_traces
     from impala_lab_grader.channel import encode, send
 
     ex = EXERCISES[exercise]

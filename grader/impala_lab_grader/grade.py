@@ -29,7 +29,7 @@ from typing import Any
 from impala_lab.classroom.exercises import Exercise
 from impala_lab.classroom.exercises._common import FAIL_MARK, CheckResult
 from impala_lab.classroom.exercises._guard import Raised
-from impala_lab.classroom.exercises._spec import AnswerReport, all_cases, judge
+from impala_lab.classroom.exercises._spec import AnswerReport, judge
 from impala_lab_grader import world
 from impala_lab_grader.cgroup import Cgroup
 from impala_lab_grader.channel import (
@@ -40,7 +40,7 @@ from impala_lab_grader.channel import (
     from_data,
     read_frames,
 )
-from impala_lab_grader.child import spec_of
+from impala_lab_grader.child import all_cases, spec_of
 from impala_lab_grader.notebook import (
     NotebookError,
     code_cells,

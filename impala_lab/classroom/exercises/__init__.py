@@ -1,45 +1,17 @@
 """Checkers for the classroom exercises in ``notebooks/exercises/``.
 
-Each exercise notebook has one cell where the student's code goes between the markers::
+Each exercise notebook has one cell where the student's code goes between the markers
+(`MARK_START`, `MARK_END`) and a last cell that calls the exercise's checker on the answer. A
+checker runs the answer, then the library's reference, on seeded cases and prints either the
+pass line (``✓ minibatch_get: all 7 cases pass``) or the first case that differs: its inputs,
+where it differs, the expected and the actual value, and a hint. It returns a `CheckResult`
+and never raises for a wrong answer, so a student always sees the message.
 
-    # ---- YOUR CODE STARTS HERE ----
-    raise NotImplementedError("...")
-    # ---- YOUR CODE ENDS HERE ----
-
-and a last cell that calls the exercise's checker on the answer. A checker runs the answer
-and the library's reference on seeded cases and prints either the pass line::
-
-    ✓ minibatch_get: all 7 cases pass
-
-or the first case that differs: its inputs, where it differs, the expected and the actual
-value, and a hint. It returns a `CheckResult` (truthy when passed) and never raises for a
-wrong answer, so a student always sees the message.
-
-Exercise, the answer the student writes, its checker and the reference it is compared with:
-
-- ``minibatch_get``: a ``MinibatchBuffer`` subclass with ``get()``; `check_minibatch_get`;
-  ``MinibatchBuffer.get``.
-- ``replay_mix``: ``mix(pairs, store, replay_proportion, replay_threshold, rng)``;
-  `check_replay_mix`; ``ReplayMixer.mix``.
-- ``vtrace_numpy``: ``vtrace(log_rhos, discounts, rewards, values, bootstrap_value,
-  clip_rho_threshold, clip_pg_rho_threshold)``; `check_vtrace_numpy`;
-  ``vtrace.from_importance_weights_numpy``.
-- ``driver_step``: ``driver_step(driver, timeout)``; `check_driver_step`; ``DriverLoop.step``.
-- ``vtrace_loss``: ``vtrace_loss(target_logits, values, bootstrap_value, batch, config)``;
-  `check_vtrace_loss`; ``VTracePolicy.loss_and_stats``.
-- ``lstm_unroll``: ``lstm_unroll(xs, state_in, dones, kernel, recurrent_kernel, bias)``;
-  `check_lstm_unroll`; ``layers.lstm_sequence``.
-- ``diag_gaussian``: ``logp_and_entropy(inputs, actions) -> (logp, entropy)``;
-  `check_diag_gaussian`; ``DiagGaussian.logp`` and ``DiagGaussian.entropy``.
-
-Each exercise has an optional, harder challenge (``<name>_challenge``, notebook
-``exNc_<name>_challenge.ipynb``, checker ``check_<name>_challenge``): the same answer, cases
-and reference, with less scaffolding and a rule (`impala_lab.classroom.exercises.challenges`).
-
-Handed-in notebooks are graded by the instructors' package ``impala_lab_grader`` (``python -m
-impala_lab_grader NOTEBOOK.ipynb ...``, docs/grading.md), with these same specs. Importing this
-package does not import TensorFlow; the V-trace checkers import it when they first need the
-reference.
+`EXERCISES` names each exercise's notebook, answer and checker. Each has an optional, harder
+challenge (``<name>_challenge``): the same cases and reference, less scaffolding, and a rule
+(`impala_lab.classroom.exercises.challenges`). Hand-ins are graded with these same specs by
+the instructors' package ``impala_lab_grader`` (docs/grading.md). Importing this package does
+not import TensorFlow.
 """
 
 from __future__ import annotations
@@ -82,51 +54,39 @@ __all__ = ["CheckResult", "Exercise", "EXERCISES", "MARK_START", "MARK_END", "fa
 @dataclass(frozen=True)
 class Exercise:
     """One exercise: its notebook (same name in exercises/ and solutions/), the name the
-    notebook gives the answer, the checker's name in this package, and for a challenge the
-    exercise it is the harder version of (``base``; empty for an exercise)."""
+    notebook gives the answer, and for a challenge its exercise (``base``)."""
 
     name: str
     title: str
     notebook: str
     answer: str
-    checker: str
     base: str = ""
 
+    @property
+    def checker(self) -> str:
+        """Its checker's name in this package."""
+        return f"check_{self.name}"
 
-EXERCISES: dict[str, Exercise] = {e.name: e for e in (
+
+def _challenge(base: Exercise, title: str) -> Exercise:
+    name = f"{base.name}_challenge"
+    return Exercise(name, f"{title} (challenge)", f"{base.notebook[:3]}c_{name}.ipynb",
+                    base.answer, base.name)
+
+
+_BASES = (
     Exercise("minibatch_get", "MinibatchBuffer.get", "ex1_minibatch_buffer_get.ipynb",
-             "MyMinibatchBuffer", "check_minibatch_get"),
-    Exercise("replay_mix", "ReplayMixer.mix", "ex2_replay_mixer.ipynb", "mix",
-             "check_replay_mix"),
-    Exercise("vtrace_numpy", "V-trace in numpy", "ex3_vtrace_numpy.ipynb", "vtrace",
-             "check_vtrace_numpy"),
-    Exercise("driver_step", "the driver loop's step", "ex4_driver_step.ipynb", "driver_step",
-             "check_driver_step"),
-    Exercise("vtrace_loss", "the V-trace loss", "ex5_vtrace_loss.ipynb", "vtrace_loss",
-             "check_vtrace_loss"),
-    Exercise("lstm_unroll", "the masked LSTM unroll", "ex6_lstm_unroll.ipynb", "lstm_unroll",
-             "check_lstm_unroll"),
+             "MyMinibatchBuffer"),
+    Exercise("replay_mix", "ReplayMixer.mix", "ex2_replay_mixer.ipynb", "mix"),
+    Exercise("vtrace_numpy", "V-trace in numpy", "ex3_vtrace_numpy.ipynb", "vtrace"),
+    Exercise("driver_step", "the driver loop's step", "ex4_driver_step.ipynb", "driver_step"),
+    Exercise("vtrace_loss", "the V-trace loss", "ex5_vtrace_loss.ipynb", "vtrace_loss"),
+    Exercise("lstm_unroll", "the masked LSTM unroll", "ex6_lstm_unroll.ipynb", "lstm_unroll"),
     Exercise("diag_gaussian", "the diagonal Gaussian's log-prob and entropy",
-             "ex7_diag_gaussian.ipynb", "logp_and_entropy", "check_diag_gaussian"),
-    Exercise("minibatch_get_challenge", "the minibatch ring from scratch (challenge)",
-             "ex1c_minibatch_get_challenge.ipynb", "MyMinibatchBuffer",
-             "check_minibatch_get_challenge", "minibatch_get"),
-    Exercise("replay_mix_challenge", "the replay mixer from its rule (challenge)",
-             "ex2c_replay_mix_challenge.ipynb", "mix", "check_replay_mix_challenge",
-             "replay_mix"),
-    Exercise("vtrace_numpy_challenge", "V-trace without a loop (challenge)",
-             "ex3c_vtrace_numpy_challenge.ipynb", "vtrace", "check_vtrace_numpy_challenge",
-             "vtrace_numpy"),
-    Exercise("driver_step_challenge", "the driver's step from its invariants (challenge)",
-             "ex4c_driver_step_challenge.ipynb", "driver_step", "check_driver_step_challenge",
-             "driver_step"),
-    Exercise("vtrace_loss_challenge", "the V-trace loss, V-trace included (challenge)",
-             "ex5c_vtrace_loss_challenge.ipynb", "vtrace_loss", "check_vtrace_loss_challenge",
-             "vtrace_loss"),
-    Exercise("lstm_unroll_challenge", "the LSTM unroll with masks (challenge)",
-             "ex6c_lstm_unroll_challenge.ipynb", "lstm_unroll", "check_lstm_unroll_challenge",
-             "lstm_unroll"),
-    Exercise("diag_gaussian_challenge", "the Gaussian from its density, no loop (challenge)",
-             "ex7c_diag_gaussian_challenge.ipynb", "logp_and_entropy",
-             "check_diag_gaussian_challenge", "diag_gaussian"),
-)}
+             "ex7_diag_gaussian.ipynb", "logp_and_entropy"),
+)
+EXERCISES: dict[str, Exercise] = {e.name: e for e in (*_BASES, *map(_challenge, _BASES, (
+    "the minibatch ring from scratch", "the replay mixer from its rule",
+    "V-trace without a loop", "the driver's step from its invariants",
+    "the V-trace loss, V-trace included", "the LSTM unroll with masks",
+    "the Gaussian from its density, no loop")))}

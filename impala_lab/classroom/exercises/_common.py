@@ -1,16 +1,8 @@
-"""What every exercise checker shares: seeded cases, the pass line, the first difference.
+"""What every exercise checker shares: cases, results, the first difference and its message.
 
-A checker (a `Spec`) runs the student's answer on every seeded case first, with the library's
-implementation of what it writes trapped (`forbid`), and keeps what it did as a trace; the
-reference's traces are computed after it, or by the grader in another process, so nothing
-the answer can reach holds an expected value. `judge` then compares them case by case and
-stops at the first case that differs. Its message names the case (short inputs), what
-differs, the expected and the actual value, and a hint. An answer that still raises
-``NotImplementedError`` gets a message that points at the markers to fill in; one whose code
-between the markers calls the library's implementation, or reads the checker's frames, is
-flagged before it runs (`impala_lab.classroom.exercises._static`).
-
-Nothing here imports TensorFlow.
+A failed case's message names the case (short inputs), what differs, the expected and the
+actual value, and a hint; a stub's points at the markers to fill in. Nothing here imports
+TensorFlow.
 """
 
 from __future__ import annotations
@@ -45,18 +37,18 @@ def fast_mode() -> bool:
 
 @dataclass(frozen=True)
 class CheckResult:
-    """The outcome of one checker call.
+    """The outcome of one checker call (truthy when every case passed).
 
     Attributes:
       exercise: the exercise's name, e.g. ``"minibatch_get"``.
-      passed: True when every case matched the reference.
-      message: the text the checker printed: the pass line, or the first case that differs.
+      passed: every case matched the reference.
+      message: what the checker printed: the pass line, or the first case that differs.
       num_cases: cases in the check.
-      failed_case: 1-based number of the first case that differs; None when passed or when
-        the answer is still the stub.
-      not_implemented: True when the answer still raises ``NotImplementedError``.
-      flagged: what the answer did that no answer may do (call the library's implementation
-        of the function it writes, read the checker's frames), or None.
+      failed_case: 1-based number of the first case that differs (None: passed, a stub, or
+        flagged before any case ran).
+      not_implemented: the answer still raises ``NotImplementedError``.
+      flagged: what the answer did that no answer may do (e.g. call the library's
+        implementation of what it writes), or None.
     """
 
     exercise: str
@@ -79,13 +71,8 @@ class CheckResult:
 
 @dataclass
 class Case:
-    """One seeded case.
-
-    Attributes:
-      description: the inputs in a few words (shown when the case fails).
-      hint: what this case exercises, i.e. what to look at when it is the first to fail.
-      params: whatever the checker's ``run_case`` needs.
-    """
+    """One seeded case: its inputs in a few words, what to look at when it is the first to
+    fail, and the parameters its exercise's traces are made from."""
 
     description: str
     hint: str
@@ -93,14 +80,8 @@ class Case:
 
 
 class Mismatch(Exception):
-    """The answer differs from the reference in one case.
-
-    Args:
-      what: where in the case it differs, e.g. ``"call 4 of get()"`` or ``"vs[2, 1]"``.
-      expected: the reference's value.
-      actual: the answer's value.
-      hint: what to fix; the case's own hint is added after it.
-    """
+    """The answer differs from the reference in one case: where (e.g. ``"vs[2, 1]"``), the
+    two values, and what to fix (the case's own hint follows it)."""
 
     def __init__(self, what: str, expected: Any, actual: Any, hint: str = "") -> None:
         super().__init__(what, expected, actual, hint)  # all four: it pickles
@@ -128,8 +109,8 @@ def verbatim(text: str) -> Any:
 
 
 def call_answer(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """Calls the student's code; any exception it raises becomes `AnswerRaised` (but a
-    `MemoryError` stays one: the grader reports it as such)."""
+    """Calls the student's code; what it raises becomes `AnswerRaised` (a `MemoryError`
+    stays one: the grader reports it as such)."""
     try:
         return fn(*args, **kwargs)
     except (Mismatch, AnswerRaised, MemoryError):
@@ -139,10 +120,8 @@ def call_answer(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 
 
 def _is_student_file(filename: str) -> bool:
-    if filename.startswith("<frozen"):
-        return False
-    if _CELL_FILENAME.match(filename) or filename.startswith("<"):
-        return True
+    if filename.startswith("<"):
+        return not filename.startswith("<frozen")
     real = os.path.realpath(filename)
     if real.startswith(_PACKAGE_DIR + os.sep):
         return False
@@ -150,8 +129,8 @@ def _is_student_file(filename: str) -> bool:
 
 
 def _cell_label(filename: str) -> str | None:
-    """``cell [N]`` for code run in IPython (N = the cell's execution count), the cell of a
-    notebook run by `impala_lab.classroom.exercises.notebook`, or None."""
+    """``cell [N]`` for code run in IPython (N: the cell's execution count), the cell of a
+    notebook the grader runs, or None."""
     m = _CELL_FILENAME.match(filename)
     if m:
         return f"code cell {m['n']} of {m['nb']}"
@@ -168,27 +147,30 @@ def _cell_label(filename: str) -> str | None:
     return None
 
 
+def _student_frame(exc: BaseException) -> traceback.FrameSummary | None:
+    """The innermost frame of `exc`'s traceback in the student's code."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if _is_student_file(f.filename)]
+    return frames[-1] if frames else None
+
+
 def locate(exc: BaseException) -> str:
-    """Where in the student's code `exc` was raised: ``cell [N], line L: `code```."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    student = [f for f in frames if _is_student_file(f.filename)]
-    if not student:
+    """Where in the student's code `exc` was raised: ``cell [N], line L: `code``` ("" if
+    not there)."""
+    frame = _student_frame(exc)
+    if frame is None:
         return ""
-    frame = student[-1]
     cell = _cell_label(frame.filename)
-    where = cell if cell is not None else frame.filename
     code = f": `{frame.line.strip()}`" if frame.line else ""
-    return f"{where}, line {frame.lineno}{code}"
+    return f"{frame.filename if cell is None else cell}, line {frame.lineno}{code}"
 
 
 def _where_to_fill(exc: BaseException) -> str:
-    frames = traceback.extract_tb(exc.__traceback__)
-    student = [f for f in frames if _is_student_file(f.filename)]
-    if not student:
+    frame = _student_frame(exc)
+    if frame is None:
         return "in the cell that defines it, run that cell,"
-    cell = _cell_label(student[-1].filename)
+    cell = _cell_label(frame.filename)
     if cell is None:
-        return f"in {student[-1].filename} (line {student[-1].lineno}),"
+        return f"in {frame.filename} (line {frame.lineno}),"
     return f"in {cell} (the cell that defines it), run that cell,"
 
 
@@ -216,8 +198,8 @@ def not_implemented_message(exercise: str, answer_label: str, fill: str) -> str:
 
 
 def loaded(module: str, *names: str) -> list[Any]:
-    """The objects ``module.name`` (dotted names reach into classes), or [] when the module
-    is not imported yet (then the answer has not reached it either, unless it imports it)."""
+    """The objects ``module.name`` (dotted names reach into classes); none while the module
+    is not imported (the answer has not reached it either)."""
     mod = sys.modules.get(module)
     if mod is None:
         return []
@@ -245,8 +227,8 @@ def first_difference(expected: np.ndarray, actual: np.ndarray, rtol: float,
     """Index of the first element where `actual` is not close to `expected` (or None).
 
     Raises:
-      Mismatch: `actual` is not a real array of `expected`'s shape (no broadcasting: an empty
-        array of shape (0, 1, 1) must not count as close to everything).
+      Mismatch: `actual` is not an array of `expected`'s shape (no broadcasting: an empty
+        array must not count as close to everything).
     """
     expected = np.asarray(expected)
     try:
@@ -261,6 +243,27 @@ def first_difference(expected: np.ndarray, actual: np.ndarray, rtol: float,
     if close.all():
         return None
     return tuple(int(i) for i in np.argwhere(~close)[0])
+
+
+def named_slip(slips: dict[str, str], variant: Callable[[str], dict[str, Any]], name: str,
+               actual: np.ndarray) -> str:
+    """The hint of the first of `slips` whose `name` (``variant(slip)[name]``) is the numbers
+    `actual` has, or ""."""
+    for slip, hint in slips.items():
+        guess = variant(slip)[name]
+        if np.shape(guess) == actual.shape and first_difference(guess, actual, 1e-4,
+                                                                1e-4) is None:
+            return hint
+    return ""
+
+
+def window(labels: list[str], i: int, back: int, ahead: int, end: str) -> str:
+    """`labels` around the `i`-th, marked ``→`` (or `end`, marked, when `i` is past them)."""
+    lo = max(0, i - back)
+    items = [("→ " if k == i else "") + s for k, s in enumerate(labels[lo:i + ahead], lo)]
+    if i >= len(labels):
+        items.append(f"→ {end}")
+    return ("... " if lo else "") + ", ".join(items) + (" ..." if i + ahead < len(labels) else "")
 
 
 def as_array(value: Any, name: str, shape: tuple[int, ...]) -> np.ndarray:

@@ -1,9 +1,5 @@
-"""What keeps an answer honest while it runs: the library's implementation trapped, and what the
-answer raised carried as a record between processes (the static look at its code is
-`impala_lab.classroom.exercises._static`).
-
-Nothing here imports TensorFlow.
-"""
+"""An answer while it runs: the library's implementation trapped (`forbid`), and what it raised
+or returned kept as records that travel between processes. Nothing here imports TensorFlow."""
 
 from __future__ import annotations
 
@@ -18,15 +14,9 @@ from impala_lab.classroom.exercises._common import AnswerRaised, _where_to_fill,
 
 
 class Raised(Exception):
-    """What the answer raised, as a record that survives a trip between processes.
-
-    Attributes:
-      type_name: the exception's type, e.g. ``"ValueError"``.
-      text: its message.
-      where: `locate`'s answer (the student's line), or "".
-      fill: where to fill in the code (for a stub's message).
-      reference: the library function the answer called (`ReferenceCalled`), or "".
-    """
+    """What the answer raised, as a record: its type's name and message, the student's line
+    (`locate`), where to fill in the code (a stub's message) and the library function it
+    called (`ReferenceCalled`; else "")."""
 
     def __init__(self, type_name: str, text: str, where: str = "", fill: str = "",
                  reference: str = "") -> None:
@@ -70,8 +60,8 @@ class Opaque:
 
 
 def portable(value: Any) -> Any:
-    """`value` itself when it pickles, else an `Opaque` of its repr (traces travel between
-    the grading process and the grader)."""
+    """`value` itself when it pickles (plain data), else an `Opaque` of its repr, taken
+    once, here: an answer's value that is not data is compared and shown by its text."""
     try:
         pickle.dumps(value)
         return value
@@ -82,9 +72,8 @@ def portable(value: Any) -> Any:
             return Opaque(f"<a {type(value).__name__}>")
 
 
-# A trap put in place of a library function's code while the answer runs. It has no globals
-# of its own (it runs with the library function's), so it hands over to `_trapped`, keyed by
-# its own code object.
+# The code a trapped function runs. It runs with the library function's globals, so it hands
+# over to `_trapped`, keyed by its own code object.
 def _trap(*args: Any, **kwargs: Any) -> Any:
     return __import__("impala_lab.classroom.exercises._guard", fromlist=["_"])._trapped(
         __import__("sys")._getframe(0).f_code, args, kwargs)
@@ -103,11 +92,10 @@ def _trapped(trap_code: Any, args: tuple, kwargs: dict) -> Any:
 
 @contextlib.contextmanager
 def forbid(functions: Sequence[Any]) -> Iterator[None]:
-    """While the block runs, calling any of `functions` (the library's implementation of
-    what the answer writes, the checker's own reference) from this thread raises
+    """While the block runs, calling any of `functions` from this thread raises
     `ReferenceCalled`: their code is swapped for a trap, so every way to them (an import,
-    ``super()``, a bound method) is caught; other threads still get the library's code. The
-    code is restored on the way out."""
+    ``super()``, a bound method) is caught; other threads (a live run) get the library's
+    code."""
     saved = []
     try:
         for fn in functions:

@@ -1,11 +1,6 @@
-"""`Spec`: how one exercise is checked, and running an answer and judging it case by case.
-
-The answer runs first (`run_answer`, with the library's implementation trapped), the reference
-after it or in another process; `judge` compares the traces and stops at the first case that
-differs.
-
-Nothing here imports TensorFlow.
-"""
+"""`Spec`: how one exercise is checked; running an answer (`run_answer`, the library's
+implementation trapped) and judging its traces against the reference's (`judge`), which runs
+after it or in another process. Nothing here imports TensorFlow."""
 
 from __future__ import annotations
 
@@ -42,12 +37,11 @@ class Spec:
         It may raise `AnswerRaised` or `Mismatch`.
       reference_trace: the reference's trace of a case (never sees the answer).
       compare: raises `Mismatch` (or the answer's `Raised`) at the first difference.
-      references: the library functions the answer must not call (imported lazily, and only
-        the ones whose modules are loaded already: a stub check must not import TensorFlow).
+      references: the library functions the answer must not call (only those whose modules
+        are loaded: a stub's check must not import TensorFlow).
       forbidden: names the answer's code must not use (`impala_lab.classroom.exercises._static`).
-      draw: a fresh case drawn with the given `random.Random` (the grader adds `DRAWN` of
-        them to the fixed cases, from a seed it prints), or None.
-      rule: a challenge's structural rule (no loop, no ``if``, no base class...), or None.
+      draw: a fresh case drawn with the given `random.Random` (the grader's), or None.
+      rule: a challenge's structural rule, or None.
     """
 
     exercise: str
@@ -61,22 +55,6 @@ class Spec:
     rule: Rule | None = None
 
 
-DRAWN = 2  # fresh cases per grading
-
-
-def all_cases(spec: Spec, seed: int | None) -> list[Case]:
-    """The fixed cases, then (with a seed) `DRAWN` cases drawn from it: the grader's."""
-    cases = spec.cases()
-    if seed is None or spec.draw is None:
-        return cases
-    rng = random.Random(f"{spec.exercise}:{seed}")
-    for k in range(DRAWN):
-        case = spec.draw(rng)
-        case.description += f" [drawn at random: grading seed {seed}, draw {k + 1}]"
-        cases.append(case)
-    return cases
-
-
 @dataclass
 class AnswerReport:
     """What the answer side found: a flag from the static look, and one trace per case (up
@@ -88,15 +66,9 @@ class AnswerReport:
 
 def answer_traces(spec: Spec, answer: Any, cases: list[Case], *,
                   on_case: Callable[[int], None] | None = None) -> list[Any]:
-    """Runs the answer on every case (with the references trapped); no reference runs.
-    Returns one trace per case, up to the first case that raised.
-
-    Args:
-      spec: the exercise.
-      answer: the student's function or class.
-      cases: the cases.
-      on_case: called with a case's number before it runs (the grader's progress).
-    """
+    """One trace per case of the answer, with the references trapped, up to the first case
+    that raised; no reference runs. `on_case`: called with a case's number before it runs
+    (the grader's progress)."""
     traces: list[Any] = []
     with forbid(spec.references()):
         for number, case in enumerate(cases, start=1):
@@ -116,8 +88,8 @@ def answer_traces(spec: Spec, answer: Any, cases: list[Case], *,
 
 
 def run_answer(spec: Spec, answer: Any, *, cases: list[Case] | None = None) -> AnswerReport:
-    """The notebook's look at the answer: the static look at the code between its markers
-    (`flag_answer`), then, when nothing is flagged, its traces (`answer_traces`)."""
+    """The notebook's look at the answer: the code between its markers (`flag_answer`), then,
+    when nothing is flagged, its traces."""
     flagged = flag_answer(answer, spec.forbidden, spec.rule)
     cases = spec.cases() if cases is None else cases
     return AnswerReport(flagged, [] if flagged else answer_traces(spec, answer, cases))
@@ -166,13 +138,13 @@ def _differs(spec: Spec, diff: Mismatch, case: Case, number: int, n: int) -> Che
     return CheckResult(spec.exercise, False, "\n".join(lines), n, number)
 
 
-def _judge_case(spec: Spec, label: str, case: Case, number: int, n: int, trace: Any,
-                reference: Callable[[Case], Any]) -> CheckResult | None:
+def _judge_case(spec: Spec, label: str, case: Case, number: int, n: int,
+                trace: Any) -> CheckResult | None:
     """The failure of one case, or None when it matches."""
     try:
         if isinstance(trace, Raised | Mismatch):
             raise trace
-        spec.compare(case, reference(case), trace)
+        spec.compare(case, spec.reference_trace(case), trace)
     except Raised as exc:
         return _raised(spec, label, exc, case, number, n)
     except Mismatch as diff:
@@ -187,28 +159,22 @@ def _judge_case(spec: Spec, label: str, case: Case, number: int, n: int, trace: 
     return None
 
 
-def judge(spec: Spec, label: str, report: AnswerReport,
-          reference: Callable[[Case], Any] | None = None, *, cases: list[Case] | None = None,
+def judge(spec: Spec, label: str, report: AnswerReport, *, cases: list[Case] | None = None,
           show: bool = True) -> CheckResult:
-    """Compares the answer's traces with the reference's, case by case, and stops at the
-    first difference; prints and returns the result. Whatever goes wrong while comparing a
-    case fails the answer with a message, never raises.
+    """Compares the answer's traces with the reference's case by case, up to the first
+    difference, and prints and returns the result; never raises. The reference runs only for
+    the cases the answer got through (a stub never loads it).
 
     Args:
       spec: the exercise.
-      label: how to call the answer in messages, e.g. ``"MyMinibatchBuffer.get"``.
+      label: how messages call the answer, e.g. ``"MyMinibatchBuffer.get"``.
       report: `run_answer`'s report.
-      reference: computes a case's reference trace (default ``spec.reference_trace``); it is
-        called only for cases the answer got through, so a stub never loads the reference.
       cases: the cases the report's traces belong to (default: the fixed ones).
       show: print the message.
     """
-    reference = reference or spec.reference_trace
     cases = cases or spec.cases()
     n = len(cases)
-    result = None
-    if report.flagged is not None:
-        result = _flagged(spec, label, report.flagged, n)
+    result = None if report.flagged is None else _flagged(spec, label, report.flagged, n)
     for number, case in enumerate(cases, start=1):
         if result is not None:
             break
@@ -216,8 +182,7 @@ def judge(spec: Spec, label: str, report: AnswerReport,
             result = CheckResult(spec.exercise, False, f"{FAIL_MARK} {spec.exercise}: the "
                                  f"answer's run stopped before case {number}", n, number)
             break
-        result = _judge_case(spec, label, case, number, n, report.traces[number - 1],
-                             reference)
+        result = _judge_case(spec, label, case, number, n, report.traces[number - 1])
     if result is None:
         result = CheckResult(spec.exercise, True,
                              f"{PASS_MARK} {spec.exercise}: all {n} cases pass", n)
@@ -226,8 +191,10 @@ def judge(spec: Spec, label: str, report: AnswerReport,
     return result
 
 
-def run_check(spec: Spec, label: str, answer: Any, *, show: bool = True) -> CheckResult:
-    """Checks an answer in this process: the answer runs first, on every case, with the
-    library's implementation trapped; the reference runs after it, so nothing the answer
-    could read holds the expected values."""
+def run_check(spec: Spec, answer: Any, *, label: str | None = None,
+              show: bool = True) -> CheckResult:
+    """Checks an answer in this process: the answer first, on every case, with the library's
+    implementation trapped; then the reference, so nothing the answer could read holds an
+    expected value. `label`: how messages call the answer (default: its name)."""
+    label = label or getattr(answer, "__name__", "the answer")
     return judge(spec, label, run_answer(spec, answer), show=show)

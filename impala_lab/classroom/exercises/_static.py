@@ -1,22 +1,13 @@
-"""The static look at an answer's code: the names it must not use, and a challenge's rule.
+"""The rules read on an answer's code: the names it must not use, and a challenge's rule.
 
-Two readers share `scan`. A notebook's check cell reads the code between the markers of the
-answer it is given (`flag_answer`, the source found as `inspect` finds it); the instructors'
-grader (``impala_lab_grader``) reads every line of a hand-in that the student wrote, in every
-cell, and decides its verdict with the same `scan`. What is flagged:
+A notebook's check cell reads the code between the answer's markers (`flag_answer`) and flags
+a use of the library's implementation of the answer (`Spec.forbidden`) or a break of the
+challenge's `Rule` (a loop, an ``if``, a base class, a name). The instructors' grader reads
+every cell the student wrote with the same `scan`, and adds what only it must stop
+(``impala_lab_grader.static``: code it cannot read, the checker's frames).
 
-- the library's implementation of what the answer writes (`Spec.forbidden`, e.g. the name
-  ``MinibatchBuffer``), and reading the checker's frames or objects (`INTROSPECTION`);
-- code the reader cannot see (`UNREADABLE`): code run from a string, a name built at run
-  time (``getattr(tf, "ker" + "as")``), modules loaded or processes started by hand;
-- what a challenge's `Rule` forbids: a loop, an ``if``, a base class, a name.
-
-A name matches as a variable or an attribute (``"MinibatchBuffer"``), only as an attribute
-(``".step"``), as an imported name, or as a whole dotted expression with import aliases
-resolved (``"sys.modules"``); ``"module:NAME"`` matches an import of module NAME and every
-use of the name it binds.
-
-Nothing here imports TensorFlow.
+A name matches as a variable, an attribute or a part of an imported name
+(``"MinibatchBuffer"``), or only as an attribute (``".step"``).
 """
 
 from __future__ import annotations
@@ -25,6 +16,7 @@ import ast
 import inspect
 import linecache
 import textwrap
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,18 +25,17 @@ from impala_lab.classroom.exercises._common import MARK_END, MARK_START, _cell_l
 
 @dataclass(frozen=True)
 class Rule:
-    """A challenge's structural rule, checked on the code itself.
+    """A challenge's structural rule.
 
     Attributes:
       name: the rule in a few words, e.g. ``"no Python loop"``.
       hint: what the rule catches and the way round it (the message's ``hint:`` line).
-      syntax: statements and expressions that break it, with what to call them, e.g.
-        ``{ast.For: "a for loop"}`` (``ast.comprehension``: a comprehension with an ``if``).
+      syntax: the nodes that break it, with what to call them (``ast.comprehension``: a
+        comprehension with an ``if``).
       names: names that break it (matched as `Spec.forbidden` is), with what they do.
-      recursion: a function that calls itself, directly or through others, breaks it
-        (`recursive`).
-      plain_class: the answer must be a ``class NAME:`` statement with no base class, no
-        keyword (a metaclass) and no decorator.
+      recursion: a function that calls itself, directly or through others, breaks it.
+      plain_class: the answer must be a ``class NAME:`` statement with no base class,
+        metaclass or decorator.
     """
 
     name: str
@@ -57,150 +48,80 @@ class Rule:
 
 @dataclass(frozen=True)
 class Hit:
-    """One flagged use: where (line and column in the scanned text), what it means, the code
-    (one line, shortened) and its kind ("forbidden", "unreadable" or "rule")."""
+    """One flagged node: what it means and its kind ("forbidden", "rule" or a reader's own)."""
 
-    line: int
-    col: int
+    node: ast.AST
     what: str
-    code: str
-    kind: str
+    kind: str = "rule"
 
+    @property
+    def line(self) -> int:
+        return self.node.lineno
 
-# What no answer may do, whatever the exercise: read the checker's frames or objects.
-INTROSPECTION = {
-    "_getframe": "reads the call stack (sys._getframe)",
-    "currentframe": "reads the call stack (inspect.currentframe)",
-    "getouterframes": "reads the call stack (inspect.getouterframes)",
-    "inspect.stack": "reads the call stack (inspect.stack)",
-    "inspect.trace": "reads the call stack (inspect.trace)",
-    "f_back": "reads the call stack (frame.f_back)",
-    "f_locals": "reads another frame's variables (f_locals)",
-    "f_globals": "reads another frame's variables (f_globals)",
-    "get_referrers": "searches the checker's objects (gc.get_referrers)",
-    "get_objects": "searches the checker's objects (gc.get_objects)",
-}
+    @property
+    def col(self) -> int:
+        return self.node.col_offset
 
-_FROM_TEXT = "runs code from a string"
-_BUILT_NAME = "reaches a name built at run time"
-_LOADS = "loads or starts code by hand"
-# Code that the reader of the answer's text cannot see.
-UNREADABLE = {
-    **dict.fromkeys(("exec", "eval", "compile", "__import__", "breakpoint"), _FROM_TEXT),
-    **dict.fromkeys(("getattr", "setattr", "delattr", "globals", "locals", "vars",
-                     "__dict__", "__builtins__", "__getattribute__", "__code__", "__globals__",
-                     "__closure__", "__subclasses__", "__bases__", "__mro__", "__loader__",
-                     "__spec__", "__reduce__", "__reduce_ex__", "operator.attrgetter",
-                     "operator.methodcaller"), _BUILT_NAME),
-    # code objects, which run as functions without any source
-    **dict.fromkeys(("CodeType", "FunctionType", "LambdaType", "f_code", "gi_code", "cr_code",
-                     "ag_code", "co_code", "kw:co_code"), _FROM_TEXT),
-    **{f"module:{name}": _LOADS for name in (
-        "importlib", "runpy", "timeit", "code", "codeop", "pickle", "marshal", "copyreg",
-        "shelve", "dill", "cloudpickle", "joblib", "ctypes", "cffi", "subprocess",
-        "multiprocessing", "multiprocess", "pty", "gc", "inspect", "builtins", "pdb", "bdb",
-        "cProfile", "profile", "trace", "doctest", "imp", "zipimport", "pkgutil", "site")},
-    **dict.fromkeys(("sys.modules", "sys.path", "sys.meta_path", "sys.path_hooks",
-                     "sys.settrace", "sys.setprofile", "kw:allow_pickle", "kw:safe_mode",
-                     "asyncio.create_subprocess_exec", "asyncio.create_subprocess_shell"),
-                    _LOADS),
-    **dict.fromkeys((f"os.{f}" for f in (
-        "system", "popen", "posix_spawn", "posix_spawnp", "execl", "execle",
-        "execlp", "execlpe", "execv", "execve", "execvp", "execvpe", "spawnl", "spawnle",
-        "spawnlp", "spawnlpe", "spawnv", "spawnve", "spawnvp", "spawnvpe")), _LOADS),
-}
-_UNREADABLE_HINT = ("the check decides from the code it reads: write names and code out (no "
-                    "exec, eval or compile, no getattr with a built name, no importlib, "
-                    "pickle or subprocess).")
-
-
-def aliases(tree: ast.AST) -> dict[str, str]:
-    """The names that `tree`'s imports bind, mapped to what they stand for (``np`` ->
-    ``numpy``, ``import_module`` -> ``importlib.import_module``)."""
-    out = {}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            for a in node.names:
-                out[a.asname or a.name.split(".")[0]] = a.name if a.asname else \
-                    a.name.split(".")[0]
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            for a in node.names:
-                out[a.asname or a.name] = f"{node.module}.{a.name}"
-    return out
-
-
-def _dotted(node: ast.AST, names: dict[str, str]) -> str | None:
-    """``a.b.c`` with the root resolved through `names` (None: not a plain dotted name)."""
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if not isinstance(node, ast.Name):
-        return None
-    return ".".join([names.get(node.id, node.id), *reversed(parts)])
-
-
-def _attr_keys(obj: ast.AST, attr: str, names: dict[str, str]) -> list[str]:
-    keys = [f"{ast.unparse(obj)}.{attr}", "." + attr, attr]
-    root = _dotted(obj, names)
-    return keys + ([f"{root}.{attr}"] if root else [])
-
-
-def _keys(node: ast.AST, names: dict[str, str], literal: set[int]) -> list[str]:
-    """The keys a rule table can name `node` by (see the module docstring)."""
-    if isinstance(node, ast.Name):
-        if id(node) in literal:  # getattr(x, "name"): read as x.name
-            return []
-        return [node.id] + ([f"module:{names[node.id]}"] if node.id in names else [])
-    if isinstance(node, ast.Attribute):
-        return _attr_keys(node.value, node.attr, names)
-    if isinstance(node, ast.Call) and id(node.func) in literal:
-        return _attr_keys(node.args[0], node.args[1].value, names)
-    if isinstance(node, ast.Import | ast.ImportFrom):
-        module = (node.module or "") if isinstance(node, ast.ImportFrom) else ""
-        keys = []
-        for a in node.names:
-            full = f"{module}.{a.name}" if module else a.name
-            parts = full.split(".")
-            keys += [full, *parts, *(f"module:{'.'.join(parts[:k])}" for k in
-                                     range(1, len(parts) + 1))]
-        return keys
-    if isinstance(node, ast.keyword) and node.arg:
-        return [f"kw:{node.arg}"]
-    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-        return [f"def:{node.name}"]
-    return []
-
-
-def _literal_getattrs(tree: ast.AST) -> set[int]:
-    """The ``getattr``/``hasattr`` names of calls whose attribute is a literal string."""
-    out = set()
-    for node in ast.walk(tree):
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-                and node.func.id in ("getattr", "hasattr") and len(node.args) >= 2
-                and isinstance(node.args[1], ast.Constant)
-                and isinstance(node.args[1].value, str) and node.args[1].value.isidentifier()):
-            out.add(id(node.func))
-    return out
-
-
-def _short(node: ast.AST) -> str:
-    code = ast.unparse(node).splitlines()[0] if not isinstance(node, ast.keyword) else \
-        f"{node.arg}=..."
-    return code if len(code) <= 60 else code[:57] + "..."
+    @property
+    def code(self) -> str:
+        """The node's code: one line, shortened."""
+        code = f"{self.node.arg}=..." if isinstance(self.node, ast.keyword) else \
+            ast.unparse(self.node).splitlines()[0]
+        return code if len(code) <= 60 else code[:57] + "..."
 
 
 RECURSION = "a function that calls itself (a loop too)"
 
 
-def hit(node: ast.AST, what: str, kind: str = "rule") -> Hit:
-    """A `Hit` at `node`."""
-    return Hit(node.lineno, node.col_offset, what, _short(node), kind)
+def imported(node: ast.Import | ast.ImportFrom, alias: ast.alias) -> str:
+    """The full dotted name an import's `alias` names (``from a.b import c``: ``a.b.c``)."""
+    module = node.module if isinstance(node, ast.ImportFrom) else None
+    return f"{module}.{alias.name}" if module else alias.name
+
+
+def keys(node: ast.AST) -> list[str]:
+    """The keys a table of names can name `node` by: a name, an attribute (``".attr"`` or
+    ``"attr"``), each part of an imported name, a definition (``"def:NAME"``)."""
+    if isinstance(node, ast.Name):
+        return [node.id]
+    if isinstance(node, ast.Attribute):
+        return ["." + node.attr, node.attr]
+    if isinstance(node, ast.Import | ast.ImportFrom):
+        return [part for a in node.names for part in imported(node, a).split(".")]
+    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+        return [f"def:{node.name}"]
+    return []
+
+
+def table(forbidden: dict[str, str], rule: Rule | None) -> dict[str, tuple[str, str]]:
+    """The names a scan flags: key -> (kind, what it means)."""
+    out = {k: ("forbidden", f"calls {v}") for k, v in forbidden.items()}
+    return out | {k: ("rule", v) for k, v in (rule.names if rule else {}).items()}
+
+
+def scan(tree: ast.AST, names: dict[str, tuple[str, str]], rule: Rule | None = None,
+         keys_of: Callable[[ast.AST], list[str]] = keys) -> list[Hit]:
+    """Every use in `tree` of a name of `names` (`table`), as `keys_of` reads a node's names,
+    and of the syntax `rule` forbids, in the order of the text (its recursion is
+    `recursive`'s)."""
+    syntax = rule.syntax if rule is not None else {}
+    hits = []
+    for node in ast.walk(tree):
+        key = next((k for k in keys_of(node) if k in names), None)
+        if key is not None and hasattr(node, "lineno"):
+            kind, what = names[key]
+            hits.append(Hit(node, what, kind))
+        kind_of = next((k for k in syntax if isinstance(node, k)), None)
+        if kind_of is ast.comprehension and node.ifs:
+            hits.append(Hit(node.ifs[0], syntax[kind_of]))
+        elif kind_of is not None and kind_of is not ast.comprehension:
+            hits.append(Hit(node, syntax[kind_of]))
+    return sorted(hits, key=lambda h: (h.line, h.col))
 
 
 def recursive(tree: ast.AST) -> list[ast.AST]:
     """The definitions in `tree` of functions that call themselves, directly or through
-    others (a rule's ``recursion``: a loop in disguise)."""
+    others (a loop in disguise)."""
     defs: dict[str, ast.AST] = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
@@ -215,8 +136,8 @@ def recursive(tree: ast.AST) -> list[ast.AST]:
 
 
 def _cyclic(graph: dict[str, set[str]]) -> set[str]:
-    """The nodes of `graph` that lie on a cycle: Tarjan's strongly connected components,
-    iterative (linear in the graph's size, whatever a hand-in defines)."""
+    """The nodes of `graph` on a cycle: Tarjan's strongly connected components, iterative and
+    linear in the graph's size (whatever a hand-in defines)."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -256,57 +177,11 @@ def _cyclic(graph: dict[str, set[str]]) -> set[str]:
     return out
 
 
-def table(forbidden: dict[str, str], rule: Rule | None) -> dict[str, tuple[str, str]]:
-    """Every name a scan flags: key -> (kind, what it means)."""
-    out = {k: ("unreadable", v) for k, v in UNREADABLE.items()}
-    out.update({k: ("forbidden", v) for k, v in INTROSPECTION.items()})
-    out.update({k: ("forbidden", f"calls {v}") for k, v in forbidden.items()})
-    if rule is not None:
-        out.update({k: ("rule", v) for k, v in rule.names.items()})
-    return out
-
-
-def scan(tree: ast.AST, names: dict[str, tuple[str, str]], rule: Rule | None = None,
-         imports: dict[str, str] | None = None) -> list[Hit]:
-    """Every flagged use in `tree`, in the order of the text (a rule's recursion aside:
-    `recursive`).
-
-    Args:
-      tree: the parsed code.
-      names: `table`'s keys and what each means.
-      rule: a challenge's rule (its syntax; its names are in `names`).
-      imports: the import aliases in force (default: `tree`'s own, `aliases`).
-    """
-    imports = aliases(tree) if imports is None else imports
-    literal = _literal_getattrs(tree)
-    called = {id(n.func): n for n in ast.walk(tree) if isinstance(n, ast.Call)}
-    syntax = rule.syntax if rule is not None else {}
-    hits = []
-    for node in ast.walk(tree):
-        for key in _keys(node, imports, literal):
-            if key in names and hasattr(node, "lineno"):
-                kind, what = names[key]  # code run or a name built: shown with its call
-                shown = called.get(id(node), node) if kind == "unreadable" else node
-                hits.append(hit(shown, what, kind))
-                break
-        kind_of = next((k for k in syntax if isinstance(node, k)), None)
-        if kind_of is ast.comprehension and node.ifs:
-            hits.append(Hit(node.ifs[0].lineno, node.ifs[0].col_offset, syntax[kind_of],
-                            _short(node.ifs[0]), "rule"))
-        elif kind_of is not None and kind_of is not ast.comprehension:
-            hits.append(hit(node, syntax[kind_of]))
-    return sorted(hits, key=lambda h: (h.line, h.col))
-
-
 def describe(hit: Hit, where: str, line: int, rule: Rule | None) -> str:
-    """The flag's text (after the answer's name): what, the code, where; a rule's or the
-    unreadable code's own hint on a line of its own."""
-    at = f"(`{hit.code}`, {where}, line {line})"
-    if hit.kind == "rule" and rule is not None:
-        return broken(rule, f"{hit.what} {at}")
-    if hit.kind == "unreadable":
-        return f"{hit.what} {at}\n  hint:     {_UNREADABLE_HINT}"
-    return f"{hit.what} {at}"
+    """The flag's text (after the answer's name): what, the code, where; a rule's hint on a
+    line of its own."""
+    what = f"{hit.what} (`{hit.code}`, {where}, line {line})"
+    return broken(rule, what) if hit.kind == "rule" and rule is not None else what
 
 
 def broken(rule: Rule, what: str) -> str:
@@ -316,15 +191,13 @@ def broken(rule: Rule, what: str) -> str:
 
 def regions(answer: Any) -> list[tuple[str, str, int]]:
     """The code between the markers in the answer's source: (text, filename, first line)."""
-    fns = []
+    fns = [answer] if inspect.isfunction(answer) else []
     if isinstance(answer, type):
         for value in vars(answer).values():
             value = getattr(value, "__func__", value)
             value = getattr(value, "fget", value)
             if inspect.isfunction(value):
                 fns.append(value)
-    elif inspect.isfunction(answer):
-        fns.append(answer)
     out = []
     for fn in fns:
         try:
@@ -349,7 +222,7 @@ def regions(answer: Any) -> list[tuple[str, str, int]]:
 
 
 def _plain_class(answer: Any, rule: Rule) -> str | None:
-    """The notebook's own look at a class answer (the grader reads its class statement)."""
+    """The notebook's look at a class answer's bases and metaclass."""
     name = getattr(answer, "__name__", "the answer")
     bases = [c.__name__ for c in getattr(answer, "__mro__", ())[1:] if c is not object]
     if bases:
@@ -361,7 +234,7 @@ def _plain_class(answer: Any, rule: Rule) -> str | None:
 
 
 def flag_answer(answer: Any, forbidden: dict[str, str], rule: Rule | None) -> str | None:
-    """The notebook's static look at the code between the markers: the first flagged use
+    """The notebook's look at the code between the answer's markers: the first flagged use
     (`describe`'s text), the rule's class check, or None (also when the source or the markers
     cannot be found: the traps of `impala_lab.classroom.exercises._guard.forbid` still
     apply)."""
@@ -373,7 +246,7 @@ def flag_answer(answer: Any, forbidden: dict[str, str], rule: Rule | None) -> st
             continue
         hits = scan(tree, names, rule)
         if rule is not None and rule.recursion:
-            hits = sorted(hits + [hit(n, RECURSION) for n in recursive(tree)],
+            hits = sorted(hits + [Hit(n, RECURSION) for n in recursive(tree)],
                           key=lambda h: (h.line, h.col))
         if hits:
             cell = _cell_label(filename)

@@ -1,24 +1,11 @@
-"""The optional challenges: each exercise again, with less scaffolding and a rule.
+"""The optional challenges: each exercise again, with less scaffolding and, for some, a rule.
 
-A challenge is graded by its exercise's own checker machinery: the same cases (the drawn
-ones included), the same reference, the same comparison; only its `Spec` has the challenge's
-name (``<exercise>_challenge``) and, where the challenge has one, a structural rule
-(`impala_lab.classroom.exercises._static.Rule`): the notebook's check reads the code between
-the markers for it, the instructors' grader every line the student wrote. Its notebook gives
-less help: a definition instead of a recursion, words instead of code.
-
-- ``minibatch_get_challenge``: the whole ring, ``__init__`` and ``get``, with no base class.
-- ``replay_mix_challenge``: ``mix`` from the draw rule given in words only.
-- ``vtrace_numpy_challenge``: V-trace from its definition, with no Python loop.
-- ``driver_step_challenge``: the driver's step from its invariants, not from RLlib's loop.
-- ``vtrace_loss_challenge``: the loss with V-trace written in TensorFlow, without the
-  library's ``vtrace`` module.
-- ``lstm_unroll_challenge``: Keras's LSTM cell from its documentation, the reset with masks
-  and no ``if``.
-- ``diag_gaussian_challenge``: the log-prob and the entropy from the one-dimensional normal
-  density alone (the entropy derived, not given), with no Python loop.
-
-Nothing here imports TensorFlow.
+A challenge (``<exercise>_challenge``) has its exercise's cases, reference and comparison,
+and its notebook gives less help (a definition instead of a recursion, words instead of
+code). The rules (`impala_lab.classroom.exercises._static.Rule`): the ring with no base
+class (1), V-trace (3) and the Gaussian (7) with no Python loop, the V-trace loss without the
+library's ``vtrace`` module (5), the LSTM's reset with masks and no ``if`` (6). Nothing here
+imports TensorFlow.
 """
 
 from __future__ import annotations
@@ -46,7 +33,6 @@ from impala_lab.classroom.exercises._common import (
     same,
     verbatim,
 )
-from impala_lab.classroom.exercises._guard import Raised
 from impala_lab.classroom.exercises._spec import Spec, run_check
 from impala_lab.classroom.exercises._static import Rule
 
@@ -73,15 +59,19 @@ def _ring_answer_trace(answer_cls: Any, case: Case) -> list[Any]:
     return minibatch_get._serve(build, case, answer=True)
 
 
-def _ring_hint(exp_out: Any, out: Any, exp_taken: int, taken: int) -> str:
-    """A hint from what the learner sees only (the state is the answer's own design)."""
+def _ring_show(out: Any, state: dict[str, Any]) -> Any:
+    return verbatim(f"returned {out!r}; items taken from the queue={state['items_taken']}")
+
+
+def _ring_hint(exp_out: Any, out: Any, exp: dict[str, Any], act: dict[str, Any]) -> str:
+    """A hint from what the learner sees (the state is the answer's own design)."""
     if not (isinstance(out, tuple) and len(out) == 2):
         return "get() must return a pair (item, released)."
-    if taken > exp_taken:
+    if act["items_taken"] > exp["items_taken"]:
         return ("Too many items taken: this catches taking a new item while the slot's item "
                 "still has passes left (or more than one per call). Take one only when the "
                 "slot you serve is empty.")
-    if taken < exp_taken:
+    if act["items_taken"] < exp["items_taken"]:
         return ("Too few items taken: this catches serving an item again after its last "
                 "pass. A slot whose item was released takes a new item on its next visit.")
     if not same(out[0], exp_out[0]):
@@ -93,23 +83,7 @@ def _ring_hint(exp_out: Any, out: Any, exp_taken: int, taken: int) -> str:
 
 
 def _ring_compare(case: Case, expected: list[Any], actual: list[Any]) -> None:
-    for call, (exp, act) in enumerate(zip(expected, actual), start=1):
-        exp_out, exp_state = exp
-        if isinstance(act, Raised):
-            raise act
-        if isinstance(act, Mismatch):
-            act.expected = verbatim(f"returned {exp_out!r}; items taken from the queue="
-                                    f"{exp_state['items_taken']}")
-            raise act
-        out, state = act
-        if not same(out, exp_out) or not same(state["items_taken"], exp_state["items_taken"]):
-            raise Mismatch(
-                f"call {call} of get()",
-                verbatim(f"returned {exp_out!r}; items taken from the queue="
-                         f"{exp_state['items_taken']}"),
-                verbatim(f"returned {out!r}; items taken from the queue="
-                         f"{state['items_taken']}"),
-                _ring_hint(exp_out, out, exp_state["items_taken"], state["items_taken"]))
+    minibatch_get.compare_calls(expected, actual, _ring_show, _ring_hint)
 
 
 # ------------------------------------------------------------------ 3: no Python loop
@@ -187,7 +161,7 @@ def _own_vtrace(text: str) -> str:
 
 
 def _vtrace_loss_cases() -> list[Case]:
-    out = vtrace_loss.cases()
+    out = vtrace_loss.SPEC.cases()
     for case in out:
         case.hint = _own_vtrace(case.hint)
     return out
@@ -237,7 +211,7 @@ SPECS: dict[str, Spec] = {s.exercise: s for s in (
 
 
 def _check(name: str, answer: Any, show: bool) -> CheckResult:
-    return run_check(SPECS[name], getattr(answer, "__name__", "the answer"), answer, show=show)
+    return run_check(SPECS[name], answer, show=show)
 
 
 def check_minibatch_get_challenge(answer_cls: Any, *, show: bool = True) -> CheckResult:

@@ -5,20 +5,10 @@ head's output ``inputs`` [N, 2D] (D means, then D log standard deviations, as
 `impala_lab.actor.distributions.DiagGaussian` reads them) and the actions [N, D], the
 log-probability log pi(a | x) [N] and the entropy H(pi(. | x)) [N] of the Gaussian policy a
 ``Box`` action space gets. The checker compares both with ``DiagGaussian.logp`` and
-``DiagGaussian.entropy`` on seeded cases: one dimension and several, one row, as many rows as
-dimensions, a free log-std and one per row, draws past a Box's bounds, float32 inputs with a
-log-std far from 0 either way, a larger batch. Where the answer differs, it tries the usual
-slips (no constant, the constant once, a mean over the dimensions, the variance where the
-standard deviation belongs, the halves of the inputs read wrong, the actions clipped...) and
-names the one that gives the answer's numbers; a result of the wrong shape gets a hint from
-its shape ([N, 1], [D], [N, D], a scalar).
-
-One answer returns both numbers because the framework checks one answer per exercise (and
-nbgrader's export wants one pair of markers in the student's cell); the loss uses both.
-
-While the answer runs, the library's ``DiagGaussian.logp`` and ``entropy`` are trapped (and
-their TensorFlow twins when loaded). Imports numpy and the library's numpy-side
-distributions, never TensorFlow.
+``DiagGaussian.entropy`` on seeded cases; where the answer differs, it names the usual slip
+(`_SLIPS`) that gives its numbers, and a result of the wrong shape gets a hint from its shape.
+One answer returns both numbers: a notebook holds one pair of markers, and the loss uses
+both. Never imports TensorFlow.
 """
 
 from __future__ import annotations
@@ -37,11 +27,11 @@ from impala_lab.classroom.exercises._common import (
     first_difference,
     format_value,
     loaded,
+    named_slip,
     verbatim,
 )
 from impala_lab.classroom.exercises._spec import Spec, run_check
 
-EXERCISE = "diag_gaussian"
 RTOL, ATOL = 1e-5, 1e-6
 _LOG_2PI = math.log(2.0 * math.pi)
 WIDE_LOG_STD, NARROW_LOG_STD = 100.0, -110.0  # past float32's exp range (about -103 to 88)
@@ -124,11 +114,6 @@ def make_inputs(N: int, D: int, kind: str, dtype: str, seed: int) -> dict[str, n
             "actions": actions.astype(dtype)}
 
 
-def _inputs(case: Case) -> dict[str, np.ndarray]:
-    p = case.params
-    return make_inputs(p["N"], p["D"], p["kind"], p["dtype"], p["seed"])
-
-
 def _compared(case: Case) -> tuple[str, ...]:
     return ("entropy",) if case.params["kind"] == "narrow" else ("logp", "entropy")
 
@@ -172,11 +157,10 @@ def _as_vector(value: Any, name: str, N: int, D: int) -> np.ndarray:
 
 def _answer_trace(answer: Any, case: Case) -> dict[str, np.ndarray]:
     p = case.params
-    inputs = _inputs(case)
-    # The answer gets copies: one that writes into its inputs cannot change the reference's.
-    # The far log-stds overflow exp on purpose: the values are judged, not numpy's warnings.
+    # copies: an answer that writes into its inputs cannot change the reference's; the far
+    # log-stds overflow exp on purpose (the values are judged, not numpy's warnings)
     with np.errstate(all="ignore"):
-        out = call_answer(answer, **{k: v.copy() for k, v in inputs.items()})
+        out = call_answer(answer, **{k: v.copy() for k, v in make_inputs(**case.params).items()})
     if not (isinstance(out, tuple | list) and len(out) == 2):
         raise Mismatch("what logp_and_entropy returns", verbatim("(logp, entropy)"), out,
                        "Return a pair (logp, entropy), two arrays of shape [N].")
@@ -187,7 +171,7 @@ def _answer_trace(answer: Any, case: Case) -> dict[str, np.ndarray]:
 def _reference_trace(case: Case) -> dict[str, np.ndarray]:
     from impala_lab.actor.distributions import DiagGaussian
 
-    x = _inputs(case)
+    x = make_inputs(**case.params)
     return {"logp": np.asarray(DiagGaussian.logp(x["inputs"], x["actions"]), np.float64),
             "entropy": np.asarray(DiagGaussian.entropy(x["inputs"]), np.float64)}
 
@@ -288,18 +272,9 @@ _NOT_FINITE = ("inf or nan where the reference is finite: this catches exp(log_s
                "where log s appears, and (a - m) * exp(-log_std) for z.")
 
 
-def _diagnose(case: Case, name: str, ans: np.ndarray) -> str:
-    """The slip whose numbers the answer's `name` matches, as a hint ("" if none)."""
-    x = _inputs(case)
-    for slip, hint in _SLIPS.items():
-        guess = _variant(x["inputs"], x["actions"], slip)[name]
-        if np.shape(guess) == ans.shape and first_difference(guess, ans, 1e-4, 1e-4) is None:
-            return hint
-    return ""
-
-
 def _compare(case: Case, ref: dict[str, np.ndarray], ans: dict[str, np.ndarray]) -> None:
     N = case.params["N"]
+    x = make_inputs(**case.params)
     for name in _compared(case):
         expected, actual = ref[name], ans[name]
         bad = ~np.isfinite(actual) & np.isfinite(expected)
@@ -308,7 +283,8 @@ def _compare(case: Case, ref: dict[str, np.ndarray], ans: dict[str, np.ndarray])
         if idx is None:
             continue
         i = idx[0]
-        hint = _NOT_FINITE if bad.any() else _diagnose(case, name, actual)
+        hint = _NOT_FINITE if bad.any() else named_slip(
+            _SLIPS, lambda slip: _variant(x["inputs"], x["actions"], slip), name, actual)
         if not hint and name == "entropy" and "logp" in _compared(case):
             hint = ("logp is right, the entropy is not: H = sum_d (log_std_d + (1 + log 2π)/2)"
                     ", the same whatever the action and the mean.")
@@ -327,15 +303,6 @@ def _references() -> list[Any]:
                      "TFDiagGaussian.entropy"))
 
 
-SPEC = Spec(EXERCISE, lambda: cases(), _answer_trace, _reference_trace, _compare,
-            _references, {"DiagGaussian": "the library's DiagGaussian",
-                          "TFDiagGaussian": "the library's TFDiagGaussian",
-                          "pick_distribution": "the library's pick_distribution",
-                          "tf_distribution": "the library's tf_distribution",
-                          ".logpdf": "a library's normal log-density (logpdf)"},
-            lambda r: draw(r))
-
-
 def _case(name: str, N: int, D: int, kind: str, dtype: str, seed: int, hint: str) -> Case:
     desc = f"{name}: N={N}, D={D}, {_KINDS[kind]}, {dtype} (seed {seed})"
     return Case(desc, hint, {"N": N, "D": D, "kind": kind, "dtype": dtype, "seed": seed})
@@ -349,19 +316,17 @@ def draw(rng: random.Random) -> Case:
                  "the constant or the log-std that the fixed cases miss.")
 
 
-def cases() -> list[Case]:
-    """The checker's cases, simplest first."""
-    return [_case(*row) for row in _CASES]
+SPEC = Spec("diag_gaussian", lambda: [_case(*row) for row in _CASES], _answer_trace,
+            _reference_trace, _compare, _references,
+            {"DiagGaussian": "the library's DiagGaussian",
+             "TFDiagGaussian": "the library's TFDiagGaussian",
+             "pick_distribution": "the library's pick_distribution",
+             "tf_distribution": "the library's tf_distribution",
+             ".logpdf": "a library's normal log-density (logpdf)"}, draw)
 
 
 def check_diag_gaussian(answer: Any, *, show: bool = True) -> CheckResult:
-    """Checks a numpy diagonal Gaussian's log-prob and entropy against
-    `impala_lab.actor.distributions.DiagGaussian`.
-
-    Args:
-      answer: ``logp_and_entropy(inputs, actions) -> (logp, entropy)``: inputs [N, 2D] (D
-        means, then D log-stds), actions [N, D]; logp and entropy [N].
-      show: print the message.
-    """
-    label = getattr(answer, "__name__", "the answer")
-    return run_check(SPEC, label, answer, show=show)
+    """Checks a numpy ``logp_and_entropy(inputs, actions) -> (logp, entropy)`` (inputs [N, 2D]:
+    D means, then D log-stds; actions [N, D]; logp and entropy [N]) against
+    `impala_lab.actor.distributions.DiagGaussian`."""
+    return run_check(SPEC, answer, show=show)

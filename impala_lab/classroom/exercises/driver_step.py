@@ -1,17 +1,10 @@
 """Exercise 4: the driver's loop, one turn of RLlib's ``AsyncSamplesOptimizer._step``.
 
 The student writes ``driver_step(driver, timeout) -> (sample_timesteps, train_timesteps)``, a
-drop-in for `impala_lab.driver.driver_loop.DriverLoop.step`: it uses the loop's public interface
-(the finished samples, the replay mixer, the batch buffer, the learner's port, the broadcast
-rule), which `Impala` runs as ``run.loop``.
-
-The checker runs the answer and the library's ``DriverLoop.step`` on twin `StepDriver`s: light,
-TensorFlow-free `DriverLoop` subclasses whose workers, completions and learner are scripted by a
-seed. Every call the loop makes (record a sample, broadcast, send weights and a request, put a
-train batch on the learner queue) is logged; after each step the checker compares the logs, the
-returned counts and the loop's state. The answer's steps all run first, with
-``DriverLoop.step`` trapped (``driver.step(timeout)`` and ``Impala.step`` are no answer); the
-reference's steps run after them.
+drop-in for `impala_lab.driver.driver_loop.DriverLoop.step` on the loop's public interface.
+The checker runs the answer and the library's step on twin `StepDriver`s, whose workers,
+completions and learner a seed scripts, and compares after each step the calls the loop made,
+the counts it returned and its state.
 """
 
 from __future__ import annotations
@@ -32,13 +25,12 @@ from impala_lab.classroom.exercises._common import (
     loaded,
     same,
     verbatim,
+    window,
 )
 from impala_lab.classroom.exercises._guard import Raised, portable
 from impala_lab.classroom.exercises._spec import Spec, run_check
 from impala_lab.driver.driver_loop import DriverLoop
 from impala_lab.learner.port import UpdateFlag
-
-EXERCISE = "driver_step"
 
 
 class FakeWorker:
@@ -54,12 +46,8 @@ class FakeWorker:
 
 
 class FakeLearner:
-    """A `LearnerPort` whose updates the checker scripts between driver steps.
-
-    Attributes:
-      inqueue: the train batches put and not yet trained on.
-      version: updates so far (``weights_version``).
-    """
+    """A `LearnerPort` whose updates the checker scripts between driver steps: ``inqueue``
+    holds the train batches not trained on yet, ``version`` counts the updates."""
 
     def __init__(self) -> None:
         self.inqueue: queue.Queue = queue.Queue()
@@ -106,16 +94,10 @@ def batch_names(batch: Any) -> list[str]:
 
 
 class StepDriver(DriverLoop):
-    """A `DriverLoop` with scripted workers and learner, and no TensorFlow.
-
-    ``step(timeout)`` is the library's; the five calls a step makes are scripted and logged
-    in ``events``: ``completed_samples(timeout)`` (some of the requests in flight finish),
-    ``put_on_learner_queue(batch)``, ``record_sample(batch)``, ``broadcast()`` and
-    ``send_weights_and_request(worker)``. The state a step keeps (``batch_buffer``,
-    ``batch_buffer_steps``, ``num_sent``) and the parts it reads (``config``, ``replay``, a
-    real `ReplayMixer`, and ``learner``: a `FakeLearner`, with the library's
-    ``take_weights_updated()`` and ``drain_trained()``) are the library's names.
-    """
+    """A `DriverLoop` with scripted workers and learner (a `FakeLearner`), a real
+    `ReplayMixer`, and no TensorFlow. The calls a step makes (``completed_samples``: some
+    requests in flight finish; ``put_on_learner_queue``, ``record_sample``, ``broadcast``,
+    ``send_weights_and_request``) are scripted and logged in ``events``."""
 
     def __init__(self, params: dict[str, Any]) -> None:
         from impala_lab.driver.replay_mixer import ReplayMixer
@@ -141,7 +123,6 @@ class StepDriver(DriverLoop):
             self.send_weights_and_request(worker, initial=True)
         self.events.clear()
 
-    # ---------------------------------------------------------------- the calls a step makes
     def make_batch(self, width: int, version: int = 0) -> Any:
         """A `SampleBatch` [T, width] named ``b<serial>`` (serials count up from 0)."""
         from impala_lab.batch import SampleBatch
@@ -195,7 +176,6 @@ class StepDriver(DriverLoop):
             self._pending.append(
                 (worker, self.make_batch(worker.num_envs, worker.weights_version)))
 
-    # ---------------------------------------------------------------- the checker's side
     def run_learner(self) -> None:
         """The scripted learner: trains on some of the queued batches, as a thread would."""
         self.learner.train(self._learner_rng.randint(0, self.learner.inqueue.qsize()))
@@ -214,9 +194,8 @@ class StepDriver(DriverLoop):
 def make_step_driver(widths: tuple[int, ...] = (1, 1), T: int = 2, train_batch_size: int = 4,
                      broadcast_interval: int = 1, replay_proportion: float = 0.0,
                      replay_buffer_num_slots: int = 0, seed: int = 0) -> StepDriver:
-    """A scripted `StepDriver` to try a step on: one worker per entry of `widths` (its B),
-    two requests in flight per worker. Call ``run_learner()`` between steps to let the
-    scripted learner train on some queued batches; ``events`` logs the driver's calls."""
+    """A `StepDriver` to try a step on: one worker per entry of `widths` (its B), two requests
+    in flight per worker; ``run_learner()`` between steps trains on some queued batches."""
     return StepDriver({"widths": tuple(widths), "T": T, "train": train_batch_size,
                        "interval": broadcast_interval, "rp": replay_proportion,
                        "slots": replay_buffer_num_slots, "seed": seed, "in_flight": 2})
@@ -226,13 +205,13 @@ def make_step_driver(widths: tuple[int, ...] = (1, 1), T: int = 2, train_batch_s
 _CASES = [
     ("two workers, a train batch of two samples", (1, 1), 2, 4, 1, 0.0, 0, 6, 0,
      "This case catches a turn that skips or reorders a part. Follow RLlib's loop: for each "
-     "(worker, batch) of "
-     "driver.replay.mix(driver.completed_samples(timeout)): buffer it, maybe put a train "
-     "batch, then (new batches only) record, maybe broadcast, send weights and a request."),
+     "(worker, batch) of driver.replay.mix(driver.completed_samples(timeout)): buffer it, "
+     "maybe put a train batch, then (new batches only) record, maybe broadcast, send weights "
+     "and a request."),
     ("workers of widths B = 1, 2, 3; train batch not a multiple", (1, 2, 3), 2, 9, 1, 0.0, 0,
      8, 1, "This case catches counting batches instead of env steps. Count env steps "
-     "(batch.count = T * B), not batches: the buffer goes to the "
-     "learner once it holds >= train_batch_size env steps, however far past it."),
+     "(batch.count = T * B), not batches: the buffer goes to the learner once it holds >= "
+     "train_batch_size env steps, however far past it."),
     ("broadcast_interval = 3", (1, 1), 2, 4, 3, 0.0, 0, 10, 2,
      "This case catches a broadcast on every update, or the flag taken before the interval "
      "is reached. Broadcast only when driver.num_sent >= broadcast_interval and then "
@@ -240,19 +219,15 @@ _CASES = [
      "since the last broadcast."),
     ("replay_proportion = 1.0", (1, 2), 2, 6, 1, 1.0, 6, 8, 3,
      "This case catches replays counted as sampled, recorded or answered. Replayed batches "
-     "(worker is None) go into the batch buffer but are not counted as "
-     "sampled, not recorded, and get no weights and no new request."),
+     "(worker is None) go into the batch buffer but are not counted as sampled, not "
+     "recorded, and get no weights and no new request."),
     ("three workers, replay 0.5, broadcast_interval 2", (2, 1, 1), 3, 12, 2, 0.5, 8, 10, 4,
      "This case catches slips that show only together: replays, an interval, uneven widths."),
 ]
 
 
 def _window(events: list[str], i: int) -> str:
-    lo = max(0, i - 4)
-    items = [("→ " if k == i else "") + e for k, e in enumerate(events[lo:i + 3], lo)]
-    if i >= len(events):
-        items.append("→ (no more calls in this step)")
-    return ("... " if lo else "") + ", ".join(items) + (" ..." if i + 3 < len(events) else "")
+    return window(events, i, 4, 3, "(no more calls in this step)")
 
 
 def _event_hint(expected: str | None, actual: str | None) -> str:
@@ -295,8 +270,8 @@ def _event_hint(expected: str | None, actual: str | None) -> str:
 
 
 def _steps(step: Any, case: Case, answer: bool) -> list[Any]:
-    """Runs `step(driver, 0.0)` for the case's steps on a `StepDriver`, the scripted learner
-    between steps: one record per step (its calls, what it returned, the state after it); a
+    """`step(driver, 0.0)` for the case's steps on a `StepDriver`, the scripted learner
+    between them: one record per step (its calls, what it returned, the state after it); a
     `Raised` ends the list."""
     p = case.params
     driver = StepDriver(p)
@@ -358,16 +333,6 @@ def _compare(case: Case, expected: list[Any], actual: list[Any]) -> None:
                            "batch.")
 
 
-def _references() -> list[Any]:
-    return [DriverLoop.step, *loaded("impala_lab.driver.impala", "Impala.step")]
-
-
-SPEC = Spec(EXERCISE, lambda: cases(), _answer_trace, _reference_trace, _compare,
-            _references, {"DriverLoop": "the library's DriverLoop.step",
-                          "Impala": "the library's Impala",
-                          ".step": "the library's DriverLoop.step"}, lambda r: draw(r))
-
-
 def _case(name: str, widths: tuple[int, ...], T: int, train: int, interval: int, rp: float,
           slots: int, steps: int, seed: int, hint: str) -> Case:
     desc = (f"{name}: workers of widths {list(widths)}, T={T}, train_batch_size={train}, "
@@ -389,18 +354,14 @@ def draw(rng: random.Random) -> Case:
                  "order of the calls that the fixed cases miss; follow RLlib's loop.")
 
 
-def cases() -> list[Case]:
-    """The checker's cases, simplest first."""
-    return [_case(*row) for row in _CASES]
+SPEC = Spec("driver_step", lambda: [_case(*row) for row in _CASES], _answer_trace,
+            _reference_trace, _compare,
+            lambda: [DriverLoop.step, *loaded("impala_lab.driver.impala", "Impala.step")],
+            {"DriverLoop": "the library's DriverLoop.step", "Impala": "the library's Impala",
+             ".step": "the library's DriverLoop.step"}, draw)
 
 
 def check_driver_step(answer: Any, *, show: bool = True) -> CheckResult:
-    """Checks ``driver_step(driver, timeout)`` against
-    `impala_lab.driver.driver_loop.DriverLoop.step`.
-
-    Args:
-      answer: the student's function; it gets a `StepDriver` (or a real run's ``loop``).
-      show: print the message.
-    """
-    label = getattr(answer, "__name__", "the answer")
-    return run_check(SPEC, label, answer, show=show)
+    """Checks ``driver_step(driver, timeout)`` (it gets a `StepDriver`, or a real run's
+    ``loop``) against `impala_lab.driver.driver_loop.DriverLoop.step`."""
+    return run_check(SPEC, answer, show=show)

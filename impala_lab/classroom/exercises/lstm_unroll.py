@@ -5,13 +5,8 @@ The student writes ``lstm_unroll(xs, state_in, dones, kernel, recurrent_kernel, 
 time-major sequence ``xs`` [T, B, F] from ``state_in`` [B, 2, C], zeroing a column's state
 after the step where its episode ended (``dones`` [T, B]), as the actors do and the learner's
 unroll does. The checker compares it with `impala_lab.actor.layers.lstm_sequence` on seeded
-cases: one step, a carried state, no episode ends, an end in the middle, ends at the first and the
-last step, a long unroll. Where the answer differs, it tries the usual slips (the reset one
-step late or early, no reset, the gates in another order, h and c swapped in the state) and
-names the one that gives the answer's numbers.
-
-While the answer runs the library's LSTM (`layers.lstm_step`, `lstm_sequence`,
-`NumpyModel.step` and `unroll`) is trapped. Imports numpy only.
+cases; where the answer differs, it names the usual slip (the reset one step late or early,
+no reset, the gates in another order, h and c swapped) that gives the answer's numbers.
 """
 
 from __future__ import annotations
@@ -29,10 +24,10 @@ from impala_lab.classroom.exercises._common import (
     call_answer,
     first_difference,
     loaded,
+    named_slip,
 )
 from impala_lab.classroom.exercises._spec import Spec, run_check
 
-EXERCISE = "lstm_unroll"
 RTOL, ATOL = 1e-5, 1e-5
 
 # name, T, B, F, C, carried state, where episodes end ("none", "middle", "edges", "random"),
@@ -40,24 +35,24 @@ RTOL, ATOL = 1e-5, 1e-5
 _CASES = [
     ("one step from zeros", 1, 2, 3, 4, False, "none", 0,
      "This case catches the gates in another order or a wrong activation. One step of the "
-     "cell: z = x @ kernel + h @ recurrent_kernel + bias, split into four "
-     "blocks of C in the order input, forget, cell, output: i, f, o = sigmoid, g = tanh; "
-     "c' = f * c + i * g, h' = o * tanh(c')."),
+     "cell: z = x @ kernel + h @ recurrent_kernel + bias, split into four blocks of C in the "
+     "order input, forget, cell, output: i, f, o = sigmoid, g = tanh; c' = f * c + i * g, "
+     "h' = o * tanh(c')."),
     ("one step from a carried state", 1, 2, 3, 4, True, "none", 1,
      "This case catches h and c read from the wrong half of state_in. From a nonzero "
-     "state_in: h = state_in[:, 0], c = state_in[:, 1]; the new state is "
-     "(h', c') stacked the same way."),
+     "state_in: h = state_in[:, 0], c = state_in[:, 1]; the new state is (h', c') stacked "
+     "the same way."),
     ("a sequence, no episode ends", 6, 3, 3, 4, True, "none", 2,
      "This case catches a state not carried from step to step: carry (h, c) to the next "
      "step; hs[t] is h after step t."),
     ("an episode ends in the middle", 8, 3, 3, 4, True, "middle", 3,
      "This case catches the reset a step early or late. Where dones[t, b] is True, column "
-     "b's state is zeroed after step t: step t + 1 starts "
-     "from zeros, step t itself does not."),
+     "b's state is zeroed after step t: step t + 1 starts from zeros, step t itself does "
+     "not."),
     ("episodes end at the first and the last step", 6, 4, 2, 5, True, "edges", 4,
      "This case catches a reset skipped at the first or the last step: dones[0] resets the "
-     "state before step 1; dones[T - 1] resets state_out, the state the "
-     "next unroll starts from."),
+     "state before step 1; dones[T - 1] resets state_out, the state the next unroll starts "
+     "from."),
     ("a long unroll, many ends", 30, 5, 4, 6, True, "random", 5,
      "This case catches slips in the reset's timing or the carried state that show only "
      "over a long unroll with many episode ends."),
@@ -86,16 +81,10 @@ def make_inputs(T: int, B: int, F: int, C: int, carried: bool, ends: str, seed: 
             "bias": (0.5 * rng.standard_normal(4 * C)).astype(f32)}
 
 
-def _inputs(case: Case) -> dict[str, np.ndarray]:
-    p = case.params
-    return make_inputs(p["T"], p["B"], p["F"], p["C"], p["carried"], p["ends"], p["seed"])
-
-
 def _answer_trace(answer: Any, case: Case) -> dict[str, np.ndarray]:
     p = case.params
-    inputs = _inputs(case)
-    # The answer gets copies: one that writes into its inputs cannot change the reference's.
-    out = call_answer(answer, **{k: v.copy() for k, v in inputs.items()})
+    # copies: an answer that writes into its inputs cannot change the reference's
+    out = call_answer(answer, **{k: v.copy() for k, v in make_inputs(**case.params).items()})
     if not (isinstance(out, tuple | list) and len(out) == 2):
         raise Mismatch("what lstm_unroll returns", "(hs, state_out)", out,
                        "Return a pair (hs, state_out): hs [T, B, C], state_out [B, 2, C].")
@@ -153,41 +142,32 @@ _SLIPS = {
 }
 
 
-def _diagnose(case: Case, name: str, ans: np.ndarray) -> str:
-    """The slip whose numbers the answer's ``name`` matches, as a hint ("" if none)."""
-    inputs = _inputs(case)
-    for slip, hint in _SLIPS.items():
-        if first_difference(_variant(inputs, slip)[name], ans, 1e-4, 1e-4) is None:
-            return hint
-    return ""
-
-
 def _reference_trace(case: Case) -> dict[str, np.ndarray]:
     from impala_lab.actor.layers import lstm_sequence
 
-    hs, state_out = lstm_sequence(**_inputs(case))
+    hs, state_out = lstm_sequence(**make_inputs(**case.params))
     return {"hs": np.asarray(hs, np.float64), "state_out": np.asarray(state_out, np.float64)}
 
 
 def _compare(case: Case, ref: dict[str, np.ndarray], ans: dict[str, np.ndarray]) -> None:
     p = case.params
-    dones = _inputs(case)["dones"]
+    inputs = make_inputs(**case.params)
     for name in ("hs", "state_out"):
         idx = first_difference(ref[name], ans[name], RTOL, ATOL)
         if idx is None:
             continue
-        hint = _diagnose(case, name, ans[name])
+        hint = named_slip(_SLIPS, lambda slip: _variant(inputs, slip), name, ans[name])
         if name == "hs":
             t, b, k = idx
             where = f"hs[{t}, {b}, {k}] (step t={t}, column b={b}, unit {k})"
-            if not hint and t > 0 and dones[t - 1, b]:
+            if not hint and t > 0 and inputs["dones"][t - 1, b]:
                 hint = (f"column b={b}'s episode ended at step {t - 1}: step {t} must start "
                         "from a zero state.")
         else:
             b, which, k = idx
             where = (f"state_out[{b}, {which}, {k}] ({'h' if which == 0 else 'c'} of column "
                      f"b={b} after the last step)")
-            if not hint and dones[-1, b]:
+            if not hint and inputs["dones"][-1, b]:
                 hint = (f"column b={b}'s episode ended at the last step: its state_out is "
                         "zeros (the next unroll starts a new episode).")
             elif not hint:
@@ -196,20 +176,6 @@ def _compare(case: Case, ref: dict[str, np.ndarray], ans: dict[str, np.ndarray])
         if p["T"] * p["B"] <= 2:  # tiny: show the whole arrays
             raise Mismatch(where + f"; whole {name} below", ref[name], ans[name], hint)
         raise Mismatch(where, float(ref[name][idx]), float(ans[name][idx]), hint)
-
-
-def _references() -> list[Any]:
-    return (loaded("impala_lab.actor.layers", "lstm_step", "lstm_sequence")
-            + loaded("impala_lab.actor.numpy_model", "NumpyModel.step", "NumpyModel.unroll"))
-
-
-SPEC = Spec(EXERCISE, lambda: cases(), _answer_trace, _reference_trace, _compare,
-            _references, {"lstm_step": "the library's layers.lstm_step",
-                          "lstm_sequence": "the library's layers.lstm_sequence",
-                          ".unroll": "the library's NumpyModel.unroll",
-                          ".lstm_unroll": "the library's keras_model.lstm_unroll",
-                          "keras": "Keras's LSTM", "LSTMCell": "Keras's LSTMCell"},
-            lambda r: draw(r))
 
 
 def _case(name: str, T: int, B: int, F: int, C: int, carried: bool, ends: str, seed: int,
@@ -231,19 +197,23 @@ def draw(rng: random.Random) -> Case:
                  "carried state that the fixed cases miss.")
 
 
-def cases() -> list[Case]:
-    """The checker's cases, simplest first."""
-    return [_case(*row) for row in _CASES]
+def _references() -> list[Any]:
+    return (loaded("impala_lab.actor.layers", "lstm_step", "lstm_sequence")
+            + loaded("impala_lab.actor.numpy_model", "NumpyModel.step", "NumpyModel.unroll"))
+
+
+SPEC = Spec("lstm_unroll", lambda: [_case(*row) for row in _CASES], _answer_trace,
+            _reference_trace, _compare, _references,
+            {"lstm_step": "the library's layers.lstm_step",
+             "lstm_sequence": "the library's layers.lstm_sequence",
+             ".unroll": "the library's NumpyModel.unroll",
+             ".lstm_unroll": "the library's keras_model.lstm_unroll",
+             "keras": "Keras's LSTM", "LSTMCell": "Keras's LSTMCell"}, draw)
 
 
 def check_lstm_unroll(answer: Any, *, show: bool = True) -> CheckResult:
-    """Checks a numpy masked LSTM unroll against `impala_lab.actor.layers.lstm_sequence`.
-
-    Args:
-      answer: ``lstm_unroll(xs, state_in, dones, kernel, recurrent_kernel, bias) ->
-        (hs, state_out)``: xs [T, B, F], state_in [B, 2, C], dones [T, B] bool, kernel
-        [F, 4C], recurrent_kernel [C, 4C], bias [4C]; hs [T, B, C], state_out [B, 2, C].
-      show: print the message.
-    """
-    label = getattr(answer, "__name__", "the answer")
-    return run_check(SPEC, label, answer, show=show)
+    """Checks a numpy ``lstm_unroll(xs, state_in, dones, kernel, recurrent_kernel, bias) ->
+    (hs, state_out)``: xs [T, B, F], state_in [B, 2, C], dones [T, B] bool, kernel [F, 4C],
+    recurrent_kernel [C, 4C], bias [4C]; hs [T, B, C], state_out [B, 2, C]; against
+    `impala_lab.actor.layers.lstm_sequence`."""
+    return run_check(SPEC, answer, show=show)

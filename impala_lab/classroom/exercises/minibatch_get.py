@@ -1,18 +1,16 @@
 """Exercise 1: ``MinibatchBuffer.get``, the learner's ring with a ttl ramp.
 
-The student subclasses `impala_lab.learner.minibatch_buffer.MinibatchBuffer` and writes ``get()``
-(no arguments; it may block on ``self.inqueue.get()`` like RLlib's). The checker builds
-the student's class on scripted items and calls ``get()`` on it, then does the same with the
-library's ``MinibatchBuffer``, and compares call by call the returned ``(item, released)``
-and how many items each took from the queue: what the learner sees. The ring's state
-(``ttl``, ``idx``, ``cur_max_ttl``, ``buffers``) is shown in a message and used for its hint,
-but not graded. The library's ``get`` is trapped while the answer runs (``super().get()`` is
-no answer).
+The student subclasses `impala_lab.learner.minibatch_buffer.MinibatchBuffer` and writes
+``get()``. The checker calls it on scripted items, then the library's, and compares what the
+learner sees, call by call: the returned ``(item, released)`` and the items taken from the
+queue. The ring's state (``ttl``, ``idx``, ``cur_max_ttl``, ``buffers``) is shown and used for
+the hint, not graded.
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from typing import Any
 
 from impala_lab.classroom.exercises._common import (
@@ -28,15 +26,12 @@ from impala_lab.classroom.exercises._common import (
 from impala_lab.classroom.exercises._guard import Raised, portable
 from impala_lab.classroom.exercises._spec import Spec, run_check
 
-EXERCISE = "minibatch_get"
-
 # (size, num_sgd_iter, calls of get()): simplest first.
 _CASES = [
     (1, 1, 5, "This case catches an item kept past its only pass: with one slot and one pass, "
      "every call takes a new item and releases it."),
     (1, 3, 10, "This case catches a missing ttl ramp: with one slot and three passes, the items "
-     "stay "
-     "for 1, 2, then 3 calls."),
+     "stay for 1, 2, then 3 calls."),
     (2, 1, 6, "This case catches a slot order that does not alternate (two slots, one pass: each "
      "item is used once)."),
     (2, 3, 14, "This case catches the ramp and the slot order together: the README example (0,T) "
@@ -91,8 +86,8 @@ def _show(out: Any, state: dict[str, Any]) -> Any:
 
 
 def _diagnose(exp_out: tuple, out: Any, exp: dict[str, Any], act: dict[str, Any]) -> str:
-    """A hint that names the first field of the call that differs: the items taken, the
-    item, then released (where the ttl ramp is the usual cause)."""
+    """A hint on the first field of the call that differs (a wrong released flag: the ramp
+    first)."""
     if not (isinstance(out, tuple) and len(out) == 2):
         return "get() must return a pair (item, released)."
     if act["idx"] != exp["idx"]:  # a slot served twice in a row: items and takes go wrong
@@ -108,7 +103,6 @@ def _diagnose(exp_out: tuple, out: Any, exp: dict[str, Any], act: dict[str, Any]
         return ("Wrong item: this catches serving another slot's item. Serve the item of the "
                 "current slot, self.buffers[self.idx].")
     if act["cur_max_ttl"] != exp["cur_max_ttl"] or act["ttl"] != exp["ttl"]:
-        # released is only where a wrong ttl shows: the ramp is the first thing to look at.
         return ("Wrong ttl: this catches a missing or unbounded ramp. "
                 "A new item's ttl is self.cur_max_ttl; after that, cur_max_ttl grows by 1 "
                 "until it reaches self.num_sgd_iter (the ramp). Each call then uses one pass: "
@@ -119,8 +113,8 @@ def _diagnose(exp_out: tuple, out: Any, exp: dict[str, Any], act: dict[str, Any]
 
 
 def _serve(buffer_cls: Any, case: Case, answer: bool) -> list[Any]:
-    """Builds a buffer of `buffer_cls` on scripted items and calls get() as often as the case
-    says: one (out, state) per call; a `Mismatch` or `Raised` ends the list."""
+    """A buffer of `buffer_cls` on scripted items, get() called as often as the case says:
+    one (out, state) per call; a `Mismatch` or `Raised` ends the list."""
     size, passes, calls = case.params["size"], case.params["passes"], case.params["calls"]
     q = ScriptedQueue(calls)
     calls_out: list[Any] = []
@@ -158,25 +152,24 @@ def _reference_trace(case: Case) -> list[Any]:
     return _serve(MinibatchBuffer, case, answer=False)
 
 
-def _compare(case: Case, expected: list[Any], actual: list[Any]) -> None:
+def compare_calls(expected: list[Any], actual: list[Any], show: Callable[..., Any],
+                  diagnose: Callable[..., str]) -> None:
+    """Raises at the first call of get() whose result or items taken differ: `show(out,
+    state)` shows a call, `diagnose(exp_out, out, exp_state, state)` gives the hint."""
     for call, (exp, act) in enumerate(zip(expected, actual), start=1):
         exp_out, exp_state = exp
         if isinstance(act, Raised):
             raise act
         if isinstance(act, Mismatch):
-            act.expected = _show(exp_out, exp_state)
+            act.expected = show(exp_out, exp_state)
             raise act
         out, state = act
         if not same(out, exp_out) or not same(state["items_taken"], exp_state["items_taken"]):
-            raise Mismatch(f"call {call} of get()", _show(exp_out, exp_state),
-                           _show(out, state), _diagnose(exp_out, out, exp_state, state))
-    if len(actual) < len(expected):  # cannot happen: the answer ran every call or raised
+            raise Mismatch(f"call {call} of get()", show(exp_out, exp_state), show(out, state),
+                           diagnose(exp_out, out, exp_state, state))
+    if len(actual) < len(expected):  # cut short: an honest run makes every call or raises
         raise Mismatch(f"call {len(actual) + 1} of get()", expected[len(actual)][0],
                        verbatim("no call"), "")
-
-
-def _references() -> list[Any]:
-    return loaded("impala_lab.learner.minibatch_buffer", "MinibatchBuffer.get")
 
 
 def _case(size: int, passes: int, calls: int, hint: str) -> Case:
@@ -192,26 +185,14 @@ def draw(rng: random.Random) -> Case:
                  "order that the fixed cases happen to miss.")
 
 
-SPEC = Spec(EXERCISE, lambda: cases(), _answer_trace, _reference_trace, _compare,
-            _references, {"MinibatchBuffer": "the library's MinibatchBuffer"}, draw)
-
-
-def cases() -> list[Case]:
-    """The checker's cases, simplest first."""
-    return [_case(*row) for row in _CASES]
+SPEC = Spec("minibatch_get", lambda: [_case(*row) for row in _CASES], _answer_trace,
+            _reference_trace, lambda case, exp, act: compare_calls(exp, act, _show, _diagnose),
+            lambda: loaded("impala_lab.learner.minibatch_buffer", "MinibatchBuffer.get"),
+            {"MinibatchBuffer": "the library's MinibatchBuffer"}, draw)
 
 
 def check_minibatch_get(answer_cls: Any, *, show: bool = True) -> CheckResult:
-    """Checks a `MinibatchBuffer` subclass's ``get()`` against the library's.
-
-    Args:
-      answer_cls: the student's class, built as ``answer_cls(inqueue, size, num_sgd_iter)``
-        (a subclass of `impala_lab.learner.minibatch_buffer.MinibatchBuffer` that overrides
-        ``get``).
-      show: print the message.
-
-    Returns:
-      A `CheckResult`; its message is the pass line or the first call that differs.
-    """
+    """Checks the ``get()`` of a `MinibatchBuffer` subclass, built as ``answer_cls(inqueue,
+    size, num_sgd_iter)``, against the library's."""
     label = f"{getattr(answer_cls, '__name__', 'the answer')}.get"
-    return run_check(SPEC, label, answer_cls, show=show)
+    return run_check(SPEC, answer_cls, label=label, show=show)

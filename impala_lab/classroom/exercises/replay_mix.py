@@ -11,10 +11,9 @@ with RLlib's rule, using exactly these draws of ``rng`` (a ``random.Random``):
         f -= 1
         yield None, rng.choice(store)
 
-The checker gives the answer and the library's `impala_lab.driver.replay_mixer.ReplayMixer` the same
-batches and the same seed, and compares what they yield, item by item, and the store at the
-end. The answer runs first (``ReplayMixer.mix`` trapped), the reference after it: no frame
-the answer could read holds the expected items.
+The checker gives the answer and the library's `impala_lab.driver.replay_mixer.ReplayMixer`
+the same batches and seed, and compares what they yield, item by item, and the store at the
+end.
 """
 
 from __future__ import annotations
@@ -34,11 +33,10 @@ from impala_lab.classroom.exercises._common import (
     loaded,
     same,
     verbatim,
+    window,
 )
 from impala_lab.classroom.exercises._guard import portable
 from impala_lab.classroom.exercises._spec import Spec, run_check
-
-EXERCISE = "replay_mix"
 
 DRAWS = ("make exactly RLlib's draws, in this order: rng.random() for each test of the "
          "while loop, then rng.choice(store) for each replay.")
@@ -54,19 +52,17 @@ _CASES = [
     (1.0, 4, 100, 50, 8, 2,
      "This case catches replays drawn before the new batch is stored, or a wrong "
      "threshold: with replay_proportion=1, exactly one replay per new batch once the store "
-     "holds more "
-     "than replay_threshold batches (counting the new one)."),
+     "holds more than replay_threshold batches (counting the new one)."),
     (0.5, 10, 100, 50, 20, 3, "This case catches extra or missing draws of rng: "
      "replay_proportion=0.5 is a replay with probability 0.5. " + DRAWS),
     (1.5, 10, 100, 50, 20, 4, "This case catches f not decreasing after each replay: "
-     "replay_proportion=1.5 is one replay surely, a second with "
-     "probability 0.5 (f decreases by 1 after each replay). " + DRAWS),
+     "replay_proportion=1.5 is one replay surely, a second with probability 0.5 (f "
+     "decreases by 1 after each replay). " + DRAWS),
     (3.0, 4, 150, 50, 12, 5, "This case catches replays drawn from a store of your own or "
      "from dropped batches: a small store (4 slots, threshold 3): the oldest batch drops "
      "out, and replays are drawn from the batches stored now, including the new one."),
     (0.7, 3, 90, 50, 25, 6, "This case catches an off-by-one in the threshold: ceil(90 / "
-     "50) = 2 with 3 slots, so replays start at the "
-     "third new batch. " + DRAWS),
+     "50) = 2 with 3 slots, so replays start at the third new batch. " + DRAWS),
 ]
 
 
@@ -89,13 +85,8 @@ def _label(pair: Any) -> str:
 
 
 def _window(seq: list[Any], i: int) -> str:
-    lo = max(0, i - 3)
-    head = "... " if lo else ""
-    tail = " ..." if i + 2 < len(seq) else ""
-    items = [("→ " if k == i else "") + _label(p) for k, p in enumerate(seq[lo:i + 2], lo)]
-    if i >= len(seq):
-        items.append("→ (nothing more)")
-    return f"items {lo}..: {head}{', '.join(items)}{tail}"
+    return f"items {max(0, i - 3)}..: " + window([_label(p) for p in seq], i, 3, 2,
+                                                   "(nothing more)")
 
 
 def _diagnose(expected: list[Any], actual: list[Any], i: int) -> str:
@@ -121,8 +112,7 @@ def _diagnose(expected: list[Any], actual: list[Any], i: int) -> str:
 
 
 def _pairs(p: dict[str, Any]) -> list[tuple[str, FakeBatch]]:
-    workers = ["w0", "w1", "w2"]
-    return [(workers[k % 3], FakeBatch(f"b{k}", p["sample"])) for k in range(p["n_new"])]
+    return [(f"w{k % 3}", FakeBatch(f"b{k}", p["sample"])) for k in range(p["n_new"])]
 
 
 def _named(item: Any) -> Any:
@@ -182,16 +172,6 @@ def _compare(case: Case, expected: dict[str, Any], actual: dict[str, Any]) -> No
                        "maxlen drops the oldest by itself.")
 
 
-def _references() -> list[Any]:
-    return loaded("impala_lab.driver.replay_mixer", "ReplayMixer.mix")
-
-
-SPEC = Spec(EXERCISE, lambda: cases(), _answer_trace, _reference_trace, _compare,
-            _references, {"ReplayMixer": "the library's ReplayMixer",
-                          ".mix": "the library's ReplayMixer.mix",
-                          "_augment_with_replay": "the library's replay"}, lambda r: draw(r))
-
-
 def _case(rp: float, slots: int, train: int, sample: int, n_new: int, seed: int,
           hint: str) -> Case:
     threshold = -(-train // sample)
@@ -211,18 +191,14 @@ def draw(rng: random.Random) -> Case:
                  "threshold or the draws that the fixed cases miss. " + DRAWS)
 
 
-def cases() -> list[Case]:
-    """The checker's cases, simplest first."""
-    return [_case(*row) for row in _CASES]
+SPEC = Spec("replay_mix", lambda: [_case(*row) for row in _CASES], _answer_trace,
+            _reference_trace, _compare,
+            lambda: loaded("impala_lab.driver.replay_mixer", "ReplayMixer.mix"),
+            {"ReplayMixer": "the library's ReplayMixer", ".mix": "the library's ReplayMixer.mix",
+             "_augment_with_replay": "the library's replay"}, draw)
 
 
 def check_replay_mix(answer: Any, *, show: bool = True) -> CheckResult:
-    """Checks ``mix(pairs, store, replay_proportion, replay_threshold, rng)`` against
-    `impala_lab.driver.replay_mixer.ReplayMixer.mix` on seeded cases.
-
-    Args:
-      answer: the student's generator function.
-      show: print the message.
-    """
-    label = getattr(answer, "__name__", "the answer")
-    return run_check(SPEC, label, answer, show=show)
+    """Checks the generator ``mix(pairs, store, replay_proportion, replay_threshold, rng)``
+    against `impala_lab.driver.replay_mixer.ReplayMixer.mix`."""
+    return run_check(SPEC, answer, show=show)

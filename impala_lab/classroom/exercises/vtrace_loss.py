@@ -1,20 +1,14 @@
 """Exercise 5: the V-trace loss of `impala_lab.learner.vtrace_policy.VTracePolicy`.
 
 The student writes ``vtrace_loss(target_logits, values, bootstrap_value, batch, config) ->
-(total_loss, policy_loss, vf_loss, entropy)``: the network's outputs are given (numpy
-float32: ``target_logits`` [T, B, A], ``values`` [T, B], ``bootstrap_value`` [B]), with the
-batch as `impala_lab.learner.vtrace_policy.batch_to_tensors` returns it (numpy arrays: ``actions``,
-``rewards``, ``terminateds``, ``truncateds``, ``truncation_values`` [T, B],
-``behaviour_logits`` [T, B, A], ...) and the run's `ImpalaConfig`. All four results are sums
-over the batch (``entropy`` too, as in the total loss).
-
-The checker compares the answer with ``VTracePolicy.loss_and_stats`` on seeded batches,
-feeding the policy the same network outputs: the four numbers within 1e-4, and the gradient
-of ``total_loss`` with respect to the network's outputs (so the loss must be TensorFlow that
-the learner can differentiate, with the V-trace targets held constant). The answer runs first
-(called once with numpy arrays, then with watched tensors for the gradient), so a stub is
-reported without importing TensorFlow; ``loss_and_stats`` and the checker's reference are
-trapped while it runs.
+(total_loss, policy_loss, vf_loss, entropy)`` from the network's outputs (numpy float32:
+``target_logits`` [T, B, A], ``values`` [T, B], ``bootstrap_value`` [B]), the batch as
+`impala_lab.learner.vtrace_policy.batch_to_tensors` returns it and the run's `ImpalaConfig`;
+all four are sums over the batch. The checker feeds ``VTracePolicy.loss_and_stats`` the same
+outputs and compares the four numbers and the gradient of ``total_loss`` with respect to the
+outputs: the loss must be TensorFlow the learner can differentiate, with the V-trace targets
+held constant. The answer runs first with numpy arrays, so a stub's check does not import
+TensorFlow; then with watched tensors, for the gradient.
 """
 
 from __future__ import annotations
@@ -37,7 +31,6 @@ from impala_lab.classroom.exercises._common import (
 from impala_lab.classroom.exercises._guard import Raised, portable
 from impala_lab.classroom.exercises._spec import Spec, run_check
 
-EXERCISE = "vtrace_loss"
 RTOL, ATOL = 1e-4, 1e-4
 GRAD_RTOL, GRAD_ATOL = 1e-3, 1e-4
 GRADIENTS = ("target_logits", "values", "bootstrap_value")
@@ -47,24 +40,23 @@ COMPONENTS = ("total_loss", "policy_loss", "vf_loss", "entropy")
 _CASES = [
     ("on-policy, no episode ends", 4, 2, 3, 0.0, 0.0, 0.0, False, {}, 0,
      "This case catches a wrong loss on the simplest batch. With no episode ends: "
-     "discounts = gamma everywhere; vtrace.from_logits(...) gives vs, "
-     "pg_advantages and target_action_log_probs."),
+     "discounts = gamma everywhere; vtrace.from_logits(...) gives vs, pg_advantages and "
+     "target_action_log_probs."),
     ("off-policy", 5, 3, 3, 1.0, 0.0, 0.0, False, {}, 1,
-     "This case catches the two policies swapped. Off-policy: pass "
-     "batch['behaviour_logits'] as the behaviour policy and "
-     "target_logits as the target policy to from_logits, with the config's clips."),
+     "This case catches the two policies swapped. Off-policy: pass batch['behaviour_logits'] "
+     "as the behaviour policy and target_logits as the target policy to from_logits, with "
+     "the config's clips."),
     ("terminations", 6, 3, 2, 0.5, 0.2, 0.0, False, {}, 2,
      "This case catches a nonzero discount after a terminated step: discounts = gamma * "
      "(1 - terminateds)."),
     ("truncations", 6, 3, 2, 0.5, 0.0, 0.2, False, {}, 3,
      "This case catches a truncated step treated as terminated (no bootstrap). At a "
-     "truncated step the episode did not end in the MDP: add gamma * "
-     "truncation_values to the reward there, and use discount 0 (the next step belongs to a "
-     "new episode)."),
+     "truncated step the episode did not end in the MDP: add gamma * truncation_values to "
+     "the reward there, and use discount 0 (the next step belongs to a new episode)."),
     ("terminated and truncated at once", 6, 4, 3, 0.5, 0.25, 0.25, True, {}, 4,
      "This case catches a bootstrap at a step that also terminated. A step both terminated "
-     "and truncated counts as terminated: bootstrap only where "
-     "truncateds * (1 - terminateds), and the discount is 0 where either is set."),
+     "and truncated counts as terminated: bootstrap only where truncateds * (1 - "
+     "terminateds), and the discount is 0 where either is set."),
     ("clips disabled (None)", 5, 2, 3, 1.5, 0.1, 0.1, False,
      {"vtrace_clip_rho_threshold": None, "vtrace_clip_pg_rho_threshold": None}, 5,
      "This case catches clips written in instead of read from the config. Pass "
@@ -106,14 +98,10 @@ GRADIENT_HINTS = {
 
 def make_case(T: int, B: int, A: int, scale: float, p_term: float, p_trunc: float,
               both: bool, seed: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """Seeded network outputs and a batch as `batch_to_tensors` returns it.
-
-    Returns:
-      (outputs, batch): outputs holds target_logits [T, B, A], values [T, B] and
-      bootstrap_value [B] (float32); batch holds obs [T, B, 4], actions (int32),
-      rewards, terminateds, truncateds, truncation_values [T, B] (float32),
-      behaviour_logits [T, B, A] and bootstrap_obs [B, 4].
-    """
+    """Seeded network outputs (target_logits [T, B, A], values [T, B], bootstrap_value [B])
+    and a batch as `batch_to_tensors` returns it (obs [T, B, 4], actions, rewards,
+    terminateds, truncateds, truncation_values [T, B], behaviour_logits [T, B, A],
+    bootstrap_obs [B, 4]); float32 but the int32 actions."""
     rng = np.random.default_rng(seed)
     f32 = np.float32
     target_logits = rng.standard_normal((T, B, A)).astype(f32)
@@ -276,17 +264,6 @@ def _compare(case: Case, expected: dict[str, Any], actual: dict[str, Any]) -> No
                            GRADIENT_HINTS[name])
 
 
-def _references() -> list[Any]:
-    return [_Reference.loss,
-            *loaded("impala_lab.learner.vtrace_policy", "VTracePolicy.loss_and_stats")]
-
-
-SPEC = Spec(EXERCISE, lambda: cases(), _answer_trace, _reference_trace, _compare,
-            _references, {"_Reference": "the checker's own reference loss",
-                          ".loss_and_stats": "the library's VTracePolicy.loss_and_stats",
-                          "VTracePolicy": "the library's VTracePolicy"}, lambda r: draw(r))
-
-
 def _case(name: str, T: int, B: int, A: int, scale: float, p_term: float, p_trunc: float,
           both: bool, changes: dict[str, Any], seed: int, hint: str) -> Case:
     conf = ", ".join(f"{k}={v}" for k, v in changes.items()) or "the default config"
@@ -309,18 +286,20 @@ def draw(rng: random.Random) -> Case:
                  "discounts, the truncations or a term's sum that the fixed cases miss.")
 
 
-def cases() -> list[Case]:
-    """The checker's cases, simplest first."""
-    return [_case(*row) for row in _CASES]
+def _references() -> list[Any]:
+    return [_Reference.loss,
+            *loaded("impala_lab.learner.vtrace_policy", "VTracePolicy.loss_and_stats")]
+
+
+SPEC = Spec("vtrace_loss", lambda: [_case(*row) for row in _CASES], _answer_trace,
+            _reference_trace, _compare, _references,
+            {"_Reference": "the checker's own reference loss",
+             ".loss_and_stats": "the library's VTracePolicy.loss_and_stats",
+             "VTracePolicy": "the library's VTracePolicy"}, draw)
 
 
 def check_vtrace_loss(answer: Any, *, show: bool = True) -> CheckResult:
-    """Checks ``vtrace_loss(target_logits, values, bootstrap_value, batch, config)`` against
-    `impala_lab.learner.vtrace_policy.VTracePolicy.loss_and_stats`.
-
-    Args:
-      answer: the student's function, returning (total_loss, policy_loss, vf_loss, entropy).
-      show: print the message.
-    """
-    label = getattr(answer, "__name__", "the answer")
-    return run_check(SPEC, label, answer, show=show)
+    """Checks ``vtrace_loss(target_logits, values, bootstrap_value, batch, config) ->
+    (total_loss, policy_loss, vf_loss, entropy)`` against
+    `impala_lab.learner.vtrace_policy.VTracePolicy.loss_and_stats`."""
+    return run_check(SPEC, answer, show=show)

@@ -4,12 +4,8 @@ The student writes ``vtrace(log_rhos, discounts, rewards, values, bootstrap_valu
 clip_rho_threshold=1.0, clip_pg_rho_threshold=1.0) -> (vs, pg_advantages)`` with
 scalable_agent's time-major shapes (``[T, B]``, ``bootstrap_value`` ``[B]``; ``None``
 disables a clip). The checker compares it with
-`impala_lab.learner.vtrace.from_importance_weights_numpy` (the paper's explicit sum) on seeded
-random inputs: on- and off-policy, episode ends, clips on, off and unequal.
-
-The answer runs first in each case, so a stub is reported without importing TensorFlow
-(which `impala_lab.learner.vtrace` imports), and while it runs the library's V-trace functions are
-trapped.
+`impala_lab.learner.vtrace.from_importance_weights_numpy` (the paper's explicit sum) on
+seeded inputs: on- and off-policy, episode ends, clips on, off and unequal.
 """
 
 from __future__ import annotations
@@ -30,19 +26,17 @@ from impala_lab.classroom.exercises._common import (
 )
 from impala_lab.classroom.exercises._spec import Spec, run_check
 
-EXERCISE = "vtrace_numpy"
 RTOL, ATOL = 1e-5, 1e-6
 
 # name, T, B, log_rho scale, episode ends, clip_rho, clip_pg_rho, seed, hint
 _CASES = [
     ("one step, on-policy", 1, 2, 0.0, False, 1.0, 1.0, 0,
      "This case catches a wrong one-step target (or bootstrap): with T = 1, v_0 = V(x_0) + "
-     "rho_0 (r_0 + gamma_0 V(x_1) - V(x_0)), where V(x_1) is "
-     "bootstrap_value."),
+     "rho_0 (r_0 + gamma_0 V(x_1) - V(x_0)), where V(x_1) is bootstrap_value."),
     ("on-policy", 5, 3, 0.0, False, 1.0, 1.0, 1,
      "This case catches a wrong discounting of the return: on-policy (all rho = 1) v_s is "
-     "the n-step return: the discounted rewards from s to "
-     "T-1 plus the discounted bootstrap_value."),
+     "the n-step return: the discounted rewards from s to T-1 plus the discounted "
+     "bootstrap_value."),
     ("off-policy, clipped", 5, 3, 1.0, False, 1.0, 1.0, 2,
      "This case catches a missing rho clip, or c_i clipped at something other than 1: "
      "delta_t uses rho_t = min(clip_rho_threshold, exp(log_rho_t)); the trace uses "
@@ -50,17 +44,16 @@ _CASES = [
      "delta_t."),
     ("episode ends (discount 0)", 6, 3, 0.5, True, 1.0, 1.0, 3,
      "This case catches one constant gamma where an episode ended: use the per-step "
-     "discounts[t] (0 at an episode end) both in delta_t and in the trace "
-     "product, so that nothing flows back across an episode end."),
+     "discounts[t] (0 at an episode end) both in delta_t and in the trace product, so that "
+     "nothing flows back across an episode end."),
     ("clips disabled (None)", 5, 2, 1.0, False, None, None, 4,
      "This case catches None taken as a number: None disables a clip, so use exp(log_rho) "
      "unclipped (c_i stays min(1, exp(log_rho)))."),
     ("unequal clips", 5, 2, 1.0, True, 0.5, 2.0, 5,
      "This case catches clipping c_i with clip_rho_threshold instead of 1, or the two "
      "thresholds swapped. Three separate clips: clip_rho_threshold (0.5 here) clips only the "
-     "rho in delta_t; "
-     "the trace's c_i = min(1, rho_i) whatever clip_rho_threshold is; clip_pg_rho_threshold "
-     "clips the rho of pg_advantages."),
+     "rho in delta_t; the trace's c_i = min(1, rho_i) whatever clip_rho_threshold is; "
+     "clip_pg_rho_threshold clips the rho of pg_advantages."),
     ("pg clip only", 4, 3, 1.5, False, 3.7, None, 6,
      "This case catches V(x_{s+1}) where v_{s+1} belongs, or a missing pg clip: "
      "pg_advantages_s = min(clip_pg_rho_threshold, rho_s) (r_s + gamma_s v_{s+1} - V(x_s)) "
@@ -95,13 +88,16 @@ def _split(out: Any) -> tuple[Any, Any]:
                    "Return a pair (vs, pg_advantages) of [T, B] arrays.")
 
 
-def _answer_trace(answer: Any, case: Case) -> dict[str, np.ndarray]:
+def _inputs(case: Case) -> dict[str, Any]:
+    """The case's inputs and clips, as keyword arguments."""
     p = case.params
-    inputs = make_inputs(p["T"], p["B"], p["scale"], p["ends"], p["seed"])
-    clips = {"clip_rho_threshold": p["clip_rho"], "clip_pg_rho_threshold": p["clip_pg"]}
-    out = call_answer(answer, **inputs, **clips)
-    vs, pg = _split(out)
-    shape = (p["T"], p["B"])
+    return {**make_inputs(p["T"], p["B"], p["scale"], p["ends"], p["seed"]),
+            "clip_rho_threshold": p["clip_rho"], "clip_pg_rho_threshold": p["clip_pg"]}
+
+
+def _answer_trace(answer: Any, case: Case) -> dict[str, np.ndarray]:
+    vs, pg = _split(call_answer(answer, **_inputs(case)))
+    shape = (case.params["T"], case.params["B"])
     return {"vs": as_array(vs, "vs", shape), "pg_advantages": as_array(pg, "pg_advantages",
                                                                          shape)}
 
@@ -109,10 +105,7 @@ def _answer_trace(answer: Any, case: Case) -> dict[str, np.ndarray]:
 def _reference_trace(case: Case) -> dict[str, np.ndarray]:
     from impala_lab.learner.vtrace import from_importance_weights_numpy  # imports TensorFlow
 
-    p = case.params
-    inputs = make_inputs(p["T"], p["B"], p["scale"], p["ends"], p["seed"])
-    ref = from_importance_weights_numpy(**inputs, clip_rho_threshold=p["clip_rho"],
-                                        clip_pg_rho_threshold=p["clip_pg"])
+    ref = from_importance_weights_numpy(**_inputs(case))
     return {"vs": np.asarray(ref.vs, np.float64),
             "pg_advantages": np.asarray(ref.pg_advantages, np.float64)}
 
@@ -133,25 +126,14 @@ def _compare(case: Case, ref: dict[str, np.ndarray], ans: dict[str, np.ndarray])
                     "(r_s + gamma_s * v_{s+1} - V(x_s)), with v_T = bootstrap_value.")
         elif t == p["T"] - 1:
             hint = ("The last step is wrong: this catches a missing bootstrap. It bootstraps "
-                    "from bootstrap_value, "
-                    "v_{T-1} = V(x_{T-1}) + rho_{T-1} (r + gamma V(x_T) - V(x_{T-1})).")
+                    "from bootstrap_value, v_{T-1} = V(x_{T-1}) + rho_{T-1} (r + gamma V(x_T) "
+                    "- V(x_{T-1})).")
         else:
             hint = ""
         if p["T"] * p["B"] <= 15:  # small: show the whole arrays
             raise Mismatch(what + f"; whole {name} [T={p['T']}, B={p['B']}] below",
                            expected, actual, hint)
         raise Mismatch(what, float(expected[t, b]), float(actual[t, b]), hint)
-
-
-def _references() -> list[Any]:
-    return loaded("impala_lab.learner.vtrace", "from_importance_weights_numpy",
-                  "from_importance_weights", "from_logits_numpy", "from_logits")
-
-
-SPEC = Spec(EXERCISE, lambda: cases(), _answer_trace, _reference_trace, _compare,
-            _references, {name: f"the library's vtrace.{name}" for name in (
-                "from_importance_weights_numpy", "from_importance_weights",
-                "from_logits_numpy", "from_logits")}, lambda r: draw(r))
 
 
 def _case(name: str, T: int, B: int, scale: float, ends: bool, clip_rho: float | None,
@@ -173,18 +155,14 @@ def draw(rng: random.Random) -> Case:
                  "clips, the discounts or the trace product that the fixed cases miss.")
 
 
-def cases() -> list[Case]:
-    """The checker's cases, simplest first."""
-    return [_case(*row) for row in _CASES]
+_LIBRARY = ("from_importance_weights_numpy", "from_importance_weights", "from_logits_numpy",
+            "from_logits")
+SPEC = Spec("vtrace_numpy", lambda: [_case(*row) for row in _CASES], _answer_trace,
+            _reference_trace, _compare, lambda: loaded("impala_lab.learner.vtrace", *_LIBRARY),
+            {name: f"the library's vtrace.{name}" for name in _LIBRARY}, draw)
 
 
 def check_vtrace_numpy(answer: Any, *, show: bool = True) -> CheckResult:
-    """Checks a numpy V-trace against `impala_lab.learner.vtrace.from_importance_weights_numpy`.
-
-    Args:
-      answer: ``vtrace(log_rhos, discounts, rewards, values, bootstrap_value,
-        clip_rho_threshold=1.0, clip_pg_rho_threshold=1.0) -> (vs, pg_advantages)``.
-      show: print the message.
-    """
-    label = getattr(answer, "__name__", "the answer")
-    return run_check(SPEC, label, answer, show=show)
+    """Checks a numpy ``vtrace(...) -> (vs, pg_advantages)`` against
+    `impala_lab.learner.vtrace.from_importance_weights_numpy`."""
+    return run_check(SPEC, answer, show=show)
