@@ -42,34 +42,18 @@ class Knob:
     apply: Callable[[Any, Any], None] | None = None
 
 
-def _set_lr(run: Any, value: float) -> None:
-    run.policy.set_lr(value)
-
-
-def _set_entropy_coeff(run: Any, value: float) -> None:
-    run.policy.set_entropy_coeff(value)
-
-
-def _set_num_sgd_iter(run: Any, value: int) -> None:
-    run.learner.set_num_sgd_iter(value)
-
-
-def _set_replay_proportion(run: Any, value: float) -> None:
-    run.replay.replay_proportion = value
-
-
 KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("broadcast_interval", "int", 1, 32, 1,
          "samples a worker returns between weight broadcasts"),
     Knob("replay_proportion", "float", 0.0, 4.0, 0.25,
          "replayed batches per new batch (needs replay slots)", readout=".2f",
-         apply=_set_replay_proportion),
+         apply=lambda run, v: setattr(run.replay, "replay_proportion", v)),
     Knob("num_sgd_iter", "int", 1, 10, 1, "passes over each train batch",
-         apply=_set_num_sgd_iter),
+         apply=lambda run, v: run.learner.set_num_sgd_iter(v)),
     Knob("lr", "float", 1e-5, 1e-1, 0.05, "learning rate", log=True, readout=".1e",
-         apply=_set_lr),
+         apply=lambda run, v: run.policy.set_lr(v)),
     Knob("entropy_coeff", "float", 0.0, 0.05, 0.001, "weight of the entropy bonus",
-         readout=".3f", apply=_set_entropy_coeff),
+         readout=".3f", apply=lambda run, v: run.policy.set_entropy_coeff(v)),
     Knob("extra_policy_lag", "int", 0, 64, 1,
          "hold broadcasts back: actors act this many learner updates behind"),
     Knob("max_policy_lag", "int", 1, 1000, 1,
