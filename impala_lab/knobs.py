@@ -1,11 +1,8 @@
 """Live knobs: the config fields a run may change between two driver steps, in one table.
 
-Everything that knows about live knobs reads `KNOBS`: ``Impala.set_knobs`` (which names are
-allowed), the driver (how a new value is applied), the dashboard (its sliders and tooltips), the
-plots (the ``knobs.*`` columns whose changes are marked) and the docs. To add a knob, add one
-`Knob` here and, if the run must do more than store the new config value, an ``apply`` hook.
-
-Validation is the config's: a knob's value is checked by ``ImpalaConfig`` like any other field.
+``Impala.set_knobs``, the driver, the dashboard's sliders, the plots' ``knobs.*`` columns and
+the docs all read `KNOBS`: a new knob is one `Knob` here (with an ``apply`` hook if storing the
+config value is not enough). ``ImpalaConfig`` validates a knob's value like any other field.
 """
 
 from __future__ import annotations
