@@ -6,19 +6,13 @@ RLlib-named fields: ``model`` is ``hiddens`` here). `network_layout` says what a
 an env's spaces (`NetworkLayout`: the trunk, the heads, every weight's shape and initial gain);
 both models build from it. numpy only: every part of the package may import it.
 
-The trunk follows the observation space and ``conv_net``:
-
-  * rank-1 Box observations: ``hiddens`` dense layers with tanh (RLlib's default fcnet
-    activation; bounded features keep the value head tame);
-  * HxWxC images, ``conv_net="cnn"``: ``conv_filters`` layers ``(filters, kernel, stride)``,
-    'valid' padding, relu; None picks them by the image's size as RLlib's
-    ``get_filter_config`` does (Atari's ``((16, 8, 4), (32, 4, 2))`` from 20x20, MinAtar's
-    ``((16, 3, 1),)`` below); then a flatten and the ``hiddens`` dense layers (relu);
-  * images, ``conv_net="impala"``: the IMPALA paper's "deep" network (Espeholt et al. 2018,
-    figure 3): per width in ``impala_channels`` a conv 3x3 ('same'), a max-pool 3x3 stride 2
-    ('same': ceil(H / 2)) and two residual blocks (relu, conv 3x3, relu, conv 3x3, plus the
-    block's input); then a relu, the flatten and the dense layers (relu). On 10x10 inputs
-    with (16, 32, 32): 10x10x16 -> 5x5x16 -> 3x3x32 -> 2x2x32, 128 features.
+The trunk follows the observation space and ``conv_net``: for rank-1 Box observations
+``hiddens`` dense layers with tanh (RLlib's default fcnet activation; bounded features keep the
+value head tame); for HxWxC images the small CNN of ``conv_filters`` (``"cnn"``: 'valid'
+padding, relu; None picks the layers by the image's size, as RLlib's ``get_filter_config``) or
+the IMPALA paper's deep network (``"impala"``: per width in ``impala_channels`` a conv, a
+max-pool halving the map and two residual blocks), then a flatten and the ``hiddens`` dense
+layers (relu). docs/pixels.md draws both.
 
 uint8 observations are scaled by 1/255 inside the network (MinAtar's boolean images travel as
 uint8 0/1). With ``use_lstm`` an LSTM of C = ``lstm_cell_size`` units follows the trunk, one
@@ -272,18 +266,16 @@ class NetworkLayout:
 
     Attributes:
       kind: the trunk, ``"mlp"``, ``"cnn"`` (the small CNN) or ``"impala"``.
-      obs_shape, obs_dtype: one observation's shape and dtype.
+      obs_shape, obs_dtype: one observation's.
       conv_filters: the small CNN's (filters, kernel, stride) layers; () for other trunks.
-      hiddens, impala_channels, use_lstm: the spec's.
+      hiddens, impala_channels, use_lstm, normalize_obs: the spec's.
       lstm_cell_size: the LSTM's units C, 0 without one.
-      separate_value_trunk: the value head has a trunk of its own (every layer then has a
-        value twin right after it in the weights).
+      separate_value_trunk: every layer has a value twin right after it in the weights.
       num_actions: width A of the action distribution's inputs (n logits; 2D for a Box).
       head_units: units the policy head computes: A, or the D means when the log-std is free.
       free_log_std: the policy head's third weight is a learned log-std vector [D].
-      normalize_obs: the first three weights are the observation statistics.
-      shapes: every weight array's shape, in Keras's ``get_weights()`` order.
-      gains: each array's orthogonal-init gain (0 for biases and statistics).
+      shapes, gains: each weight array's shape in ``get_weights()`` order, and its
+        orthogonal-init gain (0 for biases and statistics).
     """
 
     kind: str

@@ -209,7 +209,6 @@ class ThroughputMeter:
             now = self._clock()
             self._start = now
             self._events: deque[tuple[float, float]] = deque()
-            self._window_sum = 0.0
             self._total = 0.0
             self._interval_start = now
             self._interval_sum = 0.0
@@ -219,17 +218,13 @@ class ThroughputMeter:
         with self._lock:
             now = self._clock()
             self._events.append((now, n))
-            self._window_sum += n
             self._total += n
             self._interval_sum += n
             self._prune(now)
 
     def _prune(self, now: float) -> None:
-        cutoff = now - self.window_s
-        while self._events and self._events[0][0] <= cutoff:
-            self._window_sum -= self._events.popleft()[1]
-        if not self._events:
-            self._window_sum = 0.0  # drop float drift accumulated by += / -=
+        while self._events and self._events[0][0] <= now - self.window_s:
+            self._events.popleft()
 
     def rate(self) -> float:
         """Units per second over the last `window_s` seconds, or over the meter's age while it
@@ -238,7 +233,7 @@ class ThroughputMeter:
             now = self._clock()
             self._prune(now)
             span = min(self.window_s, now - self._start)
-            return self._window_sum / span if span > 0 else 0.0
+            return math.fsum(n for _, n in self._events) / span if span > 0 else 0.0
 
     @property
     def total(self) -> float:
@@ -273,16 +268,11 @@ def flatten(nested: Mapping[str, Any], sep: str = ".") -> dict[str, Any]:
     """Nested dicts in one level, keys joined with `sep` and made ``str``: ``{"t": {"ms":
     5.0}, "n": 1}`` becomes ``{"t.ms": 5.0, "n": 1}``; other values are kept as they are."""
     out: dict[str, Any] = {}
-
-    def walk(d: Mapping[Any, Any], prefix: str) -> None:
-        for key, value in d.items():
-            name = f"{prefix}{sep}{key}" if prefix else str(key)
-            if isinstance(value, Mapping):
-                walk(value, name)
-            else:
-                out[name] = value
-
-    walk(nested, "")
+    for key, value in nested.items():
+        if isinstance(value, Mapping):
+            out.update({f"{key}{sep}{k}": v for k, v in flatten(value, sep).items()})
+        else:
+            out[str(key)] = value
     return out
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from impala_lab.cli.run_folder import csv_number
 from impala_lab.dashboard.format import is_number
 from impala_lab.dashboard.terminal import TerminalView
 from impala_lab.driver.health import RETURN_MIN_EPISODES
@@ -209,15 +210,9 @@ class TargetWatch:
 
 def _row_stats(row: Mapping[str, str]) -> dict[str, Any]:
     """The figures `TargetWatch` reads, from a metrics.csv row (text; NaN where empty)."""
-    def number(text: str | None) -> float:
-        try:
-            return float(text or "nan")
-        except ValueError:
-            return math.nan
-
-    s: dict[str, Any] = {k: number(row.get(k)) for k in (
+    s: dict[str, Any] = {k: csv_number(row.get(k)) for k in (
         "episode_return_mean", "episode_return_count", "time_total_s", "num_steps_sampled")}
-    s["evaluation"] = {k.split(".", 1)[1]: number(v) for k, v in row.items()
+    s["evaluation"] = {k.split(".", 1)[1]: csv_number(v) for k, v in row.items()
                        if k.startswith("evaluation.")}
     return s
 

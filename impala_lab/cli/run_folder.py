@@ -21,6 +21,7 @@ import errno
 import fcntl
 import io
 import json
+import math
 import os
 import shutil
 import stat
@@ -92,7 +93,6 @@ class RunFolder:
             self.close(undo=True)
             raise
 
-    # ------------------------------------------------------------------ the claim
     def _claim(self, overwrite: bool, resume: bool) -> None:
         text = str(self.out)
         names = self._existing_names()
@@ -210,7 +210,6 @@ class RunFolder:
                              "run was writing into it: nothing more is written there (a folder "
                              "made at that path since is not this run's)")
 
-    # ------------------------------------------------------------------ writing
     def write_json(self, name: str, obj: Any) -> bool:
         """Replaces ``name`` with ``obj`` as JSON, atomically; False if the disk refused."""
         data = json.dumps(jsonable(obj), indent=2).encode()
@@ -285,7 +284,7 @@ class RunFolder:
         data = path.read_bytes()
         whole = data[:data.rfind(b"\n") + 1].replace(b"\0", b"")  # a torn last line goes
         header, rows = _parse(whole.decode(errors="replace"))
-        kept = [r for r in rows if _steps(r) is not None and _steps(r) <= max_env_steps]
+        kept = [r for r in rows if csv_number(r.get("num_steps_sampled")) <= max_env_steps]
         self._columns = header
         if whole != data or len(kept) != len(rows):
             self.check()
@@ -368,8 +367,9 @@ def _read_rows(path: Path) -> list[dict[str, str]]:
     return _parse(path.read_text(errors="replace"))[1]
 
 
-def _steps(row: dict[str, str]) -> float | None:
+def csv_number(text: str | None) -> float:
+    """A metrics.csv field as a number; NaN where it is empty or not one."""
     try:
-        return float(row.get("num_steps_sampled") or "nan") if row else None
+        return float(text or "nan")
     except ValueError:
-        return None
+        return math.nan
