@@ -1,8 +1,8 @@
 """Exceptions shared by every stage of the pipeline.
 
-Each error says which stage raised it and carries the original traceback as text, because
-the stage may have run in another thread or another process: a student should see the env
-step or the learner line that failed, not a bare "worker died".
+A stage may run in another thread or process, so its error names the stage and carries the
+original traceback as text: a student sees the env step or learner line that failed, not a
+bare "worker died".
 """
 
 from __future__ import annotations
@@ -52,9 +52,8 @@ class WorkerError(StageError):
       env_id: the env the worker was stepping.
     """
 
-    def __init__(
-        self, worker_index: int, env_id: str, message: str, remote_traceback: str = ""
-    ) -> None:
+    def __init__(self, worker_index: int, env_id: str, message: str,
+                 remote_traceback: str = "") -> None:
         self.worker_index = worker_index
         self.env_id = env_id
         super().__init__(f"worker {worker_index} (env {env_id})", message, remote_traceback)

@@ -1,9 +1,7 @@
 """What the health flags are called, and a run's health said in words.
 
-`impala_lab.driver.health.HealthMonitor` raises the flags and documents when; this module holds
-only their labels and the functions that turn ``stats()["health"]`` into text, so that the
-views (the dashboard, the CLI, the terminal panel) read them without importing the driver.
-Pure Python.
+`impala_lab.driver.health.HealthMonitor` raises the flags; their labels and the words for
+``stats()["health"]`` live here, so that the views read them without importing the driver.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """Live knobs: the config fields a run may change between two driver steps, in one table.
 
-Everything that knows about live knobs reads `KNOBS`: ``Impala.set_knobs`` (which names are
-allowed), the driver (how a new value is applied), the dashboard (its sliders and tooltips), the
-plots (the ``knobs.*`` columns whose changes are marked) and the docs. To add a knob, add one
-`Knob` here and, if the run must do more than store the new config value, an ``apply`` hook.
-
-Validation is the config's: a knob's value is checked by ``ImpalaConfig`` like any other field.
+``Impala.set_knobs``, the driver, the dashboard's sliders, the plots' ``knobs.*`` columns and
+the docs all read `KNOBS`: a new knob is one `Knob` here (with an ``apply`` hook if storing the
+config value is not enough). ``ImpalaConfig`` validates a knob's value like any other field.
 """
 
 from __future__ import annotations
@@ -42,34 +39,18 @@ class Knob:
     apply: Callable[[Any, Any], None] | None = None
 
 
-def _set_lr(run: Any, value: float) -> None:
-    run.policy.set_lr(value)
-
-
-def _set_entropy_coeff(run: Any, value: float) -> None:
-    run.policy.set_entropy_coeff(value)
-
-
-def _set_num_sgd_iter(run: Any, value: int) -> None:
-    run.learner.set_num_sgd_iter(value)
-
-
-def _set_replay_proportion(run: Any, value: float) -> None:
-    run.replay.replay_proportion = value
-
-
 KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("broadcast_interval", "int", 1, 32, 1,
          "samples a worker returns between weight broadcasts"),
     Knob("replay_proportion", "float", 0.0, 4.0, 0.25,
          "replayed batches per new batch (needs replay slots)", readout=".2f",
-         apply=_set_replay_proportion),
+         apply=lambda run, v: setattr(run.replay, "replay_proportion", v)),
     Knob("num_sgd_iter", "int", 1, 10, 1, "passes over each train batch",
-         apply=_set_num_sgd_iter),
+         apply=lambda run, v: run.learner.set_num_sgd_iter(v)),
     Knob("lr", "float", 1e-5, 1e-1, 0.05, "learning rate", log=True, readout=".1e",
-         apply=_set_lr),
+         apply=lambda run, v: run.policy.set_lr(v)),
     Knob("entropy_coeff", "float", 0.0, 0.05, 0.001, "weight of the entropy bonus",
-         readout=".3f", apply=_set_entropy_coeff),
+         readout=".3f", apply=lambda run, v: run.policy.set_entropy_coeff(v)),
     Knob("extra_policy_lag", "int", 0, 64, 1,
          "hold broadcasts back: actors act this many learner updates behind"),
     Knob("max_policy_lag", "int", 1, 1000, 1,

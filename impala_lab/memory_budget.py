@@ -1,20 +1,13 @@
 """How many bytes a config's data needs, and whether that fits: a config is refused before any
-process starts rather than failing with an out-of-memory error in the middle of a run.
+process starts rather than dying of an out-of-memory error in the middle of a run.
 
-`memory_estimate` adds up the parts that grow with the config's sizes and the fixed costs
-(TensorFlow's runtime, each worker process); `check_memory` compares the total with
-``max_memory_gb`` (None: half of `available_memory_bytes`, which reads the memory cgroups the
-process is in) and names the fields to lower. With the process backend it also checks that
-the weights' shared-memory blocks fit in ``/dev/shm`` (`check_shared_memory`).
-``ImpalaConfig.memory_estimate`` and ``ImpalaConfig.check_memory`` call them; validation
-calls the check without an env (one float per observation, a lower bound) and
-``Impala`` again with the env's spaces.
-
-The estimate reads the sizes it needs through `MemorySizes`, a Protocol defined here that
-``ImpalaConfig`` satisfies (this module never imports the config: no import circle), and the
-network through the config's `ModelSpec`.
-
-Pure Python: imports nothing of the package but its errors and the model spec.
+`memory_estimate` adds up the parts that grow with the config's sizes and the fixed costs;
+`check_memory` compares the total with ``max_memory_gb`` (None: half of
+`available_memory_bytes`, which reads the process's memory cgroups), names the fields to lower,
+and with the process backend checks the weights' blocks against ``/dev/shm``. Validation calls
+it without an env (one float per observation, a lower bound), ``Impala`` again with the env's
+spaces. The config is read through `MemorySizes`, so this module never imports it (no import
+circle).
 """
 
 from __future__ import annotations
@@ -29,8 +22,8 @@ from impala_lab.model_spec import ModelSpec
 
 
 class MemorySizes(Protocol):
-    """The sizes the estimate reads (``ImpalaConfig``'s fields and derived values, by name);
-    ``check_memory`` also reads the fields it names in its error with ``getattr``."""
+    """What the estimate reads of ``ImpalaConfig`` (``check_memory`` also ``getattr``s the
+    fields its error names)."""
 
     @property
     def model_spec(self) -> ModelSpec: ...
@@ -64,52 +57,36 @@ PART_FIELDS: dict[str, tuple[str, ...]] = {
     "tensorflow": (),
     "worker processes": ("num_workers",),
 }
-# Fixed costs: the learner's TensorFlow runtime (its import and first trace, measured at
-# 540-640 MB RSS), and each worker process (Python, numpy, gymnasium and its envs).
+# Fixed costs: the learner's TensorFlow runtime (its import and first trace), and each worker
+# process (Python, numpy, gymnasium and its envs).
 TENSORFLOW_BYTES = 500_000_000
 WORKER_PROCESS_BYTES = 45_000_000
 SHM_DIR = "/dev/shm"
-# Weights blocks a process run may hold at once: the latest broadcast, two kept for reuse and
-# one per worker still reading an older one.
+# Weights blocks of a process run besides one per worker: the latest broadcast, two for reuse.
 SHM_BLOCKS_BESIDES_WORKERS = 3
-# Copies of the weights (besides the LSTM's, counted in the working set): the learner's
-# variables, their gradient, Adam's two slots and the flat vector it broadcasts from (5), the
-# shared-memory blocks of the latest broadcast and the two kept for reuse (3), and one in each
-# worker (num_workers more).
+# Copies of the weights besides one per worker (the LSTM's are counted in the working set):
+# the learner's variables, their gradient, Adam's two slots and the flat broadcast vector (5),
+# and the shared-memory blocks (3).
 LEARNER_WEIGHT_COPIES = 5 + 3
-# With use_lstm, lstm_cell_size also sizes every part: the batches' state_in, and the learner's
-# per-step activations and the LSTM's weights.
+# Learner bytes per env step and LSTM unit: each step's four gates, c, tanh(c), h and the reset
+# mask's products, kept for the backward pass, and their gradients (float32).
+LSTM_STEP_BYTES_PER_UNIT = 96
 
 
 def memory_estimate(config: MemorySizes, observation_space: Any = None,
                     action_space: Any = None) -> dict[str, int]:
-    """Bytes ``config`` needs for its data, by part (``"total"`` is their sum).
+    """Bytes ``config`` needs for its data, by part (`PART_FIELDS`; ``"total"`` their sum).
 
-    Args:
-      config: the config.
-      observation_space: the env's observation space (its ``shape`` and ``dtype``);
-        None counts one float32 element per observation (a lower bound, what
-        validation uses: it makes no env).
-      action_space: the env's action space: a Discrete's ``n`` logits and one int64
-        action per step, or a Box's D float32 actions and 2D distribution inputs (mean and
-        log-std); None counts 2 actions.
+    ``observation_space``: its ``shape`` and ``dtype``; None counts one float32 per observation
+    (a lower bound: validation makes no env). ``action_space``: a Discrete's n logits and an
+    int64 action per step, a Box's 2D inputs and D float32 actions; None counts 2 actions.
 
-    The parts: the learner queue (learner_queue_size train batches), the batch buffer
-    (the samples of the train batch being gathered, and their concatenation), the
-    minibatch ring (and the multi-GPU learner's loader buffers), the replay store, the
-    samples in flight (each in a worker and in the driver), and the learner's working set
-    (its tensor copy of a batch, and activations and gradients per env step: 8 bytes per
-    hidden or conv unit per trunk, 12 per observation element, 400 for the loss, measured
-    on TensorFlow 2.16-2.20 to within 1.1x for 16- to 256-unit MLPs); and the fixed costs:
-    TensorFlow (`TENSORFLOW_BYTES`) and each worker process (`WORKER_PROCESS_BYTES`; none
-    with the inline backend).
-
-    A recurrent policy (``use_lstm``, C = ``lstm_cell_size``) adds to every batch its
-    ``state_in`` (float32 [B, 2, C]: 8 C bytes per column), to the learner's working set
-    `LSTM_STEP_BYTES_PER_UNIT` bytes per env step and unit of C (the unroll keeps each step's
-    gates and state for the backward pass) and the LSTM's weights with their gradient and
-    two optimizer slots (`lstm_weight_count` floats, 4 copies). Its trunk is one MLP under
-    both heads (no value trunk of its own).
+    The learner's working set is its tensor copy of a batch plus, per env step, activations
+    and gradients: 8 bytes per hidden or conv unit per trunk, 12 per observation element and
+    400 for the loss (docs/reliability.md says how well that held). With ``use_lstm`` (C =
+    ``lstm_cell_size``) every batch also carries ``state_in`` (float32 [B, 2, C]), the working
+    set gains `LSTM_STEP_BYTES_PER_UNIT` per env step and unit of C and 4 copies of the LSTM's
+    weights (gradient and two optimizer slots); its trunk is one MLP under both heads.
     """
     c, spec = config, config.model_spec
     obs_elements, obs_itemsize, conv_units, conv_out = _observation_sizes(spec,
@@ -129,11 +106,11 @@ def memory_estimate(config: MemorySizes, observation_space: Any = None,
     learner_per_step, lstm_weights = _learner_bytes(spec, obs_elements, conv_units, conv_out)
     parts = {
         "learner queue": c.learner_queue_size * train,
-        "batch buffer": 2 * train,
+        "batch buffer": 2 * train,  # the samples being gathered and their concatenation
         "minibatch ring": c.minibatch_buffer_size * train + (
             c.num_data_loader_buffers * train if c.uses_multi_gpu_learner else 0),
         "replay": c.replay_buffer_num_slots * sample,
-        "samples in flight": (2 * c.num_workers
+        "samples in flight": (2 * c.num_workers  # each in a worker and in the driver
                               * c.max_sample_requests_in_flight_per_worker * sample),
         "learner working set": columns * T * learner_per_step + train + lstm_weights,
         "weights": 4 * (LEARNER_WEIGHT_COPIES + c.num_workers) * weight_count(
@@ -155,9 +132,7 @@ def _action_sizes(action_space: Any) -> tuple[int, int]:
         return int(action_space.n), 8
     except (AttributeError, TypeError, ValueError):
         pass
-    size = 1
-    for d in getattr(action_space, "shape", None) or (1,):
-        size *= int(d)
+    size = math.prod(int(d) for d in getattr(action_space, "shape", None) or (1,))
     return 2 * size, 4 * size
 
 
@@ -186,12 +161,18 @@ def _learner_bytes(spec: ModelSpec, obs_elements: int, conv_units: int, conv_out
     weights with their gradient and two optimizer slots; 0 without an LSTM)."""
     trunks = 1 if spec.vf_share_layers or spec.use_lstm else 2
     per_step = 400 + 8 * trunks * (sum(spec.hiddens) + conv_units) + 12 * obs_elements
+    if spec.use_lstm:
+        per_step += LSTM_STEP_BYTES_PER_UNIT * spec.lstm_cell_size
+    return per_step, 4 * 4 * _lstm_floats(spec, obs_elements, conv_out)
+
+
+def _lstm_floats(spec: ModelSpec, obs_elements: int, conv_out: int) -> int:
+    """Floats of the spec's LSTM (0 without one), whose input is the trunk's last layer (or
+    the conv stack's, or the observation)."""
     if not spec.use_lstm:
-        return per_step, 0
-    per_step += LSTM_STEP_BYTES_PER_UNIT * spec.lstm_cell_size
-    # the LSTM's input: the trunk's last layer (or the conv stack's, or the observation)
+        return 0
     features = spec.hiddens[-1] if spec.hiddens else conv_out or obs_elements
-    return per_step, 4 * 4 * lstm_weight_count(features, spec.lstm_cell_size)
+    return lstm_weight_count(features, spec.lstm_cell_size)
 
 
 def _observation_sizes(spec: ModelSpec, observation_space: Any) -> tuple[int, int, int, int]:
@@ -200,19 +181,13 @@ def _observation_sizes(spec: ModelSpec, observation_space: Any) -> tuple[int, in
     shape = getattr(observation_space, "shape", None)
     if shape is None:
         return 1, 4, 0, 0
-    # batches keep uint8 images as they are, bool ones as uint8, every other observation as
-    # float32
+    # batches keep uint8 and bool observations as uint8, every other one as float32
     dtype = str(getattr(observation_space, "dtype", "float32"))
     itemsize = 1 if dtype in ("uint8", "bool") else 4
+    elements = math.prod(int(d) for d in shape)
     if len(shape) != 3:
-        return math.prod(int(d) for d in shape), itemsize, 0, 0
-    return (math.prod(int(d) for d in shape), itemsize, spec.conv_units(shape),
-            spec.trunk_output_units(shape))
-
-
-# Learner bytes per env step and LSTM unit: forward, each step's four gates, c, tanh(c) and h
-# and the reset mask's products, kept for the backward pass, and their gradients (float32).
-LSTM_STEP_BYTES_PER_UNIT = 96
+        return elements, itemsize, 0, 0
+    return elements, itemsize, spec.conv_units(shape), spec.trunk_output_units(shape)
 
 
 def lstm_weight_count(features: int, cell_size: int) -> int:
@@ -267,13 +242,11 @@ def check_shared_memory(config: MemorySizes, observation_space: Any = None,
     except OSError:  # no /dev/shm (not Linux): nothing to check against
         return
     free = st.f_bavail * st.f_frsize
-    obs_elements, _, _, conv_out = _observation_sizes(config.model_spec, observation_space)
-    num_actions, _ = _action_sizes(action_space)
     spec = config.model_spec
-    floats = weight_count(spec, obs_elements, conv_out, num_actions)
-    if spec.use_lstm:
-        features = spec.hiddens[-1] if spec.hiddens else conv_out or obs_elements
-        floats += lstm_weight_count(features, spec.lstm_cell_size)
+    obs_elements, _, _, conv_out = _observation_sizes(spec, observation_space)
+    num_actions, _ = _action_sizes(action_space)
+    floats = (weight_count(spec, obs_elements, conv_out, num_actions)
+              + _lstm_floats(spec, obs_elements, conv_out))
     block = 4 * floats + 64 * 1024  # with its header and each array's alignment
     blocks = config.num_workers + SHM_BLOCKS_BESIDES_WORKERS
     if blocks * block <= free:

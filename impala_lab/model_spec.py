@@ -1,33 +1,25 @@
 """`ModelSpec`: the policy/value network, described once, and the geometry of its conv trunks.
 
-The actors' numpy model (`impala_lab.actor.numpy_model.NumpyModel`), the learner's Keras model
-(`impala_lab.learner.keras_model.build_keras_model`), the memory estimate
-(`impala_lab.memory_budget`), ``impala-lab play`` and the rollout worker all take a `ModelSpec`;
-``ImpalaConfig.model_spec`` builds one from the config's RLlib-named fields (``model`` is
-``hiddens`` here).
+The actors' numpy model, the learner's Keras model, the memory estimate, ``impala-lab play``
+and the rollout worker all take a `ModelSpec` (``ImpalaConfig.model_spec`` builds one from the
+RLlib-named fields: ``model`` is ``hiddens`` here). `network_layout` says what a spec builds for
+an env's spaces (`NetworkLayout`: the trunk, the heads, every weight's shape and initial gain);
+both models build from it. numpy only: every part of the package may import it.
 
-The network a spec describes. Its trunk is chosen by the observation space and ``conv_net``:
+The trunk follows the observation space and ``conv_net``: for rank-1 Box observations
+``hiddens`` dense layers with tanh (RLlib's default fcnet activation; bounded features keep the
+value head tame); for HxWxC images the small CNN of ``conv_filters`` (``"cnn"``: 'valid'
+padding, relu; None picks the layers by the image's size, as RLlib's ``get_filter_config``) or
+the IMPALA paper's deep network (``"impala"``: per width in ``impala_channels`` a conv, a
+max-pool halving the map and two residual blocks), then a flatten and the ``hiddens`` dense
+layers (relu). docs/pixels.md draws both.
 
-  * Box observations of rank 1: ``hiddens`` dense layers with tanh (RLlib's default fcnet
-    activation; bounded features keep the value head tame);
-  * HxWxC images with ``conv_net="cnn"``, the small CNN: ``conv_filters`` layers ``(filters,
-    kernel, stride)``, 'valid' padding, relu. Left unset (None) they follow the image's size,
-    as RLlib's ``get_filter_config`` does: images of at least 20x20 get the Atari-style
-    ``((16, 8, 4), (32, 4, 2))``, smaller ones (MinAtar's 10x10) MinAtar's own ``((16, 3, 1),)``;
-    then a flatten and the ``hiddens`` dense layers (relu);
-  * images with ``conv_net="impala"``, the IMPALA paper's "deep" network (Espeholt et al. 2018,
-    figure 3): for each width in ``impala_channels`` a conv 3x3 stride 1 ('same'), a max-pool
-    3x3 stride 2 ('same': the map shrinks to ceil(H / 2)) and two residual blocks (relu, conv
-    3x3, relu, conv 3x3, plus the block's input); then a relu, the flatten and the ``hiddens``
-    dense layers (relu). On 10x10 inputs with (16, 32, 32): 10x10x16 -> 5x5x16 -> 3x3x32 ->
-    2x2x32, 128 features.
-
-uint8 observations are scaled by 1/255 inside the network; boolean images (MinAtar's) travel as
-uint8 0/1. With ``use_lstm`` an LSTM of ``lstm_cell_size`` units C follows the trunk (RLlib's
-LSTM wrapper: one core under both heads). The network ends in two heads: the action
-distribution's inputs [N, A] (`impala_lab.actor.distributions`; the logits of a Discrete space)
-and a value [N]. With ``vf_share_layers=False`` (RLlib's default) the value head has a trunk of
-its own with the same layer sizes, so a value-loss spike cannot wreck the policy's features.
+uint8 observations are scaled by 1/255 inside the network (MinAtar's boolean images travel as
+uint8 0/1). With ``use_lstm`` an LSTM of C = ``lstm_cell_size`` units follows the trunk, one
+core under both heads (RLlib's LSTM wrapper). Two heads end the network: the action
+distribution's inputs [N, A] (a Discrete space's logits) and a value [N]. With
+``vf_share_layers=False`` (RLlib's default) the value head has a trunk of its own of the same
+sizes, so a value-loss spike cannot wreck the policy's features.
 
 Weights are a ``list[np.ndarray]`` in Keras's ``get_weights()`` order. With a shared trunk::
 
@@ -45,15 +37,9 @@ LSTM's weights come between the trunk and the heads, as Keras's ``LSTMCell`` hol
 ``lstm/kernel [F, 4C], lstm/recurrent_kernel [C, 4C], lstm/bias [4C]``, gates in the order
 (input, forget, cell, output); the state of N envs is one float32 array [N, 2, C] (h, then c).
 
-Initialisation (`NetworkLayout.initial_weights`, which both models load): orthogonal
-kernels with gain sqrt(2) for hidden and conv layers, 0.01 for the policy head (a near-uniform
-first policy), 1.0 for the value head; zero biases. The last conv of each residual block is
-zero (each block starts as the identity). The LSTM's kernels are orthogonal with gain 1, its
-bias zero but for the forget gate's 1 (Keras's ``unit_forget_bias``).
-
-`network_layout` says what a spec builds for an env's spaces (`NetworkLayout`: the trunk,
-the heads, every weight's shape and initial gain); the actors' numpy model and the learner's
-Keras model both build from it. numpy only: every part of the package may import it.
+Initialisation (`NetworkLayout.initial_weights`, which both models load): the gains below on
+orthogonal kernels, zero biases but for the LSTM's forget gate (1, Keras's
+``unit_forget_bias``).
 """
 
 from __future__ import annotations
@@ -84,8 +70,8 @@ OBS_NORM_EPSILON = 1e-8
 OBS_NORM_CLIP = 10.0
 # Orthogonal-init gains: hidden and conv layers, the policy head (a near-uniform first
 # policy), the value head, the LSTM's kernels. The last conv of each residual block starts at
-# zero, so each block starts as the identity (Goyal et al. 2017; Fixup): with sqrt(2) there
-# too, six blocks in a row blow the first values up.
+# zero, each block as the identity (Goyal et al. 2017; Fixup): with sqrt(2) there too, six
+# blocks in a row blow the first values up.
 HIDDEN_GAIN = math.sqrt(2.0)
 POLICY_GAIN = 0.01
 VALUE_GAIN = 1.0
@@ -110,17 +96,14 @@ class ModelSpec:
       conv_filters: the small CNN's (filters, kernel, stride) layers, 'valid' padding; None
         picks them by image size (`default_conv_filters`).
       impala_channels: the widths of the IMPALA network's stacks.
-      free_log_std: for an action distribution with a log standard deviation (a Box space's
-        `DiagGaussian`), learn it as a vector [D] of its own that no state changes (True), or
-        let the head compute it from the features with the mean (False). The free vector is
-        the policy head's third weight: ``logits_head/kernel [H, D], logits_head/bias [D],
-        logits_head/log_std [D]`` (zeros at the start: std 1). Ignored for a Discrete space.
+      free_log_std: a Box space's log standard deviation is a learned vector [D] that no
+        state changes (True: the policy head's third weight ``logits_head/log_std [D]``,
+        zeros at the start), or the head computes it with the mean (False).
       normalize_obs: standardise vector observations inside the network with a running mean
-        and variance (`impala_lab.learner.obs_normalizer`): the model's first three weights
-        are then ``obs_filter/mean [D], obs_filter/var [D], obs_filter/count [1]`` (0, 1
-        and 0 at the start), which the learner updates and no gradient touches. They travel
-        with the weights to the actors and into checkpoints, so both sides always
-        normalise with the same statistics. Vector observations only.
+        and variance (`impala_lab.learner.obs_normalizer`): the first three weights are then
+        ``obs_filter/mean [D], obs_filter/var [D], obs_filter/count [1]`` (0, 1, 0 at the
+        start), updated by the learner, never by a gradient; they travel with the weights, so
+        actors and learner normalise alike.
 
     Lists are stored as tuples (the spec is hashable and pickles to actor processes). A bad
     value raises ValueError naming the field, the value and the fix.
@@ -254,16 +237,9 @@ def impala_shapes(obs_shape: Sequence[int], channels: Sequence[int]) -> list[tup
 
 def check_spaces(observation_space: Any, action_space: Any,
                  conv_filters: Sequence[Sequence[int]] | None = None) -> str:
-    """Check that the spaces are supported and say which trunk the observations get.
-
-    Args:
-      observation_space: a gymnasium space; Box of rank 1 (vector) or rank 3 (HxWxC image).
-      action_space: a space with a kind in `impala_lab.spaces.ACTION_SPACES`.
-      conv_filters: the small CNN's layers (filters, kernel, stride) the image must fit;
-        None: the layers `default_conv_filters` picks for its size.
-
-    Returns:
-      ``"mlp"`` for rank-1 observations, ``"cnn"`` for rank-3 observations.
+    """The trunk the observations get, ``"mlp"`` (a rank-1 Box) or ``"cnn"`` (rank 3, HxWxC
+    images, which must fit the small CNN's ``conv_filters``; None: `default_conv_filters`),
+    once both spaces are known to be supported (`impala_lab.spaces`).
 
     Raises:
       ValueError: the space is not supported; the message names it and what is supported
@@ -290,18 +266,16 @@ class NetworkLayout:
 
     Attributes:
       kind: the trunk, ``"mlp"``, ``"cnn"`` (the small CNN) or ``"impala"``.
-      obs_shape, obs_dtype: one observation's shape and dtype.
+      obs_shape, obs_dtype: one observation's.
       conv_filters: the small CNN's (filters, kernel, stride) layers; () for other trunks.
-      hiddens, impala_channels, use_lstm: the spec's.
+      hiddens, impala_channels, use_lstm, normalize_obs: the spec's.
       lstm_cell_size: the LSTM's units C, 0 without one.
-      separate_value_trunk: the value head has a trunk of its own (every layer then has a
-        value twin right after it in the weights).
+      separate_value_trunk: every layer has a value twin right after it in the weights.
       num_actions: width A of the action distribution's inputs (n logits; 2D for a Box).
       head_units: units the policy head computes: A, or the D means when the log-std is free.
       free_log_std: the policy head's third weight is a learned log-std vector [D].
-      normalize_obs: the first three weights are the observation statistics.
-      shapes: every weight array's shape, in Keras's ``get_weights()`` order.
-      gains: each array's orthogonal-init gain (0 for biases and statistics).
+      shapes, gains: each weight array's shape in ``get_weights()`` order, and its
+        orthogonal-init gain (0 for biases and statistics).
     """
 
     kind: str
@@ -336,11 +310,8 @@ class NetworkLayout:
 
 
 def network_layout(spec: ModelSpec, observation_space: Any, action_space: Any) -> NetworkLayout:
-    """The network ``spec`` gives for these spaces, with its weight layout.
-
-    Raises:
-      ValueError: unsupported spaces (`check_spaces`), or ``normalize_obs`` with images.
-    """
+    """The network ``spec`` gives for these spaces, with its weight layout; ValueError for
+    unsupported spaces (`check_spaces`), or ``normalize_obs`` with images."""
     trunk = check_spaces(observation_space, action_space,
                          spec.conv_filters if spec.conv_net == "cnn" else None)
     kind = "impala" if trunk == "cnn" and spec.conv_net == "impala" else trunk

@@ -1,13 +1,10 @@
 """Piecewise-linear schedules over env steps (``lr_schedule``: RLlib's, the IMPALA paper's
 linearly annealed learning rate).
 
-A schedule is a list of ``(env_steps, value)`` points with strictly increasing env steps. Its
-value at ``t`` env steps interpolates linearly between the two points around ``t``; before
-the first point it is the first value and after the last one the last value (RLlib's
-``PiecewiseSchedule`` with the last value as its ``outside_value``). So
-``((0, 0.003), (2_000_000, 0.0))`` anneals from 0.003 to 0 over 2M env steps and stays at 0.
-
-Pure Python: the config validates schedules with `check_schedule`.
+A schedule is a list of ``(env_steps, value)`` points with strictly increasing env steps,
+interpolated linearly between them and flat outside (RLlib's ``PiecewiseSchedule`` with the
+last value as its ``outside_value``): ``((0, 0.003), (2_000_000, 0.0))`` anneals from 0.003 to
+0 over 2M env steps and stays at 0.
 """
 
 from __future__ import annotations

@@ -1,18 +1,14 @@
 """The spaces a policy can take: which observations get which network, which action spaces get
 which action distribution.
 
-Actors and learner both ask these questions, and must answer them alike: the actors' numpy
-model, the learner's Keras model and the loss all start from `observation_trunk` and
-`action_space_kind` (`impala_lab.model_spec.check_spaces` asks both, and whether images fit
-the conv layers). Each action space kind names its distribution; the distribution's math
-lives twice, in numpy for the actors (`impala_lab.actor.distributions`) and in TensorFlow for
-the learner (`impala_lab.learner.distributions`), each a class of the same ``name``.
-
-Two kinds today: `DiscreteActions` (a ``Discrete(n)`` space, a softmax policy over n logits)
-and `BoxActions` (any float ``Box``, flattened to D numbers, a diagonal Gaussian whose inputs
-are D means then D log standard deviations). Batches hold Discrete actions as int64 [T, B] and
-Box actions as float32 [T, B, D]. A new kind of action space is one class here, one row in
-`ACTION_SPACES`, and its two distribution twins.
+Actors and learner must answer these questions alike, so both start from `observation_trunk`
+and `action_space_kind` (`impala_lab.model_spec.check_spaces` asks both). Each action space
+kind names its distribution, whose math lives twice under that ``name``: in numpy for the
+actors (`impala_lab.actor.distributions`), in TensorFlow for the learner
+(`impala_lab.learner.distributions`). `DiscreteActions`: a softmax over n logits, actions
+int64 [T, B] in a batch; `BoxActions`: a float ``Box`` flattened to D numbers, a diagonal
+Gaussian on D means then D log standard deviations, actions float32 [T, B, D]. A new kind is
+one class here, one row in `ACTION_SPACES` and its two distribution twins.
 """
 
 from __future__ import annotations

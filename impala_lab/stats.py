@@ -1,18 +1,12 @@
-"""Timers, windowed statistics, throughput meters and a bounded history for plots.
+"""The pipeline's measuring instruments, after RLlib's ``TimerStat`` and ``WindowStat``:
+timers, windowed statistics, throughput meters and a bounded history for plots.
 
-These are the measuring instruments of the pipeline, after RLlib's ``TimerStat`` and
-``WindowStat``. The learner thread writes into them while the driver (and the dashboard's
-poller) reads, so every mutable instrument holds a small lock; a push costs well under a
-microsecond of locking, which is noise next to a learner step of several milliseconds.
-
-Nothing here imports TensorFlow: actor processes import this module.
-
-Empty instruments never return NaN: a mean, std, min, max or rate over no data is ``0.0``,
-and the accompanying ``count`` (0) says that there was no data. This keeps the values
-JSON-friendly, plottable and safe to ``round()``.
-
-`process_start` says when this process started: start-up figures (the CLI's seconds to a
-target, ``stats()["startup"]``) count the interpreter's and TensorFlow's start too.
+The learner thread writes into them while the driver (and the dashboard's poller) reads, so
+each mutable instrument holds a small lock. No TensorFlow: actor processes import this module.
+An empty instrument gives ``0.0``, never NaN, with a ``count`` of 0 saying there was no data:
+the values stay JSON-friendly, plottable and safe to ``round()``. `process_start` lets
+start-up figures (the CLI's seconds to a target, ``stats()["startup"]``) count the
+interpreter's and TensorFlow's start too.
 """
 
 from __future__ import annotations
@@ -59,33 +53,19 @@ def _mean(values: deque[float]) -> float:
 
 
 class TimerStat:
-    """Durations of a repeated operation, in seconds, like RLlib's ``TimerStat``.
-
-    Use it as a context manager around the operation, or `push` durations measured elsewhere::
-
-        timer = TimerStat()
-        with timer:
-            learn_on_batch(batch)
-        timer.push_units_processed(batch.count)
-        timer.mean             # seconds, over the last `window_size` operations
-
-    Each thread keeps its own start time, so two threads may time with one `TimerStat`
-    at once; nesting it inside itself in one thread is an error.
+    """Durations of a repeated operation, in seconds, like RLlib's ``TimerStat``: a context
+    manager around the operation (``with timer: learn_on_batch(batch)``), or `push` durations
+    measured elsewhere. Each thread keeps its own start time, so two threads may time with one
+    `TimerStat` at once; nesting it inside itself in one thread is an error. ``clock``: seconds
+    now (tests inject a fake one).
 
     Attributes:
-      window_size: how many recent durations `mean`, `median`, `max` and
-        `mean_throughput` look at.
-      count: operations timed since creation (or `reset`), not limited by the window.
-      total: seconds spent in them since creation (or `reset`).
+      window_size: how many recent durations (>= 1) the windowed figures (`mean`, `median`,
+        `max`, `mean_throughput`) look at.
+      count, total: operations timed and seconds spent in them since creation (or `reset`).
     """
 
     def __init__(self, window_size: int = 10, clock: Clock = time.perf_counter) -> None:
-        """Creates an empty timer.
-
-        Args:
-          window_size: recent durations kept for the windowed figures, >= 1.
-          clock: returns the current time in seconds; inject a fake one in tests.
-        """
         if window_size < 1:
             raise ValueError(
                 f"window_size={window_size!r} is invalid: a TimerStat needs a window of at "
@@ -176,19 +156,11 @@ class TimerStat:
 
 
 class WindowStat:
-    """Mean, std, min and max of the last `n` pushed numbers, like RLlib's ``WindowStat``.
-
-    The learner pushes e.g. its inqueue size after each step; the driver reads `stats()`.
-    The keys are plain (``"mean"``, not ``"size_mean"``); `name` says what was measured.
-    """
+    """Mean, std, min and max of the last `n` (>= 1) pushed numbers, like RLlib's
+    ``WindowStat``; e.g. the learner queue's size after each learner step. The keys are plain
+    (``"mean"``, not ``"size_mean"``); `name` says what was measured (e.g. ``"size"``)."""
 
     def __init__(self, name: str, n: int) -> None:
-        """Creates an empty window.
-
-        Args:
-          name: what the numbers are, e.g. ``"size"`` for the learner queue's size.
-          n: window length, >= 1.
-        """
         if n < 1:
             raise ValueError(f"n={n!r} is invalid: a WindowStat keeps the last n values, "
                              f"so n must be >= 1; use e.g. n=50")
@@ -205,46 +177,24 @@ class WindowStat:
             self.total_count += 1
 
     def stats(self) -> dict[str, float | int]:
-        """Statistics of the values in the window.
-
-        Returns:
-          A dict with ``"mean"``, ``"std"`` (population std, ``ddof=0`` as ``np.std``),
-          ``"min"``, ``"max"`` (floats) and ``"count"`` (int, values in the window, at
-          most `n`). An empty window gives count 0 and 0.0 for the others (never NaN).
-        """
+        """``"mean"``, ``"std"`` (population std, ``ddof=0``), ``"min"``, ``"max"`` and
+        ``"count"`` (values in the window) of the window; count 0 and 0.0 when empty."""
         with self._lock:
             items = np.fromiter(self._items, dtype=np.float64, count=len(self._items))
         if items.size == 0:
             return {"mean": 0.0, "std": 0.0, "min": 0.0, "max": 0.0, "count": 0}
-        return {
-            "mean": float(items.mean()),
-            "std": float(items.std()),
-            "min": float(items.min()),
-            "max": float(items.max()),
-            "count": int(items.size),
-        }
+        return {"mean": float(items.mean()), "std": float(items.std()),
+                "min": float(items.min()), "max": float(items.max()), "count": int(items.size)}
 
 
 class ThroughputMeter:
-    """Counts units (env steps, batches) and reports how fast they arrive.
-
-    Three figures, for three uses:
-
-    - `rate()`: units per second over the last `window_s` seconds (the live gauge);
-    - `mean_rate`: the cumulative `total` over the time since creation (or `reset`);
-    - `pop_interval_rate()`: units per second since the previous call of it, which it then
-      resets: RLlib's ``get_mean_stats_and_reset`` (``sample_throughput`` in stats()).
-
-    Memory: one ``(time, n)`` entry per `add` inside the window; add per batch, not per step.
-    """
+    """Counts units (env steps, batches) and says how fast they arrive: `rate()` over the
+    last ``window_s`` seconds (the live gauge), `mean_rate` since creation (or `reset`), and
+    `pop_interval_rate()` since its previous call (RLlib's ``get_mean_stats_and_reset``:
+    ``sample_throughput`` in stats()). It keeps one entry per `add` inside the window: add per
+    batch, not per step. ``clock``: seconds now; tests inject a fake one."""
 
     def __init__(self, window_s: float = 10.0, clock: Clock = time.monotonic) -> None:
-        """Creates a meter that starts counting now.
-
-        Args:
-          window_s: length of the sliding window of `rate`, seconds, > 0.
-          clock: returns the current time in seconds; inject a fake one in tests.
-        """
         if not (window_s > 0 and math.isfinite(window_s)):
             raise ValueError(f"window_s={window_s!r} is invalid: the sliding window needs a "
                              f"positive finite length in seconds, e.g. window_s=10.0")
@@ -259,7 +209,6 @@ class ThroughputMeter:
             now = self._clock()
             self._start = now
             self._events: deque[tuple[float, float]] = deque()
-            self._window_sum = 0.0
             self._total = 0.0
             self._interval_start = now
             self._interval_sum = 0.0
@@ -269,29 +218,22 @@ class ThroughputMeter:
         with self._lock:
             now = self._clock()
             self._events.append((now, n))
-            self._window_sum += n
             self._total += n
             self._interval_sum += n
             self._prune(now)
 
     def _prune(self, now: float) -> None:
-        cutoff = now - self.window_s
-        while self._events and self._events[0][0] <= cutoff:
-            self._window_sum -= self._events.popleft()[1]
-        if not self._events:
-            self._window_sum = 0.0  # drop float drift accumulated by += / -=
+        while self._events and self._events[0][0] <= now - self.window_s:
+            self._events.popleft()
 
     def rate(self) -> float:
-        """Units per second over the last `window_s` seconds.
-
-        While the meter is younger than `window_s`, the rate is over its age instead, so a
-        fresh meter does not under-report. 0.0 at age 0.
-        """
+        """Units per second over the last `window_s` seconds, or over the meter's age while it
+        is younger (a fresh meter does not under-report); 0.0 at age 0."""
         with self._lock:
             now = self._clock()
             self._prune(now)
             span = min(self.window_s, now - self._start)
-            return self._window_sum / span if span > 0 else 0.0
+            return math.fsum(n for _, n in self._events) / span if span > 0 else 0.0
 
     @property
     def total(self) -> float:
@@ -323,45 +265,24 @@ class ThroughputMeter:
 
 
 def flatten(nested: Mapping[str, Any], sep: str = ".") -> dict[str, Any]:
-    """Flattens nested dicts into one level, joining keys with `sep`.
-
-    ``{"timing_breakdown": {"learner_grad_time_ms": 5.0}, "n": 1}`` becomes
-    ``{"timing_breakdown.learner_grad_time_ms": 5.0, "n": 1}``. Values that are not
-    mappings (numbers, lists, arrays) are kept as they are; keys become ``str``.
-    """
+    """Nested dicts in one level, keys joined with `sep` and made ``str``: ``{"t": {"ms":
+    5.0}, "n": 1}`` becomes ``{"t.ms": 5.0, "n": 1}``; other values are kept as they are."""
     out: dict[str, Any] = {}
-
-    def walk(d: Mapping[Any, Any], prefix: str) -> None:
-        for key, value in d.items():
-            name = f"{prefix}{sep}{key}" if prefix else str(key)
-            if isinstance(value, Mapping):
-                walk(value, name)
-            else:
-                out[name] = value
-
-    walk(nested, "")
+    for key, value in nested.items():
+        if isinstance(value, Mapping):
+            out.update({f"{key}{sep}{k}": v for k, v in flatten(value, sep).items()})
+        else:
+            out[str(key)] = value
     return out
 
 
 class StatsHistory:
-    """The last `maxlen` stats snapshots, flattened, for plots over time.
-
-    The driver appends ``Impala.stats()`` after each step; the dashboard reads columns::
-
-        history.append(impala.stats())
-        t = history.column("time")
-        grad_ms = history.column("timing_breakdown.learner_grad_time_ms")
-    """
+    """The last `maxlen` (>= 1) stats snapshots, flattened, for plots over time: the driver
+    appends ``Impala.stats()``, the dashboard reads columns (``history.column("time")``).
+    ``clock`` stamps a row that has no ``time_key`` of its own."""
 
     def __init__(self, maxlen: int = 1000, clock: Clock = time.time,
                  time_key: str = "time") -> None:
-        """Creates an empty history.
-
-        Args:
-          maxlen: rows kept; the oldest is dropped beyond it. >= 1.
-          clock: stamps rows that have no `time_key` of their own (seconds).
-          time_key: the key of the timestamp in every row.
-        """
         if maxlen < 1:
             raise ValueError(f"maxlen={maxlen!r} is invalid: the history must keep at least "
                              f"one row; use e.g. maxlen=1000")
@@ -372,11 +293,8 @@ class StatsHistory:
         self._lock = threading.Lock()
 
     def append(self, snapshot: Mapping[str, Any]) -> dict[str, Any]:
-        """Stores a flattened copy of `snapshot`, stamped with `time_key` if it has none.
-
-        Returns:
-          The stored row (a new flat dict).
-        """
+        """Stores and returns a flattened copy of `snapshot`, stamped with `time_key` if it
+        has none."""
         row = flatten(snapshot)
         if self.time_key not in row:
             row[self.time_key] = self._clock()
@@ -398,13 +316,9 @@ class StatsHistory:
             return list(seen)
 
     def column(self, key: str) -> np.ndarray:
-        """One key's values over the kept rows, oldest first.
-
-        Returns:
-          `[len(self)]` float64 array; rows without `key` give NaN (a gap in a plot). If a
-          value is not a number (e.g. a string), an object array of the raw values (None
-          where missing) instead.
-        """
+        """One key's values over the kept rows, oldest first: float64 [len(self)], NaN where
+        a row lacks it (a gap in a plot); an object array (None where missing) if a value is
+        not a number."""
         with self._lock:
             values = [r.get(key) for r in self._rows]
         try:

@@ -1,14 +1,9 @@
 """How ``impala-lab train`` ends: the signals that end a run, and output streams that fail.
 
-- SIGTERM and SIGHUP end a run as Ctrl-C does (`EndingSignals`), and the exit code says which
-  signal it was (128 + its number: 130, 143, 129). A signal the process was started with
-  ignored (``nohup``) stays ignored. While the run writes its outputs at the end, a signal
-  is noted, not raised: a second Ctrl-C cannot cut the saves short.
-- The progress output and the last lines go to streams that may fail in any way: a closed
-  pipe (``| head``), a full disk or ``/dev/full``, a terminal that hung up (EIO), a stream
-  closed before the start (``>&-``). A failing stream ends the output (`say`, `Output`),
-  never the run; `open_std_streams` gives a stream closed before the start ``/dev/null``,
-  so no file the run opens can take its place.
+SIGTERM and SIGHUP end a run as Ctrl-C does, with exit code 128 + the signal (`EndingSignals`);
+a signal ignored at the start (``nohup``) stays ignored, and one that comes while the outputs
+are written is noted, not raised. A failing stream (a closed pipe, a full disk, a terminal that
+hung up, one closed before the start) ends the output (`say`, `Output`), never the run.
 """
 
 from __future__ import annotations
@@ -67,8 +62,7 @@ class EndingSignals:
 
 
 def say(text: str, err: bool = False) -> bool:
-    """Prints a line; a stream that fails is silenced (see the module docstring). Returns
-    whether the line was written."""
+    """Prints a line, and whether it was written (a stream that fails is silenced)."""
     stream = sys.stderr if err else sys.stdout
     try:
         print(text, file=stream, flush=True)

@@ -1,17 +1,12 @@
 """The ``impala-lab`` command.
 
     impala-lab train --env CartPole-v1 --stop-return 475 --out runs/cartpole
-    impala-lab train --num-workers 4 --num-envs-per-worker 8 --lr 0.001
     impala-lab config                      # the config table
     impala-lab play --checkpoint runs/breakout/checkpoint --episodes 3 --out breakout.gif
     impala-lab notebooks my-course         # copy the course's notebooks (--solutions too)
 
-Every `ImpalaConfig` field is an option (``--field-name value``). Bad input exits with code 2
-and a message naming the option, the value and the fix, before any process starts.
-
-While it trains, a terminal shows a progress bar towards the nearest limit over the live
-panel, and a log one progress line per report (`impala_lab.cli.progress`). What ``train``
-writes, and its exit codes: `impala_lab.cli.train`.
+Every `ImpalaConfig` field is a ``train`` option (``--field-name value``). Bad input exits
+with code 2 and a message naming the option, the value and the fix, before anything starts.
 """
 
 from __future__ import annotations
@@ -23,24 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from impala_lab.cli.endings import open_std_streams, say
-from impala_lab.cli.train import train_command
-from impala_lab.config import (
-    GROUPS,
-    ImpalaConfig,
-    field_group,
-    field_help,
-    field_kind,
-    field_names,
-)
-from impala_lab.config_checks import parse_text
+from impala_lab.cli.train import resume_overrides, train_command
+from impala_lab.config import GROUPS, ImpalaConfig, field_group, field_help, field_kind, field_names
 from impala_lab.errors import ConfigError
 from impala_lab.presets import TUNED_PRESETS
 from impala_lab.speed import lean_imports
-
-
-def _parse_value(name: str, text: str) -> Any:
-    """A config flag's text as the value of its field (`impala_lab.config_checks.parse_text`)."""
-    return parse_text(name, field_kind(name), text)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -149,8 +131,9 @@ def _add_play_parser(sub: Any) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> ImpalaConfig:
-    values = {name: _parse_value(name, getattr(args, name)) for name in field_names()
-              if getattr(args, name) is not None}
+    """The config of ``train``'s options (with ``--preset tuned``, the env's tuned values for
+    the fields not given)."""
+    values = resume_overrides(args)
     if getattr(args, "preset", "rllib") == "tuned":
         env = values.get("env", ImpalaConfig.__dataclass_fields__["env"].default)
         values = {**TUNED_PRESETS.get(env, {}), **values}

@@ -1,21 +1,15 @@
 """The ``impala-lab train`` progress view: a bar towards the stop condition over the live panel.
 
-In a terminal, each report redraws, in place, one bar line and the text dashboard under it::
+In a terminal each report redraws, in place, a bar line over the text dashboard::
 
     progress [##############················]  47%  env steps 28,200 / 60,000   12.4 s
-    CartPole-v1 (process, 2 workers)   12.4 s   env steps 28,200   trained 27,600
-    ...
 
-The bar follows the run's nearest limit: the mean return towards ``--stop-return``, the env
-steps towards ``--max-env-steps`` or the seconds towards ``--max-seconds``, whichever is
-furthest along (the run ends when the first one is reached). The return's bar starts at the
-lowest mean return seen, so it works for negative returns too. Elsewhere (a log, a pipe, CI)
-the output is the dashboard's one progress line per report, exactly as without this module.
-
-`TargetWatch` follows ``--stop-return`` over the reports (of a resumed run too), and
-`final_line` is the one line a run ends with.
-
-Pure Python, like the dashboard's text view: the CLI imports it before TensorFlow.
+The bar follows whichever limit is furthest along (the first reached ends the run): the mean
+return towards ``--stop-return`` (from the lowest mean seen, so negative returns work too),
+the env steps towards ``--max-env-steps`` or the seconds towards ``--max-seconds``. Elsewhere
+(a log, a pipe, CI) each report is the dashboard's one progress line. `TargetWatch` follows
+``--stop-return`` over the reports (of a resumed run too), and `final_line` is the one line a
+run ends with. Pure Python: the CLI imports it before TensorFlow.
 """
 
 from __future__ import annotations
@@ -28,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from impala_lab.cli.run_folder import csv_number
 from impala_lab.dashboard.format import is_number
 from impala_lab.dashboard.terminal import TerminalView
 from impala_lab.driver.health import RETURN_MIN_EPISODES
@@ -48,12 +43,8 @@ class StopGoal:
 
 @dataclass(frozen=True)
 class Progress:
-    """How far a run is towards its nearest limit.
-
-    Attributes:
-      fraction: in [0, 1].
-      label: what is counted, e.g. ``"env steps 28,200 / 60,000"``.
-    """
+    """How far a run is towards its nearest limit: ``fraction`` in [0, 1], and ``label`` what
+    is counted (``"env steps 28,200 / 60,000"``)."""
 
     fraction: float
     label: str
@@ -75,15 +66,9 @@ def return_progress(mean: Any, target: float, low: float | None) -> Progress:
 
 def goal_progress(stats: Mapping[str, Any], goal: StopGoal, seconds: float,
                   low_return: float | None = None) -> Progress | None:
-    """The progress towards the limit of ``goal`` that is furthest along; None when ``goal``
-    sets no limit.
-
-    Args:
-      stats: an ``Impala.stats()`` snapshot (``num_steps_sampled``, ``episode_return_mean``).
-      goal: the run's limits.
-      seconds: time since ``train`` started (what ``max_seconds`` counts).
-      low_return: the lowest mean return seen so far, where the return's bar starts.
-    """
+    """The progress towards the limit of ``goal`` that is furthest along (None: no limit) of
+    an ``Impala.stats()`` snapshot, ``seconds`` after ``train`` started; the return's bar
+    starts at ``low_return``, the lowest mean return seen so far."""
     candidates = []
     if goal.stop_return is not None:
         candidates.append(return_progress(stats.get("episode_return_mean"), goal.stop_return,
@@ -111,16 +96,9 @@ def bar_line(progress: Progress | None, seconds: float, width: int = BAR_WIDTH) 
 
 
 class ProgressView(TerminalView):
-    """The CLI's live view: the bar over the text dashboard, redrawn in place in a terminal;
-    the dashboard's one progress line per report elsewhere (`TerminalView`'s, unchanged).
-
-    Args:
-      goal: the run's limits.
-      stream: where to write (stdout by default).
-      title: the dashboard's first label, e.g. ``"CartPole-v1 (process, 2 workers)"``.
-      live: draw the bar and redraw in place; None decides by ``stream.isatty()``.
-      clock: seconds on a monotonic clock (tests pass a fake one).
-    """
+    """The CLI's live view: `TerminalView` (``stream``, ``title``, ``live``: None decides by
+    ``stream.isatty()``) with the bar towards ``goal`` over its panel; ``clock``: monotonic
+    seconds (tests pass a fake one)."""
 
     def __init__(self, goal: StopGoal, stream: TextIO | None = None, title: str = "",
                  live: bool | None = None, clock: Callable[[], float] = time.monotonic) -> None:
@@ -232,15 +210,9 @@ class TargetWatch:
 
 def _row_stats(row: Mapping[str, str]) -> dict[str, Any]:
     """The figures `TargetWatch` reads, from a metrics.csv row (text; NaN where empty)."""
-    def number(text: str | None) -> float:
-        try:
-            return float(text or "nan")
-        except ValueError:
-            return math.nan
-
-    s: dict[str, Any] = {k: number(row.get(k)) for k in (
+    s: dict[str, Any] = {k: csv_number(row.get(k)) for k in (
         "episode_return_mean", "episode_return_count", "time_total_s", "num_steps_sampled")}
-    s["evaluation"] = {k.split(".", 1)[1]: number(v) for k, v in row.items()
+    s["evaluation"] = {k.split(".", 1)[1]: csv_number(v) for k, v in row.items()
                        if k.startswith("evaluation.")}
     return s
 
@@ -248,14 +220,10 @@ def _row_stats(row: Mapping[str, str]) -> dict[str, Any]:
 def final_line(result: dict[str, Any], args: argparse.Namespace, out: Path,
                interrupted: bool = False, unwritten: Mapping[str, str] | None = None) -> str:
     """The one line ``train`` ends with: was the target reached, and if not, what the health
-    monitor saw; where the results are, or which of them could not be written
-    (``unwritten``: file -> reason).
-
-    E.g. ``impala-lab: reached mean return 475 in 14.2 s (812,000 env steps); results in
-    runs/demo/`` or ``impala-lab: did NOT reach mean return 475 within 300 s (best trailing
-    mean 382.1, last 9.3); health monitor saw: value-loss spike at 40 s (3 times), entropy
-    collapsed at 41 s; results in runs/demo/``.
-    """
+    monitor saw; where the results are, or which could not be written (``unwritten``: file
+    -> reason). E.g. ``impala-lab: did NOT reach mean return 475 within 300 s (best trailing
+    mean 382.1, last 9.3); health monitor saw: value-loss spike at 40 s (3 times); results in
+    runs/demo/``."""
     final = result["final"]
     seen = describe_seen(result.get("health"))
     last = final.get("episode_return_mean", math.nan)
@@ -263,7 +231,6 @@ def final_line(result: dict[str, Any], args: argparse.Namespace, out: Path,
     returns = (f"best trailing mean {best:.1f}, last {last:.1f}" if best is not None
                else f"{final.get('episode_return_count', 0)} episodes, too few for a mean")
     elapsed = final.get("time_total_s", 0.0)
-    steps = final.get("num_steps_sampled", 0)
     prefix = "impala-lab: interrupted: " if interrupted else "impala-lab: "
     if result["solved"]:
         which = "evaluation return" if result.get("stop_on") == "eval" else "mean return"
@@ -273,8 +240,6 @@ def final_line(result: dict[str, Any], args: argparse.Namespace, out: Path,
             low = result["return_min_after_target"]
             text += (f", then trained {result['seconds_after_target']:.1f} s more (lowest mean "
                      f"return {low if low is not None else math.nan:.1f})")
-        if seen:
-            text += f"; health monitor saw: {seen}"
     elif args.stop_return is not None:
         if interrupted:
             limit = f"before the interrupt at {elapsed:.1f} s"
@@ -284,13 +249,13 @@ def final_line(result: dict[str, Any], args: argparse.Namespace, out: Path,
             limit = f"within {args.max_seconds:g} s"
         else:
             limit = f"in {elapsed:.1f} s"
-        text = (f"did NOT reach mean return {args.stop_return:g} {limit} ({returns}); health "
-                f"monitor saw: {seen or 'nothing wrong'}")
+        text = f"did NOT reach mean return {args.stop_return:g} {limit} ({returns})"
+        seen = seen or "nothing wrong"
     else:
-        text = (f"trained {elapsed:.1f} s, {steps:,} env steps (stop: "
-                f"{result['stop_reason']}); {returns}")
-        if seen:
-            text += f"; health monitor saw: {seen}"
+        text = (f"trained {elapsed:.1f} s, {final.get('num_steps_sampled', 0):,} env steps "
+                f"(stop: {result['stop_reason']}); {returns}")
+    if seen:
+        text += f"; health monitor saw: {seen}"
     ev = final.get("evaluation")
     if ev and ev.get("num_evaluations"):
         from impala_lab.dashboard.markup import eval_figure

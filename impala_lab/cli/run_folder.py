@@ -1,26 +1,16 @@
 """The output folder of one ``impala-lab train`` run: claimed by a lock, written as it goes.
 
-A run writes ``config.json`` and ``run.json`` (its limits and output flags) at the start, then
-at every report a row of ``metrics.csv`` and a new ``result.json`` (``"running"`` until the
-end), and every ``--checkpoint-every`` seconds ``checkpoint/``. So a run killed with SIGKILL
-still leaves its metrics, its state and a checkpoint to resume from (``--resume OUT``).
+One run per folder: the run holds an exclusive ``flock`` on ``OUT/.lock`` for its whole life
+(the kernel drops it however the holder dies). A fresh run is refused where an earlier run's
+results or other files are (``--resume`` continues a run, ``--overwrite`` replaces it or writes
+beside the files), and a refused folder is left as it was. The folder stays the run's only
+while its and its lock's inodes are the ones the run locked: one removed or replaced mid-run
+raises `FolderLost` at the next write, and nothing is written at that path again.
 
-One run per folder. The run holds an exclusive ``flock`` on ``OUT/.lock`` for its whole life
-(the kernel drops it when the holder dies, however it dies), so a second run into the folder
-is refused. A fresh run into a folder that holds an earlier run's results is refused too
-(``--resume`` continues it, ``--overwrite`` replaces it), and so is a folder of other files
-(``--overwrite`` writes beside them). A refused folder is left as it was: the claim removes
-what it made. The folder stays the run's only while it is the folder the run locked: one
-removed or replaced mid-run raises `FolderLost` at the next write, and nothing is written at
-that path again (no folder is recreated there without its lock).
-
-Writes that cannot tear: ``result.json``, ``config.json``, ``run.json``, ``report.png`` and
-``policy.gif`` go to a temporary file renamed into place; a ``metrics.csv`` row is appended
-in one piece, and a failed append truncates the file back to where it was (a row with a new
-column rewrites the file, renamed into place). A resumed run repairs its ``metrics.csv`` on
-open (a row torn by a kill is dropped) and cuts it back to its checkpoint's env steps. A
-write that fails (a full disk) is said once on stderr, counted in `RunFolder.unwritten` and
-tried again at the next report; rows that could not be written wait for it.
+Writes cannot tear: JSON files and figures are renamed into place, a ``metrics.csv`` row is
+appended whole or truncated back, and a resumed run's ``metrics.csv`` is repaired on open. A
+failed write (a full disk) is said once, kept in `RunFolder.unwritten` and tried again at the
+next report. docs/reliability.md lists each fault and what happens.
 """
 
 from __future__ import annotations
@@ -31,24 +21,24 @@ import errno
 import fcntl
 import io
 import json
+import math
 import os
 import shutil
 import stat
-import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from impala_lab.cli.endings import say
 from impala_lab.errors import ConfigError, ImpalaError
 from impala_lab.stats import jsonable
 
-# What a run writes into its folder (anything else there is not a run's).
-RUN_FILES = frozenset({"config.json", "run.json", "metrics.csv", "result.json", "report.png",
-                       "policy.gif", "checkpoint", "checkpoint.prev", "tensorboard", ".lock"})
+LOCK_NAME = ".lock"
 # An earlier run's results: a fresh run is refused where one of them is.
 RESULT_FILES = ("metrics.csv", "result.json", "checkpoint", "checkpoint.prev", "tensorboard",
                 "report.png", "policy.gif")
-LOCK_NAME = ".lock"
+# What a run writes into its folder (anything else there is not a run's).
+RUN_FILES = frozenset({*RESULT_FILES, "config.json", "run.json", LOCK_NAME})
 MAX_PENDING_ROWS = 10_000  # metrics rows kept while the disk refuses them
 
 
@@ -84,7 +74,7 @@ class RunFolder:
       lost: the folder stopped being this run's (see `FolderLost`).
 
     Raises:
-      ConfigError: ``out`` is empty, a file, a link loop, too long, not writable, held by
+      ConfigError: ``out`` is a file, a link loop, too long, not writable, held by
         another run, on a file system without locks, or holds other files or an earlier run
         (without ``overwrite``); the message names the path and the fix.
     """
@@ -103,12 +93,8 @@ class RunFolder:
             self.close(undo=True)
             raise
 
-    # ------------------------------------------------------------------ the claim
     def _claim(self, overwrite: bool, resume: bool) -> None:
         text = str(self.out)
-        if not text.strip():
-            raise ConfigError(f"--out={text!r} is invalid: give a folder for this run's files, "
-                              "e.g. --out runs/cartpole")
         names = self._existing_names()
         others = sorted(n for n in names or () if not _is_run_file(n))
         if others and not overwrite:
@@ -224,7 +210,6 @@ class RunFolder:
                              "run was writing into it: nothing more is written there (a folder "
                              "made at that path since is not this run's)")
 
-    # ------------------------------------------------------------------ writing
     def write_json(self, name: str, obj: Any) -> bool:
         """Replaces ``name`` with ``obj`` as JSON, atomically; False if the disk refused."""
         data = json.dumps(jsonable(obj), indent=2).encode()
@@ -299,7 +284,7 @@ class RunFolder:
         data = path.read_bytes()
         whole = data[:data.rfind(b"\n") + 1].replace(b"\0", b"")  # a torn last line goes
         header, rows = _parse(whole.decode(errors="replace"))
-        kept = [r for r in rows if _steps(r) is not None and _steps(r) <= max_env_steps]
+        kept = [r for r in rows if csv_number(r.get("num_steps_sampled")) <= max_env_steps]
         self._columns = header
         if whole != data or len(kept) != len(rows):
             self.check()
@@ -321,10 +306,8 @@ class RunFolder:
 
     def _failed(self, name: str, exc: OSError) -> bool:
         if name not in self.unwritten:  # once per failing file, not at every report
-            with contextlib.suppress(OSError, ValueError, AttributeError):
-                print(f"impala-lab: could not write {self.out / name} ({exc.strerror or exc}); "
-                      "training goes on and tries again at the next report", file=sys.stderr,
-                      flush=True)
+            say(f"impala-lab: could not write {self.out / name} ({exc.strerror or exc}); "
+                "training goes on and tries again at the next report", err=True)
         self.unwritten[name] = str(exc.strerror or exc)
         return False
 
@@ -384,8 +367,9 @@ def _read_rows(path: Path) -> list[dict[str, str]]:
     return _parse(path.read_text(errors="replace"))[1]
 
 
-def _steps(row: dict[str, str]) -> float | None:
+def csv_number(text: str | None) -> float:
+    """A metrics.csv field as a number; NaN where it is empty or not one."""
     try:
-        return float(row.get("num_steps_sampled") or "nan") if row else None
+        return float(text or "nan")
     except ValueError:
-        return None
+        return math.nan

@@ -1,30 +1,20 @@
 """A watchman for ``impala-lab train --backend ray``: the run trains in a child process.
 
-Ray ends its driver process at once when the driver's raylet dies or the cluster's head is
-lost: its core worker exits the process (exit code 1) from C++, so no Python ``finally``, no
-``atexit`` and no signal handler of the run gets to say what happened. The run's files are
-written as it goes (`impala_lab.cli.run_folder`), so its metrics and last checkpoint survive,
-but its ``result.json`` would still say ``"running"`` and the terminal would show only Ray's
-log lines.
-
-So with the Ray backend the CLI process becomes a small watchman that imports neither Ray nor
-TensorFlow: it starts the same command line as a child (marked by `SUPERVISED_ENV`, in a
-process group of its own), passes the first SIGINT, SIGTERM or SIGHUP on to it as SIGINT
-(Ray's driver takes SIGTERM over and dies at once; a Ctrl-C the run ends cleanly) and waits;
-the exit code then says which signal came (130, 143, 129) as without Ray.
-Whatever the child leaves in its process group when it ends (a dead raylet orphans Ray's
-agents) is ended too. When the child ends without ending the run (its ``result.json`` still
-says ``"running"``), the watchman takes the folder's lock, writes ``stop_reason`` "error" and
-an ``error`` that names the lost cluster into ``result.json``, prints that error in one line
-with where the outputs are and how to resume, and exits with 1. Otherwise it exits with the
-child's own code. The child asks the kernel to send it SIGINT if the watchman dies (Linux),
-so a SIGKILL of the watchman still ends the run cleanly, outputs written.
+Ray ends its driver process from C++ when the driver's raylet dies or the cluster's head is
+lost (exit code 1): no ``finally``, ``atexit`` or signal handler of the run gets to say what
+happened, and ``result.json`` would still say ``"running"``. So with Ray the CLI process is a
+watchman that imports neither Ray nor TensorFlow. It runs the same command line as a child
+(marked by `SUPERVISED_ENV`, in a process group of its own), passes a SIGINT, SIGTERM or SIGHUP
+on as SIGINT (Ray's driver dies at once on SIGTERM; a Ctrl-C the run ends cleanly), and ends
+what the child leaves in its group (a dead raylet orphans Ray's agents). A child that ended
+without ending the run gets ``stop_reason`` "error" and an ``error`` naming the lost cluster in
+its ``result.json`` (under the folder's lock), one line on stderr and exit code 1. The child
+gets SIGINT from the kernel if the watchman dies (Linux), so the run still ends cleanly.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -33,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from impala_lab.cli.run_folder import RunFolder
+from impala_lab.cli.run_folder import RunFolder, read_json
 from impala_lab.errors import ConfigError
 
 #: Set in the child's environment: the child trains instead of watching.
@@ -50,8 +40,8 @@ def should_supervise(backend: str) -> bool:
 def _end_with_parent() -> None:
     """In the child, before it runs: SIGINT when the watchman dies (Linux's
     PR_SET_PDEATHSIG), which ends the run cleanly; elsewhere nothing."""
-    # The watchman passes every ending on as SIGINT, so the child must not inherit an
-    # ignored SIGINT (a shell's background job): the Python in it then ends on KeyboardInterrupt.
+    # Every ending comes as SIGINT, so the child must not inherit an ignored one (a shell's
+    # background job ignores it).
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     with contextlib.suppress(Exception):
         import ctypes
@@ -76,9 +66,7 @@ def supervise(argv: list[str], out: Path) -> int:
                              process_group=0, preexec_fn=_end_with_parent)
     received: list[int] = []
 
-    def forward(signum: int, frame: Any) -> None:
-        # As SIGINT, once: Ray's driver takes SIGTERM over (its handler ends the process at
-        # once), while the run ends a Ctrl-C cleanly, outputs written.
+    def forward(signum: int, frame: Any) -> None:  # as SIGINT, once (see the module doc)
         if not received:
             with contextlib.suppress(ProcessLookupError):
                 child.send_signal(signal.SIGINT)
@@ -118,11 +106,7 @@ def _end_group(pgid: int, grace_s: float = 5.0) -> None:
 def _after(code: int, out: Path) -> int:
     """The exit code of the watched run; names the loss when the child did not end it."""
     code = 128 - code if code < 0 else code
-    path = out / "result.json"
-    try:
-        result = json.loads(path.read_text())
-    except (OSError, ValueError):  # nothing started (a config error, exit 2), or no report yet
-        result = None
+    result = read_json(out / "result.json")  # None: nothing started, or no report yet
     # 2: a config error (before anything ran, or a folder held by another run); 0: done
     if code in (0, 2) or (result is not None and result.get("stop_reason") != "running"):
         return code

@@ -1,35 +1,12 @@
 """``impala-lab train``: train a run with the CLI's limits and write its outputs as it goes.
 
-The output folder (`impala_lab.cli.run_folder.RunFolder`: one run per folder, locked) holds
-``config.json`` and ``run.json`` (the run's limits and output flags) from the start;
-``metrics.csv`` gains a row and ``result.json`` (the state so far: ``stop_reason``
-"running") is replaced at every report; ``checkpoint/`` is saved every ``--checkpoint-every``
-seconds. At the end ``result.json`` says solved, seconds_to_target, env_steps_to_target, the
-health monitor's findings, the final stats and which outputs could not be written
-(``unwritten``), and ``report.png``, ``policy.gif`` (one episode of the final policy, at most
-300 frames, when the env renders ``rgb_array``) and the last checkpoint are written (with
-``--tensorboard`` also ``tensorboard/``, at every report). The last line says whether the
-target was reached, where the results are and, if not, what the health monitor saw, or which
-outputs could not be written (exit code 1 then).
-
-Resume is the run, continued: ``--resume OUT`` restores the checkpoint (its workers sample
-with its weights from their first request), cuts ``metrics.csv`` back to the checkpoint's
-env steps, keeps the limits and flags of ``run.json`` (``--max-seconds`` is the whole run's:
-a resumed run trains what is left of it) unless given again, and writes the config with its
-overrides to ``config.json``. A save killed between its renames resumes from
-``checkpoint.prev``.
-
-Endings: Ctrl-C, SIGTERM or SIGHUP end the run within seconds and still write all of them
-(exit code 128 + the signal: 130, 143, 129; `impala_lab.cli.endings`); so does an error of a
-worker, the learner, the loss or the evaluation (exit code 1, the error in ``result.json`` and
-on stderr), and a run in which no worker returned a single sample (e.g. every env hangs) until
-``--max-seconds``: that is a failed run, not a finished one (exit code 1, ``error`` names it,
-``stop_reason`` stays ``max_seconds``). A failing stdout stops the progress view, not the
-run. A SIGKILL leaves the metrics, the last ``result.json`` and the last checkpoint.
-
-``--train-after-target SECONDS`` keeps training that long after ``--stop-return`` is reached
-(does the run stay solved?); ``--max-seconds`` stays the cap of the whole run, so give it room
-for both phases (e.g. ``--max-seconds 120 --train-after-target 60``).
+The run's folder (`impala_lab.cli.run_folder.RunFolder`) gets ``config.json`` and ``run.json``
+(the limits and output flags a plain ``--resume`` keeps) at the start; a ``metrics.csv`` row
+and ``result.json`` (``stop_reason`` "running") at every report; ``checkpoint/`` every
+``--checkpoint-every`` seconds; and at the end the last checkpoint, ``report.png``,
+``policy.gif`` and the final ``result.json``. Signals end a run with its outputs written
+(`impala_lab.cli.endings`). docs/training.md says what each file holds and what a resume keeps;
+docs/reliability.md how each ending and fault goes, with its exit code.
 """
 from __future__ import annotations
 
@@ -71,23 +48,21 @@ def check_run_args(args: argparse.Namespace) -> None:
         raise ConfigError(f"--max-env-steps={args.max_env_steps!r} is invalid: it must be >= 1")
     if args.stop_return is not None and not math.isfinite(args.stop_return):
         raise ConfigError(f"--stop-return={args.stop_return!r} is invalid: it must be finite")
-    every = args.checkpoint_every
-    if not (every >= 0 and math.isfinite(every)):
-        raise ConfigError(f"--checkpoint-every={every!r} is invalid: it must be a number of "
-                          "seconds >= 0 (0 saves only at the end)")
-    after = args.train_after_target
-    if not (after >= 0 and math.isfinite(after)):
-        raise ConfigError(f"--train-after-target={after!r} is invalid: it must be a number of "
-                          "seconds >= 0")
+    for name, note in (("checkpoint_every", " (0 saves only at the end)"),
+                       ("train_after_target", "")):
+        value = getattr(args, name)
+        if not (value >= 0 and math.isfinite(value)):
+            raise ConfigError(f"--{name.replace('_', '-')}={value!r} is invalid: it must be a "
+                              f"number of seconds >= 0{note}")
     if args.stop_on not in ("train", "eval"):
         raise ConfigError(f"--stop-on={args.stop_on!r} is invalid: choose 'train' or 'eval'")
     if args.stop_on == "eval" and args.stop_return is None:
         raise ConfigError("--stop-on=eval is invalid without --stop-return: it says which "
                           "return --stop-return watches; add --stop-return RETURN")
-    if after > 0 and args.stop_return is None:
-        raise ConfigError(f"--train-after-target={after!r} is invalid without --stop-return: "
-                          "it counts from the moment the target is reached; add "
-                          "--stop-return RETURN")
+    if args.train_after_target > 0 and args.stop_return is None:
+        raise ConfigError(f"--train-after-target={args.train_after_target!r} is invalid "
+                          "without --stop-return: it counts from the moment the target is "
+                          "reached; add --stop-return RETURN")
 
 
 def check_stop_on(args: argparse.Namespace, config: ImpalaConfig) -> None:
@@ -190,7 +165,8 @@ def _number(value: Any) -> float:
 
 
 def resume_overrides(args: argparse.Namespace) -> dict[str, Any]:
-    """The config fields given on the command line of ``--resume``: they replace the run's."""
+    """The config fields given on the command line, parsed: ``config_from_args``'s values,
+    and with ``--resume`` what replaces the run's."""
     from impala_lab.config import field_kind, field_names
     from impala_lab.config_checks import parse_text
 
@@ -204,18 +180,10 @@ def _run_in(folder: RunFolder, args: argparse.Namespace, config: ImpalaConfig,
     ending = EndingSignals()
     from impala_lab.driver.impala import Impala
 
+    impala: Impala | None = None
     try:
         impala = _restore(Impala, out, args) if state is not None else Impala(config)
-    except KeyboardInterrupt:  # Ctrl-C while TensorFlow loads or workers start
-        ending.restore()
-        say(f"impala-lab: interrupted before training started; only {out}/config.json "
-            "was written", err=True)
-        return ending.exit_code(True) or 130
-    except BaseException:  # a config error found while building: the handlers go back
-        ending.restore()
-        raise
-    watch, limit = TargetWatch(args), args.max_seconds
-    try:
+        watch, limit = TargetWatch(args), args.max_seconds
         if state is not None:
             config = impala.config
             before = _number(state["counters"].get("elapsed_s"))
@@ -226,12 +194,15 @@ def _run_in(folder: RunFolder, args: argparse.Namespace, config: ImpalaConfig,
                                   f"to the checkpoint ({exc}); nothing was trained") from None
             limit = None if limit is None else limit - before
         result, error = _train_and_save(impala, config, args, folder, watch, limit, ending)
-    except KeyboardInterrupt:  # a signal in the moments before training starts
-        say(f"impala-lab: interrupted before training started; the outputs so far are in "
-            f"{out}/", err=True)
+    except KeyboardInterrupt:  # while TensorFlow loads, workers start or training begins
+        ending.restore()  # a second signal now ends the process as it would without us
+        so_far = (f"only {out}/config.json was written" if impala is None else
+                  f"the outputs so far are in {out}/")
+        say(f"impala-lab: interrupted before training started; {so_far}", err=True)
         return ending.exit_code(True)
     finally:
-        impala.stop()
+        if impala is not None:
+            impala.stop()
         ending.restore()
     interrupted = result["stop_reason"] == "interrupted"
     if error is not None:
@@ -255,19 +226,22 @@ def _restore(impala_class: Any, resume: Path, args: argparse.Namespace) -> Impal
     try:
         return impala_class.restore(resume / "checkpoint", fallback_to_prev=True,
                                     **resume_overrides(args))
+    except ConfigError:
+        raise
     except (OSError, ValueError) as exc:
-        if isinstance(exc, ConfigError):
-            raise
         raise ConfigError(f"--resume={str(resume)!r}: the checkpoint cannot be read ({exc})"
                           ) from None
 
 
-def metrics_row(s: dict[str, Any]) -> dict[str, Any]:
-    """A stats snapshot as a metrics.csv row (the history's row, stamped with the time)."""
+def _history_row(s: dict[str, Any]) -> dict[str, Any]:
     from impala_lab.driver.run_stats import history_row
 
-    return {**history_row({k: v for k, v in s.items() if k != "stop_reason"}),
-            "time": time.time()}
+    return history_row({k: v for k, v in s.items() if k != "stop_reason"})
+
+
+def metrics_row(s: dict[str, Any]) -> dict[str, Any]:
+    """A stats snapshot as a metrics.csv row (the history's row, stamped with the time)."""
+    return {**_history_row(s), "time": time.time()}
 
 
 def _train_and_save(impala: Impala, config: ImpalaConfig, args: argparse.Namespace,
@@ -276,8 +250,6 @@ def _train_and_save(impala: Impala, config: ImpalaConfig, args: argparse.Namespa
     """Train until a limit, an interrupt or an error, writing metrics, result and checkpoints
     as it goes, then every output; returns ``result.json``'s dict and the error that ended
     the run (None if none did). ``limit``: the seconds this process may train."""
-    # A terminal gets a progress bar over the live panel, redrawn in place; a log gets one
-    # progress line per report.
     view = ProgressView(StopGoal(args.stop_return, args.max_env_steps, limit),
                         title=f"{config.env_id} ({config.backend}, {config.num_workers} workers)")
     output = Output(not getattr(args, "quiet", False))
@@ -347,12 +319,10 @@ def _train(impala: Impala, args: argparse.Namespace, watch: TargetWatch, view: P
                              report_interval=args.report_interval, on_report=on_report,
                              tensorboard_dir=args.out / "tensorboard" if args.tensorboard else None)
     except KeyboardInterrupt:
-        final = impala.record()
-        final["stop_reason"] = "interrupted"
+        final = {**impala.record(), "stop_reason": "interrupted"}
     except ImpalaError as exc:  # a worker, learner or loss error: results still written
         error = exc
-        final = impala.record()
-        final["stop_reason"] = "error"
+        final = {**impala.record(), "stop_reason": "error"}
     if final["stop_reason"] not in ("error", "interrupted") and (
             final["num_steps_sampled"] == sampled_before):
         error = ImpalaError(
@@ -378,9 +348,7 @@ def _final_evaluation(impala: Impala, final: dict[str, Any], seconds_left: float
     except ImpalaError as exc:
         return {**final, "evaluation": impala.evaluator.latest()}, exc, "failed"
     final = {**final, "evaluation": evaluation}
-    from impala_lab.driver.run_stats import history_row
-
-    impala.history.append(history_row({k: v for k, v in final.items() if k != "stop_reason"}))
+    impala.history.append(_history_row(final))
     return final, None, "done"
 
 
@@ -434,33 +402,25 @@ def _save_outputs(impala: Impala, config: ImpalaConfig, folder: RunFolder,
 
 
 def _save_policy_gif(impala: Impala, config: ImpalaConfig, folder: RunFolder) -> None:
-    """One episode of the final policy (at most 300 frames) as ``policy.gif``, when the env
-    renders rgb_array frames; the numpy policy plays it, so it costs a MinAtar run well under
-    a second. MuJoCo's envs are drawn in a process of their own (`play.gif_in_child`). An env
-    that cannot render (a factory, CartPole without pygame) writes none."""
+    """One episode of the final policy (at most 300 frames, played by the numpy policy) as
+    ``policy.gif``; MuJoCo's envs are drawn in a process of their own (`play.gif_in_child`),
+    and an env that cannot render (a factory, CartPole without pygame) writes none."""
     if not isinstance(config.env, str):
         return
-    from impala_lab.cli.play import (
-        gif_in_child,
-        policy_model,
-        record_episodes,
-        renders_with_opengl,
-        write_gif,
-    )
+    from impala_lab.cli import play
 
     try:
         weights, _ = impala.policy.get_weights()
-        if renders_with_opengl(config.env):  # MuJoCo: not beside TensorFlow (see play.py)
-            folder.write_file("policy.gif", lambda path: gif_in_child(
+        if play.renders_with_opengl(config.env):  # MuJoCo: not beside TensorFlow (see play.py)
+            folder.write_file("policy.gif", lambda path: play.gif_in_child(
                 config, weights, path, max_frames=300, seed=config.seed))
             return
-        space, actions = impala.observation_space, impala.action_space
-        model = policy_model(config, space, actions)
+        model = play.policy_model(config, impala.observation_space, impala.action_space)
         model.set_weights(weights)
-        frames, _ = record_episodes(config.env, model, episodes=1, max_frames=300,
-                                    seed=config.seed, clip=config.clip_actions,
-                                    squash=config.squash_actions)
-        folder.write_file("policy.gif", lambda path: write_gif(frames, path))
+        frames, _ = play.record_episodes(config.env, model, episodes=1, max_frames=300,
+                                         seed=config.seed, clip=config.clip_actions,
+                                         squash=config.squash_actions)
+        folder.write_file("policy.gif", lambda path: play.write_gif(frames, path))
     except FolderLost:
         raise
     except Exception as exc:  # a GIF must never cost the run's results
