@@ -228,14 +228,12 @@ def lstm_unroll(model: keras.Model, trunk: keras.Model, obs: tf.Tensor, state_in
       state_in: float32 [B, 2, C], the state before step 0.
       dones: float32 [T, B], 1 where the episode ended at this step (terminated or truncated).
       bootstrap_obs: [B, *obs_shape], the observation after the last step.
-      final: optional (final_obs [N, *obs_shape], index [N, 2] of (t, b)): the final
-        observations of truncated episodes, each stepped from the state after its step t in
-        column b (before that episode's reset), as the actor computed its bootstrap value.
+      final: optional (final_obs [N, *obs_shape], index [N, 2] of (t, b)): truncated
+        episodes' final observations, each stepped from the state after step t in column b.
 
     Returns:
-      (logits [T, B, A], values [T, B], bootstrap_value [B], or [B + N] with ``final``: its
-      observations' values follow, state_out [B, 2, C]); state_out is the state after the
-      last step (before the bootstrap step).
+      (logits [T, B, A], values [T, B], bootstrap_value [B] (then ``final``'s N values),
+      state_out [B, 2, C], the state after the last step, before the bootstrap step).
     """
     import tensorflow as tf
 
@@ -264,13 +262,11 @@ def lstm_unroll(model: keras.Model, trunk: keras.Model, obs: tf.Tensor, state_in
     hs, cs = tf.scan(step, (gates_x, keep), initializer=(state_in[:, 0], state_in[:, 1]))
     state_out = tf.stack([hs[T - 1], cs[T - 1]], axis=1) * keep[T][:, None]
     flat_h = tf.reshape(hs, [(T + 1) * B, cell])
-    logits = model.get_layer("logits_head")(flat_h)
-    value_head = model.get_layer("value_head")
-    values = tf.reshape(value_head(flat_h), [-1])
-    num_actions = tf.shape(logits)[-1]
     if final is not None:  # hs[t], cs[t]: the state after step t, before any reset
         state = (tf.gather_nd(hs, final[1]), tf.gather_nd(cs, final[1]))
-        h, _ = step(state, (all_gates_x[(T + 1) * B:], 1.0))
-        values = tf.concat([values, tf.reshape(value_head(h), [-1])], axis=0)
+        flat_h = tf.concat([flat_h, step(state, (all_gates_x[(T + 1) * B:], 1.0))[0]], 0)
+    logits = model.get_layer("logits_head")(flat_h)
+    values = tf.reshape(model.get_layer("value_head")(flat_h), [-1])
+    num_actions = tf.shape(logits)[-1]
     return (tf.reshape(logits[: T * B], [T, B, num_actions]),
             tf.reshape(values[: T * B], [T, B]), values[T * B:], state_out)

@@ -210,22 +210,17 @@ class VTracePolicy:
             [T, B] (Discrete) or [T, B, D] (Box), rewards/terminateds/truncateds/
             truncation_values [T, B], behaviour_logits [T, B, A] (the behaviour policy's
             distribution inputs: for a Box, D means then D log-stds), bootstrap_obs [B, ...];
-            a recurrent policy's also state_in [B, 2, C]; final_obs [N, ...] with
-            ``truncation_bootstrap="learner"``.
+            a recurrent policy's state_in [B, 2, C]; final_obs [N, ...] (learner bootstrap).
 
         Returns:
           total loss (scalar) and a dict of scalar stats (``stat_keys`` without the norms).
         """
         config = self.config
-        target_logits, values, bootstrap_value, final_values = self._forward(tensors)
+        target_logits, values, bootstrap_value, truncation_values = self._forward(tensors)
         T, B = tf.shape(values)[0], tf.shape(values)[1]  # time steps, columns
         terminated = tensors["terminateds"]
         truncated = tensors["truncateds"] * (1.0 - terminated)
         discounts = config.gamma * (1.0 - tf.maximum(terminated, truncated))
-        truncation_values = tensors["truncation_values"]
-        if final_values is not None:  # the learner's values, in the truncated steps' order
-            truncation_values = tf.scatter_nd(truncation_index(tensors["truncateds"]),
-                                              tf.stop_gradient(final_values), [T, B])
         # A truncated step's value estimate is the network's, already in scaled units.
         rewards = (config.reward_scale * tensors["rewards"]
                    + config.gamma * truncated * truncation_values)
@@ -238,21 +233,12 @@ class VTracePolicy:
             clip_pg_rho_threshold=config.vtrace_clip_pg_rho_threshold,
             distribution=self.distribution)
 
-        appo_stats = {}
-        if config.loss == "appo":
-            advantages = appo_advantages(terms.vs, rewards, discounts, values, bootstrap_value)
-            policy_loss, clip_fraction = clipped_surrogate(terms.log_rhos, advantages,
-                                                           config.clip_param)
-            kl = tf.reduce_sum(self.distribution.kl(tensors["behaviour_logits"], target_logits))
-            appo_stats = {"clip_fraction": clip_fraction, "kl_coeff": self.kl_coeff,
-                          "kl": kl / tf.cast(T * B, tf.float32)}
-        else:
-            policy_loss = -tf.reduce_sum(terms.log_probs * terms.pg_advantages)
+        policy_loss, kl_loss, policy_stats = self._policy_terms(
+            terms, tensors, target_logits, rewards, discounts, values, bootstrap_value)
         vf_loss = 0.5 * tf.reduce_sum(tf.square(terms.vs - values))
         entropy = tf.reduce_sum(self.distribution.entropy(target_logits))
-        total = policy_loss + config.vf_loss_coeff * vf_loss - self.entropy_coeff * entropy
-        if config.use_kl_loss:
-            total += self.kl_coeff * kl
+        total = (policy_loss + kl_loss + config.vf_loss_coeff * vf_loss
+                 - self.entropy_coeff * entropy)
         bound_loss = tf.constant(0.0)
         if self.distribution.name == "diag_gaussian" and self._bound is not None:
             # Past the bound every draw near the mean reaches the env as the same action:
@@ -268,7 +254,7 @@ class VTracePolicy:
         stats = {"total_loss": total, "policy_loss": policy_loss, "vf_loss": vf_loss,
                  "entropy": entropy / tf.cast(T * B, tf.float32),
                  "mean_rho": tf.reduce_mean(tf.exp(terms.log_rhos)),
-                 "vf_explained_var": explained, **appo_stats}
+                 "vf_explained_var": explained, **policy_stats}
         if self.distribution.name == "diag_gaussian":
             mean, log_std = self.distribution.split(target_logits)  # [T, B, D] each
             stats["action_mean"] = tf.reduce_mean(mean)
@@ -276,11 +262,28 @@ class VTracePolicy:
             stats["action_bound_loss"] = bound_loss / tf.cast(T * B, tf.float32)
         return total, stats
 
+    def _policy_terms(self, terms: Any, tensors: dict[str, tf.Tensor], target_logits: tf.Tensor,
+                      rewards: tf.Tensor, discounts: tf.Tensor, values: tf.Tensor,
+                      bootstrap_value: tf.Tensor) -> tuple[tf.Tensor, Any, dict[str, Any]]:
+        """(policy_loss, kl_loss, extra stats): the policy gradient of the correction's
+        terms; or with ``loss="appo"`` the clipped surrogate on V-trace advantages and, with
+        ``use_kl_loss``, ``kl_coeff * KL(mu || pi)`` (`impala_lab.learner.appo`)."""
+        if self.config.loss != "appo":
+            return -tf.reduce_sum(terms.log_probs * terms.pg_advantages), 0.0, {}
+        advantages = appo_advantages(terms.vs, rewards, discounts, values, bootstrap_value)
+        policy_loss, clip_fraction = clipped_surrogate(terms.log_rhos, advantages,
+                                                       self.config.clip_param)
+        kl = self.distribution.kl(tensors["behaviour_logits"], target_logits)  # [T, B]
+        kl_loss = self.kl_coeff * tf.reduce_sum(kl) if self.config.use_kl_loss else 0.0
+        return policy_loss, kl_loss, {"clip_fraction": clip_fraction, "kl": tf.reduce_mean(kl),
+                                      "kl_coeff": tf.identity(self.kl_coeff)}
+
     def _forward(self, tensors: dict[str, tf.Tensor]
-                 ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor | None]:
+                 ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor]:
         """The learner's network on a batch: (logits [T, B, A], values [T, B], bootstrap
-        values [B], the values of ``final_obs`` [N] or None without it); a recurrent one
-        unrolls from ``state_in`` with the episode resets."""
+        values [B], truncation values [T, B]: the batch's, or with ``final_obs`` the
+        network's own values of them); a recurrent one unrolls from ``state_in`` with the
+        episode resets."""
         obs, final_obs = tensors["obs"], tensors.get("final_obs")
         T, B = tf.shape(obs)[0], tf.shape(obs)[1]
         if self.trunk is not None:
@@ -300,7 +303,11 @@ class VTracePolicy:
             logits = tf.reshape(logits[: T * B], [T, B, num_outputs])
             values, after = tf.reshape(all_values[: T * B], [T, B]), all_values[T * B:]
         # after: the values of the observations after a step, B bootstrap then N final ones.
-        return logits, values, after[:B], None if final_obs is None else after[B:]
+        truncation_values = tensors["truncation_values"]
+        if final_obs is not None:  # the learner's values, scattered to their steps
+            truncation_values = tf.scatter_nd(truncation_index(tensors["truncateds"]),
+                                              tf.stop_gradient(after[B:]), [T, B])
+        return logits, values, after[:B], truncation_values
 
     def compute_gradients(self, tensors: dict[str, tf.Tensor]
                           ) -> tuple[list, dict[str, tf.Tensor]]:
