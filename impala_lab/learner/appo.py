@@ -7,9 +7,9 @@ step's probability once it has moved by a factor ``1 +- clip_param`` from the po
 sampled the batch; the learner may then take many updates per batch (``num_sgd_iter``
 passes through the `MinibatchBuffer`, ``minibatch_size`` minibatches per pass)::
 
-    rho_t = pi(a_t|x_t) / mu(a_t|x_t)                       # the learner's over the actor's
-    A_t   = r_t + gamma_t * v_{t+1} - V(x_t)                # V-trace targets v, v_T = V(x_T)
-    policy_loss = -sum_t min(rho_t * A_t, clip(rho_t, 1 - clip_param, 1 + clip_param) * A_t)
+    rho_t  = pi(a_t|x_t) / mu(a_t|x_t)                      # the learner's over the actor's
+    Ahat_t = r_t + gamma_t * v_{t+1} - V(x_t)               # V-trace targets v, v_T = V(x_T)
+    policy_loss = -sum_t min(rho_t * Ahat_t, clip(rho_t, 1 - clip_param, 1 + clip_param) * Ahat_t)
     kl_loss     = sum_t KL(mu(.|x_t) || pi(.|x_t))          # with use_kl_loss only
     total_loss  = policy_loss + kl_coeff * kl_loss + vf_loss_coeff * vf_loss
                   - entropy_coeff * entropy
@@ -23,10 +23,13 @@ The reference policy. PPO's ratio compares the policy with the one that sampled 
 RLlib's APPO keeps a target network for it (a copy of the learner's weights refreshed every
 few batches) and corrects for the actors' lag with ``clip(mu / pi_target, 0, 2)``; here the
 reference is the behaviour policy ``mu`` itself, whose distribution inputs every batch
-carries: no second network, and it stays fixed over all the passes of a batch. That is
-RLlib's loss with the target network equal to the actors' weights (its extra factor is 1),
-so the advantages carry no ``vtrace_clip_pg_rho_threshold`` clip: the ratio already weights
-each step, and the clip bounds it.
+carries: no second network, and it stays fixed over all the passes of a batch. The surrogate
+is RLlib's with the target network equal to the actors' weights (its extra factor is then 1),
+so ``Ahat_t`` is V-trace's advantage ``A_t`` without its clipped weight (no
+``vtrace_clip_pg_rho_threshold``): the ratio already weights each step, and the clip bounds it.
+The targets are not: RLlib runs V-trace with the target network's policy (here that would be
+``mu``, and plain n-step returns); here V-trace runs with the learner's current policy, as in
+IMPALA's loss, so the value function learns ``pi``'s values.
 
 ``use_kl_loss`` adds RLlib's KL penalty toward ``mu``, its coefficient adapted after every
 update as RLlib's: times 1.5 when the batch's mean KL per step exceeds ``2 * kl_target``,
@@ -43,7 +46,7 @@ APPO_STAT_KEYS = ("clip_fraction", "kl", "kl_coeff")
 
 def appo_advantages(vs: tf.Tensor, rewards: tf.Tensor, discounts: tf.Tensor,
                     values: tf.Tensor, bootstrap_value: tf.Tensor) -> tf.Tensor:
-    """A_t = r_t + gamma_t * v_{t+1} - V(x_t), [T, B], without gradient.
+    """Ahat_t = r_t + gamma_t * v_{t+1} - V(x_t), [T, B], without gradient.
 
     Args:
       vs: [T, B], the V-trace targets. rewards, discounts, values: [T, B] (the loss's, with
