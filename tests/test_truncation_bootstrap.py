@@ -224,16 +224,24 @@ for _ in range(2):  # the learner's values differ from the actor's
 learner = MultiGPULearner(multi, cfg)
 g1, _ = single.compute_gradients(batch_to_tensors(batch, True))
 gn, _ = learner.compute_gradients(batch)
+# use_kl_loss on the towers: each update adapts the coefficient as on one device
+kl_cfg = cfg.replace(use_kl_loss=True, kl_coeff=2.0, kl_target=1e-9)
+kl_policy = VTracePolicy(*spaces, kl_cfg)
+kl_policy.set_weights(multi.get_weights()[0])  # moved away from the actors: KL > 0
+kl_learner = MultiGPULearner(kl_policy, kl_cfg)
+used = kl_learner.learn_on_parts(kl_learner.stage_batch(batch), batch)["kl_coeff"]
 print(json.dumps({"diff": max(float(np.abs(np.asarray(a) - b).max()) for a, b in zip(g1, gn)),
                   "scale": max(float(np.abs(np.asarray(a)).max()) for a in g1),
-                  "rows": [int(p["final_obs"].shape[0]) for p in learner.stage_batch(batch)]}))
+                  "rows": [int(p["final_obs"].shape[0]) for p in learner.stage_batch(batch)],
+                  "kl_coeff": [used, float(kl_policy.kl_coeff.numpy())]}))
 '''
 
 
-def test_towers_split_the_final_observations_with_their_columns():
+def test_towers_split_the_final_observations_with_their_columns_and_adapt_the_kl_coeff():
     proc = subprocess.run([sys.executable, "-c", TOWERS], cwd=REPO, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["rows"] == [T // 3 + T // 4, T // 5 + T // 7]
     assert out["diff"] <= 1e-5 * out["scale"]
+    assert out["kl_coeff"] == pytest.approx([2.0, 3.0])  # KL above twice the target: x1.5

@@ -322,7 +322,7 @@ class MultiGPULearner(LearnerThread):
             stats = {k: float(v) for k, v in out.items()}
             finite = all(np.isfinite(stats[k]) for k in ("total_loss", "grad_gnorm"))
             if finite:
-                policy.version += 1
+                policy.count_update(stats)
             else:  # counted on the policy, as VTracePolicy.learn_on_batch does
                 policy.num_updates_skipped = getattr(policy, "num_updates_skipped", 0) + 1
         stats["policy_version"] = policy.version

@@ -370,10 +370,7 @@ class VTracePolicy:
                 stats = dict(zip(self.stat_keys, packed.numpy().tolist(), strict=True))
                 finite = all(np.isfinite(stats[k]) for k in ("total_loss", "grad_gnorm"))
                 if finite:
-                    self.version += 1
-                    if self.config.use_kl_loss:
-                        self.kl_coeff.assign(adapt_kl_coeff(
-                            stats["kl_coeff"], stats["kl"], self.config.kl_target))
+                    self.count_update(stats)
                 else:
                     self.num_updates_skipped += 1
             stats["policy_version"] = self.version
@@ -383,6 +380,14 @@ class VTracePolicy:
         out = {k: float(np.mean([r[k] for r in results])) for k in self.stat_keys}
         out["policy_version"] = self.version
         return out
+
+    def count_update(self, stats: dict[str, float]) -> None:
+        """An update landed (call with ``self.lock`` held): the version moves on, and with
+        ``use_kl_loss`` the KL coefficient adapts to the update's mean KL (RLlib's rule)."""
+        self.version += 1
+        if self.config.use_kl_loss:
+            self.kl_coeff.assign(adapt_kl_coeff(stats["kl_coeff"], stats["kl"],
+                                                self.config.kl_target))
 
     def run_train_step(self, tensors: dict[str, tf.Tensor]) -> tf.Tensor:
         """The compiled train step on ``tensors``: the stats vector (`stat_keys` order)."""
