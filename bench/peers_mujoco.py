@@ -13,16 +13,24 @@ ENV`` (the env's tuned preset, as a newcomer runs it) on the machine's cores.
 Per env, seeds are drawn at random for the run and printed; each seed gets one run of each
 system, each in a fresh process, alternating which goes first. Each run reports the trailing
 mean return (the last 100 episodes) and the env steps at a quarter, half, three quarters and
-all of the budget, and the seconds and env steps at which it first reached the env's target
-(`bench.continuous.ENVS`: HalfCheetah-v5 1500, Hopper-v5 1000), if it did.
+all of the budget, the seconds and env steps at which it first reached the env's target
+(`bench.continuous.ENVS`: HalfCheetah-v5 1500, Hopper-v5 1000), if it did, and its best
+trailing mean (over full windows of 100 episodes) with its fall from that best at the end.
 
 The summary gives, per env and system, n, the median return at the budget with a bootstrap
-95% interval, the worst, the median env steps, how many runs reached the target; the two
-systems' medians are called "higher" only when the intervals do not overlap, else
-"inconclusive".
+95% interval, the worst, the median env steps, how many runs reached the target and each
+seed's fall from its own best; the two systems' medians are called "higher" only when the
+intervals do not overlap, else "inconclusive".
 
     python -m bench.peers_mujoco                          # both envs, 3 seeds, 20 minutes
     python -m bench.peers_mujoco --envs Hopper-v5 --budget 300
+    python -m bench.peers_mujoco --envs HalfCheetah-v5 --seeds 5 --max-pairs 2   # a piece
+    python -m bench.peers_mujoco --envs HalfCheetah-v5 --resume --max-pairs 2    # the next
+
+The results files are rewritten after every run, so a bench cut off midway leaves the pairs it
+finished; ``--resume`` reads them back and runs the seeds still missing (the seeds were drawn
+once, by the first piece), ``--max-pairs`` stops after that many seeds, so a bench of hours
+runs in pieces that each hold the machine's bench lock for a bounded time.
 
 PPO runs in ``bench/.peers-venv`` (`bench.peers`), with the mujoco extra installed into it
 (`bench.peers_venv.EXTRAS`). Writes ``docs/results/peers_mujoco_<envs>_<budget>s.json`` and
@@ -106,6 +114,9 @@ def ppo_worker(env_id: str, seed: int, budget: float) -> dict[str, Any]:
             for info in self.locals["infos"]:
                 if "episode" in info:  # Monitor's, under VecNormalize: the raw return
                     returns.append(float(info["episode"]["r"]))
+                    if len(returns) == returns.maxlen:
+                        out["best_return_mean"] = max(out.get("best_return_mean", -math.inf),
+                                                      trailing())
             now = time.monotonic() - _PROCESS_START
             if (not out["reached"] and len(returns) == returns.maxlen
                     and sum(returns) / len(returns) >= target):
@@ -196,12 +207,34 @@ def run_impala(env_id: str, seed: int, budget: float, poll_s: float = 0.25) -> d
                                f"{time.monotonic() - t0:.0f} s, before the budget, with "
                                f"{proc.returncode}:\n{(stderr or '')[-2000:]}")
         result = json.loads((Path(tmp) / "result.json").read_text())
+        out["best_return_mean"] = best_full_window(Path(tmp) / "metrics.csv")
     seconds = result.get("seconds_to_target")
     reached = seconds is not None and seconds <= budget
     out.update(reached=reached, seconds_to_target=seconds if reached else None,
                env_steps_to_target=result.get("env_steps_to_target") if reached else None,
                wall_s=round(time.monotonic() - t0, 2))
     return out
+
+
+def best_full_window(path: Path) -> float | None:
+    """The best trailing mean in metrics.csv over rows whose window held 100 episodes."""
+    try:
+        with open(path, newline="") as fh:
+            rows = list(csv.DictReader(fh))
+    except OSError:
+        return None
+    full = [_number(r, "episode_return_mean") for r in rows
+            if (_number(r, "episode_return_count") or 0) >= 100]
+    return max((x for x in full if x is not None), default=None)
+
+
+def fall_from_best(run: dict[str, Any]) -> float | None:
+    """How far the run ended below its own best trailing mean, as a fraction of that best
+    (0 when it ended at its best; None without a full window or with a best <= 0)."""
+    best, final = run.get("best_return_mean"), run["checkpoints"][-1]["return_mean"]
+    if best is None or final is None or best <= 0:
+        return None
+    return round(max(0.0, best - final) / best, 4)
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -225,7 +258,8 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
                                  for i, c in enumerate(rs[0]["checkpoints"])} if rs else {},
             "median_seconds_to_target": (statistics.median(r["seconds_to_target"]
                                                            for r in reached)
-                                         if reached else None)}
+                                         if reached else None),
+            "falls_from_best": [fall_from_best(r) for r in rs]}
     a, b = out["ppo_zoo"], out["impala_lab"]
     if min(a["n"], b["n"]) < MIN_SEEDS_TO_COMPARE:
         out["verdict"] = f"not compared (fewer than {MIN_SEEDS_TO_COMPARE} seeds a side)"
@@ -278,6 +312,12 @@ def markdown(results: dict[str, Any]) -> str:
                     f"{s.get('verdict', 'not compared')} (n = {s['ppo_zoo']['n']} and "
                     f"{s['impala_lab']['n']}); seeds (drawn at random): "
                     f"{', '.join(map(str, results['seeds'][env_id]))}.")
+        for system in SYSTEMS:
+            falls = s[system].get("falls_from_best") or []
+            if falls:
+                text = ", ".join("n/a" if f is None else f"{100 * f:.0f}%" for f in falls)
+                rows.append(f"{LABELS[system]}: each seed's fall from its own best trailing "
+                            f"mean at {budget:g} s: {text}.")
     return "\n".join(rows)
 
 
@@ -297,6 +337,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=float, default=1200.0,
                         help="seconds per run, from its process's start")
     parser.add_argument("--out", type=Path, default=peers.RESULTS, help="results directory")
+    parser.add_argument("--resume", action="store_true",
+                        help="read the results files back and run the seeds still missing")
+    parser.add_argument("--max-pairs", type=int, default=None,
+                        help="stop after this many seeds (both systems) in this call")
     parser.add_argument("--ppo-worker", type=int, metavar="SEED", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     envs = [e.strip() for e in args.envs.split(",") if e.strip()]
@@ -310,47 +354,69 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     sys.path.insert(0, str(peers.REPO))
     from bench import pipeline
-    from impala_lab.stats import jsonable
 
     venv = peers.ensure_venv()
     extra = peers.ensure_extra(peers.VENV, "mujoco")
-    results: dict[str, Any] = {"budget": args.budget, "targets": TARGETS,
-                               "ppo_settings": PPO_SETTINGS, "venv": venv, "venv_extra": extra,
-                               "seeds": {}, "runs": {}, "summaries": {}, "errors": {}}
+    name = results_name(envs, args.budget)
+    saved = args.out / f"{name}.json"
+    if args.resume and saved.is_file():
+        results = json.loads(saved.read_text())
+        print(f"bench.peers_mujoco: resuming {saved}", flush=True)
+    else:
+        results = {"budget": args.budget, "targets": TARGETS, "ppo_settings": PPO_SETTINGS,
+                   "seeds": {}, "runs": {}, "summaries": {}, "errors": {}}
+    results.update(venv=venv, venv_extra=extra)
+    pairs = 0
     for env_id in envs:
-        seeds = pipeline.draw_seeds(args.seeds)
-        print(f"bench.peers_mujoco: {env_id}: seeds drawn at random for this run: "
+        if env_id not in results["seeds"]:
+            results["seeds"][env_id] = pipeline.draw_seeds(args.seeds)
+            results["runs"][env_id] = []
+        seeds = results["seeds"][env_id]
+        print(f"bench.peers_mujoco: {env_id}: seeds drawn at random for this bench: "
               f"{', '.join(map(str, seeds))}", flush=True)
         runners = {"ppo_zoo": lambda s, e=env_id: run_ppo(e, s, args.budget),
                    "impala_lab": lambda s, e=env_id: run_impala(e, s, args.budget)}
-        rows = []
+        rows = results["runs"][env_id]
         for i, seed in enumerate(seeds):
+            if any(r["seed"] == seed for r in rows):
+                continue
+            if args.max_pairs is not None and pairs >= args.max_pairs:
+                break
             row: dict[str, Any] = {"seed": seed}
+            rows.append(row)
             for system in peers.run_order(SYSTEMS, i):
                 print(f"bench.peers_mujoco: {env_id} seed {seed}: {system} ... (load "
                       f"{os.getloadavg()[0]:.2f})", flush=True)
+                row[f"loadavg_before_{system}"] = list(os.getloadavg())
                 try:
                     row[system] = runners[system](seed)
                 except Exception as exc:  # one failed run must not cost the others
                     results["errors"][f"{env_id} {system} seed {seed}"] = str(exc)
                     print(f"bench.peers_mujoco: FAILED: {exc}", flush=True)
                     continue
+                row[f"loadavg_after_{system}"] = list(os.getloadavg())
                 print(f"    returns at {[c['s'] for c in row[system]['checkpoints']]} s: "
                       f"{[_rounded(c['return_mean']) for c in row[system]['checkpoints']]}; "
-                      f"reached "
+                      f"best {row[system].get('best_return_mean')}, reached "
                       f"{TARGETS[env_id]:g} at {row[system]['seconds_to_target']} s",
                       flush=True)
-            rows.append(row)
-        results["seeds"][env_id], results["runs"][env_id] = seeds, rows
-        results["summaries"][env_id] = summarize(rows)
-    results["loadavg_at_end"] = list(os.getloadavg())
-    args.out.mkdir(parents=True, exist_ok=True)
-    name = results_name(envs, args.budget)
-    (args.out / f"{name}.json").write_text(json.dumps(jsonable(results), indent=2))
-    table = markdown(results)
-    (args.out / f"{name}.md").write_text(table + "\n")
-    print("\n" + table)
+                results["summaries"][env_id] = summarize(rows)
+                save(results, args.out, name)  # a cut-off keeps every finished run
+            pairs += 1
+    print("\n" + save(results, args.out, name))
     return 1 if results["errors"] else 0
+
+
+def save(results: dict[str, Any], out: Path, name: str) -> str:
+    """Write ``name``.json and .md under ``out`` (the pairs done so far); the table."""
+    from impala_lab.stats import jsonable
+
+    results["loadavg_at_end"] = list(os.getloadavg())
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(jsonable(results), indent=2))
+    table = markdown(results)
+    (out / f"{name}.md").write_text(table + "\n")
+    return table
 
 
 if __name__ == "__main__":

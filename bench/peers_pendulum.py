@@ -14,7 +14,7 @@ The summary gives, per system, n, the solve rate, the median and worst seconds w
 bootstrap 95% interval of the median (a seed that did not reach the target counts as
 infinitely slow), the median env steps, and the per-seed ratio of seconds and env steps.
 
-    python -m bench.peers_pendulum --seeds 5
+    python -m bench.peers_pendulum --seeds 10
 
 PPO runs in ``bench/.peers-venv`` (see `bench.peers`). Writes
 ``docs/results/peers_pendulum.json`` and ``.md``.
@@ -131,7 +131,7 @@ def markdown(results: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.peers_pendulum",
                                      description=__doc__.split("\n")[0])
-    parser.add_argument("--seeds", type=int, default=5, help="seeds drawn at random")
+    parser.add_argument("--seeds", type=int, default=10, help="seeds drawn at random")
     parser.add_argument("--max-seconds", type=float, default=300.0, help="cap per run")
     parser.add_argument("--out", type=Path, default=peers.RESULTS, help="results directory")
     parser.add_argument("--ppo-worker", type=int, metavar="SEED", help=argparse.SUPPRESS)
@@ -153,15 +153,16 @@ def main(argv: list[str] | None = None) -> int:
     runners = {"ppo_zoo": lambda s: run_ppo(s, args.max_seconds),
                "impala_lab": lambda s: pipeline.time_to_solve(
                    s, args.max_seconds, STOP_RETURN, ("--env", ENV))}
+    args.out.mkdir(parents=True, exist_ok=True)
     for i, seed in enumerate(seeds):
         results["runs"].append(peers._run_seed(seed, peers.run_order(SYSTEMS, i), runners,
                                                results, print))
-    results["summary"] = summarize(results["runs"])
-    results["loadavg_at_end"] = list(os.getloadavg())
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "peers_pendulum.json").write_text(json.dumps(jsonable(results), indent=2))
-    table = markdown(results)
-    (args.out / "peers_pendulum.md").write_text(table + "\n")
+        # Written after every seed: a bench cut off midway keeps the pairs it finished.
+        results["summary"] = summarize(results["runs"])
+        results["loadavg_at_end"] = list(os.getloadavg())
+        (args.out / "peers_pendulum.json").write_text(json.dumps(jsonable(results), indent=2))
+        table = markdown(results)
+        (args.out / "peers_pendulum.md").write_text(table + "\n")
     print("\n" + table)
     return 1 if results["errors"] else 0
 

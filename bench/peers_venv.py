@@ -19,9 +19,9 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 VENV = HERE / ".peers-venv"
 STAMP = ".built.json"  # in the venv: the requirements' hash, the build's seconds and date
-# torch <= 2.14.1 on this project's machines (pip's constraints there); the pins keep the
-# peer's figures comparable from run to run.
-REQUIREMENTS = ("stable-baselines3==2.9.2", "torch==2.14.1")
+# torch 2.13.0 is the CPU build that lies on this project's machines (2.14.1 there is a CUDA
+# build of several GB); the pins keep the peer's figures comparable from run to run.
+REQUIREMENTS = ("stable-baselines3==2.9.2", "torch==2.13.0")
 # Installed into the built venv on first need (not in `REQUIREMENTS`, whose change would
 # rebuild torch): the MuJoCo envs, pinned to the version the project's own tests use.
 EXTRAS = {"mujoco": ("mujoco==4.0.1", "imageio>=2.14.1", "packaging>=23")}

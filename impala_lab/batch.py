@@ -28,9 +28,16 @@ space's flattened size, K = episodes that ended in the fragment):
     state_in          [B, 2, C]   float32, recurrent policies only (None otherwise): each
                                   column's LSTM state (h, c) before step 0, as the actor
                                   held it (zeros at an episode's start); C = lstm_cell_size
+    final_obs         [N, *obs_shape]  the final observation of each truncated step, column
+                                  by column and in time order within a column (N =
+                                  truncateds.sum()), for a bootstrap from the learner's value
+                                  (``truncation_bootstrap="learner"``); None if not recorded
 
-``state_in`` is optional: `to_dict` leaves it out when it is None, concatenating needs it in
-all batches or in none, and slicing takes its columns.
+``state_in`` and ``final_obs`` are optional: `to_dict` leaves them out when None,
+concatenating needs each in all batches or in none, and slicing takes the columns' rows. In
+column order, joining batches along B appends their ``final_obs`` and a slice of columns owns
+one contiguous run of rows; a batch holds one row per truncated episode, not per step, so
+image batches stay small.
 
 This module imports numpy only: actor processes import it.
 """
@@ -62,7 +69,7 @@ _EPISODES = ("episode_returns", "episode_lengths")
 # Every field, in declaration order.
 FIELDS: tuple[str, ...] = _TIME_MAJOR + _PER_COLUMN + _EPISODES
 # Fields that may be None (laid out [B, ...], like _PER_COLUMN).
-OPTIONAL_FIELDS: tuple[str, ...] = ("state_in",)
+OPTIONAL_FIELDS: tuple[str, ...] = ("state_in", "final_obs")
 
 # Fixed dtypes; obs/bootstrap_obs may be float32 or uint8 (checked separately).
 # actions: int64 [T, B] (Discrete) or float32 [T, B, D] (Box), by rank.
@@ -100,6 +107,7 @@ class SampleBatch:
     episode_returns: np.ndarray
     episode_lengths: np.ndarray
     state_in: np.ndarray | None = None
+    final_obs: np.ndarray | None = None
 
     # ------------------------------------------------------------------ sizes
     @property
@@ -241,13 +249,22 @@ class SampleBatch:
                     f"SampleBatch field 'state_in' has dtype {state.dtype}, expected float32; "
                     "convert it with .astype(np.float32)."
                 )
+        final = self.final_obs
+        num_truncated = int(self.truncateds.sum())
+        if final is not None and (final.shape != (num_truncated, *obs_shape)
+                                  or final.dtype != self.obs.dtype):
+            raise ValueError(
+                f"SampleBatch field 'final_obs' is {final.dtype}{list(final.shape)}, expected "
+                f"{self.obs.dtype}{[num_truncated, *obs_shape]}: one observation per truncated "
+                "step (truncateds.sum()), with the dtype of 'obs'."
+            )
         if check_values:
             self._check_values()
         return self
 
     def _check_values(self) -> None:
         for name in ("obs", "actions", "bootstrap_obs", "rewards", "truncation_values",
-                     "behaviour_logits", "episode_returns", "state_in"):
+                     "behaviour_logits", "episode_returns", "state_in", "final_obs"):
             a = getattr(self, name)
             if a is None:
                 continue
@@ -307,9 +324,11 @@ class SampleBatch:
         for name in _EPISODES:
             a = getattr(self, name)
             values[name] = a if start == 0 else a[:0]
-        for name in OPTIONAL_FIELDS:
-            a = getattr(self, name)
-            values[name] = None if a is None else a[cols]
+        values["state_in"] = None if self.state_in is None else self.state_in[cols]
+        if self.final_obs is not None:  # the columns' rows: one run, in column order
+            per_column = self.truncateds.sum(axis=0)
+            first = int(per_column[:start].sum())
+            values["final_obs"] = self.final_obs[first: first + int(per_column[cols].sum())]
         return SampleBatch(**values)
 
     def split_columns(self, n: int) -> list[SampleBatch]:
@@ -401,14 +420,16 @@ def concat_samples(batches: Sequence[SampleBatch]) -> SampleBatch:
 def _check_compatible(batches: list[SampleBatch]) -> None:
     """Raises ValueError unless every batch matches batch 0 outside the concatenated axis."""
     first = batches[0]
+    why = {"state_in": "batches of a recurrent and a feed-forward policy (use_lstm) cannot be "
+                       "joined.",
+           "final_obs": "record the final observations in all batches or in none."}
     for name in OPTIONAL_FIELDS:
         has = [getattr(b, name) is not None for b in batches]
         if any(has) and not all(has):
             i = has.index(not has[0])
             raise ValueError(
                 f"concat_samples: batch 0 {'has' if has[0] else 'has no'} {name!r} but batch "
-                f"{i} {'has' if has[i] else 'has none'}; batches of a recurrent and a "
-                f"feed-forward policy (use_lstm) cannot be joined."
+                f"{i} {'has' if has[i] else 'has none'}; {why[name]}"
             )
     for name in first._present():
         ref = getattr(first, name, None)

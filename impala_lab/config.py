@@ -140,6 +140,11 @@ class ImpalaConfig:
                                     group="pipeline")
     num_sgd_iter: int = _f(1, "Passes over each train batch (the ring's max ttl).",
                            group="pipeline")
+    minibatch_size: int | None = _f(
+        None, "Env steps per optimizer step: each pass over a train batch is split into "
+        "minibatches of this many steps, whole columns of sample_batch_size steps (RLlib's "
+        "minibatch_size, SB3's batch_size); None: one step per pass on the whole batch. With "
+        "the single-device learner.", group="pipeline")
     broadcast_interval: int = _f(1, "Sample batches a worker returns between weight refreshes "
                                  "(once the learner has new weights).", group="pipeline")
     max_policy_lag: int = _f(
@@ -190,6 +195,28 @@ class ImpalaConfig:
     vtrace_clip_pg_rho_threshold: float | None = _f(
         1.0, "Clip of importance weights in the policy-gradient advantage; None disables.",
         group="training")
+    loss: str = _f(
+        "impala", "The policy's loss: 'impala' (the policy gradient with off_policy_correction) "
+        "or 'appo' (RLlib's APPO: PPO's clipped surrogate on V-trace advantages, which holds "
+        "over several num_sgd_iter passes and minibatches per batch; with V-trace). The "
+        "equations are in impala_lab/learner/appo.py.", group="training")
+    clip_param: float = _f(
+        0.4, "APPO: the surrogate's clip range; a step's ratio pi/mu stops pulling once "
+        "outside [1 - clip_param, 1 + clip_param] (RLlib's APPO default).", group="training")
+    use_kl_loss: bool = _f(
+        False, "APPO: add kl_coeff * KL(mu || pi), a penalty toward the behaviour policy "
+        "(RLlib's), its coefficient adapted toward kl_target after every update.",
+        group="training")
+    kl_coeff: float = _f(1.0, "APPO with use_kl_loss: the KL penalty's first coefficient.",
+                         group="training")
+    kl_target: float = _f(
+        0.01, "APPO with use_kl_loss: the mean KL per step the coefficient aims at (x1.5 "
+        "above twice this, x0.5 below half of it).", group="training")
+    truncation_bootstrap: str = _f(
+        "actor", "Where a time-limited episode's bootstrap value V(final observation) comes "
+        "from: 'actor' (the behaviour weights', computed when the episode was cut) or "
+        "'learner' (the learner's network on the batch's final_obs at each update, as "
+        "RLlib's new stack).", group="training")
     # --- learner ------------------------------------------------------------------------------
     num_gpus: int = _f(0, "Learner devices; > 1 selects the MultiGPULearner.", group="learner")
     fake_gpus: bool = _f(

@@ -26,6 +26,8 @@ from impala_lab.schedules import check_schedule, parse_schedule
 BACKENDS = ("process", "inline", "ray")
 OPTIMIZERS = ("adam", "rmsprop")
 OFF_POLICY_CORRECTIONS = ("vtrace", "is1", "epsilon", "none")
+LOSSES = ("impala", "appo")
+TRUNCATION_BOOTSTRAPS = ("actor", "learner")
 EVALUATION_ACTIONS = ("greedy", "sampled", "both")
 WORKERS_PER_CPU = 8  # worker processes per CPU a config may ask for (max_num_workers=None)
 
@@ -229,7 +231,8 @@ def _check_values(c: Any) -> None:
         if getattr(c, name) < 1:
             bad(name, getattr(c, name), "it must be a positive integer (>= 1)")
     _check_upper_bounds(c)
-    for name in ("lr", "grad_clip", "learner_queue_timeout", "epsilon", "reward_scale"):
+    for name in ("lr", "grad_clip", "learner_queue_timeout", "epsilon", "reward_scale",
+                 "clip_param", "kl_target"):
         value = getattr(c, name)
         if not (value > 0 and math.isfinite(value)):
             bad(name, value, "it must be a positive finite number")
@@ -245,7 +248,8 @@ def _check_values(c: Any) -> None:
         bad("replay_buffer_num_slots", c.replay_buffer_num_slots, "use 0 to disable replay")
     for name in ("gamma", "decay", "momentum"):
         check_range(name, getattr(c, name), 0.0, 1.0)
-    for name in ("vf_loss_coeff", "entropy_coeff", "replay_proportion", "action_bound_coeff"):
+    for name in ("vf_loss_coeff", "entropy_coeff", "replay_proportion", "action_bound_coeff",
+                 "kl_coeff"):
         check_range(name, getattr(c, name), 0.0, math.inf)
     for name in ("vtrace_clip_rho_threshold", "vtrace_clip_pg_rho_threshold"):
         value = getattr(c, name)
@@ -266,7 +270,8 @@ def _check_values(c: Any) -> None:
             "triples of positive integers, e.g. [[16, 3, 1]], or None to pick by image size")
     for name, choices in (("backend", BACKENDS), ("conv_net", CONV_NETS),
                           ("opt_type", OPTIMIZERS),
-                          ("off_policy_correction", OFF_POLICY_CORRECTIONS)):
+                          ("off_policy_correction", OFF_POLICY_CORRECTIONS),
+                          ("loss", LOSSES), ("truncation_bootstrap", TRUNCATION_BOOTSTRAPS)):
         check_choice(name, getattr(c, name), choices)
     for name in ("max_policy_lag", "extra_policy_lag"):
         if getattr(c, name) < 0:
@@ -355,6 +360,14 @@ def _check_combinations(c: Any) -> None:
                 f"reach train_batch_size), which does not split evenly across "
                 f"{c.num_learner_devices} learner devices; choose train_batch_size and "
                 f"num_envs_per_worker so that the column count is a multiple of num_gpus")
+    _check_minibatches(c)
+    if c.loss == "appo" and c.off_policy_correction != "vtrace":
+        bad("loss", c.loss, f"APPO's advantages are V-trace's, but off_policy_correction="
+            f"{c.off_policy_correction!r}; set off_policy_correction='vtrace' (or leave it out), "
+            "or loss='impala'")
+    if c.use_kl_loss and c.loss != "appo":
+        bad("use_kl_loss", c.use_kl_loss, "the KL penalty is APPO's; set loss='appo', or "
+            "use_kl_loss=False")
     if c.fake_gpus and c.num_gpus < 1:
         bad("fake_gpus", c.fake_gpus, "set num_gpus >= 1 to say how many fake devices")
     if not c.vtrace and c.off_policy_correction == "vtrace":
@@ -373,3 +386,19 @@ def _check_combinations(c: Any) -> None:
             f"updates behind and more than max_policy_lag would be dropped; set "
             f"max_policy_lag above extra_policy_lag (e.g. {2 * c.extra_policy_lag + 10}) or "
             f"lower extra_policy_lag")
+
+
+def _check_minibatches(c: Any) -> None:
+    """minibatch_size: whole columns that split every train batch evenly, on one device."""
+    size = c.minibatch_size
+    if size is None:
+        return
+    T, columns = c.sample_batch_size, c.train_batch_columns
+    fits = [k * T for k in range(1, columns + 1) if columns % k == 0]
+    if size < 1 or size % T or columns % (size // T):
+        bad("minibatch_size", size,
+            f"a minibatch is whole columns of sample_batch_size={T} steps that split the train "
+            f"batch's {columns} columns evenly; choose one of {fits}, or None")
+    if c.uses_multi_gpu_learner:
+        bad("minibatch_size", size, "minibatches run on the single-device learner; set "
+            "num_gpus <= 1 and num_data_loader_buffers=1, or minibatch_size=None")

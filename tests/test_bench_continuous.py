@@ -3,6 +3,7 @@ runs (no training)."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -119,3 +120,57 @@ def test_the_mujoco_peers_results_are_named_by_envs_and_budget():
     assert peers_mujoco.results_name(["HalfCheetah-v5", "Hopper-v5"], 300.0) == \
         "peers_mujoco_halfcheetah_hopper_300s"
     assert peers_mujoco.results_name(["Hopper-v5"], 1200.0) == "peers_mujoco_hopper_1200s"
+
+
+def test_each_seeds_fall_from_its_own_best_is_reported():
+    runs = [{"seed": 7, "ppo_zoo": {**_budget_run([1, 2, 3, 800], [1] * 4),
+                                    "best_return_mean": 1000.0},
+             "impala_lab": {**_budget_run([1, 2, 3, 2000], [1] * 4), "best_return_mean": 2000.0}},
+            {"seed": 8, "ppo_zoo": _budget_run([1, 2, 3, 700], [1] * 4),
+             "impala_lab": {**_budget_run([1, 2, 3, 1500], [1] * 4), "best_return_mean": 3000.0}}]
+    s = peers_mujoco.summarize(runs)
+    assert s["ppo_zoo"]["falls_from_best"] == [0.2, None]  # no full window: not measured
+    assert s["impala_lab"]["falls_from_best"] == [0.0, 0.5]
+    text = peers_mujoco.markdown({"budget": 400.0, "summaries": {"Hopper-v5": s},
+                                  "seeds": {"Hopper-v5": [7, 8]}})
+    assert ("impala_lab, tuned preset: each seed's fall from its own best trailing mean at "
+            "400 s: 0%, 50%.") in text
+    assert "SB3 PPO, RL Zoo's settings: each seed's fall from its own best trailing mean at " \
+           "400 s: 20%, n/a." in text
+
+
+def test_the_best_trailing_mean_counts_only_full_windows(tmp_path):
+    path = tmp_path / "metrics.csv"
+    path.write_text("episode_return_mean,episode_return_count\n5000,12\n900,100\n1200,100\n"
+                    "1100,100\n")
+    assert peers_mujoco.best_full_window(path) == 1200.0
+    assert peers_mujoco.best_full_window(tmp_path / "missing.csv") is None
+
+
+def test_the_mujoco_bench_runs_in_pieces_and_resumes_the_missing_seeds(tmp_path, monkeypatch):
+    from bench import peers
+
+    calls = []
+
+    def fake(system):
+        def run(env_id, seed, budget):
+            calls.append((system, seed))
+            return {**_budget_run([1, 2, 3, 4], [1] * 4, budget=budget),
+                    "best_return_mean": 4.0}
+        return run
+
+    monkeypatch.setattr(peers, "ensure_venv", lambda: {"path": "fake"})
+    monkeypatch.setattr(peers, "ensure_extra", lambda venv, name: [])
+    monkeypatch.setattr(peers_mujoco, "run_ppo", fake("ppo_zoo"))
+    monkeypatch.setattr(peers_mujoco, "run_impala", fake("impala_lab"))
+    args = ["--envs", "Hopper-v5", "--budget", "400", "--seeds", "3", "--out", str(tmp_path)]
+    assert peers_mujoco.main([*args, "--max-pairs", "2"]) == 0
+    saved = json.loads((tmp_path / "peers_mujoco_hopper_400s.json").read_text())
+    seeds = saved["seeds"]["Hopper-v5"]
+    assert [r["seed"] for r in saved["runs"]["Hopper-v5"]] == seeds[:2]
+    assert peers_mujoco.main([*args, "--resume"]) == 0
+    saved = json.loads((tmp_path / "peers_mujoco_hopper_400s.json").read_text())
+    assert saved["seeds"]["Hopper-v5"] == seeds
+    assert [r["seed"] for r in saved["runs"]["Hopper-v5"]] == seeds
+    assert sorted(calls) == sorted((s, seed) for seed in seeds for s in ("ppo_zoo", "impala_lab"))
+    assert saved["summaries"]["Hopper-v5"]["impala_lab"]["n"] == 3

@@ -30,11 +30,12 @@ class Fragment:
     for a Box), ``logits`` [T, B, num_actions] float32 (the action distribution's inputs),
     ``rewards64`` [T, B] float64 (checked before the cast to float32), ``terminateds`` and
     ``truncateds`` [T, B] bool, ``truncation_values`` [T, B] float32; ``done_returns`` and
-    ``done_lengths``: the episodes that ended, in order of (step, env index).
+    ``done_lengths``: the episodes that ended, in order of (step, env index); ``finals``: the
+    truncated episodes' final observations as (env index, step, observation).
     """
 
-    __slots__ = ("actions", "done_lengths", "done_returns", "logits", "obs", "rewards64",
-                 "terminateds", "truncateds", "truncation_values")
+    __slots__ = ("actions", "done_lengths", "done_returns", "finals", "logits", "obs",
+                 "rewards64", "terminateds", "truncateds", "truncation_values")
 
     def __init__(self, T: int, n: int, obs_shape: tuple[int, ...], obs_dtype: np.dtype,
                  num_actions: int, action_shape: tuple[int, ...], action_dtype: np.dtype
@@ -48,6 +49,14 @@ class Fragment:
         self.truncation_values = np.zeros((T, n), np.float32)
         self.done_returns: list[float] = []
         self.done_lengths: list[int] = []
+        self.finals: list[tuple[int, int, np.ndarray]] = []
+
+    def final_obs(self) -> np.ndarray:
+        """The batch's ``final_obs`` [N, *obs_shape]: ``finals`` by env, then by step."""
+        rows = [o for _, _, o in sorted(self.finals, key=lambda f: f[:2])]
+        if not rows:
+            return np.empty((0, *self.obs.shape[2:]), self.obs.dtype)
+        return np.stack(rows).astype(self.obs.dtype, copy=False)
 
 
 class PolicyOutput:

@@ -17,7 +17,7 @@ the moment it reports ``terminated`` or ``truncated`` (faster than
   cuts the trace there). A step that is both terminated and truncated counts as terminated.
 - At a truncated step the final observation is lost to the next ``obs`` row, so the
   worker stores ``truncation_values[t, b]`` = V(final obs) under its current numpy model
-  and the learner bootstraps from it.
+  and the learner bootstraps from it (the batch's ``final_obs`` keeps the observation too).
 
 Recurrent policies (``use_lstm``). The worker keeps each env's LSTM state (h, c) across
 `sample` calls, stores the state before row 0 as the batch's ``state_in`` [B, 2, C], and
@@ -226,9 +226,8 @@ class RolloutWorker:
 
     def _reset_env(self, index: int, env: gym.Env, seed: int | None = None) -> np.ndarray:
         obs, _ = env.reset(seed=seed)
-        after = f"after env step {self._steps_per_env}" if self._steps_per_env else (
-            "before any step"
-        )
+        steps = self._steps_per_env
+        after = f"after env step {steps}" if steps else "before any step"
         obs = self._checks.checked_obs(index, obs, f"from reset() {after}")
         if self._check_obs and not np.isfinite(obs).all():
             self._checks.raise_nonfinite(index, "observation", obs, f"from reset() {after}")
@@ -391,8 +390,7 @@ class RolloutWorker:
             frag.terminateds[t, i] = True
         else:
             frag.truncateds[t, i] = True
-            if finals is None:
-                finals = []
+            finals = finals or []  # None until the row's first truncation
             # Copied: reset() may reuse the env's obs buffer.
             finals.append((i, np.array(final_obs, copy=True)))
         frag.done_returns.append(float(self._ep_returns[i]))
@@ -407,10 +405,10 @@ class RolloutWorker:
 
     def _end_row(self, frag: Fragment, t: int, r_row: list[Any],
                  finals: list[tuple[int, Any]] | None, state: np.ndarray | None) -> None:
-        """Every env stepped once: stores the row's rewards, checks the next observations
-        and computes the bootstrap values of the truncated episodes; a recurrent policy's
-        ``state`` (after this row's step) is zeroed, in place, for the envs whose episode
-        ended."""
+        """Every env stepped once: stores the row's rewards, checks the next observations,
+        computes the truncated episodes' bootstrap values and keeps their final observations;
+        a recurrent policy's ``state`` (after this row's step) is zeroed, in place, for the
+        envs whose episode ended."""
         self._steps_per_env += 1
         frag.rewards64[t] = r_row
         nxt = frag.obs[t + 1]
@@ -419,6 +417,7 @@ class RolloutWorker:
                                     frag.truncateds)
         if finals is not None:
             self._fill_truncation_values(finals, frag.truncation_values[t], state)
+            frag.finals += [(i, t, o) for i, o in finals]
         if state is not None:
             ended = frag.terminateds[t] | frag.truncateds[t]
             if ended.any():
@@ -454,6 +453,7 @@ class RolloutWorker:
             episode_returns=np.asarray(frag.done_returns, np.float64),
             episode_lengths=np.asarray(frag.done_lengths, np.int64),
             state_in=state_in,
+            final_obs=frag.final_obs(),
         )
 
     def _fill_truncation_values(

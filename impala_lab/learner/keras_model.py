@@ -211,7 +211,8 @@ def trunk_model(model: keras.Model) -> keras.Model:
 
 
 def lstm_unroll(model: keras.Model, trunk: keras.Model, obs: tf.Tensor, state_in: tf.Tensor,
-                dones: tf.Tensor, bootstrap_obs: tf.Tensor
+                dones: tf.Tensor, bootstrap_obs: tf.Tensor,
+                final: tuple[tf.Tensor, tf.Tensor] | None = None
                 ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor]:
     """A recurrent model over a [T, B] batch, resetting the state where an episode ended.
 
@@ -227,21 +228,24 @@ def lstm_unroll(model: keras.Model, trunk: keras.Model, obs: tf.Tensor, state_in
       state_in: float32 [B, 2, C], the state before step 0.
       dones: float32 [T, B], 1 where the episode ended at this step (terminated or truncated).
       bootstrap_obs: [B, *obs_shape], the observation after the last step.
+      final: optional (final_obs [N, *obs_shape], index [N, 2] of (t, b)): truncated
+        episodes' final observations, each stepped from the state after step t in column b.
 
     Returns:
-      (logits [T, B, A], values [T, B], bootstrap_value [B], state_out [B, 2, C]); state_out
-      is the state after the last step (before the bootstrap step).
+      (logits [T, B, A], values [T, B], bootstrap_value [B] (then ``final``'s N values),
+      state_out [B, 2, C], the state after the last step, before the bootstrap step).
     """
     import tensorflow as tf
 
     T, B = tf.shape(obs)[0], tf.shape(obs)[1]
     flat_obs = tf.reshape(obs, tf.concat([[T * B], tf.shape(obs)[2:]], axis=0))
     # The trunk and the input half of the gates for every step at once: one gemm each.
-    features = trunk(tf.concat([flat_obs, bootstrap_obs], axis=0))
+    extra = [] if final is None else [final[0]]
+    features = trunk(tf.concat([flat_obs, bootstrap_obs, *extra], axis=0))
     lstm = model.get_layer("lstm")
     cell = lstm.units
-    gates_x = tf.matmul(features, lstm.kernel) + lstm.bias
-    gates_x = tf.reshape(gates_x, [T + 1, B, 4 * cell])
+    all_gates_x = tf.matmul(features, lstm.kernel) + lstm.bias
+    gates_x = tf.reshape(all_gates_x[: (T + 1) * B], [T + 1, B, 4 * cell])
     # keep[t] = 0 where the state is zeroed before step t: where an episode ended at t - 1.
     ended = tf.cast(dones, tf.float32)[:, :, None]  # [T, B, 1]
     keep = tf.concat([tf.ones_like(ended[:1]), 1.0 - ended], axis=0)  # [T + 1, B, 1]
@@ -258,6 +262,9 @@ def lstm_unroll(model: keras.Model, trunk: keras.Model, obs: tf.Tensor, state_in
     hs, cs = tf.scan(step, (gates_x, keep), initializer=(state_in[:, 0], state_in[:, 1]))
     state_out = tf.stack([hs[T - 1], cs[T - 1]], axis=1) * keep[T][:, None]
     flat_h = tf.reshape(hs, [(T + 1) * B, cell])
+    if final is not None:  # hs[t], cs[t]: the state after step t, before any reset
+        state = (tf.gather_nd(hs, final[1]), tf.gather_nd(cs, final[1]))
+        flat_h = tf.concat([flat_h, step(state, (all_gates_x[(T + 1) * B:], 1.0))[0]], 0)
     logits = model.get_layer("logits_head")(flat_h)
     values = tf.reshape(model.get_layer("value_head")(flat_h), [-1])
     num_actions = tf.shape(logits)[-1]

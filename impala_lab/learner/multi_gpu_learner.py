@@ -247,9 +247,13 @@ class MultiGPULearner(LearnerThread):
         self._error_lock = threading.Lock()
         self._pending_wait = 0.0  # waited for a ready buffer in calls that got none
         self.num_traces = 0
-        # No autograph, as in VTracePolicy: nothing to convert, and converting costs trace time.
-        self._train_step = tf.function(self._train_step_impl, autograph=False)
-        self._grads_fn = tf.function(self.tower_gradients, autograph=False)
+        # No autograph, as in VTracePolicy: nothing to convert, and converting costs trace time;
+        # the parts' final_obs rows vary in number, as in VTracePolicy.
+        relax = getattr(policy, "learner_bootstrap", False)
+        self._train_step = tf.function(self._train_step_impl, autograph=False,
+                                       reduce_retracing=relax)
+        self._grads_fn = tf.function(self.tower_gradients, autograph=False,
+                                     reduce_retracing=relax)
 
     # ------------------------------------------------------------------ staging
     def stage_batch(self, batch: SampleBatch) -> tuple[dict[str, tf.Tensor], ...]:
@@ -261,7 +265,7 @@ class MultiGPULearner(LearnerThread):
         parts = batch.split_columns(len(self.devices))
         staged = []
         for device, part in zip(self.devices, parts, strict=True):
-            arrays = batch_to_tensors(part)
+            arrays = batch_to_tensors(part, getattr(self.policy, "learner_bootstrap", False))
             with tf.device(device):
                 # identity under the device scope copies the host array onto the device.
                 staged.append({k: tf.identity(v) for k, v in arrays.items()})
@@ -318,7 +322,7 @@ class MultiGPULearner(LearnerThread):
             stats = {k: float(v) for k, v in out.items()}
             finite = all(np.isfinite(stats[k]) for k in ("total_loss", "grad_gnorm"))
             if finite:
-                policy.version += 1
+                policy.count_update(stats)
             else:  # counted on the policy, as VTracePolicy.learn_on_batch does
                 policy.num_updates_skipped = getattr(policy, "num_updates_skipped", 0) + 1
         stats["policy_version"] = policy.version

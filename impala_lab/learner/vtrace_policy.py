@@ -10,14 +10,18 @@ The loss is RLlib's (and scalable_agent's) IMPALA loss, summed over the batch::
 That is ``off_policy_correction="vtrace"`` (the default). The config's ``off_policy_correction``
 chooses how the loss treats lagged data: "vtrace", "is1", "epsilon" or "none" (the IMPALA
 paper's section 5.2.2); `impala_lab.learner.corrections` writes each one's targets and advantages
-out.
+out. ``loss="appo"`` swaps the policy term for PPO's clipped surrogate on V-trace advantages
+(`impala_lab.learner.appo`), which lets ``num_sgd_iter`` passes and ``minibatch_size``
+minibatches take many updates per batch.
 
 Episode ends: the discount is 0 only on *termination*. On *truncation* (a time limit) the
 episode did not end in the MDP, so the target bootstraps from the value of the final
 observation; the actor stores that value as ``truncation_values`` and the learner adds
 ``gamma * truncation_values`` to the reward at that step (with discount 0 for the next step,
 which belongs to a new episode). The value comes from the behaviour policy's weights, one
-broadcast old at most, as in Stable-Baselines3's treatment of time limits.
+broadcast old at most, as in Stable-Baselines3's treatment of time limits; with
+``truncation_bootstrap="learner"`` it is the learner's own, at each update, from the batch's
+``final_obs`` (RLlib's new stack).
 
 Recurrent policies (``use_lstm``): the learner runs the LSTM over each column from the batch's
 ``state_in`` with `keras_model.lstm_unroll`, zeroing the state after every step where an
@@ -43,6 +47,12 @@ import tensorflow as tf
 from impala_lab.batch import SampleBatch
 from impala_lab.config import ImpalaConfig
 from impala_lab.errors import NonFiniteLossError
+from impala_lab.learner.appo import (
+    APPO_STAT_KEYS,
+    adapt_kl_coeff,
+    appo_advantages,
+    clipped_surrogate,
+)
 from impala_lab.learner.corrections import correction_terms
 from impala_lab.learner.distributions import tf_distribution
 from impala_lab.learner.keras_model import build_keras_model, lstm_unroll, trunk_model
@@ -91,9 +101,10 @@ def action_bound(action_space: Any, squash: bool) -> tuple[np.ndarray, np.ndarra
     return ((low + high) / 2).astype(np.float32), ((high - low) / 2).astype(np.float32)
 
 
-def batch_to_tensors(batch: SampleBatch) -> dict[str, np.ndarray]:
+def batch_to_tensors(batch: SampleBatch, final_obs: bool = False) -> dict[str, np.ndarray]:
     """The arrays of a `SampleBatch` the loss needs, with fixed dtypes (so no retracing);
-    ``state_in`` [B, 2, C] only for a recurrent policy's batch."""
+    ``state_in`` [B, 2, C] only for a recurrent policy's batch, ``final_obs`` [N, ...] only
+    when asked (``truncation_bootstrap="learner"``)."""
     tensors = {
         "obs": batch.obs,
         # indices as int32 (Discrete spaces); any other action keeps a float32 vector
@@ -108,6 +119,12 @@ def batch_to_tensors(batch: SampleBatch) -> dict[str, np.ndarray]:
     }
     if batch.state_in is not None:
         tensors["state_in"] = batch.state_in.astype(np.float32, copy=False)
+    if final_obs:
+        if batch.final_obs is None and batch.truncateds.any():
+            raise ValueError("truncation_bootstrap='learner' needs the batch's final_obs (the "
+                             "final observation of each truncated step); this batch has none")
+        tensors["final_obs"] = (batch.final_obs if batch.final_obs is not None else
+                                np.empty((0, *batch.obs_shape), batch.obs.dtype))
     return tensors
 
 
@@ -132,6 +149,9 @@ class VTracePolicy:
         #: the keys of `learn_on_batch`'s stats (without policy_version)
         self.stat_keys = STAT_KEYS + (GAUSSIAN_STAT_KEYS
                                       if self.distribution.name == "diag_gaussian" else ())
+        self.stat_keys += APPO_STAT_KEYS if config.loss == "appo" else ()
+        #: the loss bootstraps truncated episodes from its own values of ``final_obs``
+        self.learner_bootstrap = config.truncation_bootstrap == "learner"
         self._bound = action_bound(action_space, config.squash_actions)
         self.model = build_keras_model(observation_space, action_space, config.model_spec,
                                        seed=config.seed)
@@ -139,6 +159,8 @@ class VTracePolicy:
         self.lr = tf.Variable(config.lr, dtype=tf.float32, trainable=False, name="lr")
         self.entropy_coeff = tf.Variable(config.entropy_coeff, dtype=tf.float32,
                                          trainable=False, name="entropy_coeff")
+        self.kl_coeff = tf.Variable(config.kl_coeff, dtype=tf.float32, trainable=False,
+                                    name="kl_coeff")
         self.optimizer = self._make_optimizer(config)
         self.optimizer.build(self.model.trainable_variables)
         self.version = 0
@@ -148,8 +170,10 @@ class VTracePolicy:
         # get_weights() from the driver must not read a half-applied update.
         self.lock = threading.Lock()
         # autograph=False: the step has no Python control flow on tensors to convert (the
-        # skip of a non-finite update is an explicit tf.cond).
-        self._train_step = tf.function(self._train_step_impl, autograph=False)
+        # skip of a non-finite update is an explicit tf.cond). final_obs has a row per
+        # truncation, a count that varies: one more trace then serves any count.
+        self._train_step = tf.function(self._train_step_impl, autograph=False,
+                                       reduce_retracing=self.learner_bootstrap)
         self.num_traces = 0
         # Train batches whose observations the statistics hold (dropped with the batches).
         self._batches_seen: weakref.WeakSet[SampleBatch] = weakref.WeakSet()
@@ -186,20 +210,20 @@ class VTracePolicy:
             [T, B] (Discrete) or [T, B, D] (Box), rewards/terminateds/truncateds/
             truncation_values [T, B], behaviour_logits [T, B, A] (the behaviour policy's
             distribution inputs: for a Box, D means then D log-stds), bootstrap_obs [B, ...];
-            a recurrent policy's also state_in [B, 2, C].
+            a recurrent policy's state_in [B, 2, C]; final_obs [N, ...] (learner bootstrap).
 
         Returns:
           total loss (scalar) and a dict of scalar stats (``stat_keys`` without the norms).
         """
         config = self.config
-        target_logits, values, bootstrap_value = self._forward(tensors)
+        target_logits, values, bootstrap_value, truncation_values = self._forward(tensors)
         T, B = tf.shape(values)[0], tf.shape(values)[1]  # time steps, columns
         terminated = tensors["terminateds"]
         truncated = tensors["truncateds"] * (1.0 - terminated)
         discounts = config.gamma * (1.0 - tf.maximum(terminated, truncated))
         # A truncated step's value estimate is the network's, already in scaled units.
         rewards = (config.reward_scale * tensors["rewards"]
-                   + config.gamma * truncated * tensors["truncation_values"])
+                   + config.gamma * truncated * truncation_values)
 
         terms = correction_terms(
             config.off_policy_correction, behaviour_logits=tensors["behaviour_logits"],
@@ -209,10 +233,12 @@ class VTracePolicy:
             clip_pg_rho_threshold=config.vtrace_clip_pg_rho_threshold,
             distribution=self.distribution)
 
-        policy_loss = -tf.reduce_sum(terms.log_probs * terms.pg_advantages)
+        policy_loss, kl_loss, policy_stats = self._policy_terms(
+            terms, tensors, target_logits, rewards, discounts, values, bootstrap_value)
         vf_loss = 0.5 * tf.reduce_sum(tf.square(terms.vs - values))
         entropy = tf.reduce_sum(self.distribution.entropy(target_logits))
-        total = policy_loss + config.vf_loss_coeff * vf_loss - self.entropy_coeff * entropy
+        total = (policy_loss + kl_loss + config.vf_loss_coeff * vf_loss
+                 - self.entropy_coeff * entropy)
         bound_loss = tf.constant(0.0)
         if self.distribution.name == "diag_gaussian" and self._bound is not None:
             # Past the bound every draw near the mean reaches the env as the same action:
@@ -228,7 +254,7 @@ class VTracePolicy:
         stats = {"total_loss": total, "policy_loss": policy_loss, "vf_loss": vf_loss,
                  "entropy": entropy / tf.cast(T * B, tf.float32),
                  "mean_rho": tf.reduce_mean(tf.exp(terms.log_rhos)),
-                 "vf_explained_var": explained}
+                 "vf_explained_var": explained, **policy_stats}
         if self.distribution.name == "diag_gaussian":
             mean, log_std = self.distribution.split(target_logits)  # [T, B, D] each
             stats["action_mean"] = tf.reduce_mean(mean)
@@ -236,23 +262,52 @@ class VTracePolicy:
             stats["action_bound_loss"] = bound_loss / tf.cast(T * B, tf.float32)
         return total, stats
 
-    def _forward(self, tensors: dict[str, tf.Tensor]) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    def _policy_terms(self, terms: Any, tensors: dict[str, tf.Tensor], target_logits: tf.Tensor,
+                      rewards: tf.Tensor, discounts: tf.Tensor, values: tf.Tensor,
+                      bootstrap_value: tf.Tensor) -> tuple[tf.Tensor, Any, dict[str, Any]]:
+        """(policy_loss, kl_loss, extra stats): the policy gradient of the correction's
+        terms; or with ``loss="appo"`` the clipped surrogate on V-trace advantages and, with
+        ``use_kl_loss``, ``kl_coeff * KL(mu || pi)`` (`impala_lab.learner.appo`)."""
+        if self.config.loss != "appo":
+            return -tf.reduce_sum(terms.log_probs * terms.pg_advantages), 0.0, {}
+        advantages = appo_advantages(terms.vs, rewards, discounts, values, bootstrap_value)
+        policy_loss, clip_fraction = clipped_surrogate(terms.log_rhos, advantages,
+                                                       self.config.clip_param)
+        kl = self.distribution.kl(tensors["behaviour_logits"], target_logits)  # [T, B]
+        kl_loss = self.kl_coeff * tf.reduce_sum(kl) if self.config.use_kl_loss else 0.0
+        return policy_loss, kl_loss, {"clip_fraction": clip_fraction, "kl": tf.reduce_mean(kl),
+                                      "kl_coeff": tf.identity(self.kl_coeff)}
+
+    def _forward(self, tensors: dict[str, tf.Tensor]
+                 ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor]:
         """The learner's network on a batch: (logits [T, B, A], values [T, B], bootstrap
-        values [B]); a recurrent one unrolls from ``state_in`` with the episode resets."""
-        obs = tensors["obs"]
+        values [B], truncation values [T, B]: the batch's, or with ``final_obs`` the
+        network's own values of them); a recurrent one unrolls from ``state_in`` with the
+        episode resets."""
+        obs, final_obs = tensors["obs"], tensors.get("final_obs")
+        T, B = tf.shape(obs)[0], tf.shape(obs)[1]
         if self.trunk is not None:
             ended = tf.maximum(tensors["terminateds"], tensors["truncateds"])
-            logits, values, bootstrap_value, _ = lstm_unroll(
-                self.model, self.trunk, obs, tensors["state_in"], ended,
-                tensors["bootstrap_obs"])
-            return logits, values, bootstrap_value
-        T, B = tf.shape(obs)[0], tf.shape(obs)[1]
-        flat_obs = tf.reshape(obs, tf.concat([[T * B], tf.shape(obs)[2:]], axis=0))
-        # One forward pass over the unroll and the bootstrap observations.
-        logits, values = self.model(tf.concat([flat_obs, tensors["bootstrap_obs"]], axis=0))
-        num_outputs = tf.shape(logits)[-1]
-        return (tf.reshape(logits[: T * B], [T, B, num_outputs]),
-                tf.reshape(values[: T * B], [T, B]), values[T * B:])
+            final = None if final_obs is None else (
+                final_obs, truncation_index(tensors["truncateds"]))
+            logits, values, after, _ = lstm_unroll(self.model, self.trunk, obs,
+                                                   tensors["state_in"], ended,
+                                                   tensors["bootstrap_obs"], final)
+        else:
+            flat_obs = tf.reshape(obs, tf.concat([[T * B], tf.shape(obs)[2:]], axis=0))
+            # One forward pass over the unroll, the bootstrap and any final observations.
+            extra = [] if final_obs is None else [final_obs]
+            logits, all_values = self.model(
+                tf.concat([flat_obs, tensors["bootstrap_obs"], *extra], axis=0))
+            num_outputs = tf.shape(logits)[-1]
+            logits = tf.reshape(logits[: T * B], [T, B, num_outputs])
+            values, after = tf.reshape(all_values[: T * B], [T, B]), all_values[T * B:]
+        # after: the values of the observations after a step, B bootstrap then N final ones.
+        truncation_values = tensors["truncation_values"]
+        if final_obs is not None:  # the learner's values, scattered to their steps
+            truncation_values = tf.scatter_nd(truncation_index(tensors["truncateds"]),
+                                              tf.stop_gradient(after[B:]), [T, B])
+        return logits, values, after[:B], truncation_values
 
     def compute_gradients(self, tensors: dict[str, tf.Tensor]
                           ) -> tuple[list, dict[str, tf.Tensor]]:
@@ -295,25 +350,44 @@ class VTracePolicy:
 
     # ------------------------------------------------------------------ public API
     def learn_on_batch(self, batch: SampleBatch) -> dict[str, float]:
-        """One optimizer step on ``batch`` [T, B]; returns the stats as floats.
+        """One optimizer step on ``batch`` [T, B], or one per minibatch of ``minibatch_size``
+        steps (its columns in order); returns the stats as floats (the minibatches' mean).
 
         Raises:
           NonFiniteLossError: the loss or the gradient norm is not finite; the message
-            gives the batch's statistics (the update was not applied).
+            gives the batch's statistics (that update was not applied, nor any after it).
         """
-        tensors = {k: tf.convert_to_tensor(v) for k, v in batch_to_tensors(batch).items()}
-        with self.lock:
-            self.observe_new_batch(batch)
-            packed = self.run_train_step(tensors)
-            stats = dict(zip(self.stat_keys, packed.numpy().tolist(), strict=True))
-            if all(np.isfinite(stats[k]) for k in ("total_loss", "grad_gnorm")):
-                self.version += 1
-            else:
-                self.num_updates_skipped += 1
-        stats["policy_version"] = self.version
-        if not all(np.isfinite(stats[k]) for k in ("total_loss", "grad_gnorm")):
-            raise NonFiniteLossError(describe_nonfinite(stats, batch))
-        return stats
+        size = self.config.minibatch_size
+        parts = [batch] if size is None else batch.split_columns(
+            batch.B // max(1, size // batch.T))
+        results = []
+        for part in parts:
+            tensors = {k: tf.convert_to_tensor(v)
+                       for k, v in batch_to_tensors(part, self.learner_bootstrap).items()}
+            with self.lock:
+                self.observe_new_batch(batch)
+                packed = self.run_train_step(tensors)
+                stats = dict(zip(self.stat_keys, packed.numpy().tolist(), strict=True))
+                finite = all(np.isfinite(stats[k]) for k in ("total_loss", "grad_gnorm"))
+                if finite:
+                    self.count_update(stats)
+                else:
+                    self.num_updates_skipped += 1
+            stats["policy_version"] = self.version
+            if not finite:
+                raise NonFiniteLossError(describe_nonfinite(stats, part))
+            results.append(stats)
+        out = {k: float(np.mean([r[k] for r in results])) for k in self.stat_keys}
+        out["policy_version"] = self.version
+        return out
+
+    def count_update(self, stats: dict[str, float]) -> None:
+        """An update landed (call with ``self.lock`` held): the version moves on, and with
+        ``use_kl_loss`` the KL coefficient adapts to the update's mean KL (RLlib's rule)."""
+        self.version += 1
+        if self.config.use_kl_loss:
+            self.kl_coeff.assign(adapt_kl_coeff(stats["kl_coeff"], stats["kl"],
+                                                self.config.kl_target))
 
     def run_train_step(self, tensors: dict[str, tf.Tensor]) -> tf.Tensor:
         """The compiled train step on ``tensors``: the stats vector (`stat_keys` order)."""
@@ -383,6 +457,12 @@ class VTracePolicy:
         for var, value in zip(variables, arrays, strict=True):
             var.assign(value)
         self.lr.assign(float(self.optimizer.learning_rate.numpy()))
+
+
+def truncation_index(truncateds: tf.Tensor) -> tf.Tensor:
+    """[N, 2] int64, the (t, b) of each truncated step in ``final_obs``'s order: column by
+    column, in time order within a column."""
+    return tf.reverse(tf.where(tf.transpose(truncateds) > 0), axis=[1])
 
 
 def describe_nonfinite(stats: dict[str, float], batch: SampleBatch) -> str:

@@ -40,10 +40,13 @@ class CompiledPolicy(VTracePolicy):
                 autograph=False)
 
     def run_train_step(self, tensors: dict[str, tf.Tensor]) -> tf.Tensor:
-        signature = tuple((k, tuple(v.shape), v.dtype) for k, v in tensors.items())
+        # final_obs has one row per truncated step: one graph serves any number of rows.
+        signature = tuple((k, (None, *v.shape[1:]) if k == "final_obs" else tuple(v.shape),
+                           v.dtype) for k, v in tensors.items())
         step = self._graphs.get(signature)
         if step is None:
-            step = self._graphs[signature] = self._train_step.get_concrete_function(tensors)
+            specs = {k: tf.TensorSpec(shape, dtype) for k, shape, dtype in signature}
+            step = self._graphs[signature] = self._train_step.get_concrete_function(specs)
         return step(tensors)
 
     def read_weights(self) -> list[np.ndarray]:
