@@ -12,7 +12,8 @@ timings   in a child process with the worker processes' environment (one BLAS th
           env's agent step (`impala_lab.envs.make_env`, random actions, resets included),
           the actors' numpy forward per frame (`NumpyModel.logits` over B = 8, 16, 32 frames)
           and the learner's train step per frame (`VTracePolicy.learn_on_batch` on a train
-          batch of the preset's size) with 1 and 2 TensorFlow intra-op threads.
+          batch of the preset's size) with 1 and 2 TensorFlow intra-op threads. Each as wall
+          and CPU time: on a shared machine the CPU time is the part's own cost.
 run       ``impala-lab train --env ENV --max-seconds 3600 --seed S`` (the tuned preset) in a
           fresh process, on seeds drawn at random and printed. Each run is appended to
           ``docs/results/atari_runs.jsonl`` as it ends: the trailing-100 return at 10, 20, 30
@@ -57,8 +58,9 @@ PAPER_FRAMES = 200e6
 
 
 # ---------------------------------------------------------------------- timings
-def env_step_us(env_id: str, steps: int = 3000, seed: int = 0) -> float:
-    """Microseconds per agent step of the preprocessed env under random actions."""
+def env_step_us(env_id: str, steps: int = 3000, seed: int = 0) -> tuple[float, float]:
+    """Microseconds per agent step of the preprocessed env under random actions: (wall,
+    CPU). The CPU time is what the step costs; the wall time adds what other processes took."""
     import numpy as np
 
     from impala_lab.envs import make_env
@@ -66,16 +68,17 @@ def env_step_us(env_id: str, steps: int = 3000, seed: int = 0) -> float:
     env = make_env(env_id, disable_env_checker=True)
     env.reset(seed=seed)
     actions = np.random.default_rng(seed).integers(env.action_space.n, size=steps)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for a in actions:
         _, _, terminated, truncated, _ = env.step(a)
         if terminated or truncated:
             env.reset()
-    return (time.perf_counter() - t0) / steps * 1e6
+    return ((time.perf_counter() - t0) / steps * 1e6, (time.process_time() - c0) / steps * 1e6)
 
 
-def forward_us_per_frame(env_id: str, batch: int) -> float:
-    """Microseconds of the actors' numpy forward (`NumpyModel.logits`) per frame at B."""
+def forward_us_per_frame(env_id: str, batch: int) -> tuple[float, float]:
+    """Microseconds of the actors' numpy forward (`NumpyModel.logits`) per frame at B: (the
+    best wall time of 7 repeats, the CPU time over all of them)."""
     import numpy as np
 
     from impala_lab.cli.play import policy_model
@@ -88,8 +91,10 @@ def forward_us_per_frame(env_id: str, batch: int) -> float:
     obs = np.random.default_rng(0).integers(0, 256, (batch, *env.observation_space.shape),
                                             dtype=np.uint8)
     number = max(3, 400 // batch)
+    c0 = time.process_time()
     best = min(timeit.repeat(lambda: model.logits(obs), number=number, repeat=7)) / number
-    return best / batch * 1e6
+    cpu = (time.process_time() - c0) / (7 * number)
+    return best / batch * 1e6, cpu / batch * 1e6
 
 
 def actor_timings(env_id: str) -> dict[str, float]:
@@ -140,24 +145,26 @@ def _learner_child(env_id: str, threads: int, seconds: float) -> dict[str, Any]:
     policy, _ = make_learner(config, *spaces)
     for _ in range(3):  # the first calls trace the step
         policy.learn_on_batch(batch)
-    steps, t0 = 0, time.perf_counter()
+    steps, t0, c0 = 0, time.perf_counter(), time.process_time()
     while time.perf_counter() - t0 < seconds:
         policy.learn_on_batch(batch)
         steps += 1
-    elapsed = time.perf_counter() - t0
+    elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
     return {"threads": threads, "train_batch_size": batch.count, "steps": steps,
             "ms_per_step": round(elapsed / steps * 1e3, 2),
-            "us_per_frame": round(elapsed / steps / batch.count * 1e6, 2)}
+            "cpu_ms_per_step": round(cpu / steps * 1e3, 2),
+            "us_per_frame": round(elapsed / steps / batch.count * 1e6, 2),
+            "cpu_us_per_frame": round(cpu / steps / batch.count * 1e6, 2)}
 
 
 def timings(env_id: str, log: Any = print) -> dict[str, Any]:
     load_before = os.getloadavg()
     out: dict[str, Any] = {"env": env_id, "machine": pipeline.machine_info(),
-                           **{k: round(v, 1) for k, v in actor_timings(env_id).items()}}
+                           **{k: [round(x, 1) for x in v]
+                              for k, v in actor_timings(env_id).items()}}
     out["learner"] = [learner_timings(env_id, n) for n in (1, 2)]
     out["loadavg_before"], out["loadavg_after"] = load_before, os.getloadavg()
-    log(json.dumps(out["learner"]), {k: v for k, v in out.items() if k.endswith("_us")
-                                     or "forward" in k})
+    log(json.dumps({k: v for k, v in out.items() if k != "machine"}))
     return out
 
 
