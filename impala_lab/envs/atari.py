@@ -26,7 +26,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-__all__ = ["FRAME_STACK", "is_atari", "make_atari", "preprocess"]
+__all__ = ["FRAME_STACK", "channels_last", "is_atari", "make_atari", "preprocess"]
 
 FRAME_STACK = 4  # frames per observation
 
