@@ -186,6 +186,13 @@ def at_minutes(curve: list[tuple[float, int, float]], minutes: float) -> float |
     return round(before[-1], 2) if before else None
 
 
+def at_steps(curve: list[tuple[float, int, float]], steps: int) -> float | None:
+    """The trailing-100 return of the last report at or before ``steps`` agent steps (what
+    a tuning run is judged by: it needs no bench lock)."""
+    before = [r for _, s, r in curve if s <= steps and r == r]
+    return round(before[-1], 2) if before else None
+
+
 def minutes_to(curve: list[tuple[float, int, float]], target: float) -> float | None:
     hit = next((t for t, _, r in curve if r >= target), None)
     return None if hit is None else round(hit / 60.0, 1)
@@ -223,6 +230,9 @@ def one_run(env_id: str, seed: int, minutes: float, extra: tuple[str, ...] = ()
     return {"env": env_id, "seed": seed, "minutes": minutes, "wall_s": round(wall, 1),
             "extra_args": list(extra), "config": config,
             "return_at_minutes": {m: at_minutes(curve, m) for m in MINUTES if m <= minutes},
+            "return_at_agent_steps": {n: at_steps(curve, n) for n in range(500_000, 20_000_001,
+                                                                          500_000)
+                                      if n <= curve[-1][1]} if curve else {},
             "target": target, "minutes_to_target": minutes_to(curve, target)
             if target is not None else None,
             "final_return_mean": result["final"].get("episode_return_mean"),
