@@ -250,15 +250,15 @@ def _commit() -> str:
     return out.stdout.strip()
 
 
-def runs(env_id: str, seeds: int, minutes: float, extra: tuple[str, ...], log: Any = print
-         ) -> list[dict[str, Any]]:
+def runs(env_id: str, seeds: int, minutes: float, extra: tuple[str, ...],
+         path: Path = RUNS_FILE, log: Any = print) -> list[dict[str, Any]]:
     drawn = pipeline.draw_seeds(seeds)
     log(f"[atari] {env_id}: seeds drawn at random for this run: {drawn}", flush=True)
     done = []
     for seed in drawn:
         r = one_run(env_id, seed, minutes, extra)
         RESULTS.mkdir(parents=True, exist_ok=True)
-        with RUNS_FILE.open("a") as f:  # saved as each run ends
+        with path.open("a") as f:  # saved as each run ends
             f.write(json.dumps(r) + "\n")
         log(f"[atari] {env_id} seed {seed}: {r['return_at_minutes']}, to target "
             f"{r['minutes_to_target']} min, {r['agent_steps_per_s']} agent steps/s", flush=True)
@@ -337,6 +337,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--env", default="ALE/Pong-v5")
     r.add_argument("--seeds", type=int, default=1)
     r.add_argument("--minutes", type=float, default=60.0)
+    r.add_argument("--runs-file", type=Path, default=RUNS_FILE,
+                   help="where each run is appended (tuning runs: docs/results/"
+                   "atari_tuning.jsonl, kept out of the report)")
     r.add_argument("extra", nargs="*", help="more impala-lab train options, after --")
     sub.add_parser("report", help="the table and the curves from the saved runs")
     args = parser.parse_args(argv)
@@ -346,8 +349,9 @@ def main(argv: list[str] | None = None) -> int:
         with (RESULTS / "atari_timings.jsonl").open("a") as f:
             f.write(json.dumps(out) + "\n")
     elif args.part == "run":
-        runs(args.env, args.seeds, args.minutes, tuple(args.extra))
-        report()
+        runs(args.env, args.seeds, args.minutes, tuple(args.extra), args.runs_file)
+        if args.runs_file == RUNS_FILE:
+            report()
     else:
         report()
     return 0
