@@ -102,8 +102,9 @@ def unavailable(env: str) -> str:
     import gymnasium as gym
 
     import impala_lab  # noqa: F401  (registers MinAtar's ids when minatar is installed)
-    from impala_lab.config_checks import env_package_hint
+    from impala_lab.config_checks import env_package_hint, register_env_family
 
+    register_env_family(env)  # ale-py registers the ALE/ ids when imported
     try:
         gym.spec(env)
     except gym.error.Error:

@@ -175,6 +175,10 @@ class ImpalaConfig:
         1.0, "Multiply env rewards by this in the loss (metrics keep the env's units): scale "
         "large rewards down so that returns, and the value loss, stay of order 1.",
         group="training")
+    clip_rewards: float | None = _f(
+        None, "Clip env rewards to [-clip_rewards, clip_rewards] in the loss, before "
+        "reward_scale (RLlib's clip_rewards; the IMPALA paper's Atari runs clip to 1): returns "
+        "and metrics keep the env's rewards. None: no clip.", group="training")
     action_bound_coeff: float = _f(
         0.0, "Box actions: weight of a penalty on the squared distance of each action mean "
         "past the bounds, which keeps the mean where the env can tell actions apart.",

@@ -33,7 +33,7 @@ WORKERS_PER_CPU = 8  # worker processes per CPU a config may ask for (max_num_wo
 
 # Env ids that packages register when installed: (how the id starts, the package to install).
 ENV_PACKAGES = (
-    ("ALE/", "Atari's games come with ale-py: pip install ale-py (or 'gymnasium[atari]')"),
+    ("ALE/", "Atari's games come with ale-py and OpenCV: pip install 'impala_lab[atari]'"),
     ("MinAtar/", "MinAtar's games come with minatar: pip install 'impala_lab[minatar]'"),
     (("Ant-", "HalfCheetah-", "Hopper-", "Humanoid", "InvertedPendulum-", "Pusher-",
       "Reacher-", "Swimmer-", "Walker2d-", "InvertedDoublePendulum-"),
@@ -41,6 +41,24 @@ ENV_PACKAGES = (
     (("LunarLander", "BipedalWalker", "CarRacing-"),
      "Box2D's envs come with box2d: pip install 'gymnasium[box2d]'"),
 )
+
+
+# Packages that register an id family when imported (gymnasium 1 loads no plugins by itself).
+ENV_REGISTRARS = {"ALE/": "ale_py"}
+
+
+def register_env_family(env_id: str) -> bool:
+    """Imports the package that registers ``env_id``'s family (`ENV_REGISTRARS`) if it is
+    installed and the id is not registered yet. Returns whether that package is installed
+    (False for an id of no such family)."""
+    import gymnasium
+
+    module = next((m for start, m in ENV_REGISTRARS.items() if env_id.startswith(start)), None)
+    if module is None or importlib.util.find_spec(module) is None:
+        return False
+    if env_id not in gymnasium.registry:
+        importlib.import_module(module)
+    return True
 
 
 def env_package_hint(env_id: str) -> str:
@@ -188,19 +206,20 @@ def _check_env(c: Any) -> None:
         bad("env", c.env, "give a gymnasium env id such as 'CartPole-v1' or a factory")
     import gymnasium
 
+    installed = register_env_family(c.env)
     if c.env not in gymnasium.registry:
-        ids = list(gymnasium.registry)
-        bad("env", c.env, f"gymnasium does not know this env id; {_unknown_env_hint(c.env, ids)}")
+        hint = _unknown_env_hint(c.env, list(gymnasium.registry), installed)
+        bad("env", c.env, f"gymnasium does not know this env id; {hint}")
 
 
-def _unknown_env_hint(env_id: str, ids: list[str]) -> str:
+def _unknown_env_hint(env_id: str, ids: list[str], installed: bool) -> str:
     """Other versions of the same env when some are registered (its package is there: the
     version is wrong), else the package that registers its family, else close ids."""
     versions = sorted(k for k in ids if k.rsplit("-v", 1)[0] == env_id.rsplit("-v", 1)[0])
     if versions:
         return f"the registered versions are {', '.join(map(repr, versions))}"
     close = difflib.get_close_matches(env_id, ids, n=3, cutoff=0.5)
-    return env_package_hint(env_id) or (
+    return (not installed and env_package_hint(env_id)) or (
         f"did you mean {', '.join(map(repr, close))}?" if close else
         "see gymnasium.pprint_registry() for the registered ids")
 
@@ -251,7 +270,7 @@ def _check_values(c: Any) -> None:
     for name in ("vf_loss_coeff", "entropy_coeff", "replay_proportion", "action_bound_coeff",
                  "kl_coeff"):
         check_range(name, getattr(c, name), 0.0, math.inf)
-    for name in ("vtrace_clip_rho_threshold", "vtrace_clip_pg_rho_threshold"):
+    for name in ("vtrace_clip_rho_threshold", "vtrace_clip_pg_rho_threshold", "clip_rewards"):
         value = getattr(c, name)
         if value is not None and not (value > 0 and math.isfinite(value)):
             bad(name, value, "use a positive number, or None to disable the clip")

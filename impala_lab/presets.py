@@ -53,4 +53,12 @@ TUNED_PRESETS: dict[str, dict[str, Any]] = {
              "entropy_coeff": 0.0, "normalize_obs": True, "reward_scale": 0.1,
              "action_bound_coeff": 1.0}
        for env in ("HalfCheetah-v5", "Hopper-v5")},
+    # Atari from pixels (84x84x4 grey frames, `impala_lab.envs.atari`): the paper's shallow
+    # network (conv 16 8x8 stride 4, conv 32 4x4 stride 2, 256 units) on one trunk, so the
+    # actors run one forward per step; rewards clipped to [-1, 1] in the loss, as the paper's;
+    # unrolls of 20 as the paper's, batches of two worker samples.
+    **{env: {"num_workers": 2, "num_envs_per_worker": 16, "sample_batch_size": 20,
+             "train_batch_size": 640, "opt_type": "adam", "lr": 0.0005, "entropy_coeff": 0.01,
+             "vf_share_layers": True, "model": (256,), "clip_rewards": 1.0}
+       for env in ("ALE/Pong-v5", "ALE/Breakout-v5")},
 }

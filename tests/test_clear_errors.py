@@ -12,7 +12,6 @@ from impala_lab.errors import ConfigError
 
 
 @pytest.mark.parametrize("env, package", [
-    ("ALE/Pong-v5", "pip install ale-py"),
     ("MinAtar/Pong-v1", "pip install 'impala_lab[minatar]'"),
     ("LunarLanderX-v3", "pip install 'gymnasium[box2d]'"),
 ])

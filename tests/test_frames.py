@@ -110,10 +110,11 @@ def test_observations_that_are_not_images_are_never_kept_and_say_why():
     assert not keeper.observe(0, make_batch(1), lowest_live_index=0, env_steps=8)
     assert keeper.latest() is None
     assert not_image_reason(cartpole) == (
-        "this env's observations (float32 [4]) are not images (bool [H, W, C], or uint8 "
-        "[H, W, 3] or [H, W, 1]): no frame strip")
-    stacked = gym.spaces.Box(0, 255, (84, 84, 4), np.uint8)
-    assert image_kind(stacked) is None and "(uint8 [84, 84, 4])" in not_image_reason(stacked)
+        "this env's observations (float32 [4]) are not images (bool or uint8 [H, W, C]): no "
+        "frame strip")
+    floats = gym.spaces.Box(0, 1, (84, 84, 4), np.float32)
+    assert image_kind(floats) is None and "(float32 [84, 84, 4])" in not_image_reason(floats)
+    assert image_kind(gym.spaces.Box(0, 255, (84, 84, 4), np.uint8)) == "stack"  # Atari's
     assert not_image_reason(gym.spaces.Discrete(3)).startswith(
         "this env's observations (int64 [])")
     assert image_kind(gym.spaces.Box(0, 1, (10, 10, 4), bool)) == "channels"
@@ -233,3 +234,12 @@ def test_uint8_images_are_drawn_as_they_are_and_grey_ones_in_grey():
     assert all(np.array_equal(drawn[..., c], grey[0, ..., 0]) for c in range(3))
     with pytest.raises(ValueError, match="kind='vector' is not an image kind"):
         strip_rgb(_frames(grey, "vector"))
+
+
+def test_a_stack_of_grey_frames_is_drawn_as_its_newest_frame():
+    stacks = np.random.default_rng(2).integers(0, 256, (3, 84, 84, 4), dtype=np.uint8)
+    strip = strip_rgb(_frames(stacks, "stack"), gap=2)  # 84 rows: no scaling
+    assert strip.shape == (84, 3 * 84 + 2 * 2, 3)
+    for i in range(3):
+        x = i * 86
+        assert all(np.array_equal(strip[:, x:x + 84, c], stacks[i, ..., 3]) for c in range(3))

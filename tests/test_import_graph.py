@@ -10,7 +10,8 @@ The rules (DESIGN.md's table of folders):
 | folder | may import |
 | --- | --- |
 | top (`config`, `batch`, `errors`, `stats`, ...) | the top alone |
-| `actor/`, `envs/` | the top and themselves; never TensorFlow or Keras, not even further down |
+| `actor/` | the top, `envs/` (`make_env`) and itself; never TensorFlow or Keras, at any depth |
+| `envs/` | the top and itself; never TensorFlow or Keras, at any depth |
 | `learner/` | the top and itself: never `actor/` (its peer) or a backend |
 | `speed/` | the top, `learner/` and itself: the door behind which the speed measures live |
 | `backends/` | the top, `actor/`, `envs/` and itself |
@@ -37,7 +38,7 @@ FOLDERS = ("actor", "learner", "driver", "backends", "dashboard", "envs", "class
            "speed")
 MAY_IMPORT = {
     "top": {"top"},
-    "actor": {"top", "actor"},
+    "actor": {"top", "envs", "actor"},  # envs/: how a worker makes its envs (make_env)
     "envs": {"top", "envs"},
     "learner": {"top", "learner"},
     "speed": {"top", "learner", "speed"},

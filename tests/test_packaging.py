@@ -67,9 +67,9 @@ def test_pyproject_declares_package_script_and_python() -> None:
     assert project["requires-python"] == ">=3.11"
     assert project["scripts"] == {"impala-lab": "impala_lab.cli.main:main"}
     assert data["tool"]["setuptools"]["packages"]["find"]["include"] == ["impala_lab*"]
-    assert set(project["optional-dependencies"]) == {"ray", "dev", "minatar", "mujoco"}
-    # dev installs every extra's requirements but ray's (make test adds ray): the mujoco tests
-    # run wherever dev is installed
+    assert set(project["optional-dependencies"]) == {"ray", "dev", "minatar", "mujoco", "atari"}
+    # dev installs every extra's requirements but ray's (make test adds ray): the mujoco and
+    # atari tests run wherever dev is installed
     mujoco = {canonicalize_name(Requirement(r).name)
               for r in project["optional-dependencies"]["mujoco"]}
     assert mujoco == {"mujoco", "imageio", "packaging"}
@@ -78,7 +78,10 @@ def test_pyproject_declares_package_script_and_python() -> None:
     assert {"pytest", "pytest-timeout", "ruff", "hypothesis", "nbclient", "nbformat",
             "ipykernel", "jupyterlab", "playwright", "voila"} <= set(dev)
     assert str(dev["playwright"].specifier) == "==1.65.*"
-    assert mujoco <= set(dev) and "minatar" in dev
+    atari = {canonicalize_name(Requirement(r).name)
+             for r in project["optional-dependencies"]["atari"]}
+    assert atari == {"ale-py", "opencv-python-headless"}
+    assert mujoco <= set(dev) and atari <= set(dev) and "minatar" in dev
     pytest_cfg = data["tool"]["pytest"]["ini_options"]
     assert pytest_cfg["testpaths"] == ["tests"]
     assert pytest_cfg["timeout"] == 300

@@ -87,7 +87,7 @@ GUIDES = [
     ("Installation", "installation.md"),
     ("Training", "training.md"),
     ("Recurrent policies", "recurrent.md"),
-    ("Pixels: MinAtar", "pixels.md"),
+    ("Pixels: MinAtar and Atari", "pixels.md"),
     ("Dependable learning", "dependable_learning.md"),
     ("Performance", "performance.md"),
     ("Reliability", "reliability.md"),

@@ -48,6 +48,7 @@ from impala_lab.actor.env_checks import FLOAT32_MAX, EnvOutputChecks, fast_int64
 from impala_lab.actor.numpy_model import NumpyModel
 from impala_lab.actor.policy_output import Fragment, PolicyOutput
 from impala_lab.batch import SampleBatch
+from impala_lab.envs import make_env
 from impala_lab.model_spec import ModelSpec, check_spaces
 
 __all__ = ["RolloutWorker", "env_description"]
@@ -70,7 +71,7 @@ class RolloutWorker:
     """Steps ``num_envs`` gymnasium envs with a numpy policy; `sample` returns [T, num_envs].
 
     Args:
-      env: a gymnasium env id (built with ``gymnasium.make``) or a zero-argument callable
+      env: a registered env id (made by `impala_lab.envs.make_env`) or a zero-argument callable
         returning a ``gymnasium.Env`` (called ``num_envs`` times).
       num_envs: envs stepped side by side; the batch's B.
       sample_batch_size: unroll length T of each `sample`.
@@ -202,9 +203,8 @@ class RolloutWorker:
         spec = self._env_spec
         where = f"env index {index} of worker {self.worker_index}"
         try:
-            # A registered env has passed gymnasium's checks; its passive checker is one more
-            # wrapper call per step (and the NaN checks here are stricter).
-            e = gym.make(spec, disable_env_checker=True) if isinstance(spec, str) else spec()
+            # No passive env checker: one more call per step, and the checks here are stricter.
+            e = make_env(spec, disable_env_checker=True) if isinstance(spec, str) else spec()
         except Exception as err:
             kind = "gymnasium.make" if isinstance(spec, str) else "the env factory"
             raise ValueError(

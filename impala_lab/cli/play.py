@@ -28,6 +28,7 @@ import numpy as np
 from impala_lab.actor.numpy_model import NumpyModel
 from impala_lab.config import ImpalaConfig
 from impala_lab.config_checks import env_package_hint
+from impala_lab.envs import make_env
 
 # pygame (gymnasium's classic-control renderer) greets on import; the run's output stays quiet.
 os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")
@@ -78,7 +79,7 @@ def load_policy(checkpoint: str | Path) -> tuple[ImpalaConfig, NumpyModel]:
         raise ValueError(f"{checkpoint}: its env was a factory ({state['config']['env']}), "
                          "which a checkpoint does not keep; play needs a registered env id")
     try:
-        env = gym.make(config.env)
+        env = make_env(config.env)
     except Exception as exc:  # e.g. a MuJoCo env without mujoco: name the package to install
         hint = env_package_hint(config.env)
         raise ValueError(f"{checkpoint}: its env {config.env!r} cannot be made "
@@ -123,7 +124,7 @@ def record_episodes(env_id: str, model: NumpyModel, episodes: int = 1, max_frame
     try:
         with warnings.catch_warnings():  # said below as the error, not as gymnasium's warning
             warnings.filterwarnings("ignore", message=".*not in the possible render_modes")
-            env = gym.make(env_id, render_mode="rgb_array")
+            env = make_env(env_id, render_mode="rgb_array")
     except Exception as exc:
         raise ValueError(f"env {env_id!r} cannot render rgb_array frames "
                          f"({type(exc).__name__}: {exc})") from None
@@ -218,7 +219,7 @@ def _gif_child(conn: Any, config: dict, weights: list, path: str, max_frames: in
     """`gif_in_child`'s process: numpy and gymnasium only, never TensorFlow."""
     try:
         cfg = ImpalaConfig.from_dict(config)
-        env = gym.make(cfg.env)
+        env = make_env(cfg.env)
         try:
             model = policy_model(cfg, env.observation_space, env.action_space)
         finally:

@@ -40,9 +40,9 @@ def as_config(config: ImpalaConfig | Mapping[str, Any] | None,
 
 def probe_spaces(env: Any) -> tuple[Any, Any]:
     """Make one env in the driver to read its spaces (before any worker starts)."""
-    import gymnasium
+    from impala_lab.envs import make_env
 
-    e = env() if callable(env) else gymnasium.make(env)
+    e = env() if callable(env) else make_env(env)
     try:
         return e.observation_space, e.action_space
     finally:

@@ -40,10 +40,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 
 from impala_lab.actor.numpy_model import NumpyModel
+from impala_lab.envs import make_env
 from impala_lab.errors import ImpalaError
 
 __all__ = ["Evaluator", "play_episodes", "evaluation_model"]
@@ -282,7 +282,7 @@ class Evaluator:
     def _env_and_model(self) -> tuple[Any, NumpyModel]:
         if self._env is None:
             env = self._config.env
-            self._env = env() if callable(env) else gym.make(env)
+            self._env = env() if callable(env) else make_env(env)
             self._model = evaluation_model(self._config, *self._spaces)
         assert self._model is not None
         return self._env, self._model

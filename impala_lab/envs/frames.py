@@ -6,8 +6,10 @@ episode ended in between):
 - boolean image observations [H, W, C] (MinAtar's; uint8 0/1 in batches): each cell in the
   colour of its last channel that is on, MinAtar's palette (`impala_lab.envs.minatar.to_rgb`);
 - uint8 [H, W, 3] images: as they are; uint8 [H, W, 1]: grey;
-- anything else (CartPole's vector, a stack of 4 grey frames): no strip (`image_kind` is None,
-  `not_image_reason` says why in one line).
+- uint8 [H, W, K], any other K: a stack of K grey frames, newest last (Atari's, K = 4,
+  `impala_lab.envs.atari`), drawn as its newest frame;
+- anything else (CartPole's vector): no strip (`image_kind` is None, `not_image_reason` says
+  why in one line).
 
 Small images are scaled up by whole pixels (`DEFAULT_HEIGHT`), so that a 10x10 grid's cells
 are visible. The driver keeps the frames (`impala_lab.driver.latest_frames`), the dashboard
@@ -35,15 +37,15 @@ _EPISODE_END = np.array([192, 57, 43], np.uint8)  # the dashboard's red
 def image_kind(observation_space: Any) -> str | None:
     """How observations of this space are drawn: ``"channels"`` (bool [H, W, C], one
     channel per kind of object), ``"rgb"`` (uint8 [H, W, 3]), ``"grey"`` (uint8 [H, W, 1]),
-    or None (not an image)."""
+    ``"stack"`` (uint8 [H, W, K], K grey frames, newest last) or None (not an image)."""
     shape = tuple(getattr(observation_space, "shape", None) or ())
     dtype = getattr(observation_space, "dtype", None)
     if len(shape) != 3 or dtype is None:
         return None
     if np.dtype(dtype) == np.bool_:
         return "channels"
-    if np.dtype(dtype) == np.uint8 and shape[-1] in (1, 3):
-        return "rgb" if shape[-1] == 3 else "grey"
+    if np.dtype(dtype) == np.uint8:
+        return {1: "grey", 3: "rgb"}.get(shape[-1], "stack")
     return None
 
 
@@ -55,8 +57,8 @@ def not_image_reason(observation_space: Any) -> str:
     dtype = getattr(observation_space, "dtype", None)
     what = f"{np.dtype(dtype).name} {list(shape)}" if dtype is not None else \
         type(observation_space).__name__
-    return (f"this env's observations ({what}) are not images (bool [H, W, C], or uint8 "
-            "[H, W, 3] or [H, W, 1]): no frame strip")
+    return (f"this env's observations ({what}) are not images (bool or uint8 [H, W, C]): no "
+            "frame strip")
 
 
 @dataclass(frozen=True)
@@ -107,13 +109,13 @@ def strip_rgb(frames: Frames, *, scale: int | None = None, gap: int = 2) -> np.n
         from impala_lab.envs.minatar import palette, to_rgb
 
         images = to_rgb(obs, palette(obs.shape[-1]), s)
-    elif frames.kind in ("rgb", "grey"):
-        images = obs if frames.kind == "rgb" else np.repeat(obs, 3, axis=-1)
+    elif frames.kind in ("rgb", "grey", "stack"):
+        images = obs if frames.kind == "rgb" else np.repeat(obs[..., -1:], 3, axis=-1)
         if s > 1:
             images = images.repeat(s, axis=1).repeat(s, axis=2)
     else:
-        raise ValueError(f"kind={frames.kind!r} is not an image kind: use 'channels', 'rgb' "
-                         "or 'grey'")
+        raise ValueError(f"kind={frames.kind!r} is not an image kind: use 'channels', 'rgb', "
+                         "'grey' or 'stack'")
     h, w = H * s, W * s
     strip = np.empty((h, K * w + (K - 1) * gap, 3), np.uint8)
     for i in range(K):

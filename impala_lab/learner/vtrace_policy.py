@@ -221,8 +221,11 @@ class VTracePolicy:
         terminated = tensors["terminateds"]
         truncated = tensors["truncateds"] * (1.0 - terminated)
         discounts = config.gamma * (1.0 - tf.maximum(terminated, truncated))
+        rewards = tensors["rewards"]
+        if config.clip_rewards is not None:  # the episode returns reported stay the env's
+            rewards = tf.clip_by_value(rewards, -config.clip_rewards, config.clip_rewards)
         # A truncated step's value estimate is the network's, already in scaled units.
-        rewards = (config.reward_scale * tensors["rewards"]
+        rewards = (config.reward_scale * rewards
                    + config.gamma * truncated * truncation_values)
 
         terms = correction_terms(

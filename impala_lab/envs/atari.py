@@ -1,0 +1,66 @@
+"""Atari's games from pixels, preprocessed as the IMPALA paper's agents saw them.
+
+`impala_lab.envs.make_env` applies `preprocess` to every env of the Arcade Learning
+Environment (ale-py, the ``atari`` extra: ``ALE/Pong-v5``, ``ALE/Breakout-v5``, ...), made with
+frame skip 1. The steps are gymnasium's own wrappers:
+
+- `gymnasium.wrappers.AtariPreprocessing`: up to 30 no-op actions at reset, frame skip 4
+  (an action repeated on 4 emulator frames, their rewards summed, the last two frames
+  max-pooled), 84x84 grey frames (OpenCV's resize);
+- `gymnasium.wrappers.FrameStackObservation`: the last 4 frames, uint8 [4, 84, 84];
+- `gymnasium.wrappers.TransformObservation`: the stack channels-last, uint8 [84, 84, 4], the
+  layout the conv trunks take (`impala_lab.model_spec`).
+
+Rewards stay the game's: episode returns are scores. The learner clips what its loss sees
+(``ImpalaConfig.clip_rewards``, 1.0 in the Atari presets). The id keeps its own settings: the
+``-v5`` ids' sticky actions (an action repeats with probability 0.25, Machado et al. 2018,
+which the paper's runs did not have; the ``NoFrameskip-v4`` ids have none) and their limit of
+108,000 emulator frames; losing a life does not end an episode. ``render()`` still gives the
+game's colour frames (210x160), which ``impala-lab play`` writes as a GIF.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+__all__ = ["FRAME_STACK", "channels_last", "is_atari", "make_atari", "preprocess"]
+
+FRAME_STACK = 4  # frames per observation
+
+
+def is_atari(env_id: str) -> bool:
+    """Whether a registered id is one of ale-py's Atari games."""
+    try:
+        return "ale_py" in str(gym.spec(env_id).entry_point)
+    except gym.error.Error:  # not registered
+        return False
+
+
+def channels_last(stack: np.ndarray) -> np.ndarray:
+    """A frame stack [K, H, W] as an image [H, W, K] (a view)."""
+    return np.moveaxis(stack, 0, -1)
+
+
+def preprocess(env: gym.Env, noop_max: int = 30, frame_skip: int = 4, screen_size: int = 84,
+               stack: int = FRAME_STACK) -> gym.Env:
+    """The paper's preprocessing around an ALE env made with ``frameskip=1``: observations
+    uint8 [screen_size, screen_size, stack], the newest frame last."""
+    env = gym.wrappers.AtariPreprocessing(env, noop_max=noop_max, frame_skip=frame_skip,
+                                          screen_size=screen_size)
+    env = gym.wrappers.FrameStackObservation(env, stack)
+    space = gym.spaces.Box(0, 255, (screen_size, screen_size, stack), np.uint8)
+    return gym.wrappers.TransformObservation(env, channels_last, space)
+
+
+def make_atari(env_id: str, **kwargs: Any) -> gym.Env:
+    """``gymnasium.make(env_id, frameskip=1, obs_type="grayscale", **kwargs)``, then
+    `preprocess`. The wrapper reads the emulator's screen itself and discards the base env's
+    observation, so that one is the cheapest the env offers: grey is a third of RGB's copy."""
+    import ale_py
+
+    ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)  # no banner from every worker
+    kwargs.setdefault("obs_type", "grayscale")
+    return preprocess(gym.make(env_id, frameskip=1, **kwargs))

@@ -1,0 +1,42 @@
+"""bench.atari: a run's curve read from metrics.csv, the figures taken from it, the table."""
+
+from __future__ import annotations
+
+import csv
+
+from bench import atari
+
+
+def _metrics(path, rows):
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, ["time_total_s", "num_steps_sampled", "episode_return_mean"])
+        writer.writeheader()
+        for t, steps, ret in rows:
+            writer.writerow({"time_total_s": t, "num_steps_sampled": steps,
+                             "episode_return_mean": ret})
+
+
+def test_the_curve_and_the_figures_read_from_it(tmp_path):
+    _metrics(tmp_path / "metrics.csv", [(5.0, 1000, ""), (590.0, 900_000, -20.5),
+                                        (1190.0, 2_000_000, 3.25), (1250.0, 2_100_000, 18.0),
+                                        (3590.0, 6_000_000, 20.4)])
+    curve = atari.read_curve(tmp_path / "metrics.csv", 10.0)
+    assert curve[0][:2] == (15.0, 1000) and curve[0][2] != curve[0][2]  # NaN: no episode yet
+    assert atari.at_minutes(curve, 10) == -20.5  # the report at 600 s
+    assert atari.at_minutes(curve, 20) == 3.25 and atari.at_minutes(curve, 60) == 20.4
+    assert atari.at_minutes(curve, 0.1) is None
+    assert atari.minutes_to(curve, 18.0) == round(1260.0 / 60, 1)
+    assert atari.minutes_to(curve, 21.0) is None
+    assert atari.at_steps(curve, 1_000_000) == -20.5 and atari.at_steps(curve, 500) is None
+
+
+def test_the_table_says_not_reached_and_names_the_papers_scores():
+    run = {"env": "ALE/Pong-v5", "seed": 7, "return_at_minutes": {"10": -20.1, "20": -12.0,
+                                                                  "30": 2.5, "60": 17.0},
+           "target": 18.0, "minutes_to_target": None, "agent_steps": 6_400_000,
+           "agent_steps_per_s": 1777.7, "env_frames_per_s": 7111.1,
+           "loadavg_before": [1.5, 1, 1], "loadavg_after": [2.25, 1, 1]}
+    text = atari.markdown([run])
+    assert ("| ALE/Pong-v5 | 7 | -20.1 / -12 / 2.5 / 17 | not reached | 6.40M | 1,778 | "
+            "7,111 | 1.5, 2.2 |") in text
+    assert "| ALE/Pong-v5 | 20.4 | 20.98 |" in text
