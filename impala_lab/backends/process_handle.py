@@ -1,15 +1,11 @@
 """The driver's side of one worker process: its pipe, its queue of requests, its state.
 
-A `ProcessWorkerHandle` sends commands (`impala_lab.backends.worker_process`), keeps the
-futures of the requests the worker owes in request order, completes them as answers arrive
-(`drain`) and fails them all when the worker ends (`on_exit`). `ProcessBackend` decides when to
-read which pipe and when to stop a worker; ``ProcessFuture.result()`` blocks in the backend's
-wait, handed in as a callable, so this module never imports the backend.
-
-Threads: a shutdown at interpreter exit may stop workers from the main thread while the
-driver's thread uses the pipes. The handle's state changes under the backend's lock, and every
-use of the pipe, its close included, under the handle's pipe lock (a ``multiprocess``
-connection closed while another thread reads it fails with a TypeError from deep inside).
+A `ProcessWorkerHandle` sends commands, keeps the futures the worker owes in request order,
+completes them as answers arrive (`drain`) and fails them all when the worker ends (`on_exit`).
+A shutdown at exit may stop workers from the main thread while the driver's thread uses the
+pipes: the state changes under the backend's lock, and every use of the pipe, its close
+included, under the handle's pipe lock (a ``multiprocess`` connection closed while another
+thread reads it fails with a TypeError from deep inside).
 """
 
 from __future__ import annotations

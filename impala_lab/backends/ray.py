@@ -1,21 +1,13 @@
 """Rollout workers as Ray actors (the ``ray`` extra: ``pip install 'impala_lab[ray]'``).
 
-The same `RolloutWorker` as the other backends, in a Ray actor (numpy and gymnasium only). A
-broadcast is one ``ray.put`` of ``(weights, version)`` whose object ref every ``set_weights``
-passes, so weights move once per broadcast and node; Ray runs one caller's tasks on an actor in
-order, so ``set_weights`` applies before the next ``sample``. Ray is imported only when a
-`RayBackend` is built.
-
-Which Ray: ``config.ray_address`` joins that cluster (`ray_cluster.join_cluster`; never shut
-down here); a Ray already initialized in this process is used as it is; otherwise a private
-local Ray starts with the machine's CPUs, no dashboard, every server on loopback
-(`ray_cluster.start_local`), and ends with `RayBackend.shutdown`. Inside a Jupyter kernel
-the actors' output stays in Ray's log files (Ray's streaming thread would write into whichever
-cell runs); errors reach the driver as `WorkerError` with the actor's traceback either way.
-
-Each actor asks for ``min(1, free CPUs / num_workers)`` CPUs (more workers than CPUs share
-them, as processes would), spread over the nodes. docs/training.md, "A Ray cluster", has the
-cluster's setup.
+The same `RolloutWorker` in a Ray actor. A broadcast is one ``ray.put`` of ``(weights,
+version)`` whose object ref every ``set_weights`` passes; Ray runs one caller's tasks on an
+actor in order, so ``set_weights`` applies before the next ``sample``. ``config.ray_address``
+joins that cluster (never shut down here); a Ray already initialized is used as it is;
+otherwise a private local Ray starts on loopback and ends with `RayBackend.shutdown` (see
+`impala_lab.backends.ray_cluster`). In a Jupyter kernel the actors' output stays in Ray's log
+files. Each actor asks for ``min(1, free CPUs / num_workers)`` CPUs, spread over the nodes;
+docs/training.md, "A Ray cluster", has the cluster's setup.
 """
 
 from __future__ import annotations
@@ -106,7 +98,7 @@ class RayFuture:
 
     def result(self) -> Any:
         """The task's value; a failed task or a dead actor raises `WorkerError`, and so
-        does every later task of that actor (its env is broken: the actor was killed)."""
+        does every later task of that actor (it was killed)."""
         h = self.handle
         ray = h._ray
         try:
@@ -289,8 +281,7 @@ class RayBackend(Backend):
 
     def check_raylet(self, why: str) -> None:
         """Raises `ClusterLostError` (quoting ``why``, Ray's report of an actor's death) when
-        this driver's raylet refuses its socket: the node under the driver is gone, and no
-        actor can be replaced."""
+        this driver's raylet refuses its socket: no actor can be replaced."""
         node = getattr(self._ray._private.worker.global_worker, "node", None)
         path = getattr(node, "raylet_socket_name", None)
         if not isinstance(path, str) or not os.path.exists(path):

@@ -1,34 +1,18 @@
 """Weights in shared memory: one block per broadcast, written once, read by every worker.
 
-`ProcessBackend.put_weights` writes every array, the version and a broadcast serial into a
-shared-memory block no worker is using; ``set_weights`` sends only the block's name and
-layout (a `SharedWeights`, about 300 bytes), and a worker copies the arrays out when it
-starts its next sample with a broadcast it has not read yet. For a small model this costs
-the same as sending the arrays through each pipe; for megabytes of weights the pipe holds
-the driver loop until each busy worker has drained it, while shared memory costs the driver
-under a millisecond whatever the number of workers (``bench/transport.py`` measures both).
-Tiny commands also mean the driver never blocks on a worker's pipe while that worker is
-itself blocked writing a large batch to the driver.
+`ProcessBackend.put_weights` writes the arrays, the version and a broadcast serial into a block
+no worker is using; ``set_weights`` sends only the block's name and layout (a `SharedWeights`),
+and a worker copies the arrays out when it starts its next sample. The driver thus never waits
+on a worker's pipe, whatever the size of the weights (``bench/transport.py`` measures both).
 
-Block lifetime and reuse (`WeightBlocks`): a block is released once it is not the latest
-broadcast and every worker that was told to use it has answered a later request (so it has
-read the block, or skipped it for a newer one) or has ended. Up to two released blocks are
-kept and overwritten by later broadcasts (a new block costs page faults, overwriting one
-does not); the rest are unlinked, and `WeightBlocks.close` unlinks all. Blocks are named
-``il<driver pid>_<random>_<n>`` (in ``/dev/shm`` on Linux); if the driver is killed, the
-``multiprocess`` resource tracker unlinks what is left once the workers have exited. A kill
-of the whole process group takes the tracker too, and the blocks would stay until reboot: so
-each new `WeightBlocks` first unlinks this user's blocks whose driver is gone
-(`remove_stale_blocks`).
-
-Who owns a block is told by a lock, not by a pid: beside its blocks each `WeightBlocks` keeps
-``il<driver pid>_<random>_lock``, a file it holds an exclusive ``flock`` on for its whole life
-(the kernel drops the lock when the process dies, however it dies). Two containers that share
-``/dev/shm`` (a Kubernetes pod's default) do not see each other's pids, so a pid check alone
-would take a live run's blocks for stale ones; a lock held in another PID namespace is still
-seen as held. Only blocks without a lock file (from an older impala_lab) fall back to the pid
-check. A block that something else removed all the same is recreated at the next broadcast,
-and a worker that cannot find one says so (`BlockGoneError`).
+`WeightBlocks` releases a block once it is not the latest broadcast and every worker told to
+use it has answered a later request or ended; two released blocks are kept for reuse (a new
+block costs page faults), the rest unlinked. Blocks are named ``il<driver pid>_<random>_<n>``.
+A killed driver's blocks go with its ``multiprocess`` resource tracker; a killed process group
+takes the tracker too, so each new `WeightBlocks` first unlinks this user's stale blocks
+(`remove_stale_blocks`). Ownership is a ``flock`` on ``<prefix>lock``, held for the owner's
+life, not a pid: containers sharing ``/dev/shm`` do not see each other's pids, but do see each
+other's locks. Blocks without a lock file (an older impala_lab) fall back to the pid check.
 """
 
 from __future__ import annotations
@@ -47,30 +31,20 @@ from multiprocess import resource_tracker, shared_memory
 
 from impala_lab.backends.base import pid_exists
 
-__all__ = [
-    "BlockGoneError",
-    "SharedWeights",
-    "SharedWeightsReader",
-    "WeightBlocks",
-    "read_shared_weights",
-    "remove_stale_blocks",
-    "weights_layout",
-    "write_shared_weights",
-]
+__all__ = ["BlockGoneError", "SharedWeights", "SharedWeightsReader", "WeightBlocks",
+           "read_shared_weights", "remove_stale_blocks", "weights_layout",
+           "write_shared_weights"]
 
 _ALIGN = 64  # byte alignment of each array in a weights block
 _HEADER = 64  # block header: int64 serial, version, number of arrays
-_MAX_FREE_BLOCKS = 2  # released blocks kept for reuse (a new block costs page faults)
-# ``WeightBlocks.prefix`` + a block number.
-_BLOCK_NAME = re.compile(r"il(\d+)(_[0-9a-f]{6}_)\d+")
+_MAX_FREE_BLOCKS = 2  # released blocks kept for reuse
+_BLOCK_NAME = re.compile(r"il(\d+)(_[0-9a-f]{6}_)\d+")  # ``WeightBlocks.prefix`` + a number
 _SHM_DIR = "/dev/shm"
 _LOCK_SUFFIX = "lock"  # ``<prefix>lock``: the owner's lock file, beside its blocks
 _LOCK_NAME = re.compile(r"il(\d+)(_[0-9a-f]{6}_)lock")
-# A driver pid counts as reused (its blocks stale) only if the process holding it now
-# started this long after the block was last written (clock readings from /proc differ by
-# about a second).
+# A driver pid counts as reused only if its process started this long after the block was
+# last written (clock readings from /proc differ by about a second).
 _PID_REUSE_MARGIN_S = 60.0
-
 
 class BlockGoneError(RuntimeError):
     """A weights block named in a broadcast is no longer in shared memory."""
@@ -80,10 +54,8 @@ class BlockGoneError(RuntimeError):
 class SharedWeights:
     """A reference to one broadcast's weights in a shared-memory block.
 
-    What `ProcessBackend.put_weights` returns and ``set_weights`` sends to a worker; small
-    (the arrays stay in the block). A block is reused for a later broadcast once no worker
-    can still read it, so ``serial`` (unique per broadcast), not ``name``, tells broadcasts
-    apart.
+    What `ProcessBackend.put_weights` returns and ``set_weights`` sends to a worker. Blocks
+    are reused, so ``serial`` (unique per broadcast), not ``name``, tells broadcasts apart.
 
     Attributes:
       name: the block's name (``SharedMemory(name=...)``).
@@ -124,8 +96,7 @@ def write_shared_weights(
       serial: the broadcast's number (header and reference).
       name: the name of a new block (None lets ``SharedMemory`` choose); unused with `block`.
       block: an open block to overwrite (no reader may be using it), at least as large as
-        the weights need; None creates a new one. Reusing a block is much cheaper: a new
-        block costs page faults, overwriting one does not.
+        the weights need; None creates a new one.
 
     Returns:
       ``(block, ref)``: the open block (the caller closes and unlinks it) and the reference
@@ -168,8 +139,7 @@ def read_shared_weights(ref: SharedWeights,
       The weights, each with the shape and dtype it was written with.
 
     Raises:
-      ValueError: if the block's header does not match ``ref`` (the block was reused for a
-        later broadcast: a bug in the block bookkeeping).
+      ValueError: the block's header does not match ``ref`` (a bookkeeping bug).
     """
     opened = block is None
     if block is None:
@@ -207,11 +177,8 @@ def _open_block(name: str) -> shared_memory.SharedMemory:
 
 
 class SharedWeightsReader:
-    """A worker's reader of broadcast weights that keeps the last few blocks open.
-
-    Opening a block costs a resource-tracker round trip and a mapping; the driver reuses a
-    handful of blocks, so a worker that keeps them open reads a broadcast with one copy.
-    """
+    """A worker's reader of broadcast weights that keeps the last few blocks open (opening
+    one costs a resource-tracker round trip and a mapping; the driver reuses a handful)."""
 
     def __init__(self, max_open: int = 8) -> None:
         self._max_open = max_open
@@ -245,15 +212,13 @@ class _Block:
     users: int = 0  # set_weights commands naming this block not yet known to be consumed
 
 
-
 class WeightBlocks:
     """The driver's weights blocks: one written per broadcast, counted while workers may
     still read it, then kept for reuse or unlinked (see the module docstring).
 
     Args:
-      lock: guards the bookkeeping. The process backend passes the lock that guards its
-        workers' request queues, so a worker's blocks are released under the same lock that
-        completes its requests.
+      lock: guards the bookkeeping; the process backend passes its request queues' lock, so
+        a worker's blocks are released under the lock that completes its requests.
 
     Attributes:
       prefix: the start of every block name, ``il<driver pid>_<random>_``.
@@ -347,14 +312,11 @@ class WeightBlocks:
 def remove_stale_blocks(shm_dir: str = _SHM_DIR) -> list[str]:
     """Unlink the weights blocks of drivers that are gone; returns the names removed.
 
-    Blocks ``il<pid>_<random>_<n>`` of this user are grouped by their prefix
-    ``il<pid>_<random>_``. Where the group's lock file ``<prefix>lock`` exists, the blocks are
-    stale exactly when nobody holds its ``flock`` (the owner died: the kernel released it),
-    whichever PID namespace the owner ran in. Without a lock file (an older impala_lab's
-    blocks) they are stale when process ``pid`` does not exist (or is a zombie) or started
-    more than a minute after the block was last written (the pid was reused). Blocks of live
-    drivers, of other users and other names are left alone. Where there is no ``/dev/shm``
-    (not Linux) there is nothing to do.
+    Blocks are grouped by prefix ``il<pid>_<random>_``. With a lock file ``<prefix>lock``
+    they are stale exactly when nobody holds its ``flock``, whatever PID namespace the owner
+    ran in. Without one (an older impala_lab) they are stale when process ``pid`` is gone (or
+    a zombie) or started over a minute after the block was last written (pid reused). Other
+    users' blocks and other names are left alone; without ``/dev/shm`` there is nothing to do.
     """
     try:
         names = os.listdir(shm_dir)
@@ -432,8 +394,7 @@ def _hold_owner_lock(prefix: str, shm_dir: str = _SHM_DIR) -> int | None:
     fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
     fcntl.flock(fd, fcntl.LOCK_EX)
     os.rename(tmp, os.path.join(shm_dir, prefix + _LOCK_SUFFIX))
-    # Like the blocks, the lock file goes with the resource tracker if the driver is killed
-    # (shm_unlink removes any file of /dev/shm by name).
+    # The resource tracker unlinks it with the blocks if the driver is killed.
     resource_tracker.register(f"/{prefix}{_LOCK_SUFFIX}", "shared_memory")
     return fd
 

@@ -1,29 +1,16 @@
 """Evaluation of the learner's current weights, on envs that no actor steps.
 
-The returns the actors report come from the behaviour policy: weights one or more updates
-old (the policy lag) and actions drawn at random from them. An `Evaluator` answers a
-different question: how well does the learner's newest policy do? Every
-``evaluation_interval`` reports of ``train()`` it reads the learner's weights, loads them
-into a numpy model (the actors' `NumpyModel`: no TensorFlow), and plays
-``evaluation_num_episodes`` episodes per action choice on one env of its own:
+The actors' returns come from the lagged behaviour policy; an `Evaluator` asks how the
+learner's newest policy does. Every ``evaluation_interval`` reports of ``train()`` it loads the
+learner's weights into a `NumpyModel` and plays ``evaluation_num_episodes`` episodes per action
+choice (``greedy``: the most likely action; ``sampled``: drawn, as the actors do) on an env of
+its own, in a daemon thread, one evaluation at a time, with the same env seeds every time.
+docs/evaluation.md tells more.
 
-- ``greedy``: the most likely action at every step;
-- ``sampled``: an action drawn from the policy, as the actors draw theirs.
-
-The episodes run in a daemon thread of the driver's process, so ``train()`` keeps turning
-while they play (the GIL is shared: each step's numpy forward briefly holds it). One
-evaluation runs at a time; a report that falls due while one is running is skipped. The
-env seeds are the same at every evaluation (drawn from ``config.seed``), so two
-evaluations differ by their weights, not by their start states.
-
-Each evaluation has a deadline (`EVALUATION_TIMEOUT_S`, or less for the final one): its
-episodes stop there, and one whose env hangs inside ``reset()`` or ``step()`` (which no
-thread can interrupt) is given up at the first report past it, and no evaluation starts
-again in that run. A failed evaluation (an error, or the deadline) keeps the latest result
-and says why in ``error``; ``num_failed`` counts them, and `Evaluator.broken` says when the
-evaluations cannot be relied on any more (a hang, or `FAILURES_TO_GIVE_UP` in a row).
-
-``stats()["evaluation"]`` holds the latest finished evaluation::
+Each evaluation has a deadline (`EVALUATION_TIMEOUT_S`): one whose env hangs in ``reset()`` or
+``step()`` is given up at the first report past it, and none starts again in that run. A failed
+evaluation keeps the latest result and says why in ``error``; `Evaluator.broken` says when they
+cannot be relied on (a hang, or `FAILURES_TO_GIVE_UP` in a row). ``stats()["evaluation"]``::
 
     {"episode_return_mean_greedy": 500.0, "episode_return_mean_sampled": 487.5,
      "weights_version": 812, "num_steps_sampled": 204000, "num_episodes": 10,
@@ -130,7 +117,6 @@ class Evaluator:
         self.enabled = bool(config.evaluation_interval)
         self.interval = int(config.evaluation_interval or 0)
         self.num_episodes = config.evaluation_num_episodes
-        # "both" plays the greedy policy (the most likely action) and the sampled one
         self.modes = (("greedy", "sampled") if config.evaluation_actions == "both"
                       else (config.evaluation_actions,))
         self._config = config
@@ -218,8 +204,7 @@ class Evaluator:
         self._thread = thread
         thread.start()
         try:
-            # the episodes stop themselves at the deadline: a thread alive a second later
-            # is stuck inside the env
+            # a thread alive a second past the deadline is stuck inside the env
             thread.join(max(0.0, deadline - time.monotonic()) + 1.0)
         except BaseException:  # a signal ends the run: the evaluation stops at its next step
             self._cancel.set()
