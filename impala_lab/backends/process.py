@@ -103,7 +103,6 @@ class ProcessBackend(Backend):
         self._closed = False
         _live_backends.add(self)
 
-    # -- workers
     def _pickled_env(self) -> bytes:
         if self._env_blob is None:
             self._env_blob = pickled_env(self.env, "process", "a worker process",
@@ -142,7 +141,6 @@ class ProcessBackend(Backend):
         with self.lock:
             return [h.pid for h in self.handles if h.process.is_alive()]
 
-    # -- weights
     def put_weights(self, weights: list, version: int) -> SharedWeights:
         """Writes the weights once into a shared-memory block; returns its reference."""
         if self._closed:
@@ -153,7 +151,6 @@ class ProcessBackend(Backend):
         """Names of this backend's shared-memory blocks: ``(in use, kept for reuse)``."""
         return self.blocks.names()
 
-    # -- completion
     def wait(self, futures: Sequence[Any], timeout: float | None) -> list:
         """The task pool's ``wait_fn``: blocks on the workers' pipes (no polling).
 
@@ -194,7 +191,6 @@ class ProcessBackend(Backend):
         for h in ended:
             h.on_exit()
 
-    # -- ending
     def stop_worker(self, handle: WorkerHandle) -> None:
         """Ends one worker (dead or alive): stop, join 2 s, terminate, join, kill."""
         assert isinstance(handle, ProcessWorkerHandle)

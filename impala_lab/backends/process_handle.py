@@ -31,20 +31,14 @@ from impala_lab.errors import WorkerError
 __all__ = ["ProcessFuture", "ProcessWorkerHandle"]
 
 _EXIT_JOIN_S = 0.5  # after pipe EOF the process is ending: wait this long for its exit code
-# What a pipe operation raises once the worker's end is gone (EOFError; OSError: EPIPE) or
-# our end was closed by a stop (OSError: "handle is closed", EBADF).
+# What a pipe operation raises once either end is gone (EOF, EPIPE, "handle is closed", EBADF).
 PIPE_GONE = (EOFError, OSError)
 
 
 class ProcessFuture:
-    """One request to a worker process (a `SampleFuture`), completed while the backend reads
-    the worker's pipe; ``completion_time``: when the driver received the answer.
-
-    Args:
-      handle: the worker asked.
-      weight_blocks: the weights blocks named by ``set_weights`` before this request.
-      wait_until_done: the backend's blocking wait for one future.
-    """
+    """One request to a worker process (a `SampleFuture`); ``completion_time``: when the
+    driver received the answer; ``weight_blocks``: the weights blocks named by ``set_weights``
+    before this request; ``wait_until_done``: the backend's blocking wait for one future."""
 
     __slots__ = ("_done", "_error", "_value", "_wait_until_done", "completion_time", "handle",
                  "weight_blocks")
@@ -113,7 +107,6 @@ class ProcessWorkerHandle(WorkerHandle):
         self._num_messages = 0  # answers received: 0 means it died while starting
         self._oom_kills_at_start = oom_kill_count()  # to tell an OOM kill from a kill -9
 
-    # -- requests
     def sample(self) -> ProcessFuture:
         """Queues one sample request; the future's result is a `SampleBatch`."""
         return self._request(("sample",))
@@ -163,7 +156,6 @@ class ProcessWorkerHandle(WorkerHandle):
         with self._pipe_lock:
             self.conn.send_bytes(data)
 
-    # -- answers
     def drain(self) -> bool:
         """Handles every answer waiting on the pipe, in order; False once the pipe is gone."""
         while self._alive:
@@ -209,7 +201,7 @@ class ProcessWorkerHandle(WorkerHandle):
         with contextlib.suppress(ValueError):
             self.process.join(_EXIT_JOIN_S)
             self.exitcode = self.process.exitcode
-        end_process_group(self.pid)  # the env's helper processes die with their worker
+        end_process_group(self.pid)  # the env's helper processes too
         if self._failure is not None:
             err = WorkerError(self.index, self.env_id, "the worker process ended after an "
                               f"earlier error ({self._failure.message})",
@@ -234,7 +226,7 @@ class ProcessWorkerHandle(WorkerHandle):
                 self._blocks.release(fut.weight_blocks)
             self._blocks.release(unconsumed)
 
-    # -- ending (the backend stops many workers at once: in steps)
+    # -- ending, in steps (the backend stops many workers at once)
     def begin_stop(self) -> bool:
         """Marks the worker as stopped (no thread reads or writes its pipe from now on);
         False if it was stopped already. Call under the backend's lock."""
@@ -269,14 +261,12 @@ class ProcessWorkerHandle(WorkerHandle):
     def _stopped_error(self) -> WorkerError:
         return WorkerError(self.index, self.env_id, "the worker was stopped by the driver")
 
-    # -- state
     def is_alive(self) -> bool:
         return self._alive and self.process.is_alive()
 
     def waitables(self) -> list[int]:
         """The pipe's and the process sentinel's file descriptors, for
-        ``multiprocess.connection.wait``; empty once the worker ended. Call under the
-        backend's lock, under which a worker is marked ended before its pipe is closed."""
+        ``multiprocess.connection.wait``; empty once the worker ended (call under the lock)."""
         return [self.conn.fileno(), self.process.sentinel] if self._alive else []
 
     def describe(self) -> str:
@@ -289,8 +279,17 @@ class ProcessWorkerHandle(WorkerHandle):
     def _exit_description(self) -> str:
         """How the worker ended, in words; a SIGKILL is named as the kernel's OOM killer's
         when the cgroup's ``oom_kill`` count rose while the worker lived."""
-        text = _exit_description(self.exitcode)
-        if self.exitcode != -signal.SIGKILL:
+        code = self.exitcode
+        if code is None:
+            return "stopped answering (its pipe closed; the process has not exited yet)"
+        if code >= 0:
+            return f"exited with code {code}"
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        text = f"was killed by {name} (exit code {code})"
+        if code != -signal.SIGKILL:
             return text
         before, after = self._oom_kills_at_start, oom_kill_count()
         if before is not None and after is not None and after > before:
@@ -319,15 +318,3 @@ def _unguarded_main_hint() -> str:
             "guard: the process backend starts workers with spawn, which runs the script "
             "again in each worker; put the code that builds and trains the run under the "
             "guard (or use backend='inline')")
-
-
-def _exit_description(exitcode: int | None) -> str:
-    if exitcode is None:
-        return "stopped answering (its pipe closed; the process has not exited yet)"
-    if exitcode < 0:
-        try:
-            name = signal.Signals(-exitcode).name
-        except ValueError:
-            name = f"signal {-exitcode}"
-        return f"was killed by {name} (exit code {exitcode})"
-    return f"exited with code {exitcode}"

@@ -229,7 +229,6 @@ class RayBackend(Backend):
         kwargs.update(overrides or {})
         return kwargs
 
-    # -- workers
     def _check_env(self) -> None:
         if self._env_checked:
             return
@@ -252,12 +251,10 @@ class RayBackend(Backend):
         alive = [h for h in self.handles if h.is_alive()]
         return [int(p) for p in self._ray.get([h.pid_ref for h in alive], timeout=60)]
 
-    # -- weights
     def put_weights(self, weights: list, version: int) -> Any:
         """One ``ray.put`` of ``(weights, version)``; every actor reads that object."""
         return self._ray.put((list(weights), int(version)))
 
-    # -- completion
     def wait(self, futures: Sequence[Any], timeout: float | None) -> list:
         """``ray.wait`` on the futures' refs: the done futures, blocking up to ``timeout``."""
         if not futures:
@@ -298,7 +295,6 @@ class RayBackend(Backend):
             f"({refused}), so its node crashed or the raylet was killed, and no worker can be "
             f"replaced. Ray's last report: {why.splitlines()[0][:300]}")
 
-    # -- ending
     def stop_worker(self, handle: WorkerHandle) -> None:
         """Kills the actor (its pending tasks fail with `WorkerError`)."""
         assert isinstance(handle, RayWorkerHandle)

@@ -59,8 +59,7 @@ class SharedWeights:
 
     Attributes:
       name: the block's name (``SharedMemory(name=...)``).
-      serial: the broadcast's number, also stored in the block's header.
-      version: the weights version, also stored in the block's header.
+      serial, version: the broadcast's number and the weights version (also in the header).
       layout: per array, ``(byte offset, shape, dtype.str)``, in ``get_weights()`` order.
       size: bytes of the block in use (header and arrays).
     """
@@ -92,15 +91,12 @@ def write_shared_weights(
 
     Args:
       weights: the arrays, e.g. ``keras_model.get_weights()``; any shapes and dtypes.
-      version: the weights version (header and reference).
-      serial: the broadcast's number (header and reference).
       name: the name of a new block (None lets ``SharedMemory`` choose); unused with `block`.
-      block: an open block to overwrite (no reader may be using it), at least as large as
-        the weights need; None creates a new one.
+      block: an open block to overwrite (no reader may be using it), large enough; None
+        creates a new one.
 
     Returns:
-      ``(block, ref)``: the open block (the caller closes and unlinks it) and the reference
-      that `read_shared_weights` takes.
+      ``(block, ref)``: the open block (the caller closes and unlinks it) and its reference.
     """
     arrays = [np.asarray(w) for w in weights]
     layout, size = weights_layout(arrays)
@@ -130,16 +126,8 @@ def read_shared_weights(ref: SharedWeights,
                         block: shared_memory.SharedMemory | None = None) -> list[np.ndarray]:
     """Copies the arrays of ``ref`` out of its block.
 
-    Args:
-      ref: the reference `write_shared_weights` returned.
-      block: the block ``ref`` names, already open (`SharedWeightsReader` keeps them open);
-        None opens it for this read and closes it again.
-
-    Returns:
-      The weights, each with the shape and dtype it was written with.
-
-    Raises:
-      ValueError: the block's header does not match ``ref`` (a bookkeeping bug).
+    ``block``: the block ``ref`` names, already open, or None to open it for this read. A
+    ValueError if the block's header does not match ``ref`` (a bookkeeping bug).
     """
     opened = block is None
     if block is None:
@@ -240,8 +228,7 @@ class WeightBlocks:
         with self._lock:
             self._serial += 1
             _, size = weights_layout(weights)
-            # A kept block that something else unlinked can no longer be opened by name:
-            # drop it, and the broadcast goes into a new one.
+            # a kept block that something else unlinked cannot be opened by name: drop it
             for gone in [m for m in self._free if not _exists(m.name)]:
                 self._free.remove(gone)
                 _unlink(gone)
@@ -291,8 +278,7 @@ class WeightBlocks:
                     _unlink(block.memory)
 
     def names(self) -> tuple[list[str], list[str]]:
-        """``(in use, kept for reuse)``: the blocks in use are the latest broadcast's and
-        those workers may still read."""
+        """``(in use, kept for reuse)``: in use are the latest and those workers may read."""
         with self._lock:
             return list(self._blocks), [m.name for m in self._free]
 

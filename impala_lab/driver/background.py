@@ -34,7 +34,6 @@ class BackgroundTraining:
         finally:
             self._driver = None
 
-    # ------------------------------------------------------------------ background training
     def start(self, stop: StopCondition = None, *, max_seconds: float | None = None,
               max_env_steps: int | None = None, report_interval: float = 1.0) -> None:
         """Train in a background thread: the notebook cell returns, the dashboard keeps moving.

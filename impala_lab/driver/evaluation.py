@@ -55,11 +55,7 @@ def play_episodes(env: Any, model: NumpyModel, seeds: list[int], greedy: bool,
     """Play one episode per seed (``env.reset(seed=...)``) with ``model``; their returns.
 
     Args:
-      env: a gymnasium env with the model's spaces.
-      model: a `NumpyModel` holding the weights to evaluate.
-      seeds: one reset seed per episode.
-      greedy: take the most likely action (True) or draw one from the policy (False).
-      rng: draws the sampled actions.
+      greedy: take the most likely action (True) or draw one with ``rng`` (False).
       clip, squash: how a Box action meets its bounds, as the actors do (the config's
         ``clip_actions`` and ``squash_actions``).
       deadline: a ``time.monotonic()`` reading: an `ImpalaError` once a step starts after it.
@@ -84,7 +80,6 @@ def play_episodes(env: Any, model: NumpyModel, seeds: list[int], greedy: bool,
                 logits = model.logits(np.asarray(obs)[None])
             else:
                 logits, _, state = model.step(np.asarray(obs)[None], state)
-            # the action distribution's own twin: greedy is its mode, sampled its draw
             dist = model.distribution
             action = dist.mode(logits)[0] if greedy else dist.sample(logits, rng)[0]
             action = action.item() if np.ndim(action) == 0 else dist.env_action(
@@ -100,9 +95,7 @@ class Evaluator:
     """Evaluations of the learner's weights every ``config.evaluation_interval`` reports.
 
     Args:
-      config: the run's `ImpalaConfig` (``env``, the model fields, the evaluation fields,
-        ``seed``).
-      observation_space, action_space: the env's spaces (the model is built for them).
+      config: the run's `ImpalaConfig`; observation_space, action_space: the env's spaces.
       get_weights: returns the learner's current ``(weights, version)``.
       get_env_steps: returns the env steps sampled so far (recorded with each result).
       timeout_s: seconds each evaluation may play.
@@ -128,7 +121,7 @@ class Evaluator:
         self._rng_seed = seq.spawn(1)[0]
         self._reports = 0
         self._lock = threading.Lock()  # guards _latest
-        self._playing = threading.Lock()  # one evaluation at a time on the one env and model
+        self._playing = threading.Lock()
         self._cancel = threading.Event()  # set when the run ends or an evaluation hangs
         self._thread: threading.Thread | None = None
         self._started = 0.0  # when the background evaluation started (clock)
@@ -138,17 +131,12 @@ class Evaluator:
         self.num_failed = 0
         self._failed_in_a_row = 0
         self.hung = False
-        self._latest = self._empty()
-
-    def _empty(self) -> dict[str, Any]:
-        out: dict[str, Any] = {f"episode_return_mean_{m}": math.nan for m in self.modes}
-        out.update(weights_version=-1, num_steps_sampled=0, num_episodes=self.num_episodes,
-                   num_evaluations=0, time_s=math.nan)
-        return out
+        self._latest: dict[str, Any] = {f"episode_return_mean_{m}": math.nan for m in self.modes}
+        self._latest.update(weights_version=-1, num_steps_sampled=0,
+                            num_episodes=self.num_episodes, num_evaluations=0, time_s=math.nan)
 
     def latest(self) -> dict[str, Any]:
-        """A copy of the latest finished evaluation, with ``error`` (why the latest one
-        failed, or None) and ``num_failed`` (see the module docstring)."""
+        """A copy of the latest finished evaluation, with ``error`` and ``num_failed``."""
         with self._lock:
             return {**self._latest, "error": self.error, "num_failed": self.num_failed}
 
@@ -164,9 +152,8 @@ class Evaluator:
         return self.error if self.hung or self._failed_in_a_row >= FAILURES_TO_GIVE_UP else None
 
     def on_report(self) -> bool:
-        """Count one report; start a background evaluation when one falls due and none
-        runs (an evaluation past its deadline is given up here). Returns whether one
-        started."""
+        """Count one report; start a background evaluation when one falls due and none runs
+        (one past its deadline is given up here). Returns whether one started."""
         if not self.enabled or self.hung:
             return False
         self._reports += 1
@@ -175,13 +162,16 @@ class Evaluator:
             return False
         if self._reports % self.interval or self.running:
             return False
-        weights = self._get_weights()  # read now: the evaluation is of these weights
         self._started = self._clock()
-        self._thread = threading.Thread(
-            target=self._run, args=(weights, time.monotonic() + self.timeout_s),
-            name="impala-evaluation", daemon=True)
-        self._thread.start()
+        self._start(time.monotonic() + self.timeout_s)
         return True
+
+    def _start(self, deadline: float) -> threading.Thread:
+        """Start evaluating the learner's weights of now in a daemon thread."""
+        self._thread = threading.Thread(target=self._play, args=(self._get_weights(), deadline),
+                                        name="impala-evaluation", daemon=True)
+        self._thread.start()
+        return self._thread
 
     def evaluate(self, timeout_s: float | None = None) -> dict[str, Any]:
         """Evaluate the learner's current weights now (within ``timeout_s``, at most the
@@ -199,10 +189,7 @@ class Evaluator:
                 self._give_up(timeout)
         if self.hung:
             raise ImpalaError(f"evaluation failed: {self.error}")
-        thread = threading.Thread(target=self._run, args=(self._get_weights(), deadline),
-                                  name="impala-evaluation", daemon=True)
-        self._thread = thread
-        thread.start()
+        thread = self._start(deadline)
         try:
             # a thread alive a second past the deadline is stuck inside the env
             thread.join(max(0.0, deadline - time.monotonic()) + 1.0)
@@ -235,22 +222,19 @@ class Evaluator:
             self.num_failed += 1
             self._failed_in_a_row += 1
 
-    def _run(self, weights_and_version: tuple[list, int], deadline: float) -> None:
-        with self._playing:
-            self._play(weights_and_version, deadline)
-
     def _play(self, weights_and_version: tuple[list, int], deadline: float) -> None:
         weights, version = weights_and_version
-        started = time.perf_counter()
-        env_steps = self._get_env_steps()
         try:
-            env, model = self._env_and_model()
-            model.set_weights(weights)
-            rng = np.random.default_rng(self._rng_seed)  # the same draws at every evaluation
-            means = {f"episode_return_mean_{mode}": float(np.mean(play_episodes(
-                env, model, self.seeds, mode == "greedy", rng, clip=self._config.clip_actions,
-                squash=self._config.squash_actions, deadline=deadline, cancel=self._cancel)))
-                for mode in self.modes}
+            with self._playing:  # one evaluation at a time on the one env and model
+                started = time.perf_counter()
+                env_steps = self._get_env_steps()
+                env, model = self._env_and_model()
+                model.set_weights(weights)
+                rng = np.random.default_rng(self._rng_seed)  # the same draws every time
+                means = {f"episode_return_mean_{mode}": float(np.mean(play_episodes(
+                    env, model, self.seeds, mode == "greedy", rng,
+                    clip=self._config.clip_actions, squash=self._config.squash_actions,
+                    deadline=deadline, cancel=self._cancel))) for mode in self.modes}
         except Exception as exc:  # reported in stats(), never the driver's failure
             if not (self.hung or self._cancel.is_set()):  # a cancelled one did not fail
                 self._failed(f"{type(exc).__name__}: {exc}")

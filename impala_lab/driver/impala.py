@@ -67,8 +67,10 @@ class Impala(KnobControl, BackgroundTraining):
     Args:
       config: an `ImpalaConfig`, a dict of its fields, or None for the defaults.
       env_creator: a zero-argument env factory (overrides ``config.env``).
-      start_learner: False keeps the learner thread unstarted, so ``impala.learner.step()``
-        can be called by hand between driver steps (step-through notebooks).
+      start_learner: False keeps the learner thread unstarted (``impala.learner.step()`` by
+        hand, in step-through notebooks).
+      weights: ``(arrays, version)`` the run starts from (`restore` passes a checkpoint's);
+        None: fresh weights from ``config.seed``, version 0.
       **overrides: config fields to change, e.g. ``Impala(num_workers=4)``.
 
     Attributes:
@@ -81,15 +83,9 @@ class Impala(KnobControl, BackgroundTraining):
     """
 
     def step(self, timeout: float = 0.1) -> tuple[int, int]:
-        """One turn of the driver loop, timed and counted (RLlib's ``step``).
-
-        Args:
-          timeout: seconds to wait for the first finished sample (the inline backend never
-            waits).
-
-        Returns:
-          (env steps sampled, env steps trained) in this turn.
-        """
+        """One turn of the driver loop, timed and counted (RLlib's ``step``), waiting up to
+        ``timeout`` seconds for the first finished sample; returns (env steps sampled, env
+        steps trained) in this turn."""
         self._check_running()
         driver = self._driver
         if driver is not None and threading.get_ident() != driver.ident:
@@ -125,12 +121,7 @@ class Impala(KnobControl, BackgroundTraining):
     def __init__(self, config: ImpalaConfig | Mapping[str, Any] | None = None, *,
                  env_creator: Callable[[], Any] | None = None, start_learner: bool = True,
                  weights: tuple[list, int] | None = None, **overrides: Any) -> None:
-        """Build the run and start it: env checks, workers, learner (see the class).
-
-        Args:
-          weights: ``(arrays, version)`` the run starts from (`restore` passes a
-            checkpoint's); None: fresh weights from ``config.seed``, version 0.
-        """
+        """Build the run and start it: env checks, workers, learner (see the class)."""
         self.config = as_config(config, env_creator, overrides)
         self._stopped = True  # until everything below is up
         self.observation_space, self.action_space = check_env(self.config)
@@ -143,8 +134,7 @@ class Impala(KnobControl, BackgroundTraining):
             if weights is None:
                 weights = (initial_weights(self.config, self.observation_space,
                                            self.action_space), 0)
-            # The workers need only numpy weights: they sample while the learner is built.
-            self.loop.start(*weights)
+            self.loop.start(*weights)  # the workers sample while the learner is built
             self.policy, self.learner = make_learner(self.config, self.observation_space,
                                                      self.action_space)
             self.policy.set_weights(*weights)
@@ -153,15 +143,22 @@ class Impala(KnobControl, BackgroundTraining):
             raise
         self._finalizer = weakref.finalize(self, cleanup, self.backend, self.learner)
         live_runs.add(self)
-        self._connect_learner()
+        self.loop.learner = self.learner
+        self.learner.on_train_step = self.health.observe_learner_step
+        self.history = StatsHistory(maxlen=100_000)
+        self.evaluator = Evaluator(self.config, self.observation_space, self.action_space,
+                                   self.policy.get_weights, lambda: self.num_steps_sampled)
         self._init_controls()
         self._stopped = False
         if start_learner:
-            try:
-                self.learner.start()
-            except BaseException:
-                self.stop()
-                raise
+            self._start_learner()
+
+    def _start_learner(self) -> None:
+        try:
+            self.learner.start()
+        except BaseException:
+            self.stop()
+            raise
 
     def _build_parts(self) -> None:
         """The parts that need no learner."""
@@ -177,15 +174,6 @@ class Impala(KnobControl, BackgroundTraining):
         self.loop = DriverLoop(c, self.replay, None, self.run_stats,
                                actors=Actors(self.backend, tasks, self.supervisor),
                                frames=self.frames)
-
-    def _connect_learner(self) -> None:
-        """The parts that need the learner."""
-        c = self.config
-        self.loop.learner = self.learner
-        self.learner.on_train_step = self.health.observe_learner_step
-        self.history = StatsHistory(maxlen=100_000)
-        self.evaluator = Evaluator(c, self.observation_space, self.action_space,
-                                   self.policy.get_weights, lambda: self.num_steps_sampled)
 
     def _init_controls(self) -> None:
         """Live knobs, train()'s state and background training (start/pause)."""
@@ -230,8 +218,7 @@ class Impala(KnobControl, BackgroundTraining):
         return pipeline_view(self.loop, len(self.workers))
 
     def record(self) -> dict[str, Any]:
-        """Take a stats snapshot into ``history`` (a row of metrics.csv, see
-        `impala_lab.driver.run_stats.history_row`) and return it."""
+        """Take a stats snapshot into ``history`` (as `history_row`) and return it."""
         snapshot = self.stats()
         self.history.append(history_row(snapshot))
         self.evaluator.on_report()
@@ -357,13 +344,8 @@ class Impala(KnobControl, BackgroundTraining):
         run.policy.set_lr(config.lr)
         run.policy.set_entropy_coeff(config.entropy_coeff)
         run.run_stats.restore_counters(state["counters"])
-        if not start_learner:
-            return run
-        try:
-            run.learner.start()
-        except BaseException:
-            run.stop()
-            raise
+        if start_learner:
+            run._start_learner()
         return run
 
     def stop(self) -> None:

@@ -16,8 +16,7 @@ from impala_lab.schedules import scheduled_value
 
 __all__ = ["KnobControl"]
 
-# The scheduled rate is assigned once it moved this much (relative), or reached its end: a
-# few hundred assignments over a schedule, not one per step.
+# The scheduled rate is assigned once it moved this much (relative), or reached its end.
 LR_STEP = 0.002
 
 
