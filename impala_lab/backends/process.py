@@ -82,9 +82,6 @@ def single_threaded_blas() -> Iterator[None]:
 class ProcessBackend(Backend):
     """Rollout workers in spawned processes (see the module docstring).
 
-    Args:
-      config: the run's config (env, workers, envs per worker, unroll length, seed, model).
-
     Attributes:
       handles: the workers started and not yet stopped.
       blocks: the shared-memory blocks of the weights broadcasts.

@@ -1,11 +1,10 @@
 """The driver's side of one worker process: its pipe, its queue of requests, its state.
 
-A `ProcessWorkerHandle` sends commands, keeps the futures the worker owes in request order,
-completes them as answers arrive (`drain`) and fails them all when the worker ends (`on_exit`).
-A shutdown at exit may stop workers from the main thread while the driver's thread uses the
-pipes: the state changes under the backend's lock, and every use of the pipe, its close
-included, under the handle's pipe lock (a ``multiprocess`` connection closed while another
-thread reads it fails with a TypeError from deep inside).
+A `ProcessWorkerHandle` keeps the futures the worker owes in request order, completes them as
+answers arrive (`drain`) and fails them all when the worker ends (`on_exit`). A shutdown at exit
+may stop workers from the main thread while the driver's thread uses the pipes: the state
+changes under the backend's lock, every use of the pipe under the handle's pipe lock (a
+``multiprocess`` connection closed while another thread reads it fails deep inside).
 """
 
 from __future__ import annotations
@@ -38,16 +37,13 @@ PIPE_GONE = (EOFError, OSError)
 class ProcessFuture:
     """One request to a worker process (a `SampleFuture`); ``completion_time``: when the
     driver received the answer; ``weight_blocks``: the weights blocks named by ``set_weights``
-    before this request; ``wait_until_done``: the backend's blocking wait for one future."""
+    before this request."""
 
-    __slots__ = ("_done", "_error", "_value", "_wait_until_done", "completion_time", "handle",
-                 "weight_blocks")
+    __slots__ = ("_done", "_error", "_value", "completion_time", "handle", "weight_blocks")
 
-    def __init__(self, handle: ProcessWorkerHandle, weight_blocks: list[str],
-                 wait_until_done: Callable[[ProcessFuture], None]) -> None:
+    def __init__(self, handle: ProcessWorkerHandle, weight_blocks: list[str]) -> None:
         self.handle = handle
         self.weight_blocks = weight_blocks
-        self._wait_until_done = wait_until_done
         self._done = False
         self._value: Any = None
         self._error: WorkerError | None = None
@@ -59,7 +55,7 @@ class ProcessFuture:
     def result(self) -> Any:
         """The `SampleBatch` (or info dict); raises `WorkerError` if the worker failed."""
         if not self._done:
-            self._wait_until_done(self)
+            self.handle.wait_until_done(self)
         if self._error is not None:
             raise self._error
         return self._value
@@ -79,10 +75,8 @@ class ProcessWorkerHandle(WorkerHandle):
     """The driver's side of one worker process (``process``, a ``multiprocess`` Process, and
     ``conn``, the driver's end of its pipe); ``exitcode`` once it ended (-N: signal N).
 
-    Args (besides those attributes):
-      lock: the backend's lock; it guards this handle's request queue and state.
-      blocks: the backend's `WeightBlocks` (a request holds the blocks sent before it).
-      wait_until_done: the backend's blocking wait for one future (``result()`` uses it).
+    ``lock`` (the backend's) guards this handle's request queue and state; ``blocks``: the
+    backend's `WeightBlocks`; ``wait_until_done``: its blocking wait for one future.
     """
 
     def __init__(self, index: int, process: Any, conn: Any, env_id: str, *,
@@ -96,7 +90,7 @@ class ProcessWorkerHandle(WorkerHandle):
         self.env_id = env_id
         self._lock = lock  # guards the state below
         self._blocks = blocks
-        self._wait_until_done = wait_until_done
+        self.wait_until_done = wait_until_done
         self._pipe_lock = threading.Lock()  # guards every use of conn, its close included
         self._pending: deque[ProcessFuture] = deque()
         self._unconsumed: list[str] = []  # blocks named since the last request was sent
@@ -132,7 +126,7 @@ class ProcessWorkerHandle(WorkerHandle):
             self.on_exit()
 
     def _request(self, cmd: tuple) -> ProcessFuture:
-        fut = ProcessFuture(self, self._unconsumed, self._wait_until_done)
+        fut = ProcessFuture(self, self._unconsumed)
         self._unconsumed = []
         with self._lock:
             alive = self._alive

@@ -23,12 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from impala_lab.backends.base import Backend, WorkerHandle
-from impala_lab.backends.ray_cluster import (
-    FREE_CPU_WAIT_S,
-    free_cpus,
-    join_cluster,
-    start_local,
-)
+from impala_lab.backends.ray_cluster import FREE_CPU_WAIT_S, free_cpus, join_cluster, start_local
 from impala_lab.backends.worker_info import describe_env, pickled_env, worker_info
 from impala_lab.config import ImpalaConfig
 from impala_lab.errors import ClusterLostError, ConfigError, WorkerError

@@ -41,7 +41,6 @@ RETURN_MIN_EPISODES = 20
 #: A spike: one step's vf_loss or grad_gnorm this many times the median of the previous
 #: `SPIKE_WINDOW` steps (healthy runs reach it too: hence the return test).
 SPIKE_RATIO = 20.0
-SPIKE_RETURN_FRACTION = LOW_RETURN_FRACTION
 #: Seconds the return must have stayed low for a spike to raise its flag.
 SPIKE_CONFIRM_S = 10.0
 SPIKE_WINDOW = 100
@@ -274,7 +273,7 @@ class HealthMonitor:
         name = "value losses" if code == "value_loss_spike" else "gradient norms"
         key = SPIKE_STATS[code]
         times = f"{len(recent)} spikes" if len(recent) > 1 else "a spike"
-        fell = (f"while the mean return has stayed below {SPIKE_RETURN_FRACTION:.0%} of the "
+        fell = (f"while the mean return has stayed below {LOW_RETURN_FRACTION:.0%} of the "
                 f"best so far for {now - self._low_since:.0f} s" if low
                 else "before enough episodes ended to judge the return")
         return (f"{LABELS[code]}: {times} in the last {SPIKE_HOLD_S:.0f} s, the largest "
