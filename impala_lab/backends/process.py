@@ -1,19 +1,13 @@
 """Rollout workers in spawned processes (the default backend).
 
 Each `RolloutWorker` lives in its own process, started with ``multiprocess``'s ``spawn``
-(TensorFlow is not fork-safe); worker processes never import TensorFlow. The parts:
-`impala_lab.backends.worker_process` (the worker's command loop),
-`impala_lab.backends.shared_weights` (broadcasts through shared memory),
-`impala_lab.backends.process_handle` (the driver's side of one worker), and this module, which
-starts, waits on and stops the workers.
-
-One duplex pipe per worker carries small commands, in order; `ProcessBackend.wait` (the task
+(TensorFlow is not fork-safe), and never imports TensorFlow. `worker_process` holds the
+worker's command loop, `shared_weights` the broadcasts, `process_handle` the driver's side of
+one worker; this module starts, waits on and stops the workers. `ProcessBackend.wait` (the task
 pool's ``wait_fn``) blocks on the pipes and process sentinels, so an idle driver uses no CPU. A
-worker that raises answers with an error record and exits; one that dies is seen as pipe EOF
-or its sentinel. Either way its pending futures raise `WorkerError`. The env travels pickled
-once with cloudpickle (`impala_lab.backends.worker_info`): dill, though ``multiprocess`` is
-built on it, loses notebook-defined env classes. docs/training.md, "Where the workers live",
-tells the lifetimes and the ``__main__`` guard that spawn needs.
+worker that raises or dies fails its pending futures with `WorkerError`. The env travels
+cloudpickled (`worker_info`): dill, though ``multiprocess`` is built on it, loses
+notebook-defined env classes. docs/training.md, "Where the workers live", tells the rest.
 """
 
 from __future__ import annotations

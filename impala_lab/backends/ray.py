@@ -252,23 +252,14 @@ class RayBackend(Backend):
 
     def wait(self, futures: Sequence[Any], timeout: float | None) -> list:
         """``ray.wait`` on the futures' refs: the done futures, blocking up to ``timeout``."""
-        if not futures:
-            return []
-        ray = self._ray
         pending = {f.ref: f for f in futures if not f._done}
         refs = list(pending)
-
-        def take_ready() -> None:
-            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        if refs:
+            if timeout != 0 and not any(f._done for f in futures):  # wait for one
+                self._ray.wait(refs, num_returns=1, timeout=timeout)
+            ready, _ = self._ray.wait(refs, num_returns=len(refs), timeout=0)
             for ref in ready:
                 pending[ref]._mark_done()
-
-        if refs:
-            take_ready()
-            if not any(f._done for f in futures) and timeout != 0:
-                ready, _ = ray.wait(refs, num_returns=1, timeout=timeout)
-                if ready:
-                    take_ready()  # with whatever else finished meanwhile
         return [f for f in futures if f._done]
 
     def check_raylet(self, why: str) -> None:

@@ -1,9 +1,7 @@
-"""Joining a Ray cluster or starting a private one, for `impala_lab.backends.ray`.
-
-`join_cluster` probes the address first (`probe`: a Ray head answers HTTP/2's preface with
-a SETTINGS frame, an HTTP server or a silent port does not) and turns Ray's failures into a
-`ConfigError` naming the address and the fix; `start_local` starts a private Ray on loopback;
-`free_cpus` waits a little for a cluster with no free CPU, then says so.
+"""Joining a Ray cluster or starting a private one, for `impala_lab.backends.ray`: `join_cluster`
+probes the address first (`probe`) and turns Ray's failures into a `ConfigError` naming the
+address and the fix, `start_local` starts a private Ray on loopback, and `free_cpus` waits a
+little for a cluster with no free CPU, then says so.
 """
 
 from __future__ import annotations

@@ -22,9 +22,8 @@ class BackgroundTraining:
 
     @contextlib.contextmanager
     def driving_thread(self) -> Iterator[None]:
-        """Within it, the calling thread is the one that steps this run: other threads (a
-        dashboard's poller) that call ``stats()`` read the pipeline view its last step left,
-        and ``step()`` from them raises. Nothing changes while ``start()``'s thread drives."""
+        """Within it, the calling thread steps this run: other threads' ``stats()`` read the
+        pipeline view its last step left, and their ``step()`` raises (no-op under ``start()``)."""
         if self._driver is not None:
             yield
             return

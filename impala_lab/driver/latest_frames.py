@@ -34,16 +34,9 @@ class LatestFrames:
 
     def observe(self, worker_index: int, batch: Any, *, lowest_live_index: int,
                 env_steps: int) -> bool:
-        """Take the last K frames of a new batch if it comes from the followed worker.
-
-        Args:
-          worker_index: the worker that sampled ``batch`` (a new `SampleBatch` [T, B]).
-          lowest_live_index: the worker followed; when it changes, the strip starts anew.
-          env_steps: the run's env steps sampled, this batch included.
-
-        Returns:
-          whether frames were taken.
-        """
+        """Take the last K frames of a new `SampleBatch` [T, B] if ``worker_index`` sampled it
+        and is ``lowest_live_index`` (the worker followed; a new one starts the strip anew);
+        ``env_steps``: the run's, this batch included. Returns whether frames were taken."""
         if self.kind is None or worker_index != lowest_live_index:
             return False
         T = batch.obs.shape[0]
