@@ -93,7 +93,7 @@ def write_checkpoint(path: str | os.PathLike, state: Mapping[str, Any],
                     np.savez(fh, *arrays)
                     _flush_and_sync(fh)
                 digests[name] = _sha256(tmp / name)
-                layouts[name] = [_layout(np.asarray(a)) for a in arrays]
+                layouts[name] = [[list(a.shape), a.dtype.str] for a in map(np.asarray, arrays)]
             with open(tmp / "state.json", "w") as fh:
                 fh.write(json.dumps({**state, "sha256": digests, "arrays": layouts}, indent=2))
                 _flush_and_sync(fh)
@@ -234,11 +234,6 @@ def _read_checkpoint_dir(root: Path) -> tuple[dict, list[np.ndarray], list[np.nd
             raise ValueError(f"{file}: cannot read the arrays ({exc})") from None
         _check_finite(file, arrays[name])
     return state, arrays["weights.npz"], arrays["optimizer.npz"]
-
-
-def _layout(array: np.ndarray) -> list:
-    """An array's entry in state.json's ``arrays``: ``[shape, dtype]``."""
-    return [list(array.shape), array.dtype.str]
 
 
 def _check_npz_headers(file: Path, declared: list | None) -> None:

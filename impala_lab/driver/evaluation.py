@@ -1,16 +1,12 @@
 """Evaluation of the learner's current weights, on envs that no actor steps.
 
-The actors' returns come from the lagged behaviour policy; an `Evaluator` asks how the
-learner's newest policy does. Every ``evaluation_interval`` reports of ``train()`` it loads the
-learner's weights into a `NumpyModel` and plays ``evaluation_num_episodes`` episodes per action
-choice (``greedy``: the most likely action; ``sampled``: drawn, as the actors do) on an env of
-its own, in a daemon thread, one evaluation at a time, with the same env seeds every time.
-docs/evaluation.md tells more.
-
-Each evaluation has a deadline (`EVALUATION_TIMEOUT_S`): one whose env hangs in ``reset()`` or
-``step()`` is given up at the first report past it, and none starts again in that run. A failed
-evaluation keeps the latest result and says why in ``error``; `Evaluator.broken` says when they
-cannot be relied on (a hang, or `FAILURES_TO_GIVE_UP` in a row). ``stats()["evaluation"]``::
+An `Evaluator` asks how the learner's newest policy does (the actors' returns come from the
+lagged behaviour policy): every ``evaluation_interval`` reports of ``train()`` it plays
+``evaluation_num_episodes`` episodes per action choice (``greedy`` or ``sampled``) with the
+learner's weights in a `NumpyModel`, on an env of its own, in a daemon thread, with the same
+env seeds every time (docs/evaluation.md). An evaluation past its deadline
+(`EVALUATION_TIMEOUT_S`) hangs in the env: it is given up, and none starts again in that run.
+A failed one keeps the latest result and says why in ``error``. ``stats()["evaluation"]``::
 
     {"episode_return_mean_greedy": 500.0, "episode_return_mean_sampled": 487.5,
      "weights_version": 812, "num_steps_sampled": 204000, "num_episodes": 10,
