@@ -168,17 +168,14 @@ class ProcessWorkerHandle(WorkerHandle):
         self._num_messages += 1
         with self._lock:
             fut = self._pending.popleft() if self._pending else None
-        if kind == "ok":
-            if fut is not None:
-                fut.finish(value=payload)
-        else:
-            err = WorkerError(self.index, payload["env_id"], payload["message"],
-                              payload["traceback"])
+        value, error = payload, None
+        if kind != "ok":
             self.env_id = payload["env_id"]
-            self._failure = err
-            if fut is not None:
-                fut.finish(error=err)
+            value, error = None, WorkerError(self.index, self.env_id, payload["message"],
+                                             payload["traceback"])
+            self._failure = error
         if fut is not None:
+            fut.finish(value, error)
             self._blocks.release(fut.weight_blocks)
 
     def on_exit(self) -> None:

@@ -22,6 +22,7 @@ import fcntl
 import os
 import re
 import secrets
+import struct
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ __all__ = ["BlockGoneError", "SharedWeights", "SharedWeightsReader", "WeightBloc
 
 _ALIGN = 64  # byte alignment of each array in a weights block
 _HEADER = 64  # block header: int64 serial, version, number of arrays
+_HEADER_FORMAT = "3q"
 _MAX_FREE_BLOCKS = 2  # released blocks kept for reuse
 _BLOCK_NAME = re.compile(r"il(\d+)(_[0-9a-f]{6}_)\d+")  # ``WeightBlocks.prefix`` + a number
 _SHM_DIR = "/dev/shm"
@@ -107,13 +109,10 @@ def write_shared_weights(
         raise ValueError(f"write_shared_weights: block {block.name!r} has {block.size} bytes, "
                          f"the weights need {size}; pass block=None to create a larger one")
     try:
-        header = np.ndarray((3,), np.int64, buffer=block.buf)
-        header[:] = (serial, version, len(arrays))
-        del header
+        struct.pack_into(_HEADER_FORMAT, block.buf, 0, serial, version, len(arrays))
         for (off, shape, dtype), a in zip(layout, arrays):
-            view = np.ndarray(shape, np.dtype(dtype), buffer=block.buf, offset=off)
-            view[...] = a
-            del view  # no view may outlive the block's mapping (close() refuses)
+            # a temporary view: none may outlive the block's mapping (close() refuses)
+            np.ndarray(shape, np.dtype(dtype), buffer=block.buf, offset=off)[...] = a
     except BaseException:
         if new:
             block.close()
@@ -133,20 +132,15 @@ def read_shared_weights(ref: SharedWeights,
     if block is None:
         block = _open_block(ref.name)
     try:
-        header = np.ndarray((3,), np.int64, buffer=block.buf)
-        found = tuple(int(x) for x in header)
-        del header
+        found = struct.unpack_from(_HEADER_FORMAT, block.buf, 0)
         expected = (ref.serial, ref.version, len(ref.layout))
         if found != expected:
             raise ValueError(
                 f"shared weights block {ref.name!r} holds (serial, version, arrays) {found}, "
                 f"expected {expected}: it was overwritten while a worker still needed it")
-        out = []
-        for off, shape, dtype in ref.layout:
-            view = np.ndarray(shape, np.dtype(dtype), buffer=block.buf, offset=off)
-            out.append(view.copy())
-            del view
-        return out
+        # temporary views, copied out: none may outlive the block's mapping
+        return [np.ndarray(shape, np.dtype(dtype), buffer=block.buf, offset=off).copy()
+                for off, shape, dtype in ref.layout]
     finally:
         if opened:
             block.close()
@@ -204,12 +198,9 @@ class WeightBlocks:
     """The driver's weights blocks: one written per broadcast, counted while workers may
     still read it, then kept for reuse or unlinked (see the module docstring).
 
-    Args:
-      lock: guards the bookkeeping; the process backend passes its request queues' lock, so
-        a worker's blocks are released under the lock that completes its requests.
-
-    Attributes:
-      prefix: the start of every block name, ``il<driver pid>_<random>_``.
+    ``lock`` guards the bookkeeping (the process backend passes its request queues' lock, so a
+    worker's blocks are released under the lock that completes its requests). ``prefix``
+    starts every block name: ``il<driver pid>_<random>_``.
     """
 
     def __init__(self, lock: threading.RLock | None = None) -> None:

@@ -52,13 +52,8 @@ _save_lock = threading.Lock()  # one save at a time in this process (they share 
 
 def checkpoint_state(config: Mapping[str, Any], policy_version: int,
                      counters: Mapping[str, Any]) -> dict[str, Any]:
-    """state.json's fields (without ``sha256``, which `write_checkpoint` adds).
-
-    Args:
-      config: ``ImpalaConfig.to_dict()``.
-      policy_version: the learner steps the weights have seen.
-      counters: the run's `CHECKPOINT_COUNTERS`, by name.
-    """
+    """state.json's fields but ``sha256`` (`write_checkpoint` adds it): ``config`` as
+    ``ImpalaConfig.to_dict()``, the weights' ``policy_version`` and `CHECKPOINT_COUNTERS`."""
     return {"format": CHECKPOINT_FORMAT, "config": dict(config),
             "policy_version": policy_version, "counters": dict(counters)}
 

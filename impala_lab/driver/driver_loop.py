@@ -85,14 +85,9 @@ class DriverLoop:
         self.arrival_versions: dict[int, int] = {}
 
     def step(self, timeout: float) -> tuple[int, int]:
-        """One turn of the loop (see the module docstring).
-
-        Args:
-          timeout: seconds to wait for the first finished sample.
-
-        Returns:
-          (env steps of the new batches, env steps the learner reported trained).
-        """
+        """One turn of the loop (see the module docstring), waiting up to ``timeout`` seconds
+        for the first finished sample. Returns (env steps of the new batches, env steps the
+        learner reported trained)."""
         sample_timesteps = 0
         c = self.config
         for worker, batch in self.replay.mix(self.completed_samples(timeout)):
@@ -234,13 +229,9 @@ class DriverLoop:
 
     # ------------------------------------------------------------------ outside a turn
     def start(self, weights: list, version: int = 0) -> None:
-        """Start the workers, publish the run's first weights and send each its first requests.
-
-        Args:
-          weights: the weights the learner starts from (numpy arrays): `Impala` starts the
-            workers before the learner is built, while TensorFlow loads.
-          version: their version (0, or a checkpoint's).
-        """
+        """Start the workers, publish the run's first weights (numpy arrays, the learner's
+        start; ``version`` 0 or a checkpoint's) and send each its first requests. `Impala` calls
+        it before the learner is built, so the workers sample while TensorFlow loads."""
         workers = self.actors.start()
         with self.run_stats.broadcast_timer:
             self._publish(weights, version)

@@ -120,10 +120,8 @@ class RunStats:
 
     def record_sample(self, batch: SampleBatch, policy_version: int) -> None:
         """Count a new batch's finished episodes and its policy lag behind ``policy_version``."""
-        for r in batch.episode_returns:
-            self.episode_returns.append(float(r))
-        for n in batch.episode_lengths:
-            self.episode_lengths.append(int(n))
+        self.episode_returns.extend(map(float, batch.episode_returns))
+        self.episode_lengths.extend(map(int, batch.episode_lengths))
         self.episodes_total += len(batch.episode_returns)
         lag = policy_lag(policy_version, batch.policy_versions)
         mean_lag = float(lag.mean())

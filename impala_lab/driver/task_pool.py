@@ -189,11 +189,8 @@ class SampleTaskPool:
     def reset_workers(self, workers: Iterable[Hashable]) -> list[tuple[Hashable, Any]]:
         """Keeps only the requests (in flight or prefetched) of `workers`, as RLlib does:
         call it with the live workers after one died, whose futures would never finish (a
-        running generator of this pool skips them too).
-
-        Returns:
-          The dropped ``(worker, future)`` pairs.
-        """
+        running generator of this pool skips them too). Returns the dropped ``(worker,
+        future)`` pairs."""
         keep = set(workers)
         with self._lock:
             dropped = [e for e in self._in_flight.values() if e[0] not in keep]
