@@ -303,12 +303,9 @@ def _check_counters(state_file: Path, state: dict) -> None:
 def restored_config(root: Path, state: Mapping[str, Any], overrides: dict[str, Any],
                     env_creator: Any = None) -> ImpalaConfig:
     """The checkpoint's config, with the config fields of ``overrides`` (taken out of it) and
-    ``env_creator`` (a zero-argument env factory) as its ``env``.
-
-    The checkpoint's ``ray_address`` is dropped (with a warning) unless ``overrides`` names
-    one: a file must not make this process join a cluster. An invalid result is a
-    `ConfigError` naming ``<root>/state.json``.
-    """
+    ``env_creator`` as its ``env``; its ``ray_address`` is dropped (with a warning) unless
+    ``overrides`` names one: a file must not make this process join a cluster. An invalid
+    result is a `ConfigError` naming ``<root>/state.json``."""
     data = dict(state["config"])
     if env_creator is not None:
         data["env"] = env_creator

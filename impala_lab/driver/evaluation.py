@@ -50,12 +50,10 @@ def play_episodes(env: Any, model: NumpyModel, seeds: list[int], greedy: bool,
                   ) -> list[float]:
     """Play one episode per seed (``env.reset(seed=...)``) with ``model``; their returns.
 
-    Args:
-      greedy: take the most likely action (True) or draw one with ``rng`` (False).
-      clip, squash: how a Box action meets its bounds, as the actors do (the config's
-        ``clip_actions`` and ``squash_actions``).
-      deadline: a ``time.monotonic()`` reading: an `ImpalaError` once a step starts after it.
-      cancel: set, it ends the episodes with an `ImpalaError` at the next step.
+    ``greedy``: the most likely action, else one drawn with ``rng``; ``clip``, ``squash``: how
+    a Box action meets its bounds (the config's ``clip_actions``, ``squash_actions``). An
+    `ImpalaError` ends the episodes once a step starts after ``deadline`` (a
+    ``time.monotonic()`` reading) or with ``cancel`` set.
     """
     returns = []
     for seed in seeds:

@@ -48,10 +48,8 @@ def poll_wait(futures: list[Any], timeout: float | None, *, min_sleep: float = 0
               max_sleep: float = 0.02, clock: Callable[[], float] = time.monotonic,
               sleep: Callable[[float], None] = time.sleep) -> list[Any]:
     """The default `wait_fn` (tests, inline futures): polls ``done()``, sleeping with a
-    doubling backoff from `min_sleep` to `max_sleep` seconds.
-
-    Returns the done futures in the order of `futures`, or [] if none finished within
-    `timeout` (0: check once; None: wait forever).
+    doubling backoff from `min_sleep` to `max_sleep` seconds. Returns the done futures in the
+    order of `futures`, or [] if none finished within `timeout` (0: check once; None: forever).
     """
     if not futures:
         return []
