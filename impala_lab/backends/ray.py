@@ -34,14 +34,6 @@ RAY_MISSING = "backend='ray' needs the 'ray' extra: pip install 'impala_lab[ray]
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # Ray colours its reports; a WorkerError is plain text
 
 
-def _import_ray() -> Any:
-    try:
-        import ray
-    except ImportError as exc:
-        raise ImportError(RAY_MISSING) from exc
-    return ray
-
-
 class RolloutActor:
     """The body of a worker actor: a `RolloutWorker` behind Ray method calls."""
 
@@ -177,7 +169,10 @@ class RayBackend(Backend):
     def __init__(self, config: ImpalaConfig, *,
                  ray_init_kwargs: dict[str, Any] | None = None) -> None:
         super().__init__(config)
-        ray = _import_ray()
+        try:
+            import ray
+        except ImportError as exc:
+            raise ImportError(RAY_MISSING) from exc
         self._ray = ray
         self.handles: list[RayWorkerHandle] = []
         self._closed = False

@@ -89,17 +89,10 @@ def write_shared_weights(
     weights: Sequence[np.ndarray], version: int, serial: int = 0, name: str | None = None,
     block: shared_memory.SharedMemory | None = None,
 ) -> tuple[shared_memory.SharedMemory, SharedWeights]:
-    """Writes ``weights``, ``version`` and ``serial`` into a shared-memory block.
-
-    Args:
-      weights: the arrays, e.g. ``keras_model.get_weights()``; any shapes and dtypes.
-      name: the name of a new block (None lets ``SharedMemory`` choose); unused with `block`.
-      block: an open block to overwrite (no reader may be using it), large enough; None
-        creates a new one.
-
-    Returns:
-      ``(block, ref)``: the open block (the caller closes and unlinks it) and its reference.
-    """
+    """Writes ``weights`` (any shapes and dtypes), ``version`` and ``serial`` into ``block``
+    (open, large enough, read by nobody now) or a new block called ``name`` (None: any name).
+    Returns ``(block, ref)``: the open block (the caller closes and unlinks it) and its
+    reference."""
     arrays = [np.asarray(w) for w in weights]
     layout, size = weights_layout(arrays)
     new = block is None

@@ -169,17 +169,12 @@ class HealthMonitor:
               sample_timeout_s: float | None = 60.0) -> dict[str, Any]:
         """Judge the run now; returns the ``health`` dict (see the module docs).
 
-        Args:
-          episode_return_mean, episode_return_count: the trailing mean return, and how many
-            episodes it holds.
-          learner_queue: ``stats()["learner_queue"]`` (the queue length after each step).
-          learner_wait_ms, learner_grad_ms: mean ms per learner step waiting for data, training.
-          driver_blocked_fraction: the recent share of time the driver waited on the full queue.
-          policy_lag: mean policy lag (for the overfed message).
-          num_updates_skipped: non-finite updates rejected since the start.
-          seconds_since_sample: since a sample last reached the driver (NaN: not judged).
-          stalled_workers: the ``stats()["workers"]`` entries marked stalled.
-          sample_timeout_s: the run's, for the messages.
+        The arguments are ``stats()`` figures: the trailing mean return and its episode count,
+        ``learner_queue`` (the queue length after each step), the mean ms per learner step
+        waiting for data and training, the recent share of time the driver waited on the full
+        queue, the mean policy lag, non-finite updates skipped so far, seconds since a sample
+        reached the driver (NaN: not judged), the workers marked stalled and the run's
+        ``sample_timeout_s``.
         """
         with self._lock:
             now = self._clock()

@@ -152,13 +152,10 @@ class RunStats:
                  ) -> dict[str, Any]:
         """``Impala.stats()``: every figure of the run, from these counters and its parts.
 
-        Args:
-          liveness: seconds since the last sample reached the driver, and per-worker rows.
-          judging_liveness: False while the driver waits on the full learner queue or is
-            not training (a stalled sample is then nobody's fault).
-          pipeline: `pipeline_view`'s dict.
-          last_error: the error that ended ``train()``, as text, or None.
-          evaluation: the latest `Evaluator` result, or None (no key).
+        ``liveness``: seconds since the last sample reached the driver, and per-worker rows,
+        judged only with ``judging_liveness`` (False while the driver waits on the full learner
+        queue or is not training); ``pipeline``: `pipeline_view`'s dict; ``last_error``: what
+        ended ``train()``; ``evaluation``: the latest `Evaluator` result (None: no key).
         """
         returns = list(self.episode_returns)
         return_mean = float(np.mean(returns)) if returns else math.nan
