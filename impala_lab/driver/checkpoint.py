@@ -287,15 +287,12 @@ def _check_counters(state_file: Path, state: dict) -> None:
               if k in CHECKPOINT_COUNTERS}
     values["policy_version"] = state["policy_version"]
     for name, value in values.items():
-        if name == "counters.elapsed_s":
-            ok = (isinstance(value, int | float) and not isinstance(value, bool)
-                  and 0 <= value < _ELAPSED_LIMIT_S)  # False for NaN and inf
-            rule = f"a finite number of seconds in [0, {_ELAPSED_LIMIT_S:g})"
-        else:
-            ok = (isinstance(value, int) and not isinstance(value, bool)
-                  and 0 <= value < _COUNTER_LIMIT)
-            rule = "an integer in [0, 2**53)"
-        if not ok:
+        seconds = name == "counters.elapsed_s"
+        kinds, limit = (int | float, _ELAPSED_LIMIT_S) if seconds else (int, _COUNTER_LIMIT)
+        # (NaN and inf fail the range)
+        if isinstance(value, bool) or not isinstance(value, kinds) or not 0 <= value < limit:
+            rule = (f"a finite number of seconds in [0, {limit:g})" if seconds
+                    else "an integer in [0, 2**53)")
             raise ValueError(f"{state_file}: {name}={value!r} is invalid: it must be {rule} "
                              "(the file was damaged or edited)")
 

@@ -4,15 +4,9 @@ An `Evaluator` asks how the learner's newest policy does (the actors' returns co
 lagged behaviour policy): every ``evaluation_interval`` reports of ``train()`` it plays
 ``evaluation_num_episodes`` episodes per action choice (``greedy`` or ``sampled``) with the
 learner's weights in a `NumpyModel`, on an env of its own, in a daemon thread, with the same
-env seeds every time (docs/evaluation.md). An evaluation past its deadline
-(`EVALUATION_TIMEOUT_S`) hangs in the env: it is given up, and none starts again in that run.
-A failed one keeps the latest result and says why in ``error``. ``stats()["evaluation"]``::
-
-    {"episode_return_mean_greedy": 500.0, "episode_return_mean_sampled": 487.5,
-     "weights_version": 812, "num_steps_sampled": 204000, "num_episodes": 10,
-     "num_evaluations": 7, "time_s": 0.41, "error": None, "num_failed": 0}
-
-(NaN returns and version -1 until the first evaluation ends.)
+env seeds every time. An evaluation past its deadline (`EVALUATION_TIMEOUT_S`) hangs in the
+env: it is given up, and none starts again in that run; a failed one keeps the latest result
+and says why in ``error``. docs/evaluation.md lists ``stats()["evaluation"]``'s keys.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """`HealthMonitor`: says when learning looks wrong, in words and figures.
 
-Each figure the run measures is held against a threshold (the constants below), and what
-crosses one is named: ``entropy_collapsed``, ``value_loss_spike``, ``grad_norm_spike``,
-``updates_skipped``, ``learner_starved``, ``learner_overfed``, ``no_samples``,
-``worker_stalled``; docs/training.md, "Learning health", says when each is raised and clears.
-
-A loss or gradient spike counts only while the mean return has stayed low for
+Each figure the run measures is held against a threshold (the constants below); what crosses
+one is named by a flag (docs/training.md, "Learning health", says when each is raised and
+clears). A loss or gradient spike counts only while the mean return has stayed low for
 `SPIKE_CONFIRM_S`: near the top a healthy run's value loss has a tiny median, so one failed
 episode spikes it harmlessly, whereas a spike that wrecks the policy takes the return down. A
 pipeline flag must hold for `PIPELINE_PERSIST_S`: on a shared machine a healthy learner may wait
