@@ -1,8 +1,6 @@
 """Where rollout workers live: ``inline`` (the driver's process), ``process`` (spawned
-processes, the default) or ``ray`` (Ray actors).
-
-`make_backend` builds the one ``config.backend`` names in `BACKENDS`; a backend's module is
-imported on first use, so importing this package imports neither Ray nor TensorFlow.
+processes, the default) or ``ray`` (Ray actors). `make_backend` imports the module of the one
+``config.backend`` names on first use, so importing this package imports neither Ray nor TF.
 """
 
 from __future__ import annotations

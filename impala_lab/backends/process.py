@@ -1,45 +1,13 @@
 """Rollout workers in spawned processes (the default backend).
 
-Each `RolloutWorker` lives in its own process, started with the ``spawn`` method of the
-`multiprocess` package (TensorFlow is not fork-safe). Worker processes import numpy,
-gymnasium and `impala_lab.actor.rollout_worker` only, never TensorFlow (tens of MB each instead of
-hundreds). Three modules hold its parts:
-
-- `impala_lab.backends.worker_process`: the worker process's loop and its commands;
-- `impala_lab.backends.shared_weights`: weights broadcasts through shared memory;
-- `impala_lab.backends.process_handle`: the driver's side of one worker (its pipe, its
-  queue of requests, its state);
-
-and this module, the backend that starts, waits on and stops the workers.
-
-Transport. One duplex pipe per worker carries small commands, in order. The driver keeps
-``max_sample_requests_in_flight_per_worker`` sample requests queued on each worker;
-`ProcessBackend.wait` (the task pool's ``wait_fn``) blocks on the pipes and the process
-sentinels with ``multiprocess.connection.wait``, so an idle driver uses no CPU, and completes
-each worker's futures in the order of its requests. Weights go through shared memory, once
-per broadcast (`ProcessBackend.put_weights`).
-
-Lifetimes. `ProcessBackend.stop_worker` and `ProcessBackend.shutdown` send ``stop``, close
-the pipe, join for 2 s, then terminate, join, kill. Worker processes are daemonic, so an env
-cannot start ``multiprocess`` children of its own, and ``multiprocess`` ends them at
-interpreter exit if nothing else did; an ``atexit`` hook here shuts every live backend down
-first. Workers also exit when their parent dies (see `impala_lab.backends.worker_process`).
-
-Faults. A worker whose env raises answers that request with an error record and exits;
-``result()`` raises `WorkerError` with the worker's traceback. A worker process that dies
-(SIGKILL, a crash in C code) is seen as pipe EOF or its sentinel: every pending future of
-that worker completes and raises `WorkerError` naming the exit code or signal, so the driver
-restarts the worker or raises instead of hanging.
-
-What travels to a worker: the env (an id, or a zero-argument factory), pickled once with
-cloudpickle before the first process starts (see `impala_lab.backends.worker_info`). Not dill,
-although ``multiprocess`` is built on it: dill 0.4 either leaves a notebook-defined env class
-behind (``NameError`` in the worker) or, with ``recurse=True``, rebuilds a subclass of
-``gymnasium.Env`` on the wrong bases (the ``__orig_bases__`` inherited from ``Env``'s
-``Generic[...]``). The spawn method also runs the main script's top level again (as
-``__mp_main__``) in each worker: keep ``import tensorflow`` in a script under ``if __name__
-== "__main__":`` or inside functions, or every worker imports TensorFlow too (notebooks and
-``python -c`` have no main script to run again).
+Each `RolloutWorker` lives in its own process, started with ``multiprocess``'s ``spawn``
+(TensorFlow is not fork-safe), and never imports TensorFlow. `worker_process` holds the
+worker's command loop, `shared_weights` the broadcasts, `process_handle` the driver's side of
+one worker; this module starts, waits on and stops the workers. `ProcessBackend.wait` (the task
+pool's ``wait_fn``) blocks on the pipes and process sentinels, so an idle driver uses no CPU. A
+worker that raises or dies fails its pending futures with `WorkerError`. The env travels
+cloudpickled (`worker_info`): dill, though ``multiprocess`` is built on it, loses
+notebook-defined env classes. docs/training.md, "Where the workers live", tells the rest.
 """
 
 from __future__ import annotations
@@ -92,11 +60,8 @@ _environ_lock = threading.Lock()
 
 @contextlib.contextmanager
 def single_threaded_blas() -> Iterator[None]:
-    """While it lasts, processes started from here get `ACTOR_THREAD_ENV`'s variables
-    (except those the user set: theirs win); this process's environment is restored after.
-
-    A spawned child reads the environment when it starts, so this surrounds
-    ``Process.start()``; the BLAS already loaded in this process is not affected."""
+    """Processes started meanwhile get `ACTOR_THREAD_ENV`'s variables (the user's own win);
+    this process's environment is restored after. Surrounds ``Process.start()``."""
     with _environ_lock:
         added = [name for name in ACTOR_THREAD_ENV if name not in os.environ]
         for name in added:
@@ -110,9 +75,6 @@ def single_threaded_blas() -> Iterator[None]:
 
 class ProcessBackend(Backend):
     """Rollout workers in spawned processes (see the module docstring).
-
-    Args:
-      config: the run's config (env, workers, envs per worker, unroll length, seed, model).
 
     Attributes:
       handles: the workers started and not yet stopped.
@@ -132,7 +94,6 @@ class ProcessBackend(Backend):
         self._closed = False
         _live_backends.add(self)
 
-    # -- workers
     def _pickled_env(self) -> bytes:
         if self._env_blob is None:
             self._env_blob = pickled_env(self.env, "process", "a worker process",
@@ -143,9 +104,8 @@ class ProcessBackend(Backend):
         self._pickled_env()  # an env factory that cannot travel fails here, before TF loads
 
     def make_worker(self, index: int) -> ProcessWorkerHandle:
-        """Starts worker ``index`` in a new process; returns at once (the process builds its
-        envs while the driver goes on; a failure to build them is the answer to the first
-        request)."""
+        """Starts worker ``index`` in a new process; returns at once (a failure to build its
+        envs is the answer to the first request)."""
         if self._closed:
             raise RuntimeError("this ProcessBackend was shut down; create a new one")
         blob = self._pickled_env()
@@ -172,20 +132,16 @@ class ProcessBackend(Backend):
         with self.lock:
             return [h.pid for h in self.handles if h.process.is_alive()]
 
-    # -- weights
     def put_weights(self, weights: list, version: int) -> SharedWeights:
-        """Writes the weights once into a shared-memory block no worker is using (a reused
-        one if possible); returns its reference."""
+        """Writes the weights once into a shared-memory block; returns its reference."""
         if self._closed:
             raise RuntimeError("this ProcessBackend was shut down; create a new one")
         return self.blocks.put(weights, version)
 
     def shared_blocks(self) -> tuple[list[str], list[str]]:
-        """Names of this backend's shared-memory blocks: ``(in use, kept for reuse)``; the
-        blocks in use are the latest broadcast's and those workers may still read."""
+        """Names of this backend's shared-memory blocks: ``(in use, kept for reuse)``."""
         return self.blocks.names()
 
-    # -- completion
     def wait(self, futures: Sequence[Any], timeout: float | None) -> list:
         """The task pool's ``wait_fn``: blocks on the workers' pipes (no polling).
 
@@ -226,7 +182,6 @@ class ProcessBackend(Backend):
         for h in ended:
             h.on_exit()
 
-    # -- ending
     def stop_worker(self, handle: WorkerHandle) -> None:
         """Ends one worker (dead or alive): stop, join 2 s, terminate, join, kill."""
         assert isinstance(handle, ProcessWorkerHandle)

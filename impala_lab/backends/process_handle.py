@@ -1,15 +1,10 @@
 """The driver's side of one worker process: its pipe, its queue of requests, its state.
 
-A `ProcessWorkerHandle` sends commands (`impala_lab.backends.worker_process`), keeps the
-futures of the requests the worker owes in request order, completes them as answers arrive
-(`drain`) and fails them all when the worker ends (`on_exit`). `ProcessBackend` decides when to
-read which pipe and when to stop a worker; ``ProcessFuture.result()`` blocks in the backend's
-wait, handed in as a callable, so this module never imports the backend.
-
-Threads: a shutdown at interpreter exit may stop workers from the main thread while the
-driver's thread uses the pipes. The handle's state changes under the backend's lock, and every
-use of the pipe, its close included, under the handle's pipe lock (a ``multiprocess``
-connection closed while another thread reads it fails with a TypeError from deep inside).
+A `ProcessWorkerHandle` keeps the futures the worker owes in request order, completes them as
+answers arrive (`drain`) and fails them all when the worker ends (`on_exit`). A shutdown at exit
+may stop workers from the main thread while the driver's thread uses the pipes: the state
+changes under the backend's lock, every use of the pipe under the handle's pipe lock (a
+``multiprocess`` connection closed while another thread reads it fails deep inside).
 """
 
 from __future__ import annotations
@@ -35,29 +30,20 @@ from impala_lab.errors import WorkerError
 __all__ = ["ProcessFuture", "ProcessWorkerHandle"]
 
 _EXIT_JOIN_S = 0.5  # after pipe EOF the process is ending: wait this long for its exit code
-# What a pipe operation raises once the worker's end is gone (EOFError; OSError: EPIPE) or
-# our end was closed by a stop (OSError: "handle is closed", EBADF).
+# What a pipe operation raises once either end is gone (EOF, EPIPE, "handle is closed", EBADF).
 PIPE_GONE = (EOFError, OSError)
 
 
 class ProcessFuture:
-    """One request to a worker process (a `SampleFuture`), completed while the backend reads
-    the worker's pipe; ``completion_time``: when the driver received the answer.
+    """One request to a worker process (a `SampleFuture`); ``completion_time``: when the
+    driver received the answer; ``weight_blocks``: the weights blocks named by ``set_weights``
+    before this request."""
 
-    Args:
-      handle: the worker asked.
-      weight_blocks: the weights blocks named by ``set_weights`` before this request.
-      wait_until_done: the backend's blocking wait for one future.
-    """
+    __slots__ = ("_done", "_error", "_value", "completion_time", "handle", "weight_blocks")
 
-    __slots__ = ("_done", "_error", "_value", "_wait_until_done", "completion_time", "handle",
-                 "weight_blocks")
-
-    def __init__(self, handle: ProcessWorkerHandle, weight_blocks: list[str],
-                 wait_until_done: Callable[[ProcessFuture], None]) -> None:
+    def __init__(self, handle: ProcessWorkerHandle, weight_blocks: list[str]) -> None:
         self.handle = handle
         self.weight_blocks = weight_blocks
-        self._wait_until_done = wait_until_done
         self._done = False
         self._value: Any = None
         self._error: WorkerError | None = None
@@ -69,7 +55,7 @@ class ProcessFuture:
     def result(self) -> Any:
         """The `SampleBatch` (or info dict); raises `WorkerError` if the worker failed."""
         if not self._done:
-            self._wait_until_done(self)
+            self.handle.wait_until_done(self)
         if self._error is not None:
             raise self._error
         return self._value
@@ -89,10 +75,8 @@ class ProcessWorkerHandle(WorkerHandle):
     """The driver's side of one worker process (``process``, a ``multiprocess`` Process, and
     ``conn``, the driver's end of its pipe); ``exitcode`` once it ended (-N: signal N).
 
-    Args (besides those attributes):
-      lock: the backend's lock; it guards this handle's request queue and state.
-      blocks: the backend's `WeightBlocks` (a request holds the blocks sent before it).
-      wait_until_done: the backend's blocking wait for one future (``result()`` uses it).
+    ``lock`` (the backend's) guards this handle's request queue and state; ``blocks``: the
+    backend's `WeightBlocks`; ``wait_until_done``: its blocking wait for one future.
     """
 
     def __init__(self, index: int, process: Any, conn: Any, env_id: str, *,
@@ -106,7 +90,7 @@ class ProcessWorkerHandle(WorkerHandle):
         self.env_id = env_id
         self._lock = lock  # guards the state below
         self._blocks = blocks
-        self._wait_until_done = wait_until_done
+        self.wait_until_done = wait_until_done
         self._pipe_lock = threading.Lock()  # guards every use of conn, its close included
         self._pending: deque[ProcessFuture] = deque()
         self._unconsumed: list[str] = []  # blocks named since the last request was sent
@@ -117,7 +101,6 @@ class ProcessWorkerHandle(WorkerHandle):
         self._num_messages = 0  # answers received: 0 means it died while starting
         self._oom_kills_at_start = oom_kill_count()  # to tell an OOM kill from a kill -9
 
-    # -- requests
     def sample(self) -> ProcessFuture:
         """Queues one sample request; the future's result is a `SampleBatch`."""
         return self._request(("sample",))
@@ -143,7 +126,7 @@ class ProcessWorkerHandle(WorkerHandle):
             self.on_exit()
 
     def _request(self, cmd: tuple) -> ProcessFuture:
-        fut = ProcessFuture(self, self._unconsumed, self._wait_until_done)
+        fut = ProcessFuture(self, self._unconsumed)
         self._unconsumed = []
         with self._lock:
             alive = self._alive
@@ -167,7 +150,6 @@ class ProcessWorkerHandle(WorkerHandle):
         with self._pipe_lock:
             self.conn.send_bytes(data)
 
-    # -- answers
     def drain(self) -> bool:
         """Handles every answer waiting on the pipe, in order; False once the pipe is gone."""
         while self._alive:
@@ -186,17 +168,14 @@ class ProcessWorkerHandle(WorkerHandle):
         self._num_messages += 1
         with self._lock:
             fut = self._pending.popleft() if self._pending else None
-        if kind == "ok":
-            if fut is not None:
-                fut.finish(value=payload)
-        else:
-            err = WorkerError(self.index, payload["env_id"], payload["message"],
-                              payload["traceback"])
+        value, error = payload, None
+        if kind != "ok":
             self.env_id = payload["env_id"]
-            self._failure = err
-            if fut is not None:
-                fut.finish(error=err)
+            value, error = None, WorkerError(self.index, self.env_id, payload["message"],
+                                             payload["traceback"])
+            self._failure = error
         if fut is not None:
+            fut.finish(value, error)
             self._blocks.release(fut.weight_blocks)
 
     def on_exit(self) -> None:
@@ -213,7 +192,7 @@ class ProcessWorkerHandle(WorkerHandle):
         with contextlib.suppress(ValueError):
             self.process.join(_EXIT_JOIN_S)
             self.exitcode = self.process.exitcode
-        end_process_group(self.pid)  # the env's helper processes die with their worker
+        end_process_group(self.pid)  # the env's helper processes too
         if self._failure is not None:
             err = WorkerError(self.index, self.env_id, "the worker process ended after an "
                               f"earlier error ({self._failure.message})",
@@ -238,7 +217,7 @@ class ProcessWorkerHandle(WorkerHandle):
                 self._blocks.release(fut.weight_blocks)
             self._blocks.release(unconsumed)
 
-    # -- ending (the backend stops many workers at once: in steps)
+    # -- ending, in steps (the backend stops many workers at once)
     def begin_stop(self) -> bool:
         """Marks the worker as stopped (no thread reads or writes its pipe from now on);
         False if it was stopped already. Call under the backend's lock."""
@@ -273,14 +252,12 @@ class ProcessWorkerHandle(WorkerHandle):
     def _stopped_error(self) -> WorkerError:
         return WorkerError(self.index, self.env_id, "the worker was stopped by the driver")
 
-    # -- state
     def is_alive(self) -> bool:
         return self._alive and self.process.is_alive()
 
     def waitables(self) -> list[int]:
         """The pipe's and the process sentinel's file descriptors, for
-        ``multiprocess.connection.wait``; empty once the worker ended. Call under the
-        backend's lock, under which a worker is marked ended before its pipe is closed."""
+        ``multiprocess.connection.wait``; empty once the worker ended (call under the lock)."""
         return [self.conn.fileno(), self.process.sentinel] if self._alive else []
 
     def describe(self) -> str:
@@ -293,8 +270,17 @@ class ProcessWorkerHandle(WorkerHandle):
     def _exit_description(self) -> str:
         """How the worker ended, in words; a SIGKILL is named as the kernel's OOM killer's
         when the cgroup's ``oom_kill`` count rose while the worker lived."""
-        text = _exit_description(self.exitcode)
-        if self.exitcode != -signal.SIGKILL:
+        code = self.exitcode
+        if code is None:
+            return "stopped answering (its pipe closed; the process has not exited yet)"
+        if code >= 0:
+            return f"exited with code {code}"
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        text = f"was killed by {name} (exit code {code})"
+        if code != -signal.SIGKILL:
             return text
         before, after = self._oom_kills_at_start, oom_kill_count()
         if before is not None and after is not None and after > before:
@@ -323,15 +309,3 @@ def _unguarded_main_hint() -> str:
             "guard: the process backend starts workers with spawn, which runs the script "
             "again in each worker; put the code that builds and trains the run under the "
             "guard (or use backend='inline')")
-
-
-def _exit_description(exitcode: int | None) -> str:
-    if exitcode is None:
-        return "stopped answering (its pipe closed; the process has not exited yet)"
-    if exitcode < 0:
-        try:
-            name = signal.Signals(-exitcode).name
-        except ValueError:
-            name = f"signal {-exitcode}"
-        return f"was killed by {name} (exit code {exitcode})"
-    return f"exited with code {exitcode}"

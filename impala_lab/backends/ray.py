@@ -1,21 +1,13 @@
 """Rollout workers as Ray actors (the ``ray`` extra: ``pip install 'impala_lab[ray]'``).
 
-The same `RolloutWorker` as the other backends, in a Ray actor (numpy and gymnasium only). A
-broadcast is one ``ray.put`` of ``(weights, version)`` whose object ref every ``set_weights``
-passes, so weights move once per broadcast and node; Ray runs one caller's tasks on an actor in
-order, so ``set_weights`` applies before the next ``sample``. Ray is imported only when a
-`RayBackend` is built.
-
-Which Ray: ``config.ray_address`` joins that cluster (`ray_cluster.join_cluster`; never shut
-down here); a Ray already initialized in this process is used as it is; otherwise a private
-local Ray starts with the machine's CPUs, no dashboard, every server on loopback
-(`ray_cluster.start_local`), and ends with `RayBackend.shutdown`. Inside a Jupyter kernel
-the actors' output stays in Ray's log files (Ray's streaming thread would write into whichever
-cell runs); errors reach the driver as `WorkerError` with the actor's traceback either way.
-
-Each actor asks for ``min(1, free CPUs / num_workers)`` CPUs (more workers than CPUs share
-them, as processes would), spread over the nodes. docs/training.md, "A Ray cluster", has the
-cluster's setup.
+The same `RolloutWorker` in a Ray actor. A broadcast is one ``ray.put`` of ``(weights,
+version)`` whose object ref every ``set_weights`` passes; Ray runs one caller's tasks on an
+actor in order, so ``set_weights`` applies before the next ``sample``. ``config.ray_address``
+joins that cluster (never shut down here); a Ray already initialized is used as it is;
+otherwise a private local Ray starts on loopback and ends with `RayBackend.shutdown` (see
+`impala_lab.backends.ray_cluster`). In a Jupyter kernel the actors' output stays in Ray's log
+files. Each actor asks for ``min(1, free CPUs / num_workers)`` CPUs, spread over the nodes;
+docs/training.md, "A Ray cluster", has the cluster's setup.
 """
 
 from __future__ import annotations
@@ -31,12 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from impala_lab.backends.base import Backend, WorkerHandle
-from impala_lab.backends.ray_cluster import (
-    FREE_CPU_WAIT_S,
-    free_cpus,
-    join_cluster,
-    start_local,
-)
+from impala_lab.backends.ray_cluster import FREE_CPU_WAIT_S, free_cpus, join_cluster, start_local
 from impala_lab.backends.worker_info import describe_env, pickled_env, worker_info
 from impala_lab.config import ImpalaConfig
 from impala_lab.errors import ClusterLostError, ConfigError, WorkerError
@@ -45,14 +32,6 @@ __all__ = ["RayBackend", "RayWorkerHandle", "RayFuture", "RAY_MISSING"]
 
 RAY_MISSING = "backend='ray' needs the 'ray' extra: pip install 'impala_lab[ray]'"
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # Ray colours its reports; a WorkerError is plain text
-
-
-def _import_ray() -> Any:
-    try:
-        import ray
-    except ImportError as exc:
-        raise ImportError(RAY_MISSING) from exc
-    return ray
 
 
 class RolloutActor:
@@ -106,7 +85,7 @@ class RayFuture:
 
     def result(self) -> Any:
         """The task's value; a failed task or a dead actor raises `WorkerError`, and so
-        does every later task of that actor (its env is broken: the actor was killed)."""
+        does every later task of that actor (it was killed)."""
         h = self.handle
         ray = h._ray
         try:
@@ -190,7 +169,10 @@ class RayBackend(Backend):
     def __init__(self, config: ImpalaConfig, *,
                  ray_init_kwargs: dict[str, Any] | None = None) -> None:
         super().__init__(config)
-        ray = _import_ray()
+        try:
+            import ray
+        except ImportError as exc:
+            raise ImportError(RAY_MISSING) from exc
         self._ray = ray
         self.handles: list[RayWorkerHandle] = []
         self._closed = False
@@ -237,7 +219,6 @@ class RayBackend(Backend):
         kwargs.update(overrides or {})
         return kwargs
 
-    # -- workers
     def _check_env(self) -> None:
         if self._env_checked:
             return
@@ -260,37 +241,25 @@ class RayBackend(Backend):
         alive = [h for h in self.handles if h.is_alive()]
         return [int(p) for p in self._ray.get([h.pid_ref for h in alive], timeout=60)]
 
-    # -- weights
     def put_weights(self, weights: list, version: int) -> Any:
         """One ``ray.put`` of ``(weights, version)``; every actor reads that object."""
         return self._ray.put((list(weights), int(version)))
 
-    # -- completion
     def wait(self, futures: Sequence[Any], timeout: float | None) -> list:
         """``ray.wait`` on the futures' refs: the done futures, blocking up to ``timeout``."""
-        if not futures:
-            return []
-        ray = self._ray
         pending = {f.ref: f for f in futures if not f._done}
         refs = list(pending)
-
-        def take_ready() -> None:
-            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        if refs:
+            if timeout != 0 and not any(f._done for f in futures):  # wait for one
+                self._ray.wait(refs, num_returns=1, timeout=timeout)
+            ready, _ = self._ray.wait(refs, num_returns=len(refs), timeout=0)
             for ref in ready:
                 pending[ref]._mark_done()
-
-        if refs:
-            take_ready()
-            if not any(f._done for f in futures) and timeout != 0:
-                ready, _ = ray.wait(refs, num_returns=1, timeout=timeout)
-                if ready:
-                    take_ready()  # with whatever else finished meanwhile
         return [f for f in futures if f._done]
 
     def check_raylet(self, why: str) -> None:
         """Raises `ClusterLostError` (quoting ``why``, Ray's report of an actor's death) when
-        this driver's raylet refuses its socket: the node under the driver is gone, and no
-        actor can be replaced."""
+        this driver's raylet refuses its socket: no actor can be replaced."""
         node = getattr(self._ray._private.worker.global_worker, "node", None)
         path = getattr(node, "raylet_socket_name", None)
         if not isinstance(path, str) or not os.path.exists(path):
@@ -307,7 +276,6 @@ class RayBackend(Backend):
             f"({refused}), so its node crashed or the raylet was killed, and no worker can be "
             f"replaced. Ray's last report: {why.splitlines()[0][:300]}")
 
-    # -- ending
     def stop_worker(self, handle: WorkerHandle) -> None:
         """Kills the actor (its pending tasks fail with `WorkerError`)."""
         assert isinstance(handle, RayWorkerHandle)

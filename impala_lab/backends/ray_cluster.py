@@ -1,9 +1,7 @@
-"""Joining a Ray cluster or starting a private one, for `impala_lab.backends.ray`.
-
-`join_cluster` probes the address first (`probe`: a Ray head answers HTTP/2's preface with
-a SETTINGS frame, an HTTP server or a silent port does not) and turns Ray's failures into a
-`ConfigError` naming the address and the fix; `start_local` starts a private Ray on loopback;
-`free_cpus` waits a little for a cluster with no free CPU, then says so.
+"""Joining a Ray cluster or starting a private one, for `impala_lab.backends.ray`: `join_cluster`
+probes the address first (`probe`) and turns Ray's failures into a `ConfigError` naming the
+address and the fix, `start_local` starts a private Ray on loopback, and `free_cpus` waits a
+little for a cluster with no free CPU, then says so.
 """
 
 from __future__ import annotations
@@ -25,12 +23,10 @@ FREE_CPU_WAIT_S = 10.0  # how long a cluster with no free CPU may take to free o
 
 def start_local(ray: Any, kwargs: dict[str, Any]) -> None:
     """``ray.init(**kwargs)`` of a private local Ray in Ray's local-only mode
-    (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, which its processes inherit: they bind to
-    loopback; without it Ray 2.x on Linux turns ``_node_ip_address="127.0.0.1"`` into the
-    machine's primary address). The driver's setting is restored afterwards, and Ray's notice
-    that token authentication is on (it is about clusters) is silenced meanwhile."""
-    # The only way: Ray reads the switch into this private constant when it is imported, and
-    # no public option keeps a local Ray on loopback.
+    (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, inherited by its processes: they bind to loopback,
+    where Ray 2.x on Linux would otherwise use the machine's primary address). The driver's
+    setting is restored after; Ray's notice about token authentication is silenced meanwhile."""
+    # Ray reads the switch into this private constant at import; no public option does this.
     from ray._private import ray_constants
 
     saved_env = os.environ.get(_LOCAL_ONLY_ENV)
@@ -58,17 +54,15 @@ def join_cluster(ray: Any, kwargs: dict[str, Any]) -> None:
     `ConfigError` naming the address and the fix."""
     address = kwargs["address"]
     probe(address, JOIN_PROBE_TIMEOUT_S)
-    # Ray < 2.52 has no token authentication and no AuthenticationError (an except clause
-    # naming it would turn any failed join into an AttributeError); () catches nothing.
+    # Ray < 2.52 has no AuthenticationError; () catches nothing.
     auth_error = getattr(ray.exceptions, "AuthenticationError", ())
     try:
         ray.init(**kwargs)
     except auth_error as exc:  # RAY_AUTH_MODE=token, no token here
         raise ConfigError(f"ray_address={address!r}: {exc}") from None
     except (ConnectionError, RuntimeError) as exc:
-        # After 20 s of retries Ray raises ConnectionError, or RuntimeError("Failed to connect
-        # to GCS ..."), and often only its log says why. A refused token is the usual cause:
-        # `ray start` enables token authentication when ~/.ray/auth_token exists.
+        # After 20 s of retries, often with only Ray's log saying why; the usual cause is a
+        # refused token (`ray start` enables them when ~/.ray/auth_token exists).
         text = str(exc)
         if isinstance(exc, RuntimeError) and "GCS" not in text:
             raise

@@ -1,34 +1,18 @@
 """Weights in shared memory: one block per broadcast, written once, read by every worker.
 
-`ProcessBackend.put_weights` writes every array, the version and a broadcast serial into a
-shared-memory block no worker is using; ``set_weights`` sends only the block's name and
-layout (a `SharedWeights`, about 300 bytes), and a worker copies the arrays out when it
-starts its next sample with a broadcast it has not read yet. For a small model this costs
-the same as sending the arrays through each pipe; for megabytes of weights the pipe holds
-the driver loop until each busy worker has drained it, while shared memory costs the driver
-under a millisecond whatever the number of workers (``bench/transport.py`` measures both).
-Tiny commands also mean the driver never blocks on a worker's pipe while that worker is
-itself blocked writing a large batch to the driver.
+`ProcessBackend.put_weights` writes the arrays, the version and a broadcast serial into a block
+no worker is using; ``set_weights`` sends only the block's name and layout (a `SharedWeights`),
+and a worker copies the arrays out when it starts its next sample. The driver thus never waits
+on a worker's pipe, whatever the size of the weights (``bench/transport.py`` measures both).
 
-Block lifetime and reuse (`WeightBlocks`): a block is released once it is not the latest
-broadcast and every worker that was told to use it has answered a later request (so it has
-read the block, or skipped it for a newer one) or has ended. Up to two released blocks are
-kept and overwritten by later broadcasts (a new block costs page faults, overwriting one
-does not); the rest are unlinked, and `WeightBlocks.close` unlinks all. Blocks are named
-``il<driver pid>_<random>_<n>`` (in ``/dev/shm`` on Linux); if the driver is killed, the
-``multiprocess`` resource tracker unlinks what is left once the workers have exited. A kill
-of the whole process group takes the tracker too, and the blocks would stay until reboot: so
-each new `WeightBlocks` first unlinks this user's blocks whose driver is gone
-(`remove_stale_blocks`).
-
-Who owns a block is told by a lock, not by a pid: beside its blocks each `WeightBlocks` keeps
-``il<driver pid>_<random>_lock``, a file it holds an exclusive ``flock`` on for its whole life
-(the kernel drops the lock when the process dies, however it dies). Two containers that share
-``/dev/shm`` (a Kubernetes pod's default) do not see each other's pids, so a pid check alone
-would take a live run's blocks for stale ones; a lock held in another PID namespace is still
-seen as held. Only blocks without a lock file (from an older impala_lab) fall back to the pid
-check. A block that something else removed all the same is recreated at the next broadcast,
-and a worker that cannot find one says so (`BlockGoneError`).
+`WeightBlocks` releases a block once it is not the latest broadcast and every worker told to
+use it has answered a later request or ended; two released blocks are kept for reuse (a new
+block costs page faults), the rest unlinked. Blocks are named ``il<driver pid>_<random>_<n>``.
+A killed driver's blocks go with its ``multiprocess`` resource tracker; a killed process group
+takes the tracker too, so each new `WeightBlocks` first unlinks this user's stale blocks
+(`remove_stale_blocks`). Ownership is a ``flock`` on ``<prefix>lock``, held for the owner's
+life, not a pid: containers sharing ``/dev/shm`` do not see each other's pids, but do see each
+other's locks. Blocks without a lock file (an older impala_lab) fall back to the pid check.
 """
 
 from __future__ import annotations
@@ -38,6 +22,7 @@ import fcntl
 import os
 import re
 import secrets
+import struct
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -47,30 +32,21 @@ from multiprocess import resource_tracker, shared_memory
 
 from impala_lab.backends.base import pid_exists
 
-__all__ = [
-    "BlockGoneError",
-    "SharedWeights",
-    "SharedWeightsReader",
-    "WeightBlocks",
-    "read_shared_weights",
-    "remove_stale_blocks",
-    "weights_layout",
-    "write_shared_weights",
-]
+__all__ = ["BlockGoneError", "SharedWeights", "SharedWeightsReader", "WeightBlocks",
+           "read_shared_weights", "remove_stale_blocks", "weights_layout",
+           "write_shared_weights"]
 
 _ALIGN = 64  # byte alignment of each array in a weights block
 _HEADER = 64  # block header: int64 serial, version, number of arrays
-_MAX_FREE_BLOCKS = 2  # released blocks kept for reuse (a new block costs page faults)
-# ``WeightBlocks.prefix`` + a block number.
-_BLOCK_NAME = re.compile(r"il(\d+)(_[0-9a-f]{6}_)\d+")
+_HEADER_FORMAT = "3q"
+_MAX_FREE_BLOCKS = 2  # released blocks kept for reuse
+_BLOCK_NAME = re.compile(r"il(\d+)(_[0-9a-f]{6}_)\d+")  # ``WeightBlocks.prefix`` + a number
 _SHM_DIR = "/dev/shm"
 _LOCK_SUFFIX = "lock"  # ``<prefix>lock``: the owner's lock file, beside its blocks
 _LOCK_NAME = re.compile(r"il(\d+)(_[0-9a-f]{6}_)lock")
-# A driver pid counts as reused (its blocks stale) only if the process holding it now
-# started this long after the block was last written (clock readings from /proc differ by
-# about a second).
+# A driver pid counts as reused only if its process started this long after the block was
+# last written (clock readings from /proc differ by about a second).
 _PID_REUSE_MARGIN_S = 60.0
-
 
 class BlockGoneError(RuntimeError):
     """A weights block named in a broadcast is no longer in shared memory."""
@@ -80,15 +56,12 @@ class BlockGoneError(RuntimeError):
 class SharedWeights:
     """A reference to one broadcast's weights in a shared-memory block.
 
-    What `ProcessBackend.put_weights` returns and ``set_weights`` sends to a worker; small
-    (the arrays stay in the block). A block is reused for a later broadcast once no worker
-    can still read it, so ``serial`` (unique per broadcast), not ``name``, tells broadcasts
-    apart.
+    What `ProcessBackend.put_weights` returns and ``set_weights`` sends to a worker. Blocks
+    are reused, so ``serial`` (unique per broadcast), not ``name``, tells broadcasts apart.
 
     Attributes:
       name: the block's name (``SharedMemory(name=...)``).
-      serial: the broadcast's number, also stored in the block's header.
-      version: the weights version, also stored in the block's header.
+      serial, version: the broadcast's number and the weights version (also in the header).
       layout: per array, ``(byte offset, shape, dtype.str)``, in ``get_weights()`` order.
       size: bytes of the block in use (header and arrays).
     """
@@ -116,21 +89,10 @@ def write_shared_weights(
     weights: Sequence[np.ndarray], version: int, serial: int = 0, name: str | None = None,
     block: shared_memory.SharedMemory | None = None,
 ) -> tuple[shared_memory.SharedMemory, SharedWeights]:
-    """Writes ``weights``, ``version`` and ``serial`` into a shared-memory block.
-
-    Args:
-      weights: the arrays, e.g. ``keras_model.get_weights()``; any shapes and dtypes.
-      version: the weights version (header and reference).
-      serial: the broadcast's number (header and reference).
-      name: the name of a new block (None lets ``SharedMemory`` choose); unused with `block`.
-      block: an open block to overwrite (no reader may be using it), at least as large as
-        the weights need; None creates a new one. Reusing a block is much cheaper: a new
-        block costs page faults, overwriting one does not.
-
-    Returns:
-      ``(block, ref)``: the open block (the caller closes and unlinks it) and the reference
-      that `read_shared_weights` takes.
-    """
+    """Writes ``weights`` (any shapes and dtypes), ``version`` and ``serial`` into ``block``
+    (open, large enough, read by nobody now) or a new block called ``name`` (None: any name).
+    Returns ``(block, ref)``: the open block (the caller closes and unlinks it) and its
+    reference."""
     arrays = [np.asarray(w) for w in weights]
     layout, size = weights_layout(arrays)
     new = block is None
@@ -140,13 +102,10 @@ def write_shared_weights(
         raise ValueError(f"write_shared_weights: block {block.name!r} has {block.size} bytes, "
                          f"the weights need {size}; pass block=None to create a larger one")
     try:
-        header = np.ndarray((3,), np.int64, buffer=block.buf)
-        header[:] = (serial, version, len(arrays))
-        del header
+        struct.pack_into(_HEADER_FORMAT, block.buf, 0, serial, version, len(arrays))
         for (off, shape, dtype), a in zip(layout, arrays):
-            view = np.ndarray(shape, np.dtype(dtype), buffer=block.buf, offset=off)
-            view[...] = a
-            del view  # no view may outlive the block's mapping (close() refuses)
+            # a temporary view: none may outlive the block's mapping (close() refuses)
+            np.ndarray(shape, np.dtype(dtype), buffer=block.buf, offset=off)[...] = a
     except BaseException:
         if new:
             block.close()
@@ -159,36 +118,22 @@ def read_shared_weights(ref: SharedWeights,
                         block: shared_memory.SharedMemory | None = None) -> list[np.ndarray]:
     """Copies the arrays of ``ref`` out of its block.
 
-    Args:
-      ref: the reference `write_shared_weights` returned.
-      block: the block ``ref`` names, already open (`SharedWeightsReader` keeps them open);
-        None opens it for this read and closes it again.
-
-    Returns:
-      The weights, each with the shape and dtype it was written with.
-
-    Raises:
-      ValueError: if the block's header does not match ``ref`` (the block was reused for a
-        later broadcast: a bug in the block bookkeeping).
+    ``block``: the block ``ref`` names, already open, or None to open it for this read. A
+    ValueError if the block's header does not match ``ref`` (a bookkeeping bug).
     """
     opened = block is None
     if block is None:
         block = _open_block(ref.name)
     try:
-        header = np.ndarray((3,), np.int64, buffer=block.buf)
-        found = tuple(int(x) for x in header)
-        del header
+        found = struct.unpack_from(_HEADER_FORMAT, block.buf, 0)
         expected = (ref.serial, ref.version, len(ref.layout))
         if found != expected:
             raise ValueError(
                 f"shared weights block {ref.name!r} holds (serial, version, arrays) {found}, "
                 f"expected {expected}: it was overwritten while a worker still needed it")
-        out = []
-        for off, shape, dtype in ref.layout:
-            view = np.ndarray(shape, np.dtype(dtype), buffer=block.buf, offset=off)
-            out.append(view.copy())
-            del view
-        return out
+        # temporary views, copied out: none may outlive the block's mapping
+        return [np.ndarray(shape, np.dtype(dtype), buffer=block.buf, offset=off).copy()
+                for off, shape, dtype in ref.layout]
     finally:
         if opened:
             block.close()
@@ -207,11 +152,8 @@ def _open_block(name: str) -> shared_memory.SharedMemory:
 
 
 class SharedWeightsReader:
-    """A worker's reader of broadcast weights that keeps the last few blocks open.
-
-    Opening a block costs a resource-tracker round trip and a mapping; the driver reuses a
-    handful of blocks, so a worker that keeps them open reads a broadcast with one copy.
-    """
+    """A worker's reader of broadcast weights that keeps the last few blocks open (opening
+    one costs a resource-tracker round trip and a mapping; the driver reuses a handful)."""
 
     def __init__(self, max_open: int = 8) -> None:
         self._max_open = max_open
@@ -245,18 +187,13 @@ class _Block:
     users: int = 0  # set_weights commands naming this block not yet known to be consumed
 
 
-
 class WeightBlocks:
     """The driver's weights blocks: one written per broadcast, counted while workers may
     still read it, then kept for reuse or unlinked (see the module docstring).
 
-    Args:
-      lock: guards the bookkeeping. The process backend passes the lock that guards its
-        workers' request queues, so a worker's blocks are released under the same lock that
-        completes its requests.
-
-    Attributes:
-      prefix: the start of every block name, ``il<driver pid>_<random>_``.
+    ``lock`` guards the bookkeeping (the process backend passes its request queues' lock, so a
+    worker's blocks are released under the lock that completes its requests). ``prefix``
+    starts every block name: ``il<driver pid>_<random>_``.
     """
 
     def __init__(self, lock: threading.RLock | None = None) -> None:
@@ -275,8 +212,7 @@ class WeightBlocks:
         with self._lock:
             self._serial += 1
             _, size = weights_layout(weights)
-            # A kept block that something else unlinked can no longer be opened by name:
-            # drop it, and the broadcast goes into a new one.
+            # a kept block that something else unlinked cannot be opened by name: drop it
             for gone in [m for m in self._free if not _exists(m.name)]:
                 self._free.remove(gone)
                 _unlink(gone)
@@ -326,8 +262,7 @@ class WeightBlocks:
                     _unlink(block.memory)
 
     def names(self) -> tuple[list[str], list[str]]:
-        """``(in use, kept for reuse)``: the blocks in use are the latest broadcast's and
-        those workers may still read."""
+        """``(in use, kept for reuse)``: in use are the latest and those workers may read."""
         with self._lock:
             return list(self._blocks), [m.name for m in self._free]
 
@@ -347,14 +282,11 @@ class WeightBlocks:
 def remove_stale_blocks(shm_dir: str = _SHM_DIR) -> list[str]:
     """Unlink the weights blocks of drivers that are gone; returns the names removed.
 
-    Blocks ``il<pid>_<random>_<n>`` of this user are grouped by their prefix
-    ``il<pid>_<random>_``. Where the group's lock file ``<prefix>lock`` exists, the blocks are
-    stale exactly when nobody holds its ``flock`` (the owner died: the kernel released it),
-    whichever PID namespace the owner ran in. Without a lock file (an older impala_lab's
-    blocks) they are stale when process ``pid`` does not exist (or is a zombie) or started
-    more than a minute after the block was last written (the pid was reused). Blocks of live
-    drivers, of other users and other names are left alone. Where there is no ``/dev/shm``
-    (not Linux) there is nothing to do.
+    Blocks are grouped by prefix ``il<pid>_<random>_``. With a lock file ``<prefix>lock``
+    they are stale exactly when nobody holds its ``flock``, whatever PID namespace the owner
+    ran in. Without one (an older impala_lab) they are stale when process ``pid`` is gone (or
+    a zombie) or started over a minute after the block was last written (pid reused). Other
+    users' blocks and other names are left alone; without ``/dev/shm`` there is nothing to do.
     """
     try:
         names = os.listdir(shm_dir)
@@ -432,8 +364,7 @@ def _hold_owner_lock(prefix: str, shm_dir: str = _SHM_DIR) -> int | None:
     fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
     fcntl.flock(fd, fcntl.LOCK_EX)
     os.rename(tmp, os.path.join(shm_dir, prefix + _LOCK_SUFFIX))
-    # Like the blocks, the lock file goes with the resource tracker if the driver is killed
-    # (shm_unlink removes any file of /dev/shm by name).
+    # The resource tracker unlinks it with the blocks if the driver is killed.
     resource_tracker.register(f"/{prefix}{_LOCK_SUFFIX}", "shared_memory")
     return fd
 

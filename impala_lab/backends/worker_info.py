@@ -1,11 +1,6 @@
-"""What the process and Ray backends share: sending the env to another process, and a
-worker's report about itself.
-
-The env (an id, or a zero-argument factory) travels with cloudpickle, as with Ray: what a
-notebook or script defines travels by value, what a module defines by reference. A factory
-holding operating-system or C-extension state (a lock, file, socket, database connection,
-generator) cannot travel, and is refused with a ValueError before any worker starts.
-"""
+"""What the process and Ray backends share: sending the env to another process (with
+cloudpickle: a notebook's factory by value, a module's by reference), and a worker's report
+about itself."""
 
 from __future__ import annotations
 

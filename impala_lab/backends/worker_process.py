@@ -7,14 +7,12 @@ commands over a duplex pipe (messages pickled with protocol 5: an array is one c
                        ("stop",)                        the worker exits at once
     worker -> driver   ("ok", value) or ("error", record) for each request, in request order
 
-The worker reads ahead between samples, so a queued ``stop`` ends it before the samples queued
-in front. It ignores SIGINT (the driver stops it in order), exits when its pipe closes, and
-exits when its parent dies: a watchdog thread compares ``os.getppid()`` with the parent's pid
-(``PR_SET_PDEATHSIG`` would fire when the *thread* that started it ends, killing the workers
-of a driver in a background thread). An env that raises, cannot be built or calls
-``sys.exit()`` is answered with an error record and the worker exits: a broken env is not
-reused. Each worker leads a session of its own (``os.setsid``), so the processes its env starts
-end with it (`end_process_group`). Never imports TensorFlow.
+A queued ``stop`` ends the worker before the samples queued in front. It ignores SIGINT, and
+exits when its pipe closes or its parent dies (a watchdog thread compares ``os.getppid()``:
+``PR_SET_PDEATHSIG`` would fire when the *thread* that started it ends). An env that raises,
+cannot be built or calls ``sys.exit()`` is answered with an error record and the worker exits.
+Each worker leads a session of its own, so the processes its env starts end with it
+(`end_process_group`). Never imports TensorFlow.
 """
 
 from __future__ import annotations

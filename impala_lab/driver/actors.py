@@ -1,9 +1,6 @@
-"""`Actors`: the driver's side of the actors box, one object for the loop to talk to.
-
-The backend (where workers live), the `SampleTaskPool` (the requests each owes) and the
-`WorkerSupervisor` (starting and replacing them) look after the actors; `Actors` names the
-calls the loop needs across the three, so the loop never reaches into any of them.
-"""
+"""`Actors`: the calls the driver loop needs across the backend (where workers live), the
+`SampleTaskPool` (the requests each owes) and the `WorkerSupervisor` (starting and replacing
+them), so the loop never reaches into any of them."""
 
 from __future__ import annotations
 

@@ -22,9 +22,8 @@ class BackgroundTraining:
 
     @contextlib.contextmanager
     def driving_thread(self) -> Iterator[None]:
-        """Within it, the calling thread is the one that steps this run: other threads (a
-        dashboard's poller) that call ``stats()`` read the pipeline view its last step left,
-        and ``step()`` from them raises. Nothing changes while ``start()``'s thread drives."""
+        """Within it, the calling thread steps this run: other threads' ``stats()`` read the
+        pipeline view its last step left, and their ``step()`` raises (no-op under ``start()``)."""
         if self._driver is not None:
             yield
             return
@@ -34,7 +33,6 @@ class BackgroundTraining:
         finally:
             self._driver = None
 
-    # ------------------------------------------------------------------ background training
     def start(self, stop: StopCondition = None, *, max_seconds: float | None = None,
               max_env_steps: int | None = None, report_interval: float = 1.0) -> None:
         """Train in a background thread: the notebook cell returns, the dashboard keeps moving.

@@ -1,11 +1,9 @@
 """Building a run: its config, the checks before anything starts, the policy and its learner.
 
-``Impala.__init__`` calls these in order: `as_config` (a config from what the caller gave),
-`check_env` (the env can be made and the model can take its spaces: a `ConfigError`, the
-CLI's exit code 2, before TensorFlow loads or any process starts), then, once the backend is
-prepared, `check_learner_devices`, `initial_weights` (the learner's first weights, in numpy:
-the workers start sampling with them) and `make_learner` (TensorFlow loads here, while they
-sample).
+``Impala.__init__`` calls `as_config`, `check_env` (a `ConfigError` before TensorFlow loads or
+any process starts), then, once the backend is prepared, `check_learner_devices`,
+`initial_weights` (numpy: the workers sample with them) and `make_learner` (TensorFlow loads
+here, while they sample).
 """
 
 from __future__ import annotations
@@ -51,8 +49,7 @@ def probe_spaces(env: Any) -> tuple[Any, Any]:
 
 def _missing_package(config: ImpalaConfig, exc: BaseException) -> str:
     """``"; <which package to install>"`` when a registered env id failed for want of a
-    package (gymnasium registers MuJoCo's ids with or without mujoco, and raises
-    ``DependencyNotInstalled`` naming its own extra); "" otherwise."""
+    package (gymnasium raises ``DependencyNotInstalled`` for MuJoCo's); "" otherwise."""
     missing = isinstance(exc, ImportError) or type(exc).__name__ == "DependencyNotInstalled"
     hint = env_package_hint(config.env) if isinstance(config.env, str) and missing else ""
     return f"; {hint}" if hint else ""
@@ -98,24 +95,21 @@ def check_env(config: ImpalaConfig) -> tuple[Any, Any]:
             f"normalize_obs=True is invalid for env={config.env_id!r}: its observations are "
             f"images {tuple(observation_space.shape)}, which the network already scales to "
             "[0, 1]; normalisation is for vector observations: set normalize_obs=False")
-    # Validation counted one float per observation; now the env's real observation size
-    # and action count are known (still before TensorFlow loads or any process starts).
+    # Validation counted one float per observation; now the real sizes are known.
     config.check_memory(observation_space, action_space)
     return observation_space, action_space
 
 
 def initial_weights(config: ImpalaConfig, observation_space: Any, action_space: Any
                     ) -> list[np.ndarray]:
-    """The weights a new learner starts from (version 0), in numpy (`NetworkLayout`): no
-    TensorFlow needed, so the workers can sample with them while it loads."""
+    """The weights a new learner starts from (version 0), in numpy (`NetworkLayout`)."""
     return network_layout(config.model_spec, observation_space, action_space).initial_weights(
         config.seed)
 
 
 def check_learner_devices(config: ImpalaConfig) -> None:
     """Set up the multi-GPU learner's devices (fake ones on a CPU) before TensorFlow
-    initialises: a device the machine lacks is a `ConfigError`, raised before any process
-    starts. Nothing to do for the single learner."""
+    initialises; a device the machine lacks is a `ConfigError`."""
     if config.uses_multi_gpu_learner:
         from impala_lab.learner.multi_gpu_learner import configure_learner_devices
 

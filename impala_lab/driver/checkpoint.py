@@ -1,28 +1,15 @@
 """Checkpoint files: a directory of state.json, weights.npz and optimizer.npz.
 
 `Impala.save` and `Impala.restore` gather and apply a run's state; the files are written and
-read here. Writing a checkpoint
-(`write_checkpoint`) never touches the previous checkpoint's files:
+read here. `write_checkpoint` never touches the previous checkpoint's files: it writes and
+fsyncs them in ``<path>.tmp-<pid>-<random>/``, renames ``path`` to ``<path>.prev``, renames the
+new directory to ``path``, then removes ``<path>.prev``. A kill at any moment leaves the old
+or the new checkpoint (only ``<path>.prev`` between the renames: `read_checkpoint` reads it,
+with a warning); a full disk leaves ``path`` as it was. docs/reliability.md lists each fault.
 
-  1. ``<path>.tmp-<pid>-<random>/`` is created beside ``path`` and the three files are
-     written into it, each fsynced, then the directory itself;
-  2. ``path`` (the previous checkpoint, complete) is renamed to ``<path>.prev``;
-  3. the new directory is renamed to ``path`` and the parent directory fsynced;
-  4. ``<path>.prev`` is removed: after a successful save only ``path`` is left.
-
-A kill before 2 leaves ``path`` as it was (and a stray ``.tmp-*`` directory, which the next
-save removes once its process is gone); a kill between 2 and 3 leaves only ``<path>.prev``,
-which `read_checkpoint` then reads (with a warning), and the next save puts its new
-checkpoint in place before removing it; a kill after 3 leaves the new checkpoint complete
-and ``<path>.prev`` beside it until the next save. A full disk fails step 1 (OSError), the
-partial directory is removed and ``path`` stays as it was.
-
-Arrays are stored as .npz without pickle or compression; state.json carries their sha256 and
-each array's shape and dtype, so a truncated or modified file is named when the checkpoint is
-read. Before any array is loaded, each one's ``.npy`` header is read and held against the
-shape state.json lists and the bytes the file really holds: a small file that declares a huge
-array (a decompression bomb) is refused without allocating it. Loaded arrays must be finite:
-a checkpoint of NaN weights is refused, not trained from.
+Arrays are .npz without pickle or compression; state.json carries their sha256, shapes and
+dtypes. Each ``.npy`` header is checked against both before any array is loaded (a small file
+that declares a huge array is refused without allocating it), and loaded arrays must be finite.
 """
 
 from __future__ import annotations
@@ -65,13 +52,8 @@ _save_lock = threading.Lock()  # one save at a time in this process (they share 
 
 def checkpoint_state(config: Mapping[str, Any], policy_version: int,
                      counters: Mapping[str, Any]) -> dict[str, Any]:
-    """state.json's fields (without ``sha256``, which `write_checkpoint` adds).
-
-    Args:
-      config: ``ImpalaConfig.to_dict()``.
-      policy_version: the learner steps the weights have seen.
-      counters: the run's `CHECKPOINT_COUNTERS`, by name.
-    """
+    """state.json's fields but ``sha256`` (`write_checkpoint` adds it): ``config`` as
+    ``ImpalaConfig.to_dict()``, the weights' ``policy_version`` and `CHECKPOINT_COUNTERS`."""
     return {"format": CHECKPOINT_FORMAT, "config": dict(config),
             "policy_version": policy_version, "counters": dict(counters)}
 
@@ -86,9 +68,8 @@ def write_checkpoint(path: str | os.PathLike, state: Mapping[str, Any],
                      weights: list[np.ndarray], optimizer: list[np.ndarray]) -> Path:
     """Write a checkpoint to ``path`` atomically (see the module docstring); returns ``path``.
 
-    ``state`` is state.json without ``sha256`` (added here). Raises OSError (a full disk)
-    with the previous checkpoint intact, and ValueError if ``path`` is a directory that
-    holds anything but checkpoint files (it is never removed).
+    ``state`` is state.json without ``sha256``. Raises OSError (a full disk) with the previous
+    checkpoint intact, and ValueError if ``path`` holds anything but checkpoint files.
     """
     target = Path(os.path.abspath(path))
     prev = prev_checkpoint_path(target)
@@ -107,14 +88,13 @@ def write_checkpoint(path: str | os.PathLike, state: Mapping[str, Any],
                     np.savez(fh, *arrays)
                     _flush_and_sync(fh)
                 digests[name] = _sha256(tmp / name)
-                layouts[name] = [_layout(np.asarray(a)) for a in arrays]
+                layouts[name] = [[list(a.shape), a.dtype.str] for a in map(np.asarray, arrays)]
             with open(tmp / "state.json", "w") as fh:
                 fh.write(json.dumps({**state, "sha256": digests, "arrays": layouts}, indent=2))
                 _flush_and_sync(fh)
             _fsync_dir(tmp)
             if target.exists():
-                # ``target`` got there by a rename of a complete directory: ``prev`` (from a
-                # save killed after its swap) is not needed any more.
+                # ``target`` is complete: a ``prev`` left by a killed save is not needed.
                 if prev.exists():
                     shutil.rmtree(prev)
                 os.rename(target, prev)
@@ -183,10 +163,9 @@ def read_checkpoint(path: str | os.PathLike, *, fallback_to_prev: bool = False
                     ) -> tuple[dict, list[np.ndarray], list[np.ndarray]]:
     """Read and verify a checkpoint; a missing, truncated or tampered file is named.
 
-    ``path`` missing while ``<path>.prev`` holds a checkpoint (a save killed between its two
-    renames) reads ``<path>.prev``, with a warning. With ``fallback_to_prev=True`` a ``path``
-    that cannot be read (a checksum mismatch, a missing file) falls back to ``<path>.prev``
-    too, if there is one; by default its error is raised.
+    ``path`` missing beside a ``<path>.prev`` checkpoint (a save killed between its renames)
+    reads ``<path>.prev``, with a warning; ``fallback_to_prev=True`` also reads it when
+    ``path`` cannot be read (by default that error is raised).
     """
     _, state, weights, opt_state = read_checkpoint_at(path, fallback_to_prev=fallback_to_prev)
     return state, weights, opt_state
@@ -252,16 +231,10 @@ def _read_checkpoint_dir(root: Path) -> tuple[dict, list[np.ndarray], list[np.nd
     return state, arrays["weights.npz"], arrays["optimizer.npz"]
 
 
-def _layout(array: np.ndarray) -> list:
-    """An array's entry in state.json's ``arrays``: ``[shape, dtype]``."""
-    return [list(array.shape), array.dtype.str]
-
-
 def _check_npz_headers(file: Path, declared: list | None) -> None:
-    """Reads every array's ``.npy`` header, none of its data: each must be stored (not
-    compressed), hold plain numbers, hold exactly the bytes its header declares, and match
-    ``declared`` (state.json's ``[shape, dtype]`` list; None for a checkpoint written before
-    it was recorded)."""
+    """Reads every array's ``.npy`` header, none of its data: each must be uncompressed, hold
+    plain numbers and exactly the bytes its header declares, and match ``declared``
+    (state.json's ``[shape, dtype]`` list; None for a checkpoint written before it was kept)."""
     try:
         with zipfile.ZipFile(file) as archive:
             members = archive.infolist()
@@ -314,36 +287,28 @@ def _check_counters(state_file: Path, state: dict) -> None:
               if k in CHECKPOINT_COUNTERS}
     values["policy_version"] = state["policy_version"]
     for name, value in values.items():
-        if name == "counters.elapsed_s":
-            ok = (isinstance(value, int | float) and not isinstance(value, bool)
-                  and 0 <= value < _ELAPSED_LIMIT_S)  # False for NaN and inf
-            rule = f"a finite number of seconds in [0, {_ELAPSED_LIMIT_S:g})"
-        else:
-            ok = (isinstance(value, int) and not isinstance(value, bool)
-                  and 0 <= value < _COUNTER_LIMIT)
-            rule = "an integer in [0, 2**53)"
-        if not ok:
+        seconds = name == "counters.elapsed_s"
+        kinds, limit = (int | float, _ELAPSED_LIMIT_S) if seconds else (int, _COUNTER_LIMIT)
+        # (NaN and inf fail the range)
+        if isinstance(value, bool) or not isinstance(value, kinds) or not 0 <= value < limit:
+            rule = (f"a finite number of seconds in [0, {limit:g})" if seconds
+                    else "an integer in [0, 2**53)")
             raise ValueError(f"{state_file}: {name}={value!r} is invalid: it must be {rule} "
                              "(the file was damaged or edited)")
 
 
 def restored_config(root: Path, state: Mapping[str, Any], overrides: dict[str, Any],
                     env_creator: Any = None) -> ImpalaConfig:
-    """The checkpoint's config, with the config fields of ``overrides`` (taken out of it).
-
-    The checkpoint's ``ray_address`` is dropped (with a warning) unless ``overrides`` names one:
-    a checkpoint from elsewhere must not make this process join a cluster of its choosing.
-
-    ``env_creator`` (a zero-argument env factory) replaces the config's ``env``. An invalid
-    result is a `ConfigError` naming ``<root>/state.json``.
-    """
+    """The checkpoint's config, with the config fields of ``overrides`` (taken out of it) and
+    ``env_creator`` as its ``env``; its ``ray_address`` is dropped (with a warning) unless
+    ``overrides`` names one: a file must not make this process join a cluster. An invalid
+    result is a `ConfigError` naming ``<root>/state.json``."""
     data = dict(state["config"])
     if env_creator is not None:
         data["env"] = env_creator
     known = field_names()
     fields = {k: overrides.pop(k) for k in list(overrides) if k in known}
     if data.get("ray_address") and "ray_address" not in fields:
-        # A file names the address: joining whatever listens there is the caller's call.
         logger.warning("%s names ray_address=%r; restore does not connect to an address from a "
                        "file: pass ray_address=... to join it (a local Ray starts instead)",
                        root / "state.json", data["ray_address"])

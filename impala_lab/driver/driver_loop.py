@@ -13,22 +13,19 @@ The turn, in `DriverLoop.step`::
         send_weights_and_request(worker)              # its weights, one more request
     learner.drain_trained(): the env steps the learner trained on since the last turn
 
-The learner owns the weights-updated flag: the loop takes it (read and clear in one locked
-step) only once the interval is reached, so a take never wastes an update.
+The loop takes the learner's weights-updated flag (read and clear in one locked step) only
+once the interval is reached, so a take never wastes an update. Unlike RLlib, which forgot the
+published weights and the broadcast counter after every ``_step``, both persist across turns,
+so broadcast_interval means what its name says.
 
 The loop's state between turns is four public attributes (``batch_buffer``,
-``batch_buffer_steps``, ``num_sent``, ``weights_ref``); everything a turn does to the world
-goes through five public methods, which Exercise 4's scripted stand-in
-(`impala_lab.classroom.exercises.driver_step.StepDriver`) overrides: the student's answer and
-the library run the same interface.
+``batch_buffer_steps``, ``num_sent``, ``weights_ref``); all a turn does to the world goes
+through five public methods, which Exercise 4's stand-in
+(`impala_lab.classroom.exercises.driver_step.StepDriver`) overrides.
 
 Policy lag is a dial (the IMPALA paper's appendix E): a new batch more than ``max_policy_lag``
-updates behind is dropped where it arrives (its worker still gets weights and a new request),
-and ``extra_policy_lag`` = K publishes only weights at least K updates older than the
-learner's, so every batch is then sampled at least K updates behind.
-
-Unlike RLlib, which forgot the published weights and the broadcast counter at the end of every
-``_step`` call, both persist across turns, so broadcast_interval means what its name says.
+updates behind is dropped where it arrives (its worker is still answered), and
+``extra_policy_lag`` = K publishes only weights at least K updates older than the learner's.
 """
 
 from __future__ import annotations
@@ -53,11 +50,10 @@ class DriverLoop:
     Args:
       config: the run's `ImpalaConfig` (the run hands in a new one when a knob changes).
       replay: the `ReplayMixer`.
-      learner: the `LearnerPort`: the only way the loop reaches the learner (None until the
-        learner is built: `Impala` starts the workers first, with `start`).
+      learner: the `LearnerPort`, the loop's only way to the learner (None until it is built:
+        `Impala` starts the workers first, with `start`).
       run_stats: the run's `RunStats` (counters and timers).
-      actors: the `Actors` (task pool, supervisor, backend) that the methods below use; a
-        stand-in that overrides them leaves it None.
+      actors: the `Actors` (task pool, supervisor, backend); None in a stand-in.
       frames: a `LatestFrames` (the dashboard's frame strip) shown every new batch, or None.
 
     Attributes:
@@ -85,19 +81,13 @@ class DriverLoop:
         self.weights_ref: Any = None
         self.weights_history: deque[tuple[Any, int]] = deque()
         self.queue_blocked = False
-        # The learner's version each kept new batch was checked against, by id(batch): its lag
-        # is recorded against that version, not a later one (the learner trains meanwhile).
+        # id(batch) -> the learner's version its lag was checked against at arrival
         self.arrival_versions: dict[int, int] = {}
 
     def step(self, timeout: float) -> tuple[int, int]:
-        """One turn of the loop (see the module docstring).
-
-        Args:
-          timeout: seconds to wait for the first finished sample.
-
-        Returns:
-          (env steps of the new batches, env steps the learner reported trained).
-        """
+        """One turn of the loop (see the module docstring), waiting up to ``timeout`` seconds
+        for the first finished sample. Returns (env steps of the new batches, env steps the
+        learner reported trained)."""
         sample_timesteps = 0
         c = self.config
         for worker, batch in self.replay.mix(self.completed_samples(timeout)):
@@ -128,12 +118,11 @@ class DriverLoop:
 
         A failed worker is replaced (`replace_failed`) and the others' samples follow. A
         batch more than ``max_policy_lag`` updates behind is dropped here (`drop_for_lag`).
-        Every new batch, dropped or not, is shown to ``frames`` (`show_frames`).
+        Every new batch, dropped or not, is shown to ``frames``.
         """
         blocking = True
-        self.arrival_versions.clear()  # a turn records every batch it yields (unless it raised)
-        # The run's env steps before this turn: its new batches are counted at its end
-        # (dropped ones at once), so this plus their steps so far is the count after each.
+        self.arrival_versions.clear()
+        # The run's env steps before this turn, and those of its new batches so far.
         steps_before, arrived = self.run_stats.num_steps_sampled, 0
         while True:
             try:
@@ -152,8 +141,7 @@ class DriverLoop:
                 blocking = False
 
     def show_frames(self, worker: Any, batch: SampleBatch, env_steps: int) -> None:
-        """Let ``frames`` (the dashboard's strip) take a new batch's last frames; ``env_steps``:
-        the run's, this batch included."""
+        """Let ``frames`` take a new batch's last frames (``env_steps``: the run's, with it)."""
         if self.frames is None or self.frames.kind is None:
             return
         lowest = self.actors.lowest_live_index(default=worker.index)
@@ -192,28 +180,23 @@ class DriverLoop:
         self.queue_blocked = False
 
     def record_sample(self, batch: SampleBatch) -> None:
-        """Count a new batch's episodes and its policy lag behind the learner at its arrival
-        (the version `completed_samples` checked it against: a turn may wait on the full
-        learner queue before this, and a lag read then could pass ``max_policy_lag``)."""
+        """Count a new batch's episodes and its policy lag behind the learner's version at
+        its arrival (a lag read later, after a wait on the full queue, could pass
+        ``max_policy_lag``)."""
         version = self.arrival_versions.pop(id(batch), None)
         if version is None:
             version = self.learner.weights_version
         self.run_stats.record_sample(batch, version)
 
     def broadcast(self) -> None:
-        """Publish the learner's current weights once (a new reference every worker reads);
-        resets `num_sent`. (The caller took the learner's weights-updated flag.)
-
-        With ``extra_policy_lag`` = K > 0 the weights published are the newest read so far
-        whose version is at most the learner's minus K (`held_back_weights`); when none is
-        that old yet, the workers keep the weights they have.
+        """Publish the learner's current weights once (a new reference every worker reads)
+        and reset `num_sent`; with ``extra_policy_lag`` > 0, older ones (`held_back_weights`).
         """
         with self.run_stats.broadcast_timer:
             self._publish(*self.learner.get_weights())
 
     def _publish(self, weights: Any, version: int) -> None:
-        """Publish ``(weights, version)``, or the older weights `held_back_weights` picks, and
-        reset `num_sent`. The caller times it."""
+        """Publish ``(weights, version)`` or what `held_back_weights` picks; reset `num_sent`."""
         chosen = self.held_back_weights(weights, version)
         if chosen is not None:
             self.weights_ref = self.actors.put_weights(*chosen)
@@ -221,11 +204,8 @@ class DriverLoop:
         self.num_sent = 0
 
     def held_back_weights(self, weights: Any, version: int) -> tuple[Any, int] | None:
-        """The ``(weights, version)`` to publish now, or None to keep the published ones.
-
-        Args:
-          weights, version: the learner's weights now (``learner.get_weights()``).
-        """
+        """The ``(weights, version)`` to publish now, or None to keep the published ones:
+        the newest read so far whose version is at most the learner's ``version`` minus K."""
         lag = self.config.extra_policy_lag
         if lag == 0 and not self.weights_history:
             return weights, version
@@ -249,13 +229,9 @@ class DriverLoop:
 
     # ------------------------------------------------------------------ outside a turn
     def start(self, weights: list, version: int = 0) -> None:
-        """Start the workers, publish the run's first weights and send each its first requests.
-
-        Args:
-          weights: the weights the learner starts from (numpy arrays): `Impala` starts the
-            workers before the learner is built, while TensorFlow loads.
-          version: their version (0, or a checkpoint's).
-        """
+        """Start the workers, publish the run's first weights (numpy arrays, the learner's
+        start; ``version`` 0 or a checkpoint's) and send each its first requests. `Impala` calls
+        it before the learner is built, so the workers sample while TensorFlow loads."""
         workers = self.actors.start()
         with self.run_stats.broadcast_timer:
             self._publish(weights, version)

@@ -1,35 +1,12 @@
 """Evaluation of the learner's current weights, on envs that no actor steps.
 
-The returns the actors report come from the behaviour policy: weights one or more updates
-old (the policy lag) and actions drawn at random from them. An `Evaluator` answers a
-different question: how well does the learner's newest policy do? Every
-``evaluation_interval`` reports of ``train()`` it reads the learner's weights, loads them
-into a numpy model (the actors' `NumpyModel`: no TensorFlow), and plays
-``evaluation_num_episodes`` episodes per action choice on one env of its own:
-
-- ``greedy``: the most likely action at every step;
-- ``sampled``: an action drawn from the policy, as the actors draw theirs.
-
-The episodes run in a daemon thread of the driver's process, so ``train()`` keeps turning
-while they play (the GIL is shared: each step's numpy forward briefly holds it). One
-evaluation runs at a time; a report that falls due while one is running is skipped. The
-env seeds are the same at every evaluation (drawn from ``config.seed``), so two
-evaluations differ by their weights, not by their start states.
-
-Each evaluation has a deadline (`EVALUATION_TIMEOUT_S`, or less for the final one): its
-episodes stop there, and one whose env hangs inside ``reset()`` or ``step()`` (which no
-thread can interrupt) is given up at the first report past it, and no evaluation starts
-again in that run. A failed evaluation (an error, or the deadline) keeps the latest result
-and says why in ``error``; ``num_failed`` counts them, and `Evaluator.broken` says when the
-evaluations cannot be relied on any more (a hang, or `FAILURES_TO_GIVE_UP` in a row).
-
-``stats()["evaluation"]`` holds the latest finished evaluation::
-
-    {"episode_return_mean_greedy": 500.0, "episode_return_mean_sampled": 487.5,
-     "weights_version": 812, "num_steps_sampled": 204000, "num_episodes": 10,
-     "num_evaluations": 7, "time_s": 0.41, "error": None, "num_failed": 0}
-
-(NaN returns and version -1 until the first evaluation ends.)
+An `Evaluator` asks how the learner's newest policy does (the actors' returns come from the
+lagged behaviour policy): every ``evaluation_interval`` reports of ``train()`` it plays
+``evaluation_num_episodes`` episodes per action choice (``greedy`` or ``sampled``) with the
+learner's weights in a `NumpyModel`, on an env of its own, in a daemon thread, with the same
+env seeds every time. An evaluation past its deadline (`EVALUATION_TIMEOUT_S`) hangs in the
+env: it is given up, and none starts again in that run; a failed one keeps the latest result
+and says why in ``error``. docs/evaluation.md lists ``stats()["evaluation"]``'s keys.
 """
 
 from __future__ import annotations
@@ -67,16 +44,10 @@ def play_episodes(env: Any, model: NumpyModel, seeds: list[int], greedy: bool,
                   ) -> list[float]:
     """Play one episode per seed (``env.reset(seed=...)``) with ``model``; their returns.
 
-    Args:
-      env: a gymnasium env with the model's spaces.
-      model: a `NumpyModel` holding the weights to evaluate.
-      seeds: one reset seed per episode.
-      greedy: take the most likely action (True) or draw one from the policy (False).
-      rng: draws the sampled actions.
-      clip, squash: how a Box action meets its bounds, as the actors do (the config's
-        ``clip_actions`` and ``squash_actions``).
-      deadline: a ``time.monotonic()`` reading: an `ImpalaError` once a step starts after it.
-      cancel: set, it ends the episodes with an `ImpalaError` at the next step.
+    ``greedy``: the most likely action, else one drawn with ``rng``; ``clip``, ``squash``: how
+    a Box action meets its bounds (the config's ``clip_actions``, ``squash_actions``). An
+    `ImpalaError` ends the episodes once a step starts after ``deadline`` (a
+    ``time.monotonic()`` reading) or with ``cancel`` set.
     """
     returns = []
     for seed in seeds:
@@ -97,7 +68,6 @@ def play_episodes(env: Any, model: NumpyModel, seeds: list[int], greedy: bool,
                 logits = model.logits(np.asarray(obs)[None])
             else:
                 logits, _, state = model.step(np.asarray(obs)[None], state)
-            # the action distribution's own twin: greedy is its mode, sampled its draw
             dist = model.distribution
             action = dist.mode(logits)[0] if greedy else dist.sample(logits, rng)[0]
             action = action.item() if np.ndim(action) == 0 else dist.env_action(
@@ -113,9 +83,7 @@ class Evaluator:
     """Evaluations of the learner's weights every ``config.evaluation_interval`` reports.
 
     Args:
-      config: the run's `ImpalaConfig` (``env``, the model fields, the evaluation fields,
-        ``seed``).
-      observation_space, action_space: the env's spaces (the model is built for them).
+      config: the run's `ImpalaConfig`; observation_space, action_space: the env's spaces.
       get_weights: returns the learner's current ``(weights, version)``.
       get_env_steps: returns the env steps sampled so far (recorded with each result).
       timeout_s: seconds each evaluation may play.
@@ -130,7 +98,6 @@ class Evaluator:
         self.enabled = bool(config.evaluation_interval)
         self.interval = int(config.evaluation_interval or 0)
         self.num_episodes = config.evaluation_num_episodes
-        # "both" plays the greedy policy (the most likely action) and the sampled one
         self.modes = (("greedy", "sampled") if config.evaluation_actions == "both"
                       else (config.evaluation_actions,))
         self._config = config
@@ -142,7 +109,7 @@ class Evaluator:
         self._rng_seed = seq.spawn(1)[0]
         self._reports = 0
         self._lock = threading.Lock()  # guards _latest
-        self._playing = threading.Lock()  # one evaluation at a time on the one env and model
+        self._playing = threading.Lock()
         self._cancel = threading.Event()  # set when the run ends or an evaluation hangs
         self._thread: threading.Thread | None = None
         self._started = 0.0  # when the background evaluation started (clock)
@@ -152,17 +119,12 @@ class Evaluator:
         self.num_failed = 0
         self._failed_in_a_row = 0
         self.hung = False
-        self._latest = self._empty()
-
-    def _empty(self) -> dict[str, Any]:
-        out: dict[str, Any] = {f"episode_return_mean_{m}": math.nan for m in self.modes}
-        out.update(weights_version=-1, num_steps_sampled=0, num_episodes=self.num_episodes,
-                   num_evaluations=0, time_s=math.nan)
-        return out
+        self._latest: dict[str, Any] = {f"episode_return_mean_{m}": math.nan for m in self.modes}
+        self._latest.update(weights_version=-1, num_steps_sampled=0,
+                            num_episodes=self.num_episodes, num_evaluations=0, time_s=math.nan)
 
     def latest(self) -> dict[str, Any]:
-        """A copy of the latest finished evaluation, with ``error`` (why the latest one
-        failed, or None) and ``num_failed`` (see the module docstring)."""
+        """A copy of the latest finished evaluation, with ``error`` and ``num_failed``."""
         with self._lock:
             return {**self._latest, "error": self.error, "num_failed": self.num_failed}
 
@@ -178,9 +140,8 @@ class Evaluator:
         return self.error if self.hung or self._failed_in_a_row >= FAILURES_TO_GIVE_UP else None
 
     def on_report(self) -> bool:
-        """Count one report; start a background evaluation when one falls due and none
-        runs (an evaluation past its deadline is given up here). Returns whether one
-        started."""
+        """Count one report; start a background evaluation when one falls due and none runs
+        (one past its deadline is given up here). Returns whether one started."""
         if not self.enabled or self.hung:
             return False
         self._reports += 1
@@ -189,13 +150,16 @@ class Evaluator:
             return False
         if self._reports % self.interval or self.running:
             return False
-        weights = self._get_weights()  # read now: the evaluation is of these weights
         self._started = self._clock()
-        self._thread = threading.Thread(
-            target=self._run, args=(weights, time.monotonic() + self.timeout_s),
-            name="impala-evaluation", daemon=True)
-        self._thread.start()
+        self._start(time.monotonic() + self.timeout_s)
         return True
+
+    def _start(self, deadline: float) -> threading.Thread:
+        """Start evaluating the learner's weights of now in a daemon thread."""
+        self._thread = threading.Thread(target=self._play, args=(self._get_weights(), deadline),
+                                        name="impala-evaluation", daemon=True)
+        self._thread.start()
+        return self._thread
 
     def evaluate(self, timeout_s: float | None = None) -> dict[str, Any]:
         """Evaluate the learner's current weights now (within ``timeout_s``, at most the
@@ -213,13 +177,9 @@ class Evaluator:
                 self._give_up(timeout)
         if self.hung:
             raise ImpalaError(f"evaluation failed: {self.error}")
-        thread = threading.Thread(target=self._run, args=(self._get_weights(), deadline),
-                                  name="impala-evaluation", daemon=True)
-        self._thread = thread
-        thread.start()
+        thread = self._start(deadline)
         try:
-            # the episodes stop themselves at the deadline: a thread alive a second later
-            # is stuck inside the env
+            # a thread alive a second past the deadline is stuck inside the env
             thread.join(max(0.0, deadline - time.monotonic()) + 1.0)
         except BaseException:  # a signal ends the run: the evaluation stops at its next step
             self._cancel.set()
@@ -250,22 +210,19 @@ class Evaluator:
             self.num_failed += 1
             self._failed_in_a_row += 1
 
-    def _run(self, weights_and_version: tuple[list, int], deadline: float) -> None:
-        with self._playing:
-            self._play(weights_and_version, deadline)
-
     def _play(self, weights_and_version: tuple[list, int], deadline: float) -> None:
         weights, version = weights_and_version
-        started = time.perf_counter()
-        env_steps = self._get_env_steps()
         try:
-            env, model = self._env_and_model()
-            model.set_weights(weights)
-            rng = np.random.default_rng(self._rng_seed)  # the same draws at every evaluation
-            means = {f"episode_return_mean_{mode}": float(np.mean(play_episodes(
-                env, model, self.seeds, mode == "greedy", rng, clip=self._config.clip_actions,
-                squash=self._config.squash_actions, deadline=deadline, cancel=self._cancel)))
-                for mode in self.modes}
+            with self._playing:  # one evaluation at a time on the one env and model
+                started = time.perf_counter()
+                env_steps = self._get_env_steps()
+                env, model = self._env_and_model()
+                model.set_weights(weights)
+                rng = np.random.default_rng(self._rng_seed)  # the same draws every time
+                means = {f"episode_return_mean_{mode}": float(np.mean(play_episodes(
+                    env, model, self.seeds, mode == "greedy", rng,
+                    clip=self._config.clip_actions, squash=self._config.squash_actions,
+                    deadline=deadline, cancel=self._cancel))) for mode in self.modes}
         except Exception as exc:  # reported in stats(), never the driver's failure
             if not (self.hung or self._cancel.is_set()):  # a cancelled one did not fail
                 self._failed(f"{type(exc).__name__}: {exc}")

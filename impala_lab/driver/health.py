@@ -1,21 +1,14 @@
 """`HealthMonitor`: says when learning looks wrong, in words and figures.
 
-Each figure the run already measures is compared with a threshold (the constants below), and
-what crosses one is named: ``entropy_collapsed``, ``value_loss_spike``, ``grad_norm_spike``,
-``updates_skipped``, ``learner_starved``, ``learner_overfed``, ``no_samples``,
-``worker_stalled``. docs/training.md, "Learning health", says when each is raised and clears.
-
-Two choices need a why. A loss or gradient spike counts only while the mean return has stayed
-low for `SPIKE_CONFIRM_S`: near the top a healthy run's value loss has a tiny median, so one
-failed episode spikes it thousands of times without harm, whereas a spike that wrecks the
-policy takes the return down and it stays down. A pipeline flag (starved, overfed) must hold
-for `PIPELINE_PERSIST_S`: on a shared machine a healthy run's learner may wait a report or two.
-
-`HealthMonitor.check` returns ``stats()["health"]``: ``status`` ("ok" or "warning"), the
-active ``flags`` (``code``, ``message``, ``since_s``), every code ``seen`` so far (``first_s``,
-``last_s``, ``times``, its first ``message``) and ``num_updates_skipped``; times are the run's
-seconds. The learner thread calls `observe_learner_step` every train step, so it only appends
-to bounded deques and refreshes the medians every few steps.
+Each figure the run measures is held against a threshold (the constants below); what crosses
+one is named by a flag (docs/training.md, "Learning health", says when each is raised and
+clears). A loss or gradient spike counts only while the mean return has stayed low for
+`SPIKE_CONFIRM_S`: near the top a healthy run's value loss has a tiny median, so one failed
+episode spikes it harmlessly, whereas a spike that wrecks the policy takes the return down. A
+pipeline flag must hold for `PIPELINE_PERSIST_S`: on a shared machine a healthy learner may wait
+a report or two. `HealthMonitor.check` returns ``stats()["health"]``: ``status`` ("ok" or
+"warning"), the active ``flags`` (``code``, ``message``, ``since_s``), every code ``seen``
+(``first_s``, ``last_s``, ``times``, its first ``message``) and ``num_updates_skipped``.
 """
 
 from __future__ import annotations
@@ -28,13 +21,12 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-# The flags' words live in the shared vocabulary (the views read them), re-exported here.
+# The flags' words live in the shared vocabulary (the views read them).
 from impala_lab.health_flags import LABELS as LABELS
 from impala_lab.health_flags import describe_seen as describe_seen
 from impala_lab.health_flags import flag_codes as flag_codes
 from impala_lab.health_flags import flag_labels as flag_labels
 
-# ---------------------------------------------------------------------- thresholds
 #: Entropy collapsed: below this fraction of log(num_actions) (CartPole: 0.069 nats) ...
 ENTROPY_COLLAPSE_FRACTION = 0.1
 #: ... as the mean of this many learner steps (one step's entropy is noisy).
@@ -46,7 +38,6 @@ RETURN_MIN_EPISODES = 20
 #: A spike: one step's vf_loss or grad_gnorm this many times the median of the previous
 #: `SPIKE_WINDOW` steps (healthy runs reach it too: hence the return test).
 SPIKE_RATIO = 20.0
-SPIKE_RETURN_FRACTION = LOW_RETURN_FRACTION
 #: Seconds the return must have stayed low for a spike to raise its flag.
 SPIKE_CONFIRM_S = 10.0
 SPIKE_WINDOW = 100
@@ -59,11 +50,10 @@ SPIKE_HOLD_S = 30.0
 PIPELINE_MIN_STEPS = 20
 PIPELINE_PERSIST_S = 10.0
 #: Starved: mean queue length at most this fraction of learner_queue_size, and the learner
-#: waiting for data at least `STARVED_WAIT_FRACTION` of its time.
+#: waiting for data at least `STARVED_WAIT_FRACTION` of its time. Overfed: the queue at least
+#: `OVERFED_QUEUE_FRACTION` full, the driver blocked on it `OVERFED_BLOCKED_FRACTION` of the time.
 STARVED_QUEUE_FRACTION = 0.1
 STARVED_WAIT_FRACTION = 0.8
-#: Overfed: mean queue length at least this fraction of learner_queue_size, and the driver
-#: blocked on the full queue at least `OVERFED_BLOCKED_FRACTION` of the time.
 OVERFED_QUEUE_FRACTION = 0.9
 OVERFED_BLOCKED_FRACTION = 0.5
 #: Seconds of training without a sample reaching the driver: ``no_samples``.
@@ -104,7 +94,7 @@ class _Series:
         self.values: deque[float] = deque(maxlen=SPIKE_WINDOW)
         self.median = math.nan
         self.until_refresh = 0
-        # (t, value, median, number): every spike, whether or not it raised the flag
+        # (t, value, median, number) of every spike, whether or not it raised the flag
         self.spikes: deque[tuple[float, float, float, int]] = deque(maxlen=100)
         self.num_spikes = 0
         self.num_noted = 0  # spikes 1..num_noted are in the monitor's `seen`
@@ -154,7 +144,6 @@ class HealthMonitor:
         self._num_skipped = 0
         self._last_skip_s = math.nan
 
-    # ------------------------------------------------------------------ learner thread
     def observe_learner_step(self, stats: Mapping[str, float]) -> None:
         """Take one learner step's stats (``learn_on_batch``'s dict); cheap, any thread."""
         with self._lock:
@@ -168,7 +157,6 @@ class HealthMonitor:
                 if value is not None:  # a spike is judged with the return, in `check`
                     series.push(float(value), now)
 
-    # ------------------------------------------------------------------ the check
     def check(self, *, episode_return_mean: float = math.nan, episode_return_count: int = 0,
               learner_queue: Mapping[str, float] | None = None,
               learner_wait_ms: float = 0.0, learner_grad_ms: float = 0.0,
@@ -178,19 +166,12 @@ class HealthMonitor:
               sample_timeout_s: float | None = 60.0) -> dict[str, Any]:
         """Judge the run now; returns the ``health`` dict (see the module docs).
 
-        Args:
-          episode_return_mean, episode_return_count: the mean return of the last episodes,
-            and how many episodes it holds.
-          learner_queue: ``stats()["learner_queue"]`` (the queue length after each step).
-          learner_wait_ms, learner_grad_ms: mean ms per learner step waiting for data, and
-            training.
-          driver_blocked_fraction: the recent share of time the driver waited on the full
-            learner queue.
-          policy_lag: mean policy lag (for the overfed message).
-          num_updates_skipped: non-finite updates rejected since the start.
-          seconds_since_sample: since a sample last reached the driver (NaN: not judged).
-          stalled_workers: the ``stats()["workers"]`` entries marked stalled.
-          sample_timeout_s: the run's, for the messages.
+        The arguments are ``stats()`` figures: the trailing mean return and its episode count,
+        ``learner_queue`` (the queue length after each step), the mean ms per learner step
+        waiting for data and training, the recent share of time the driver waited on the full
+        queue, the mean policy lag, non-finite updates skipped so far, seconds since a sample
+        reached the driver (NaN: not judged), the workers marked stalled and the run's
+        ``sample_timeout_s``.
         """
         with self._lock:
             now = self._clock()
@@ -224,7 +205,6 @@ class HealthMonitor:
             out.append({"code": code, "message": message, "since_s": round(since, 2)})
         return out
 
-    # ------------------------------------------------------------------ conditions
     def _check_skipped(self, flags: dict[str, str], num_updates_skipped: int, now: float) -> None:
         if num_updates_skipped > self._num_skipped:
             self._num_skipped = int(num_updates_skipped)
@@ -285,7 +265,7 @@ class HealthMonitor:
         name = "value losses" if code == "value_loss_spike" else "gradient norms"
         key = SPIKE_STATS[code]
         times = f"{len(recent)} spikes" if len(recent) > 1 else "a spike"
-        fell = (f"while the mean return has stayed below {SPIKE_RETURN_FRACTION:.0%} of the "
+        fell = (f"while the mean return has stayed below {LOW_RETURN_FRACTION:.0%} of the "
                 f"best so far for {now - self._low_since:.0f} s" if low
                 else "before enough episodes ended to judge the return")
         return (f"{LABELS[code]}: {times} in the last {SPIKE_HOLD_S:.0f} s, the largest "
@@ -354,7 +334,6 @@ class HealthMonitor:
                 f"worker stalled: worker{s} {names} sent no sample for at least "
                 f"{stalled_after_s(timeout):g} s; its env may hang in step() or reset() ({ends})")
 
-    # ------------------------------------------------------------------ memory
     def _note(self, code: str, first: float, last: float, message: str, new: bool) -> None:
         """Keep ``code`` in ``seen``: first and last time, times raised, the first message."""
         entry = self.seen.get(code)

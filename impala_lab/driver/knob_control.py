@@ -1,9 +1,6 @@
 """`KnobControl` (an `Impala` mixin): a run's live knobs (`impala_lab.knobs`) and its
-learning-rate schedule.
-
-``set_knobs`` validates a change at once and queues it; the driver applies the queue before its
-next step, so a knob never changes in the middle of one. With ``lr_schedule`` the rate follows
-the schedule over env steps, set before each driver step, and the ``lr`` knob is refused.
+learning-rate schedule. A change is validated at once and applied before the driver's next
+step; with ``lr_schedule`` the rate follows the schedule and the ``lr`` knob is refused.
 """
 
 from __future__ import annotations
@@ -16,8 +13,7 @@ from impala_lab.schedules import scheduled_value
 
 __all__ = ["KnobControl"]
 
-# The scheduled rate is assigned once it moved this much (relative), or reached its end: a
-# few hundred assignments over a schedule, not one per step.
+# The scheduled rate is assigned once it moved this much (relative), or reached its end.
 LR_STEP = 0.002
 
 

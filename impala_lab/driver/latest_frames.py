@@ -1,9 +1,8 @@
 """`LatestFrames`: the latest frames of one worker's env, kept by the driver.
 
-The dashboard shows what an actor sees without asking the actors: the driver copies the last
-K steps of column 0 of ``obs [T, B, *obs_shape]`` from each new batch of the live worker with
-the lowest index. It sits before the replay mixer, so a replayed frame never shows as new;
-batches dropped for policy lag do reach it (new env steps all the same).
+The driver copies the last K steps of column 0 of ``obs [T, B, *obs_shape]`` from each new
+batch of the live worker with the lowest index (before the replay mixer: a replay never shows
+as new), so the dashboard shows what an actor sees without asking the actors.
 """
 
 from __future__ import annotations
@@ -19,12 +18,9 @@ __all__ = ["LatestFrames"]
 
 
 class LatestFrames:
-    """Keeps the last ``length`` frames of env ``column`` of the lowest live worker's batches;
-    observations that are not images are never copied (`latest` stays None).
-
-    ``observe`` runs in the driver's thread, ``latest`` in any: ``observe`` swaps new arrays in
-    under a lock, never writing into arrays a reader may hold.
-    """
+    """Keeps the last ``length`` frames of env ``column`` of the lowest live worker's batches
+    (none for observations that are not images). ``observe`` runs in the driver's thread,
+    ``latest`` in any: new arrays are swapped in under a lock, never written into."""
 
     def __init__(self, observation_space: Any, length: int = FRAME_STRIP_LENGTH,
                  column: int = 0) -> None:
@@ -38,16 +34,9 @@ class LatestFrames:
 
     def observe(self, worker_index: int, batch: Any, *, lowest_live_index: int,
                 env_steps: int) -> bool:
-        """Take the last K frames of a new batch if it comes from the followed worker.
-
-        Args:
-          worker_index: the worker that sampled ``batch`` (a new `SampleBatch` [T, B]).
-          lowest_live_index: the worker followed; when it changes, the strip starts anew.
-          env_steps: the run's env steps sampled, this batch included.
-
-        Returns:
-          whether frames were taken.
-        """
+        """Take the last K frames of a new `SampleBatch` [T, B] if ``worker_index`` sampled it
+        and is ``lowest_live_index`` (the worker followed; a new one starts the strip anew);
+        ``env_steps``: the run's, this batch included. Returns whether frames were taken."""
         if self.kind is None or worker_index != lowest_live_index:
             return False
         T = batch.obs.shape[0]

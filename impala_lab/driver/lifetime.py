@@ -39,9 +39,7 @@ def cleanup(backend: Any, learner: Any) -> None:
         try:
             backend.shutdown()
         finally:
-            # Wait for a step in flight: this also runs at interpreter exit, and a thread
-            # still inside TensorFlow then crashes the process (SIGSEGV, or "FATAL: exception
-            # not rethrown") where the run had ended cleanly.
+            # At interpreter exit a thread still inside TensorFlow crashes the process.
             learner.stop(timeout=LEARNER_EXIT_WAIT_S)
 
 

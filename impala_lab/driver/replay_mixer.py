@@ -28,10 +28,6 @@ from typing import Any
 from impala_lab.errors import ConfigError
 
 
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 class ReplayMixer:
     """A FIFO store of recent new batches and RLlib's replay rule.
 
@@ -52,10 +48,8 @@ class ReplayMixer:
           replay_proportion: replayed batches per new batch, on average, >= 0.
           replay_buffer_num_slots: batches the store keeps (FIFO), >= 0; 0 disables replay.
           train_batch_size: env steps per learner batch, >= 1.
-          sample_batch_size: env steps per stored batch, >= 1 (RLlib passes the config's
-            ``sample_batch_size`` here).
-          seed: seeds the mixer's own ``random.Random``; the same seed and inputs give the
-            same replays.
+          sample_batch_size: env steps per stored batch, >= 1.
+          seed: seeds the mixer's own ``random.Random`` (same seed and inputs: same replays).
 
         Raises:
           ConfigError (a ValueError): a bad size or `replay_proportion`, or a store too small
@@ -69,7 +63,7 @@ class ReplayMixer:
         self.replay_buffer_num_slots = int(replay_buffer_num_slots)
         self.train_batch_size = int(train_batch_size)
         self.sample_batch_size = int(sample_batch_size)
-        self.replay_threshold = _ceil_div(self.train_batch_size, self.sample_batch_size)
+        self.replay_threshold = -(-self.train_batch_size // self.sample_batch_size)  # ceil
         self._store: deque[Any] = deque(maxlen=self.replay_buffer_num_slots)
         self._rng = random.Random(seed)
         self.num_replayed = 0
@@ -80,9 +74,8 @@ class ReplayMixer:
     def replay_proportion(self) -> float:
         """Replayed batches per new batch, on average; settable while mixing (the dashboard).
 
-        A value > 0 needs a store that can ever replay, one of more than `replay_threshold`
-        slots: stricter than RLlib's check, which let through sizes that never replay (11
-        slots of 50 steps for train_batch_size=510).
+        A value > 0 needs a store of more than `replay_threshold` slots, or it would never
+        replay (RLlib let such sizes through).
         """
         return self._replay_proportion
 
@@ -122,19 +115,11 @@ class ReplayMixer:
     def mix(self, pairs: Iterable[tuple[Hashable, Any]]) -> Iterator[tuple[Hashable | None, Any]]:
         """Yields each new ``(worker, batch)`` pair, then its replays as ``(None, batch)``.
 
-        For each new pair, in this order (RLlib's ``_augment_with_replay`` together with
-        its driver loop):
-
-        1. yield the new pair;
-        2. store its batch (only when ``replay_buffer_num_slots > 0``; the oldest batch
-           drops out of a full store);
-        3. if `can_replay()` (which thus already counts the new batch, as in RLlib, whose
-           driver stored it while the generator was suspended at step 1), draw the replays
-           with RLlib's rule and yield each as ``(None, batch)``.
-
-        A replayed batch is never stored again. ``worker is None`` tells the driver that the
-        batch is a replay: it trains on it but does not count it as sampled nor send that
-        worker a new request. ``pairs`` come from `SampleTaskPool.completed_prefetch`.
+        For each new pair, as RLlib's ``_augment_with_replay`` with its driver loop: yield
+        the pair; store its batch (the oldest drops out of a full store); then, if
+        `can_replay()` (counting the new batch, as in RLlib), draw the replays with RLlib's
+        rule. A replayed batch is never stored again; ``worker is None`` tells the driver to
+        train on it without counting it as sampled or answering a worker.
         """
         for worker, batch in pairs:
             yield worker, batch

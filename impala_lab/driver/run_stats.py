@@ -1,13 +1,10 @@
 """`RunStats`: the driver's counters, meters, timers and windows, and the ``stats()`` dict.
 
-The snapshot keeps RLlib's AsyncSamplesOptimizer keys first, then episodes, policy lag,
-liveness, the pipeline view (`pipeline_view`), the live knobs and learning health
-(docs/training.md, "Logged metrics explained", has every key).
-
-Policy lag is measured twice: ``policy_lag`` when a new batch reaches the driver (the learner's
-version then minus the version that sampled each column), ``policy_lag_at_training`` when the
-learner trains on it (each pass and replay counting). The batch waits in the learner queue and
-the minibatch ring in between, so the second is the lag V-trace actually corrects.
+RLlib's AsyncSamplesOptimizer keys come first, then episodes, policy lag, liveness, the
+pipeline, the live knobs and health (docs/training.md, "Logged metrics explained"). Policy lag
+is measured when a new batch reaches the driver (``policy_lag``) and when the learner trains on
+it (``policy_lag_at_training``, each pass and replay counting): the second, after the learner
+queue and the minibatch ring, is the lag V-trace actually corrects.
 """
 
 from __future__ import annotations
@@ -37,8 +34,7 @@ LAG_WINDOW = 1000
 
 
 def lag_counts(lags: Any) -> dict[str, int]:
-    """How many of ``lags`` (ints) have each value, by lag, keyed as JSON writes them:
-    ``{"3": 10, "4": 2}``."""
+    """How many of ``lags`` (ints) have each value, keyed as JSON writes them: ``{"3": 10}``."""
     values, counts = np.unique(np.asarray(list(lags), dtype=np.int64), return_counts=True)
     return {str(int(v)): int(c) for v, c in zip(values, counts, strict=True)}
 
@@ -102,7 +98,7 @@ class RunStats:
         self.recent_policy_lags: deque[float] = deque(maxlen=100_000)
         self._start_time = time.monotonic()
         self._elapsed_before_restore = 0.0
-        # when the first sample arrived, when the first trained steps: ``stats()["startup"]``
+        # ``stats()["startup"]``
         self.first_sample_at: float | None = None
         self.first_trained_at: float | None = None
 
@@ -111,7 +107,6 @@ class RunStats:
         """Seconds since the run was built, plus those of the run it was restored from."""
         return self._elapsed_before_restore + time.monotonic() - self._start_time
 
-    # ------------------------------------------------------------------ counting
     def count_step(self, sampled: int, trained: int) -> None:
         """Count one driver step's env steps sampled and trained."""
         self.sample_meter.add(sampled)
@@ -125,10 +120,8 @@ class RunStats:
 
     def record_sample(self, batch: SampleBatch, policy_version: int) -> None:
         """Count a new batch's finished episodes and its policy lag behind ``policy_version``."""
-        for r in batch.episode_returns:
-            self.episode_returns.append(float(r))
-        for n in batch.episode_lengths:
-            self.episode_lengths.append(int(n))
+        self.episode_returns.extend(map(float, batch.episode_returns))
+        self.episode_lengths.extend(map(int, batch.episode_lengths))
         self.episodes_total += len(batch.episode_returns)
         lag = policy_lag(policy_version, batch.policy_versions)
         mean_lag = float(lag.mean())
@@ -142,7 +135,6 @@ class RunStats:
         lags = self.recent_policy_lags
         return [lags.popleft() for _ in range(len(lags))]
 
-    # ------------------------------------------------------------------ checkpoints
     def checkpoint_counters(self) -> dict[str, Any]:
         """`CHECKPOINT_COUNTERS` by name, as a checkpoint stores them."""
         return {name: getattr(self, name) for name in CHECKPOINT_COUNTERS}
@@ -153,22 +145,17 @@ class RunStats:
             setattr(self, name, counters[name])
         self._elapsed_before_restore = counters["elapsed_s"]
 
-    # ------------------------------------------------------------------ the snapshot
     def snapshot(self, *, config: Any, learner: Any, replay: Any, policy: Any, health: Any,
                  num_worker_failures: int, liveness: tuple[float, list[dict[str, Any]]],
                  judging_liveness: bool, pipeline: dict[str, Any],
                  last_error: str | None, evaluation: dict[str, Any] | None = None
                  ) -> dict[str, Any]:
-        """``Impala.stats()``: every figure of the run, from these counters and the run's
-        parts (its current config, learner, replay mixer, policy and health monitor).
+        """``Impala.stats()``: every figure of the run, from these counters and its parts.
 
-        Args:
-          liveness: seconds since the last sample reached the driver, and per-worker rows.
-          judging_liveness: False while the driver waits on the full learner queue or is
-            not training; a stalled sample is then nobody's fault.
-          pipeline: `pipeline_view`'s dict.
-          last_error: the error that ended ``train()``, as text, or None.
-          evaluation: the latest `Evaluator` result, or None (no key).
+        ``liveness``: seconds since the last sample reached the driver, and per-worker rows,
+        judged only with ``judging_liveness`` (False while the driver waits on the full learner
+        queue or is not training); ``pipeline``: `pipeline_view`'s dict; ``last_error``: what
+        ended ``train()``; ``evaluation``: the latest `Evaluator` result (None: no key).
         """
         returns = list(self.episode_returns)
         return_mean = float(np.mean(returns)) if returns else math.nan
@@ -218,8 +205,8 @@ class RunStats:
         return snapshot
 
     def _lag_figures(self, learner: Any) -> dict[str, Any]:
-        """The ``stats()`` keys of policy lag, at arrival and at training (the learner's; a
-        stand-in learner without them reads as no figures yet)."""
+        """The ``stats()`` keys of policy lag, at arrival and at training (a stand-in learner
+        without them reads as no figures yet)."""
         lag = self.policy_lag.stats()
         train_lag_stat = getattr(learner, "train_lag_stat", None)
         train_lag = train_lag_stat.stats() if train_lag_stat is not None else {"count": 0}
@@ -247,8 +234,6 @@ class RunStats:
             driver_blocked_fraction=self.queue_wait_meter.rate(),
             policy_lag=snapshot["policy_lag"]["mean"],
             num_updates_skipped=getattr(policy, "num_updates_skipped", 0),
-            # judged while train() runs (hand steps pause as long as the reader likes) and
-            # the driver is not waiting on the full learner queue
             seconds_since_sample=(snapshot["seconds_since_sample"] if judging_liveness
                                   else math.nan),
             stalled_workers=[w for w in snapshot["workers"] if w["stalled"]],
@@ -256,8 +241,7 @@ class RunStats:
 
 
 def pipeline_view(loop: Any, num_workers: int) -> dict[str, Any]:
-    """``stats()["pipeline"]``: every stage's figures that the diagram draws, from the run's
-    `DriverLoop` (and through it its parts) and the workers alive."""
+    """``stats()["pipeline"]``: every stage's figures that the diagram draws."""
     config, learner = loop.config, loop.learner
     mb = learner.minibatch_buffer
     in_flight = loop.actors.in_flight_counts()

@@ -2,11 +2,9 @@
 
 A worker that raises, dies, or owes a sample longer than ``sample_timeout_s`` is ended and
 replaced by one with the next index (``restart_failed_workers=True``), or its error ends the
-run. Restarts are bounded twice, so an env that always fails cannot restart forever: at most
-``max(3, 2 x num_workers)`` failures in a row without a sample, and at most
-`MAX_REPEATED_WORKER_FAILURES` (or 2 x num_workers) of the same failure (same env, same
-message, numbers blanked) within `REPEATED_FAILURE_WINDOW_S`, samples or not in between: an
-env that failed after each worker's first sample would reset the first bound every time.
+run. Restarts stop after ``max(3, 2 x num_workers)`` failures in a row without a sample, or
+`MAX_REPEATED_WORKER_FAILURES` (at least 2 x num_workers) of the same failure (same env and
+message, numbers blanked) within `REPEATED_FAILURE_WINDOW_S`, samples or not in between.
 """
 
 from __future__ import annotations
@@ -49,7 +47,7 @@ class WorkerSupervisor:
         self.num_worker_failures = 0
         self.sampling_since = time.monotonic()
         self._failures_in_a_row = 0
-        # (env, failure message with its numbers blanked) -> times it happened in the window
+        # (env, message with numbers blanked) -> times it happened in the window
         self._repeated_failures: dict[tuple[str, str], deque[float]] = {}
         # worker index -> [started, last sample reached the driver (None: none yet), samples]
         self._clocks: dict[int, list] = {}
@@ -74,7 +72,6 @@ class WorkerSupervisor:
             clock[1] = now
             clock[2] += 1
 
-    # ------------------------------------------------------------------ failures
     def replace(self, err: WorkerError) -> WorkerHandle:
         """End the worker ``err`` names and start its replacement (requests: the caller's).
         Raises ``err`` with ``restart_failed_workers=False``, and an `ImpalaError` once the
@@ -89,7 +86,6 @@ class WorkerSupervisor:
         if not self.config.restart_failed_workers:
             raise err
         self._raise_if_hopeless(err)
-        # Said once per failure, so a recovered run shows what it recovered from.
         logger.warning("%s failed: %s; replaced by worker %d (%d worker failures so far)",
                        err.stage, err.message, self._next_worker_index,
                        self.num_worker_failures)
@@ -102,7 +98,6 @@ class WorkerSupervisor:
     def _raise_if_hopeless(self, err: WorkerError) -> None:
         limit = max(3, 2 * self.config.num_workers)
         if self._failures_in_a_row >= limit:
-            # Replacements that fail before any sample arrives would restart forever.
             raise ImpalaError(
                 f"workers failed {self._failures_in_a_row} times in a row without returning a "
                 f"sample; the env keeps failing, so restarting is stopped. Last error:\n{err}"
@@ -110,7 +105,6 @@ class WorkerSupervisor:
         repeats = self.count_repeats(err)
         limit = max(MAX_REPEATED_WORKER_FAILURES, 2 * self.config.num_workers)
         if repeats >= limit:
-            # Replacements that fail the same way after some samples would restart forever.
             raise ImpalaError(
                 f"the same worker failure came back {repeats} times within "
                 f"{REPEATED_FAILURE_WINDOW_S:g} s (env {err.env_id}), samples or not in "
@@ -131,8 +125,7 @@ class WorkerSupervisor:
 
     def hung_workers(self) -> list[WorkerError]:
         """An error for each worker that owes a sample longer than ``sample_timeout_s`` (its
-        env hangs), to be handled as a failure. (An inline worker samples in the driver's
-        thread, so it never owes one: a hung inline env hangs the driver.)"""
+        env hangs), to be handled as a failure (an inline worker never owes one)."""
         timeout = self.config.sample_timeout_s
         now = time.monotonic()
         if timeout is None or now < self._next_liveness_check:
@@ -155,12 +148,10 @@ class WorkerSupervisor:
                 f"{f' (process {pid})' if pid is not None else ''} was ended"))
         return errors
 
-    # ------------------------------------------------------------------ liveness
     def liveness(self, judging: bool) -> tuple[float, list[dict[str, Any]]]:
         """Seconds since the last sample reached the driver, and per worker (by index): seconds
         since its last sample (or start), samples returned, requests in flight, and
-        ``stalled`` (past `stalled_after_s`, only while ``judging``: train() runs and the
-        driver is not waiting on the full learner queue). Both count from `sampling_since`."""
+        ``stalled`` (past `stalled_after_s`, only while ``judging``), all from `sampling_since`."""
         now = time.monotonic()
         since = self.sampling_since
         last = self._last_sample_at

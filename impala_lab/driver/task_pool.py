@@ -3,10 +3,9 @@
 The driver keeps `max_sample_requests_in_flight_per_worker` sample requests queued on every
 worker, so a worker never idles while the driver handles its previous batch. The pool
 remembers which worker each request went to and hands back finished ones in the order they
-finished, like RLlib's ``TaskPool`` over Ray object ids.
-
-A backend represents a request by a future (`SampleFuture`) and supplies a `wait_fn` that
-blocks efficiently (on process pipes, or ``ray.wait``); the default, `poll_wait`, polls.
+finished, like RLlib's ``TaskPool`` over Ray object ids. A backend represents a request by a
+future (`SampleFuture`) and supplies a `wait_fn` that blocks (on process pipes, or
+``ray.wait``); the default, `poll_wait`, polls.
 """
 
 from __future__ import annotations
@@ -20,9 +19,8 @@ from typing import Any, Protocol, runtime_checkable
 
 @runtime_checkable
 class SampleFuture(Protocol):
-    """What a backend returns for one sample request. A future may also carry
-    ``completion_time`` (seconds on the backend's clock, None until done): the pool then
-    hands futures back in that order."""
+    """What a backend returns for one sample request; with ``completion_time`` (seconds,
+    None until done) the pool hands futures back in that order."""
 
     def done(self) -> bool:
         """True once the result (or the worker's error) is available; never blocks."""
@@ -49,12 +47,9 @@ DEFAULT: Any = _Default()
 def poll_wait(futures: list[Any], timeout: float | None, *, min_sleep: float = 0.0005,
               max_sleep: float = 0.02, clock: Callable[[], float] = time.monotonic,
               sleep: Callable[[float], None] = time.sleep) -> list[Any]:
-    """The default `wait_fn`: polls ``done()``, sleeping with a doubling backoff from
-    `min_sleep` to `max_sleep` seconds on `clock` with `sleep` (for tests and inline futures;
-    a real backend blocks on OS handles, which wakes at once and costs no CPU).
-
-    Returns the done futures in the order of `futures` (polling cannot see which finished
-    first), or [] if none finished within `timeout` (0: check once; None: wait forever).
+    """The default `wait_fn` (tests, inline futures): polls ``done()``, sleeping with a
+    doubling backoff from `min_sleep` to `max_sleep` seconds. Returns the done futures in the
+    order of `futures`, or [] if none finished within `timeout` (0: check once; None: forever).
     """
     if not futures:
         return []
@@ -77,20 +72,12 @@ def poll_wait(futures: list[Any], timeout: float | None, *, min_sleep: float = 0
 class SampleTaskPool:
     """Sample requests in flight, keyed by the worker (any hashable object) they went to.
 
-    Three places a request can be:
-
-    - in flight: added, not yet seen done (`__len__`, `count(worker)`, `in_flight_counts()`);
-    - prefetched: seen done by `completed_prefetch` but not yet handed out (`num_prefetched`);
-    - handed out: removed from the pool, its ``result()`` given to the caller.
-
-    Order: the futures one wait finds done are handed out by their ``completion_time`` if
-    every one of them has one, else in the order `wait_fn` returned them.
-
-    Errors: a request leaves the pool *before* its ``result()`` is called, so when the
-    result raises (the worker's error), the pool holds exactly the other requests; the caller
-    restarts the worker (`reset_workers`) or gives up.
-
-    One driver thread consumes; another may read the counts (a lock guards the bookkeeping).
+    A request is in flight (added, not yet seen done: `__len__`, `count`,
+    `in_flight_counts`), prefetched (seen done by `completed_prefetch`, not yet handed out:
+    `num_prefetched`), or handed out. A request leaves the pool *before* its ``result()`` is
+    called, so when the result raises (the worker's error) the pool holds exactly the other
+    requests; the caller restarts the worker (`reset_workers`) or gives up. One driver thread
+    consumes; another may read the counts (a lock guards the bookkeeping).
     """
 
     def __init__(self, wait_fn: WaitFn | None = None,
@@ -101,11 +88,11 @@ class SampleTaskPool:
         Args:
           wait_fn: ``wait_fn(futures, timeout) -> done_futures``: as soon as one of `futures`
             is done or `timeout` seconds passed (0: do not block; None: no limit), every done
-            future of the list, in completion order. Defaults to `poll_wait`.
-          blocking_timeout: the longest a ``blocking_wait=True`` call blocks by default
-            (None: no limit); on expiry it yields nothing, as RLlib's ``TaskPool`` (10 s), so
-            the driver's loop can check its own stop conditions.
-          clock: the time in seconds that `owed_since` tells (the supervisor's clock).
+            future of the list. Defaults to `poll_wait`.
+          blocking_timeout: the longest a ``blocking_wait=True`` call blocks by default (None:
+            no limit), as RLlib's ``TaskPool`` (10 s), so the driver can check its stop
+            conditions.
+          clock: the time in seconds that `owed_since` tells.
         """
         self._clock = clock
         self._wait = wait_fn if wait_fn is not None else poll_wait
@@ -132,7 +119,8 @@ class SampleTaskPool:
         return entry
 
     def _ready(self, block: bool, timeout: float | None) -> list[Any]:
-        """Asks `wait_fn` which in-flight futures are done; sorted by completion_time."""
+        """Asks `wait_fn` which in-flight futures are done; by completion_time if all have
+        one, else in `wait_fn`'s order."""
         with self._lock:
             pending = [fut for _, fut in self._in_flight.values()]
         if not pending:
@@ -150,9 +138,9 @@ class SampleTaskPool:
                   timeout: float | None = DEFAULT) -> Iterator[tuple[Hashable, Any]]:
         """Yields ``(worker, result)`` for each in-flight request that is done.
 
-        A generator: it asks `wait_fn` once, on the first ``next()``. Requests are removed
-        one at a time just before their result is fetched, so stopping the iteration
-        early (or an exception from ``result()``) leaves the rest in flight for the next call.
+        A generator: it asks `wait_fn` once, on the first ``next()``. Each request is removed
+        just before its result is fetched, so stopping early (or an exception from
+        ``result()``) leaves the rest in flight for the next call.
 
         Args:
           blocking_wait: if nothing is done, block up to `timeout` for one.
@@ -171,10 +159,9 @@ class SampleTaskPool:
                            timeout: float | None = DEFAULT) -> Iterator[tuple[Hashable, Any]]:
         """Like `completed`, but hands out at most `max_yield` results per call.
 
-        All done requests move from in flight to prefetched at the first ``next()``; up to
-        `max_yield` of the prefetched ones (oldest first) are then yielded, and the rest
-        wait for the next call, as in RLlib's ``TaskPool.completed_prefetch``. It blocks
-        (with `blocking_wait`) only when nothing is prefetched already.
+        All done requests move to prefetched at the first ``next()``; up to `max_yield` of
+        them (oldest first) are yielded, the rest wait for the next call, as in RLlib's
+        ``TaskPool.completed_prefetch``. It blocks only when nothing is prefetched already.
 
         Args:
           blocking_wait: if nothing is done or prefetched, block up to `timeout`.
@@ -198,15 +185,10 @@ class SampleTaskPool:
             yield worker, fut.result()
 
     def reset_workers(self, workers: Iterable[Hashable]) -> list[tuple[Hashable, Any]]:
-        """Keeps only the requests (in flight or prefetched) of `workers`, as RLlib does.
-
-        Call it after a worker died or was replaced, with the workers that are alive: the
-        dead worker's futures would never finish (or only raise), so they are dropped;
-        a generator of this pool that is still running skips them too.
-
-        Returns:
-          The dropped ``(worker, future)`` pairs, so a backend can cancel or log them.
-        """
+        """Keeps only the requests (in flight or prefetched) of `workers`, as RLlib does:
+        call it with the live workers after one died, whose futures would never finish (a
+        running generator of this pool skips them too). Returns the dropped ``(worker,
+        future)`` pairs."""
         keep = set(workers)
         with self._lock:
             dropped = [e for e in self._in_flight.values() if e[0] not in keep]
@@ -221,11 +203,9 @@ class SampleTaskPool:
         return dropped
 
     def owed_since(self) -> dict[Hashable, float]:
-        """``{worker: the clock's time since which it owes an answer}`` for every worker with
-        a request in flight that is not done: the later of when its oldest unanswered request
-        was sent and when one of its requests was last seen done (a worker answers in order,
-        so one working through a queue owes only the next answer). Asks `wait_fn` once without
-        blocking first, so answers that have arrived count.
+        """``{worker: time since which it owes an answer}`` for every worker with an undone
+        request: the later of when its oldest unanswered request was sent and when one of its
+        requests was last seen done (a worker answers in order). Answers already arrived count.
         """
         with self._lock:
             entries = [(w, f, self._sent_at.get(k)) for k, (w, f) in self._in_flight.items()]
