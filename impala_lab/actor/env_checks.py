@@ -56,8 +56,7 @@ class EnvOutputChecks:
             f"a reward of {r:g} {when}: the batch holds rewards as float32, whose largest "
             f"finite value is {FLOAT32_MAX:.4g}, so it would become inf. Fix the env (or wrap "
             "it to scale or clip its rewards); an infinite reward would otherwise surface as "
-            "a NaN loss much later."
-        )
+            "a NaN loss much later.")
         err._impala_lab_located = True  # type: ignore[attr-defined]
         raise err
 
@@ -115,8 +114,7 @@ class EnvOutputChecks:
             f"env {self.env_id!r} (env index {index} of worker {self.worker_index}) returned "
             f"{name}={value!r} ({type(value).__name__}) from step() at env step {step}: "
             f"{name} must be {expected}, as gymnasium's Env.step documents. Fix the env (or "
-            "wrap it to convert its output); impala_lab will not guess what the value means."
-        )
+            "wrap it to convert its output); impala_lab will not guess what the value means.")
         err._impala_lab_located = True  # type: ignore[attr-defined]
         raise err
 
@@ -127,8 +125,7 @@ class EnvOutputChecks:
             f"{self.observation_space} expects shape {self.obs_shape} and dtype "
             f"{self.space_dtype}. Fix the env (or wrap it to reshape or cast its "
             "observation); numpy would otherwise broadcast or cast it into the batch and the "
-            "policy would train on corrupted data."
-        )
+            "policy would train on corrupted data.")
         err._impala_lab_located = True  # type: ignore[attr-defined]
         raise err
 
@@ -149,8 +146,7 @@ class EnvOutputChecks:
             f"env {self.env_id!r} (env index {index} of worker {self.worker_index}) returned "
             f"a non-finite {quantity} {when}: {text}. "
             "Fix the env (or wrap it to clip/validate its output); a NaN here would "
-            "otherwise surface as a NaN loss much later."
-        )
+            "otherwise surface as a NaN loss much later.")
         err._impala_lab_located = True  # type: ignore[attr-defined]
         raise err
 

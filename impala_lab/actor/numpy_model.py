@@ -172,8 +172,7 @@ class NumpyModel:
         if self._weights is None:
             raise RuntimeError(
                 "NumpyModel has no weights yet: call set_weights(...) first, e.g. "
-                "model.set_weights(model.initial_weights(seed))"
-            )
+                "model.set_weights(model.initial_weights(seed))")
         return [w.copy() for w in self._weights]
 
     def __call__(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -285,14 +284,12 @@ class NumpyModel:
         if self._weights is None:
             raise RuntimeError(
                 "NumpyModel has no weights yet: call set_weights(...) first, e.g. "
-                "model.set_weights(model.initial_weights(seed))"
-            )
+                "model.set_weights(model.initial_weights(seed))")
         if obs.shape[1:] != self.obs_shape:
             raise ValueError(
                 f"obs has shape {obs.shape} but this model expects [N, *obs_shape] = "
                 f"[N, {', '.join(map(str, self.obs_shape))}]; add a batch axis for one "
-                "observation (obs[None])"
-            )
+                "observation (obs[None])")
         if self._scale_uint8:
             x = obs.astype(np.float32)
             x *= _UINT8_SCALE

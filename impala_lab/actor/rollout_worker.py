@@ -105,13 +105,11 @@ class RolloutWorker:
             raise ValueError(f"RolloutWorker: num_envs={num_envs!r} must be an int >= 1.")
         if not isinstance(sample_batch_size, int) or sample_batch_size < 1:
             raise ValueError(
-                f"RolloutWorker: sample_batch_size={sample_batch_size!r} must be an int >= 1."
-            )
+                f"RolloutWorker: sample_batch_size={sample_batch_size!r} must be an int >= 1.")
         if not (isinstance(env, str) or callable(env)):
             raise TypeError(
                 f"RolloutWorker: env={env!r} must be a gymnasium env id (str) or a "
-                "zero-argument callable returning a gymnasium.Env."
-            )
+                "zero-argument callable returning a gymnasium.Env.")
         self._env_spec = env
         self._env_id = env_description(env)
         self._num_envs = num_envs
@@ -158,8 +156,7 @@ class RolloutWorker:
                     f"RolloutWorker: env index {i} of {self._env_id!r} has spaces "
                     f"({e.observation_space}, {e.action_space}) but env 0 has "
                     f"({self._envs[0].observation_space}, {self._envs[0].action_space}); all "
-                    "envs of a worker need the same spaces."
-                )
+                    "envs of a worker need the same spaces.")
         self._set_spaces(self._envs[0].observation_space, self._envs[0].action_space,
                          conv_filters)
 
@@ -209,13 +206,11 @@ class RolloutWorker:
             kind = "gymnasium.make" if isinstance(spec, str) else "the env factory"
             raise ValueError(
                 f"RolloutWorker could not build env {self._env_id!r} ({where}): {kind} raised "
-                f"{type(err).__name__}: {err}"
-            ) from err
+                f"{type(err).__name__}: {err}") from err
         if not isinstance(e, gym.Env):
             raise TypeError(
                 f"RolloutWorker: env factory {self._env_id!r} returned {type(e).__name__}, "
-                "expected a gymnasium.Env."
-            )
+                "expected a gymnasium.Env.")
         fast_int64_action_check(e)
         return e
 
@@ -430,8 +425,7 @@ class RolloutWorker:
         where = f"stepping env index {i}" if i >= 0 else "computing the policy's actions"
         err.add_note(
             f"(RolloutWorker {self.worker_index}, env {self._env_id!r}: raised while "
-            f"{where}, at step {t} of the fragment, env step {self._steps_per_env + 1})"
-        )
+            f"{where}, at step {t} of the fragment, env step {self._steps_per_env + 1})")
 
     def _finish(self, frag: Fragment, state_in: np.ndarray | None) -> SampleBatch:
         """The `SampleBatch` of a filled fragment; the worker moves on past it."""
@@ -496,5 +490,4 @@ class RolloutWorker:
         return (
             f"RolloutWorker(env={self._env_id!r}, num_envs={self._num_envs}, "
             f"sample_batch_size={self._T}, worker_index={self.worker_index}, "
-            f"weights_version={getattr(self, '_version', None)})"
-        )
+            f"weights_version={getattr(self, '_version', None)})")
