@@ -62,20 +62,20 @@ class VectorRolloutWorker(RolloutWorker):
         if not isinstance(self._env_spec, str):
             raise ValueError(
                 f"RolloutWorker: vector_env=True needs a registered env id, not the factory "
-                f"{self._env_id!r}; set vector_env=False")
+                f"{self.env_id!r}; set vector_env=False")
         try:
             self._venv = self._make_vector_env(self._env_spec, num_envs)
         except ValueError:
             raise
         except Exception as err:
             raise ValueError(
-                f"RolloutWorker could not build the vector env of {self._env_id!r} (worker "
+                f"RolloutWorker could not build the vector env of {self.env_id!r} (worker "
                 f"{self.worker_index}): {type(err).__name__}: {err}") from err
         if getattr(self._venv, "num_envs", None) != num_envs:
             got = getattr(self._venv, "num_envs", None)
             self.close()
             raise ValueError(
-                f"RolloutWorker: the vector env of {self._env_id!r} holds num_envs={got!r} "
+                f"RolloutWorker: the vector env of {self.env_id!r} holds num_envs={got!r} "
                 f"envs, but the worker was asked for {num_envs}; its maker must build "
                 "exactly num_envs copies")
         mode = getattr(self._venv, "metadata", {}).get("autoreset_mode")
@@ -83,7 +83,7 @@ class VectorRolloutWorker(RolloutWorker):
             name = type(self._venv).__name__
             self.close()
             raise ValueError(
-                f"RolloutWorker: the vector env {name} of {self._env_id!r} resets with "
+                f"RolloutWorker: the vector env {name} of {self.env_id!r} resets with "
                 f"autoreset mode {getattr(mode, 'name', mode)}; the batches need SAME_STEP "
                 "(the reset in the step that ended the episode). Make it with "
                 "impala_lab.envs.vector.make_vector_env, which adapts CartPole's, or set "
@@ -104,23 +104,23 @@ class VectorRolloutWorker(RolloutWorker):
         if (type(obs) is np.ndarray and obs.shape == self._rows_shape
                 and obs.dtype is self._space_dtype):
             return obs
-        if not hasattr(obs, "__len__") or len(obs) != self._num_envs:
+        if not hasattr(obs, "__len__") or len(obs) != self.num_envs:
             self._checks.checked_obs(0, obs, f"{when} (the vector env's observations, "
-                                     f"expected {self._num_envs} rows)")
+                                     f"expected {self.num_envs} rows)")
         return np.stack([self._checks.checked_obs(i, o, when) for i, o in enumerate(obs)])
 
     def _checked_flags(self, name: str, value: Any, step: int) -> np.ndarray:
         if type(value) is np.ndarray and value.dtype == np.bool_ and value.shape == (
-                self._num_envs,):
+                self.num_envs,):
             return value
         raise ValueError(
-            f"env {self._env_id!r} (vector env of worker {self.worker_index}) returned "
+            f"env {self.env_id!r} (vector env of worker {self.worker_index}) returned "
             f"{name}={value!r} from step() at env step {step}: a vector env's {name} must be "
-            f"a bool array of shape ({self._num_envs},). Fix the env or set vector_env=False.")
+            f"a bool array of shape ({self.num_envs},). Fix the env or set vector_env=False.")
 
     def _step_all(self, frag: Fragment, first_step: int) -> None:
         """Fills ``frag``: T rows, each one policy forward and one step of the vector env."""
-        model, venv = self._model, self._venv
+        model, venv = self.model, self._venv
         sample_actions = model.distribution.sample
         rng, state = self._rng, self._state
         out, version = self._policy_output, self._version
@@ -155,7 +155,7 @@ class VectorRolloutWorker(RolloutWorker):
         except Exception as err:
             if not getattr(err, "_impala_lab_located", False):
                 err.add_note(
-                    f"(RolloutWorker {self.worker_index}, vector env {self._env_id!r}: raised "
+                    f"(RolloutWorker {self.worker_index}, vector env {self.env_id!r}: raised "
                     f"at step {t} of the fragment, env step {self._steps_per_env + 1})")
             raise
 
@@ -176,7 +176,7 @@ class VectorRolloutWorker(RolloutWorker):
         final_obs, mask = info.get("final_obs"), info.get("_final_obs")
         if final_obs is None or mask is None or not all(mask[i] for i in truncated):
             raise ValueError(
-                f"env {self._env_id!r} (vector env of worker {self.worker_index}) truncated "
+                f"env {self.env_id!r} (vector env of worker {self.worker_index}) truncated "
                 f"env index {int(truncated[0])} at env step {self._steps_per_env + 1} without "
                 "info['final_obs'] for it: a SAME_STEP vector env must return each ended "
                 "episode's final observation there (its bootstrap value needs it)")
