@@ -14,26 +14,20 @@ passes through the `MinibatchBuffer`, ``minibatch_size`` minibatches per pass)::
     total_loss  = policy_loss + kl_coeff * kl_loss + vf_loss_coeff * vf_loss
                   - entropy_coeff * entropy
 
-The value loss and the entropy are IMPALA's (`impala_lab.learner.vtrace_policy`), and so are
-the targets ``v``: V-trace with the learner's current policy, clipped at
-``vtrace_clip_rho_threshold``. Sums over the batch's steps, as IMPALA's loss here (RLlib's APPO
-takes means: the same gradient divided by T * B).
+The value loss, the entropy and the targets ``v`` (V-trace with the learner's current
+policy) are IMPALA's (`impala_lab.learner.vtrace_policy`); sums over the batch's steps (RLlib's
+APPO takes means: the same gradient divided by T * B).
 
-The reference policy. PPO's ratio compares the policy with the one that sampled the batch.
-RLlib's APPO keeps a target network for it (a copy of the learner's weights refreshed every
-few batches) and corrects for the actors' lag with ``clip(mu / pi_target, 0, 2)``; here the
-reference is the behaviour policy ``mu`` itself, whose distribution inputs every batch
-carries: no second network, and it stays fixed over all the passes of a batch. The surrogate
-is RLlib's with the target network equal to the actors' weights (its extra factor is then 1),
-so ``Ahat_t`` is V-trace's advantage ``A_t`` without its clipped weight (no
-``vtrace_clip_pg_rho_threshold``): the ratio already weights each step, and the clip bounds it.
-The targets are not: RLlib runs V-trace with the target network's policy (here that would be
-``mu``, and plain n-step returns); here V-trace runs with the learner's current policy, as in
-IMPALA's loss, so the value function learns ``pi``'s values.
+The reference policy is the behaviour policy ``mu`` itself, whose distribution inputs every
+batch carries: no target network, and it stays fixed over all the passes of a batch. That is
+RLlib's surrogate with its target network equal to the actors' weights (its extra factor
+``clip(mu / pi_target, 0, 2)`` is then 1), so ``Ahat_t`` is V-trace's advantage without its
+clipped weight: the ratio already weights each step, and the clip bounds it. V-trace's
+targets run with ``pi`` (RLlib's with the target network's), so the value function learns
+``pi``'s values.
 
 ``use_kl_loss`` adds RLlib's KL penalty toward ``mu``, its coefficient adapted after every
-update as RLlib's: times 1.5 when the batch's mean KL per step exceeds ``2 * kl_target``,
-times 0.5 below ``kl_target / 2`` (`adapt_kl_coeff`).
+update (`adapt_kl_coeff`).
 """
 
 from __future__ import annotations
