@@ -1,14 +1,11 @@
 """What a rollout worker does with its policy's output before the envs see it.
 
 `Fragment` holds the arrays one `RolloutWorker.sample` fills. `PolicyOutput` checks each
-forward pass's distribution inputs (a NaN or infinite mean, log-std or logit is named, with
-the weights version, instead of surfacing later as a NaN loss) and turns the sampled actions
+forward pass's distribution inputs (a non-finite mean, log-std or logit is named, with the
+weights version, instead of surfacing later as a NaN loss) and turns the sampled actions
 [N, *action_shape] into what each env's ``step`` takes: a Discrete index as it is, a Box
-action clipped to the space's finite bounds (``clip_actions``), or squashed into them by tanh
-(``squash_actions``), and reshaped to the space's shape. The batch keeps the draw itself: the
-learner's log-probabilities are of the sample as the behaviour policy drew it.
-
-numpy and gymnasium only (actor processes import it; never TensorFlow).
+action clipped to the space's finite bounds (``clip_actions``) or squashed into them
+(``squash_actions``), in the space's shape. The batch keeps the draw itself. numpy only.
 """
 
 from __future__ import annotations
@@ -62,11 +59,9 @@ class Fragment:
 class PolicyOutput:
     """One worker's checks of its policy's output and its actions' way to the envs.
 
-    Args:
-      distribution: the action distribution class (`impala_lab.actor.distributions`).
-      action_space: the envs' action space.
-      clip_actions: clip Box actions to the space's finite bounds at the env.
-      squash_actions: squash them into the bounds with tanh instead (`squash_to_bounds`).
+    Args: the action ``distribution`` class (`impala_lab.actor.distributions`), the envs'
+    ``action_space``, ``clip_actions`` and ``squash_actions`` (`squash_to_bounds`) as the
+    config's.
     """
 
     def __init__(self, distribution: Any, action_space: Any, clip_actions: bool,

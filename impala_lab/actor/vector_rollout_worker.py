@@ -1,19 +1,13 @@
 """`VectorRolloutWorker`: a rollout worker whose B envs are one gymnasium ``VectorEnv``.
 
-Same batches as `impala_lab.actor.rollout_worker.RolloutWorker` (same layout, episode-end
-rules, truncation bootstrap, LSTM state resets, checks and seeding of the policy), but each
-row is one ``VectorEnv.step`` of all B envs instead of B ``Env.step`` calls. For an env with a
-vectorised implementation (`impala_lab.envs.vector`; CartPole-v1's) that is the difference
-between one numpy call and B Python calls per row.
-
-Episode ends come from a SAME_STEP vector env (`impala_lab.envs.vector.make_vector_env`): the
-step that ends env ``i``'s episode returns the next episode's first observation at ``i`` and
-the final one in ``info["final_obs"][i]``, exactly what the per-env worker records when it
-resets an env itself. The one difference is seeding: the B envs share the vector env's
-random generator (seeded once, from env 0's seed), so their reset draws are not the per-env
-worker's, and the two paths' batches agree in law, not in bits.
-
-numpy and gymnasium only (actor processes import it).
+Same batches as `impala_lab.actor.rollout_worker.RolloutWorker` (layout, episode ends,
+truncation bootstrap, LSTM resets, checks), but each row is one ``VectorEnv.step`` of all B
+envs: for an env with a vectorised implementation (CartPole-v1's) one numpy call instead of B
+Python calls. The vector env must reset SAME_STEP (`impala_lab.envs.vector.make_vector_env`):
+the step that ends env ``i``'s episode returns the next episode's first observation at ``i``
+and the final one in ``info["final_obs"][i]``. The B envs share one random generator (seeded
+from env 0's seed), so the two workers' batches agree in law, not in bits. numpy and gymnasium
+only.
 """
 
 from __future__ import annotations
@@ -42,13 +36,9 @@ class VectorRolloutWorker(RolloutWorker):
     """`RolloutWorker` over one vector env of ``num_envs`` copies of a registered env id.
 
     Args: ``env``, a registered env id; ``make_vector_env(env, num_envs)`` builds the vector
-    env (None: `make_registered_vector_env`; the backends pass
-    `impala_lab.envs.vector.make_vector_env`, which adapts CartPole's to SAME_STEP); the rest
-    as `RolloutWorker`'s.
-
-    Raises:
-      ValueError: if the vector env cannot be built or does not reset SAME_STEP (naming the
-        env and the fix), or as `RolloutWorker`.
+    env (None: `make_registered_vector_env`); the rest as `RolloutWorker`'s. Raises ValueError
+    if the vector env cannot be built or does not reset SAME_STEP (naming the env and the
+    fix), or as `RolloutWorker`.
     """
 
     _venv: gym.vector.VectorEnv | None = None
