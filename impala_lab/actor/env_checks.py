@@ -42,14 +42,13 @@ class EnvOutputChecks:
         when = f"at env step {first_step + t}"
         if not math.isfinite(r):
             self.raise_nonfinite(i, "reward", r, when)
-        err = ValueError(  # finite as a Python float, infinite in the batch's float32
+        # finite as a Python float, infinite in the batch's float32
+        raise _located(
             f"env {self.env_id!r} (env index {i} of worker {self.worker_index}) returned "
             f"a reward of {r:g} {when}: the batch holds rewards as float32, whose largest "
             f"finite value is {FLOAT32_MAX:.4g}, so it would become inf. Fix the env (or wrap "
             "it to scale or clip its rewards); an infinite reward would otherwise surface as "
             "a NaN loss much later.")
-        err._impala_lab_located = True  # type: ignore[attr-defined]
-        raise err
 
     def checked_obs(self, index: int, obs: Any, when: str) -> np.ndarray:
         """The slow path of the observation check: ``obs`` as an array if the batch can hold
@@ -96,24 +95,20 @@ class EnvOutputChecks:
 
     def _raise_bad_step(self, index: int, step: int, name: str, value: Any, expected: str
                         ) -> None:
-        err = ValueError(
+        raise _located(
             f"env {self.env_id!r} (env index {index} of worker {self.worker_index}) returned "
             f"{name}={value!r} ({type(value).__name__}) from step() at env step {step}: "
             f"{name} must be {expected}, as gymnasium's Env.step documents. Fix the env (or "
             "wrap it to convert its output); impala_lab will not guess what the value means.")
-        err._impala_lab_located = True  # type: ignore[attr-defined]
-        raise err
 
     def _raise_bad_obs(self, index: int, when: str, what: str) -> None:
-        err = ValueError(
+        raise _located(
             f"env {self.env_id!r} (env index {index} of worker {self.worker_index}) returned "
             f"an observation {what} {when}, but its observation space "
             f"{self.observation_space} expects shape {self.obs_shape} and dtype "
             f"{self.space_dtype}. Fix the env (or wrap it to reshape or cast its "
             "observation); numpy would otherwise broadcast or cast it into the batch and the "
             "policy would train on corrupted data.")
-        err._impala_lab_located = True  # type: ignore[attr-defined]
-        raise err
 
     def check_row(self, row: np.ndarray, t: int, step: int, terminateds: np.ndarray,
                   truncateds: np.ndarray) -> None:
@@ -128,13 +123,18 @@ class EnvOutputChecks:
     def raise_nonfinite(self, index: int, quantity: str, value: Any, when: str) -> None:
         """Raise a ValueError: env ``index`` returned a non-finite ``quantity``."""
         text = np.array2string(np.asarray(value), threshold=8, precision=4)
-        err = ValueError(
+        raise _located(
             f"env {self.env_id!r} (env index {index} of worker {self.worker_index}) returned "
             f"a non-finite {quantity} {when}: {text}. "
             "Fix the env (or wrap it to clip/validate its output); a NaN here would "
             "otherwise surface as a NaN loss much later.")
-        err._impala_lab_located = True  # type: ignore[attr-defined]
-        raise err
+
+
+def _located(message: str) -> ValueError:
+    """A ValueError marked located: the worker adds no second note."""
+    err = ValueError(message)
+    err._impala_lab_located = True  # type: ignore[attr-defined]
+    return err
 
 
 class Int64Discrete(gym.spaces.Discrete):

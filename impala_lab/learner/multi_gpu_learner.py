@@ -258,11 +258,7 @@ class MultiGPULearner(LearnerThread):
             policy.observe_new_batch(batch)
             out = self._train_step(parts)
             stats = {k: float(v) for k, v in out.items()}
-            finite = all(np.isfinite(stats[k]) for k in ("total_loss", "grad_gnorm"))
-            if finite:
-                policy.count_update(stats)
-            else:  # counted on the policy, as VTracePolicy.learn_on_batch does
-                policy.num_updates_skipped = getattr(policy, "num_updates_skipped", 0) + 1
+            finite = policy.count_update(stats)
         stats["policy_version"] = policy.version
         if not finite:
             raise NonFiniteLossError(describe_nonfinite(stats, batch))

@@ -355,11 +355,7 @@ class VTracePolicy:
                 self.observe_new_batch(batch)
                 packed = self.run_train_step(tensors)
                 stats = dict(zip(self.stat_keys, packed.numpy().tolist(), strict=True))
-                finite = all(np.isfinite(stats[k]) for k in ("total_loss", "grad_gnorm"))
-                if finite:
-                    self.count_update(stats)
-                else:
-                    self.num_updates_skipped += 1
+                finite = self.count_update(stats)
             stats["policy_version"] = self.version
             if not finite:
                 raise NonFiniteLossError(describe_nonfinite(stats, part))
@@ -368,13 +364,18 @@ class VTracePolicy:
         out["policy_version"] = self.version
         return out
 
-    def count_update(self, stats: dict[str, float]) -> None:
-        """An update landed (call with ``self.lock`` held): the version moves on, and with
-        ``use_kl_loss`` the KL coefficient adapts to the update's mean KL (RLlib's rule)."""
+    def count_update(self, stats: dict[str, float]) -> bool:
+        """After a train step (``self.lock`` held): whether its update landed (loss and
+        gradient norm finite). If so the version moves on, and with ``use_kl_loss`` the KL
+        coefficient adapts to the mean KL (RLlib's rule); if not, it counts as skipped."""
+        if not all(np.isfinite(stats[k]) for k in ("total_loss", "grad_gnorm")):
+            self.num_updates_skipped += 1
+            return False
         self.version += 1
         if self.config.use_kl_loss:
             self.kl_coeff.assign(appo.adapt_kl_coeff(stats["kl_coeff"], stats["kl"],
-                                                self.config.kl_target))
+                                                     self.config.kl_target))
+        return True
 
     def run_train_step(self, tensors: dict[str, tf.Tensor]) -> tf.Tensor:
         """The compiled train step on ``tensors``: the stats vector (`stat_keys` order)."""
