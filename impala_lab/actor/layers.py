@@ -109,16 +109,13 @@ def forward_trunk(x: np.ndarray, kind: str, conv: list[tuple], dense: list[tuple
             np.maximum(y, 0.0, out=y)
             x = y.reshape(n, ho, wo, -1)
         x = x.reshape(n, -1)
-    if kind == "mlp":
-        for w, b in dense:
-            x = x @ w  # a fresh array: obs is never written to
-            x += b
-            np.tanh(x, out=x)
-        return x
     for w, b in dense:
-        x = x @ w
+        x = x @ w  # a fresh array: obs is never written to
         x += b
-        np.maximum(x, 0.0, out=x)
+        if kind == "mlp":
+            np.tanh(x, out=x)
+        else:
+            np.maximum(x, 0.0, out=x)
     return x
 
 

@@ -220,10 +220,8 @@ class NumpyModel:
 
     def unroll(self, obs: np.ndarray, state_in: np.ndarray, dones: np.ndarray
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The recurrent model over a time-major sequence, reset where an episode ended.
-
-        The state is zeroed before step t wherever ``dones[t - 1]`` (the actor resets an env's
-        state when its episode ends), and after the last step where ``dones[T - 1]``.
+        """The recurrent model over a time-major sequence, the state zeroed before step t
+        wherever ``dones[t - 1]`` (as the actor does) and after the last step.
 
         Args:
           obs: [T, B, *obs_shape].

@@ -173,12 +173,9 @@ def lstm_unroll(model: keras.Model, trunk: keras.Model, obs: tf.Tensor, state_in
                 dones: tf.Tensor, bootstrap_obs: tf.Tensor,
                 final: tuple[tf.Tensor, tf.Tensor] | None = None
                 ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor]:
-    """A recurrent model over a [T, B] batch, resetting the state where an episode ended.
-
-    Before step t the state is zeroed wherever ``dones[t - 1]`` (the actor reset it there), so
-    each column's trajectory is what its actor computed, given the same weights. After the
-    last step one more step on ``bootstrap_obs`` (zeroed first where ``dones[T - 1]``) gives
-    the bootstrap value: the state after the last step, as the next unroll's ``state_in``.
+    """A recurrent model over a [T, B] batch, the state zeroed before step t wherever
+    ``dones[t - 1]`` (as the actor did), then one more step on ``bootstrap_obs`` for the
+    bootstrap value.
 
     Args:
       model: a recurrent model from `build_keras_model`.

@@ -50,16 +50,8 @@ class ObsNormalizer(keras.layers.Layer):
 
 def merge_moments(mean: np.ndarray, var: np.ndarray, count: float, batch: np.ndarray
                   ) -> tuple[np.ndarray, np.ndarray, float]:
-    """The mean, (population) variance and count of the old data and ``batch`` together.
-
-    Args:
-      mean, var: float [D], the statistics of ``count`` observations seen before.
-      count: how many observations those were (0: none, ``mean``/``var`` are ignored).
-      batch: float [N, D], the new observations.
-
-    Returns:
-      (mean [D] float64, var [D] float64, count + N).
-    """
+    """(mean [D], population variance [D], count) of ``count`` observations seen before
+    (``mean``, ``var`` [D]; ignored if count is 0) and ``batch`` [N, D] together (float64)."""
     batch = np.asarray(batch, np.float64)
     n = batch.shape[0]
     if n == 0:

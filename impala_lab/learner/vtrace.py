@@ -63,19 +63,9 @@ def _check_rank(name: str, tensor: tf.Tensor, rank: int, expected: str) -> None:
 
 
 def log_probs_from_logits_and_actions(policy_logits: Any, actions: Any) -> tf.Tensor:
-    """``log pi(a_t|x_t)`` of a softmax policy at the actions that were taken.
-
-    Args:
-      policy_logits: float32 [T, B, NUM_ACTIONS], the policy's unnormalised log-probabilities.
-      actions: int32 or int64 [T, B], the index of the action taken at each step.
-
-    Returns:
-      float32 [T, B]: the log-softmax of `policy_logits` picked at `actions`.
-
-    Raises:
-      ValueError: `actions` is not an integer tensor, `policy_logits` is not rank 3 or
-        `actions` is not rank 2.
-    """
+    """``log pi(a_t|x_t)`` of a softmax policy at the actions taken: float32 [T, B], the
+    log-softmax of ``policy_logits`` (float32 [T, B, NUM_ACTIONS]) at ``actions`` (int32 or
+    int64 [T, B]); a ValueError for other dtypes or ranks."""
     policy_logits = tf.convert_to_tensor(policy_logits, dtype=tf.float32)
     actions = tf.convert_to_tensor(actions)
     if not actions.dtype.is_integer:
