@@ -45,9 +45,8 @@ def _f(default: Any, help: str, *, group: str, **kw: Any) -> Any:
 
 @dataclass
 class ImpalaConfig:
-    """All settings of one IMPALA run. Defaults are RLlib's IMPALA defaults."""
+    """All settings of one IMPALA run, in `GROUPS` order. Defaults are RLlib's IMPALA's."""
 
-    # --- rollouts -----------------------------------------------------------------------------
     env: Any = _f("CartPole-v1", "Gymnasium env id (or, in Python, a zero-argument env factory).",
                   kind="env", group="rollouts")
     num_workers: int = _f(2, "Rollout workers (actors) sampling in parallel.", group="rollouts")
@@ -83,7 +82,6 @@ class ImpalaConfig:
     squash_actions: bool = _f(
         False, "Box actions: squash each draw into the space's bounds with tanh instead of "
         "clipping it (the batch keeps the draw; the bounds must be finite).", group="rollouts")
-    # --- model --------------------------------------------------------------------------------
     model: tuple[int, ...] = _f((64, 64), "Hidden layer sizes of the MLP (after the conv stack "
                                 "for image observations).", kind="model", group="model")
     vf_share_layers: bool = _f(
@@ -116,7 +114,6 @@ class ImpalaConfig:
     normalize_obs: bool = _f(
         False, "Standardise vector observations with running statistics held in the model's "
         "weights (RLlib's MeanStdFilter); for continuous control.", group="model")
-    # --- pipeline -----------------------------------------------------------------------------
     train_batch_size: int = _f(500, "Env steps per learner batch; worker samples are "
                                "concatenated along B until at least this many.", group="pipeline")
     replay_proportion: float = _f(0.0, "Replayed batches mixed in per new batch, on average.",
@@ -144,7 +141,6 @@ class ImpalaConfig:
     extra_policy_lag: int = _f(
         0, "Hold broadcasts back so the actors act with weights at least this many updates "
         "old (a dial for policy lag).", group="pipeline")
-    # --- training -----------------------------------------------------------------------------
     lr: float = _f(0.0005, "Learning rate (the live knob; ignored with lr_schedule).",
                    group="training")
     lr_schedule: tuple[tuple[int, float], ...] | None = _f(
@@ -203,7 +199,6 @@ class ImpalaConfig:
         "actor", "Where a time-limited episode's bootstrap V(final observation) comes from: "
         "'actor' (the behaviour weights', when cut) or 'learner' (the learner's network on the "
         "batch's final_obs at each update, as RLlib's new stack).", group="training")
-    # --- learner ------------------------------------------------------------------------------
     num_gpus: int = _f(0, "Learner devices; > 1 selects the MultiGPULearner.", group="learner")
     fake_gpus: bool = _f(
         False, "Split the CPU into num_gpus logical devices (multi-GPU on a laptop).",
@@ -213,7 +208,6 @@ class ImpalaConfig:
     tf_intra_op_threads: int = _f(
         1, "TensorFlow intra-op threads for the learner (1 leaves the other core to the actors).",
         group="learner")
-    # --- evaluation ---------------------------------------------------------------------------
     evaluation_interval: int | None = _f(
         None, "Reports of train() between evaluations of the learner's weights on envs of "
         "their own (RLlib's name); None or 0: no evaluation.", group="evaluation")
@@ -222,7 +216,6 @@ class ImpalaConfig:
     evaluation_actions: str = _f(
         "both", "How the evaluated policy acts: 'greedy' (most likely action), 'sampled' "
         "(drawn from the policy, as the actors do) or 'both'.", group="evaluation")
-    # --- resources ----------------------------------------------------------------------------
     max_memory_gb: float | None = _f(
         None, "Refuse a config whose estimated memory (queues, buffers, replay, samples in "
         "flight, the learner's working set, every weights copy) exceeds this many GB (10^9 "

@@ -3,12 +3,10 @@ module's docstring has the layers, the weight order and the initialisation), the
 actors' numpy model. `build_keras_model` builds it with the layout's initial weights;
 `keras_forward` runs it eagerly. Keras is imported inside the functions (a cheap import).
 
-A recurrent model (``use_lstm=True``) is one time step: inputs (obs [N, *obs_shape],
-state_in [N, 2, C]) and outputs (logits [N, A], value [N], state_out [N, 2, C]), the LSTM a
-Keras ``LSTMCell`` named ``"lstm"`` on the trunk's output (the ``"features"`` layer). The
-learner does not call it step by step: `lstm_unroll` runs the trunk once over all T x B
-observations, then the cell's recurrence along T with the episode resets (as scalable_agent's
-``_unroll`` does), then the heads once over all outputs.
+A recurrent model (``use_lstm=True``) is one time step: (obs [N, *obs_shape], state_in
+[N, 2, C]) -> (logits [N, A], value [N], state_out [N, 2, C]), a Keras ``LSTMCell`` "lstm" on
+the trunk's "features". `lstm_unroll` runs the trunk once over all T x B observations, the
+cell along T with the episode resets (as scalable_agent's ``_unroll``), the heads once.
 """
 
 from __future__ import annotations
