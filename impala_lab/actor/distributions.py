@@ -23,16 +23,13 @@ _LOG_2PI = float(np.log(2.0 * np.pi))
 
 
 class ActionDistribution(Protocol):
-    """What every action distribution class offers (all static: inputs in, arrays out).
-
-    ``inputs`` is the policy head's output [..., inputs_size]; actions are [..., *action_shape]
-    of ``action_dtype``.
+    """What every action distribution class offers (all static): ``inputs`` is the policy
+    head's output [..., inputs_size]; actions are [..., *action_shape] of ``action_dtype``;
+    ``has_log_std``: the inputs end in a log-std that may be free (`ModelSpec.free_log_std`).
     """
 
     name: str
     action_dtype: np.dtype
-    #: True when the inputs end in a log standard deviation that may be a free variable
-    #: (`ModelSpec.free_log_std`): the head then computes only the first half of the inputs
     has_log_std: bool
 
     @staticmethod
@@ -58,10 +55,8 @@ class ActionDistribution(Protocol):
 
 class Categorical(DiscreteActions):
     """A softmax policy over ``n`` actions (a ``Discrete(n)`` space); inputs are logits [..., n].
-
-    Log-probabilities, entropies and KLs are computed in float64 from a max-shifted
-    log-softmax (stable for large and -inf logits) and returned in the logits' dtype.
-    """
+    Log-probabilities, entropies and KLs are computed in float64 from a max-shifted log-softmax
+    (stable for large and -inf logits), returned in the logits' dtype."""
 
     @staticmethod
     def sample(logits: np.ndarray, rng: np.random.Generator) -> np.ndarray:

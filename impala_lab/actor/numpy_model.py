@@ -85,12 +85,8 @@ class NumpyModel:
         return np.zeros((n, 2, self.layout.lstm_cell_size), np.float32)
 
     def set_weights(self, weights: Sequence[np.ndarray]) -> None:
-        """Loads weights in `weight_shapes()` order (e.g. the learner's broadcast).
-
-        Raises:
-          ValueError: wrong number of arrays or a wrong shape (the message names the index,
-            both shapes and the network the shapes belong to).
-        """
+        """Loads weights in `weight_shapes()` order (e.g. the learner's broadcast); a
+        ValueError for a wrong count or shape names the index, both shapes and the network."""
         arrays = self._checked_weights(weights)
         self._weights = arrays
         if self.layout.normalize_obs:

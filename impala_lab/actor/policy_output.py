@@ -20,15 +20,11 @@ __all__ = ["Fragment", "PolicyOutput"]
 
 
 class Fragment:
-    """The arrays one `RolloutWorker.sample` fills, time-major.
-
-    ``obs`` [T + 1, B, *obs_shape] (row T: the observations after the last step),
-    ``actions`` [T, B, *action_shape] (int64 [T, B] for a Discrete space, float32 [T, B, D]
-    for a Box), ``logits`` [T, B, num_actions] float32 (the action distribution's inputs),
-    ``rewards64`` [T, B] float64 (checked before the cast to float32), ``terminateds`` and
-    ``truncateds`` [T, B] bool, ``truncation_values`` [T, B] float32; ``done_returns`` and
-    ``done_lengths``: the episodes that ended, in order of (step, env index); ``finals``: the
-    truncated episodes' final observations as (env index, step, observation).
+    """The arrays one `RolloutWorker.sample` fills, time-major: ``obs`` [T + 1, B, ...] (row
+    T: after the last step), ``actions`` [T, B, *action_shape], ``logits`` [T, B, A],
+    ``rewards64`` [T, B] float64 (checked before the cast), ``terminateds``, ``truncateds``
+    and ``truncation_values`` [T, B]; ``done_returns``/``done_lengths`` of the episodes that
+    ended, in (step, env index) order; ``finals``: (env index, step, final observation).
     """
 
     __slots__ = ("actions", "done_lengths", "done_returns", "finals", "logits", "obs",

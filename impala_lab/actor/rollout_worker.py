@@ -333,11 +333,8 @@ class RolloutWorker:
     def _end_episode(self, frag: Fragment, t: int, i: int, final_obs: Any, terminated: bool,
                      finals: list[tuple[int, Any]] | None, first_step: int
                      ) -> tuple[Any, list[tuple[int, Any]] | None]:
-        """Env ``i``'s episode ended at row ``t``: records it and resets the env.
-
-        Returns the reset observation (the next row's) and ``finals`` with ``(i, final
-        observation)`` added if the episode was truncated (its value is bootstrapped).
-        """
+        """Env ``i``'s episode ended at row ``t``: records it and resets the env; returns the
+        reset observation and ``finals``, with ``(i, final observation)`` if truncated."""
         if terminated:
             frag.terminateds[t, i] = True
         else:
@@ -357,10 +354,9 @@ class RolloutWorker:
 
     def _end_row(self, frag: Fragment, t: int, r_row: list[Any],
                  finals: list[tuple[int, Any]] | None, state: np.ndarray | None) -> None:
-        """Every env stepped once: stores the row's rewards, checks the next observations,
-        computes the truncated episodes' bootstrap values and keeps their final observations;
-        a recurrent policy's ``state`` (after this row's step) is zeroed, in place, for the
-        envs whose episode ended."""
+        """Every env stepped once: stores the rewards, checks the next observations, computes
+        the truncated episodes' bootstrap values (keeping their final observations), and zeroes
+        a recurrent ``state`` in place where an episode ended."""
         self._steps_per_env += 1
         frag.rewards64[t] = r_row
         nxt = frag.obs[t + 1]

@@ -89,8 +89,7 @@ class VectorRolloutWorker(RolloutWorker):
         self._obs[:] = self._checked_rows(obs, "from reset() before any step")
 
     def _checked_rows(self, obs: Any, when: str) -> np.ndarray:
-        """``obs`` [B, *obs_shape] as the vector env returned it, checked like the per-env
-        worker checks each env's observation (shape, dtype; finite values later, per row)."""
+        """The vector env's ``obs`` [B, *obs_shape], checked as the per-env worker's are."""
         if (type(obs) is np.ndarray and obs.shape == self._rows_shape
                 and obs.dtype is self._space_dtype):
             return obs
@@ -151,8 +150,8 @@ class VectorRolloutWorker(RolloutWorker):
 
     def _end_episodes(self, frag: Fragment, t: int, term: np.ndarray, trunc: np.ndarray,
                       info: dict[str, Any]) -> list[tuple[int, Any]] | None:
-        """Records the episodes that ended at row ``t`` (in env order); returns the truncated
-        ones' ``(index, final observation)`` for their bootstrap values."""
+        """Records the episodes that ended at row ``t``; returns the truncated ones' ``(index,
+        final observation)``."""
         frag.terminateds[t] = term
         frag.truncateds[t] = trunc & ~term  # both set counts as terminated
         ended = np.flatnonzero(term | trunc)

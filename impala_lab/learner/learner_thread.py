@@ -38,10 +38,9 @@ class LearnerThread(threading.Thread):
 
     Args:
       policy: a `VTracePolicy` (anything with ``learn_on_batch(batch) -> dict``).
-      minibatch_buffer_size: slots of the minibatch ring.
-      num_sgd_iter: passes over each batch (the ring's max ttl).
-      learner_queue_size: bound of ``inqueue``.
-      learner_queue_timeout: seconds an empty queue is tolerated before an error.
+      minibatch_buffer_size, num_sgd_iter: the minibatch ring's slots and max ttl.
+      learner_queue_size, learner_queue_timeout: the bound of ``inqueue``, and the seconds
+        it may stay empty before an error.
 
     Attributes:
       last_train_metrics: the loss metrics of the latest update (``stats()["learner"]``).
@@ -71,8 +70,7 @@ class LearnerThread(threading.Thread):
         self.load_wait_timer = TimerStat()
         self._weights_updated = UpdateFlag()  # set here after each update; the driver takes it
         self.last_train_metrics: dict[str, float] = {}
-        # Called with each train step's stats, in this thread (the run's health monitor):
-        # it sees every step, where stats() only shows the last one.
+        # Called with every train step's stats, in this thread (the run's health monitor).
         self.on_train_step: Callable[[dict[str, float]], None] | None = None
         self.stopped = False
         self.num_steps = 0
@@ -152,8 +150,7 @@ class LearnerThread(threading.Thread):
 
     @property
     def weights_updated(self) -> bool:
-        """Whether an update landed since the driver last took the flag (read-only: only
-        ``take_weights_updated()`` clears it)."""
+        """Whether an update landed since the driver last took the flag (read-only)."""
         return self._weights_updated.peek()
 
     @property

@@ -67,7 +67,7 @@ from impala_lab.learner.minibatch_buffer import MinibatchBuffer
 from impala_lab.learner.vtrace_policy import batch_to_tensors, describe_nonfinite
 from impala_lab.stats import TimerStat
 
-# The loss statistics that are sums over the parts (the others are means; see the docstring).
+# The loss statistics that are sums over the parts (the others are means).
 SUM_STATS = ("total_loss", "policy_loss", "vf_loss")
 
 BUFFER_STATES = ("idle", "loading", "ready", "in use")
@@ -177,8 +177,7 @@ class MultiGPULearner(LearnerThread):
     stage = "learner thread"
 
     def __init__(self, policy: Any, config: ImpalaConfig, num_loader_threads: int = 1) -> None:
-        if isinstance(num_loader_threads, bool) or not isinstance(num_loader_threads, int) \
-                or num_loader_threads < 1:
+        if type(num_loader_threads) is not int or num_loader_threads < 1:
             raise ValueError(f"num_loader_threads={num_loader_threads!r} is invalid: use an "
                              f"integer >= 1")
         self.devices = configure_learner_devices(config)

@@ -91,20 +91,14 @@ def from_logits(behaviour_policy_logits: Any, target_policy_logits: Any, actions
       behaviour_policy_logits: float32 [T, B, NUM_ACTIONS], logits of ``mu``.
       target_policy_logits: float32 [T, B, NUM_ACTIONS], logits of ``pi``.
       actions: int32 or int64 [T, B], the actions ``mu`` sampled.
-      discounts: float32 [T, B], ``gamma_t``: 0 after a step that ended its episode.
-      rewards: float32 [T, B], ``r_t``.
-      values: float32 [T, B], the learner's ``V(x_t)``.
-      bootstrap_value: float32 [B], ``V(x_T)``, the value of the state after the last step.
-      clip_rho_threshold: ``rho-bar`` for the targets ``vs``; None: no clip.
-      clip_pg_rho_threshold: ``rho-bar_pg`` for the advantages; None: no clip.
-      name: the name scope of the ops.
+      discounts, rewards, values: float32 [T, B]; bootstrap_value: float32 [B]; the
+        clip thresholds and name: as `from_importance_weights`'s.
 
     Returns:
-      `VTraceFromLogitsReturns`, every field float32 [T, B]:
-        vs, pg_advantages: as `from_importance_weights` returns them (no gradient);
-        log_rhos: ``log pi(a_t) - log mu(a_t)``, differentiable in `target_policy_logits`;
-        behaviour_action_log_probs: ``log mu(a_t)``;
-        target_action_log_probs: ``log pi(a_t)``, differentiable in `target_policy_logits`.
+      `VTraceFromLogitsReturns`, every field float32 [T, B]: vs and pg_advantages of
+      `from_importance_weights` (no gradient); log_rhos ``log pi(a_t) - log mu(a_t)``,
+      behaviour_action_log_probs ``log mu(a_t)`` and target_action_log_probs
+      ``log pi(a_t)``, the first and last differentiable in `target_policy_logits`.
 
     Raises:
       ValueError: an argument has the wrong rank (the message names it and its shape).

@@ -51,8 +51,7 @@ from impala_lab.model_spec import check_spaces
 
 STAT_KEYS = ("total_loss", "policy_loss", "vf_loss", "entropy", "grad_gnorm", "var_gnorm",
              "mean_rho", "vf_explained_var")
-# A Gaussian policy's stats too: its mean and standard deviation over the batch's steps and
-# action dimensions (what the learner's policy would do on the batch's observations).
+# A Gaussian policy's too: its mean and std over the batch's steps and action dimensions.
 GAUSSIAN_STAT_KEYS = ("action_mean", "action_std", "action_bound_loss")
 
 _threads_configured = False
@@ -462,8 +461,7 @@ def describe_nonfinite(stats: dict[str, float], batch: SampleBatch) -> str:
 
     lines = [f"non-finite loss (total_loss={stats['total_loss']}, "
              f"grad_gnorm={stats['grad_gnorm']}); training stopped. Batch statistics:",
-             "  " + summary("obs", batch.obs), "  " + summary("rewards", batch.rewards),
-             "  " + summary("behaviour_logits", batch.behaviour_logits),
-             "  " + summary("truncation_values", batch.truncation_values),
+             *("  " + summary(name, getattr(batch, name))
+               for name in ("obs", "rewards", "behaviour_logits", "truncation_values")),
              "Lower lr, check the env's rewards and observations, or lower grad_clip."]
     return "\n".join(lines)
