@@ -164,17 +164,17 @@ class NumpyModel:
     def _heads(self, features: np.ndarray, value_features: np.ndarray
                ) -> tuple[np.ndarray, np.ndarray]:
         """(the distribution's inputs [N, A], values [N]) from the trunks' features."""
-        kernel, bias = self._pi_head
-        head = features @ kernel
-        head += bias
         v_kernel, v_bias = self._v_head
         values = value_features @ v_kernel[:, 0]
         values += v_bias[0]
-        return self._policy_inputs(head), values
+        return self._policy_inputs(features), values
 
-    def _policy_inputs(self, head: np.ndarray) -> np.ndarray:
-        """The distribution's inputs [N, A] from the policy head's output [N, head_units]:
-        the head itself, or the means with the free log-std appended to every row."""
+    def _policy_inputs(self, features: np.ndarray) -> np.ndarray:
+        """The distribution's inputs [N, A] from the policy trunk's features: the head's
+        output, or its means with the free log-std appended to every row."""
+        kernel, bias = self._pi_head
+        head = features @ kernel
+        head += bias
         if self._log_std is None:
             return head
         return np.concatenate([head, np.broadcast_to(self._log_std, head.shape)], axis=1)
@@ -183,11 +183,8 @@ class NumpyModel:
         """The policy's logits alone: float32 [N, A], equal to ``self(obs)[0]`` (an actor
         needs values only at the rare truncated step)."""
         self._check_feed_forward("logits")
-        x = self._features(self._input(obs), self._pi_conv, self._pi_dense)
-        kernel, bias = self._pi_head
-        out = x @ kernel
-        out += bias
-        return self._policy_inputs(out)
+        return self._policy_inputs(self._features(self._input(obs), self._pi_conv,
+                                                  self._pi_dense))
 
     def _check_feed_forward(self, method: str) -> None:
         if self.use_lstm:

@@ -206,17 +206,12 @@ class RolloutWorker:
 
     def _reset_all(self, env_seeds: list[int]) -> None:
         """Resets every env, env ``i`` with seed ``env_seeds[i]``, into ``self._obs``."""
+        when = "from reset() before any step"
         for i, (e, s) in enumerate(zip(self._envs, env_seeds, strict=True)):
-            self._obs[i] = self._reset_env(i, e, seed=s)
-
-    def _reset_env(self, index: int, env: gym.Env, seed: int | None = None) -> np.ndarray:
-        obs, _ = env.reset(seed=seed)
-        steps = self._steps_per_env
-        after = f"after env step {steps}" if steps else "before any step"
-        obs = self._checks.checked_obs(index, obs, f"from reset() {after}")
-        if self._check_obs and not np.isfinite(obs).all():
-            self._checks.raise_nonfinite(index, "observation", obs, f"from reset() {after}")
-        return obs
+            obs = self._checks.checked_obs(i, e.reset(seed=s)[0], when)
+            if self._check_obs and not np.isfinite(obs).all():
+                self._checks.raise_nonfinite(i, "observation", obs, when)
+            self._obs[i] = obs
 
     # ------------------------------------------------------------------ properties
     @property
