@@ -43,13 +43,9 @@ class NumpyModel:
         state = model.initial_state(N)                   # [N, 2, C] zeros
         logits, values, state = model.step(obs, state)
 
-    Args:
-      observation_space: a Box of rank 1 or 3 (`check_spaces`).
-      action_space: a space with an action distribution (``self.distribution``).
-      spec: the architecture; the default is ``ModelSpec()`` (two tanh layers of 64).
-
-    Raises:
-      ValueError: unsupported spaces (naming the space and what is supported).
+    Args: the env's ``observation_space`` (a Box of rank 1 or 3) and ``action_space`` (one
+    with an action distribution), and the ``spec`` (default ``ModelSpec()``: two tanh layers
+    of 64). Unsupported spaces raise a ValueError naming them and what is supported.
     """
 
     def __init__(self, observation_space: Any, action_space: Any,

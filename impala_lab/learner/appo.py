@@ -40,28 +40,18 @@ APPO_STAT_KEYS = ("clip_fraction", "kl", "kl_coeff")
 
 def appo_advantages(vs: tf.Tensor, rewards: tf.Tensor, discounts: tf.Tensor,
                     values: tf.Tensor, bootstrap_value: tf.Tensor) -> tf.Tensor:
-    """Ahat_t = r_t + gamma_t * v_{t+1} - V(x_t), [T, B], without gradient.
-
-    Args:
-      vs: [T, B], the V-trace targets. rewards, discounts, values: [T, B] (the loss's, with
-        a truncated step's bootstrap already in its reward). bootstrap_value: [B], V(x_T).
-    """
+    """Ahat_t = r_t + gamma_t * v_{t+1} - V(x_t), [T, B], without gradient, from the V-trace
+    targets ``vs`` and the loss's rewards, discounts, values (all [T, B]; a truncated step's
+    bootstrap already in its reward) and ``bootstrap_value`` [B], V(x_T)."""
     next_vs = tf.concat([vs[1:], bootstrap_value[None]], axis=0)
     return tf.stop_gradient(rewards + discounts * next_vs - values)
 
 
 def clipped_surrogate(log_rhos: tf.Tensor, advantages: tf.Tensor, clip_param: float
                       ) -> tuple[tf.Tensor, tf.Tensor]:
-    """PPO's clipped surrogate loss, summed over the steps, and its clip fraction.
-
-    Args:
-      log_rhos: [T, B], log pi(a_t|x_t) - log mu(a_t|x_t), with the gradient through pi.
-      advantages: [T, B], `appo_advantages` (no gradient).
-      clip_param: the clip range epsilon.
-
-    Returns:
-      (policy_loss, the fraction of steps whose ratio lies outside [1 - eps, 1 + eps]).
-    """
+    """(PPO's clipped surrogate loss summed over the steps, the fraction of steps whose ratio
+    lies outside [1 - clip_param, 1 + clip_param]) from ``log_rhos`` [T, B], log pi - log mu
+    (the gradient through pi), and `appo_advantages` [T, B]."""
     ratio = tf.exp(log_rhos)
     clipped = tf.clip_by_value(ratio, 1.0 - clip_param, 1.0 + clip_param)
     surrogate = tf.minimum(ratio * advantages, clipped * advantages)

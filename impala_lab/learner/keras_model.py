@@ -83,9 +83,8 @@ def _keras_input_scaling(obs: Any, obs_dtype: np.dtype) -> Any:
 
 def _keras_heads(features: Any, value_features: Any, num_outputs: int, seed: int | None,
                  free_log_std: bool = False) -> list[Any]:
-    """[logits [N, A], value [N]]: the policy head on ``features``, the value head on
-    ``value_features``; with ``free_log_std`` the head computes the A / 2 means and appends
-    its learned log-std (`impala_lab.learner.policy_head.MeanAndFreeLogStd`)."""
+    """[logits [N, A], value [N]] from the policy and value heads; with ``free_log_std`` the
+    A / 2 means and a learned log-std (`policy_head.MeanAndFreeLogStd`)."""
     import keras
 
     policy_init = keras.initializers.Orthogonal(gain=model_spec.POLICY_GAIN, seed=seed)
@@ -107,9 +106,8 @@ def _keras_heads(features: Any, value_features: Any, num_outputs: int, seed: int
 
 
 def _keras_trunk(x: Any, layout: NetworkLayout, init: Any, prefix: str) -> Any:
-    """The hidden layers of one trunk on the Keras tensor ``x``: for images the conv trunk
-    and a flatten, then the dense layers; layer names start with ``prefix`` (``"value_"`` for
-    the value trunk). ``layout`` says which layers."""
+    """One trunk's hidden layers on ``x`` (for images the conv trunk and a flatten, then the
+    dense layers), named with ``prefix`` (``"value_"`` for the value trunk)."""
     import keras
 
     kind, hiddens = layout.kind, layout.hiddens

@@ -61,16 +61,14 @@ class TF1RMSprop(SingleReplicaGradients, keras.optimizers.Optimizer):
     """RMSProp with TensorFlow 1's semantics: mean square starts at ones (see the module docs).
 
     Args:
-      learning_rate: the step size ``lr`` (a float, a schedule or a variable; the policy's
-        live ``lr`` knob assigns ``optimizer.learning_rate``).
+      learning_rate: the step size (the policy's live ``lr`` knob assigns it).
       rho: the decay of the mean square (TF1's ``decay``; RLlib's 0.99).
-      momentum: the momentum (RLlib's 0.0); a momentum slot exists only when it is > 0.
+      momentum: RLlib's 0.0; a momentum slot exists only when it is > 0.
       epsilon: added to the mean square inside the square root (RLlib's 0.1).
-      name, **kwargs: as for any Keras optimizer (``clipnorm``, ``weight_decay``, ...).
+      name, **kwargs: as for any Keras optimizer.
 
-    Optimizer variables (``optimizer.variables``, what a checkpoint saves): Keras's
-    ``iterations`` and ``learning_rate``, one ``rms`` per trainable variable, and one
-    ``momentum`` per trainable variable when ``momentum > 0``.
+    Its variables (what a checkpoint saves): Keras's ``iterations`` and ``learning_rate``, an
+    ``rms`` per trainable variable, and a ``momentum`` each when ``momentum > 0``.
     """
 
     def __init__(self, learning_rate: float = 0.001, rho: float = 0.9, momentum: float = 0.0,
