@@ -1,13 +1,9 @@
 """`ImpalaConfig`: every knob of the pipeline, with RLlib's names, validated when built.
 
-Each field carries its own documentation (``metadata["help"]``) and its role (``group``); the
-configuration page's tables (docs/configuration.md) and the CLI's ``--help`` are generated from
-it, so the three never disagree::
-
-    python -m impala_lab.config          # prints the markdown table
-
-A bad value raises `ConfigError` (a ``ValueError``) that names the field, the value and the
-fix, before any process starts.
+Each field carries its documentation (``metadata["help"]``) and its role (``group``), from
+which docs/configuration.md's tables (``python -m impala_lab.config``) and the CLI's
+``--help`` are generated. A bad value raises `ConfigError` naming the field, the value and
+the fix, before any process starts.
 """
 
 from __future__ import annotations
@@ -24,8 +20,7 @@ from impala_lab.errors import ConfigError
 from impala_lab.model_spec import ModelSpec
 from impala_lab.presets import TUNED_PRESETS
 
-#: The roles the fields are grouped by (`impala-lab config` and ``impala-lab train --help``
-#: list them so): each field's ``metadata["group"]``.
+#: The roles the fields are grouped by (each field's ``metadata["group"]``).
 GROUPS = {
     "rollouts": "the actors: envs, unrolls, where workers live",
     "model": "the policy/value network (impala_lab.model_spec)",

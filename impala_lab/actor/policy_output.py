@@ -91,10 +91,8 @@ class PolicyOutput:
             "the observations are far out of scale (normalise them).")
 
     def env_actions(self, actions: np.ndarray, inputs: np.ndarray, version: int) -> Any:
-        """What each env's ``step`` takes, one per row of ``actions``: ``actions`` itself
-        for a Discrete space; for a Box, each [D] row squashed (``squash_actions``) or clipped
-        (``clip_actions``) and reshaped to the space's shape (the batch keeps ``actions``
-        as drawn)."""
+        """What each env's ``step`` takes, per row of ``actions``: the index (Discrete), or the
+        [D] row squashed or clipped and in the space's shape (Box)."""
         if not self.continuous:
             return actions
         if not np.isfinite(actions).all():
