@@ -33,13 +33,10 @@ space's flattened size, K = episodes that ended in the fragment):
                                   truncateds.sum()), for a bootstrap from the learner's value
                                   (``truncation_bootstrap="learner"``); None if not recorded
 
-``state_in`` and ``final_obs`` are optional: `to_dict` leaves them out when None,
-concatenating needs each in all batches or in none, and slicing takes the columns' rows. In
-column order, joining batches along B appends their ``final_obs`` and a slice of columns owns
-one contiguous run of rows; a batch holds one row per truncated episode, not per step, so
-image batches stay small.
-
-This module imports numpy only: actor processes import it.
+``state_in`` and ``final_obs`` are optional (None): `to_dict` leaves them out, and joining
+needs each in all batches or in none. ``final_obs`` rows are in column order, so joining
+along B appends them and a slice of columns owns one contiguous run. numpy only (actor
+processes import this module).
 """
 
 from __future__ import annotations
@@ -52,15 +49,8 @@ import numpy as np
 __all__ = ["SampleBatch", "concat_samples", "FIELDS", "OPTIONAL_FIELDS"]
 
 # Fields laid out [T, B, ...]: concatenated along axis 1, sliced along axis 1.
-_TIME_MAJOR = (
-    "obs",
-    "actions",
-    "rewards",
-    "terminateds",
-    "truncateds",
-    "truncation_values",
-    "behaviour_logits",
-)
+_TIME_MAJOR = ("obs", "actions", "rewards", "terminateds", "truncateds", "truncation_values",
+               "behaviour_logits")
 # Fields laid out [B, ...]: concatenated and sliced along axis 0.
 _PER_COLUMN = ("bootstrap_obs", "policy_versions")
 # Fields laid out [K]: episodes that ended in the fragment; concatenated along axis 0.
@@ -74,16 +64,11 @@ OPTIONAL_FIELDS: tuple[str, ...] = ("state_in", "final_obs")
 # Fixed dtypes; obs/bootstrap_obs may be float32 or uint8 (checked separately).
 # actions: int64 [T, B] (Discrete) or float32 [T, B, D] (Box), by rank.
 _ACTION_DTYPES = {2: np.dtype(np.int64), 3: np.dtype(np.float32)}
-_DTYPES = {
-    "rewards": np.dtype(np.float32),
-    "terminateds": np.dtype(np.bool_),
-    "truncateds": np.dtype(np.bool_),
-    "truncation_values": np.dtype(np.float32),
-    "behaviour_logits": np.dtype(np.float32),
-    "policy_versions": np.dtype(np.int64),
-    "episode_returns": np.dtype(np.float64),
-    "episode_lengths": np.dtype(np.int64),
-}
+_DTYPES = {name: np.dtype(t) for name, t in (
+    ("rewards", np.float32), ("terminateds", np.bool_), ("truncateds", np.bool_),
+    ("truncation_values", np.float32), ("behaviour_logits", np.float32),
+    ("policy_versions", np.int64), ("episode_returns", np.float64),
+    ("episode_lengths", np.int64))}
 _OBS_DTYPES = (np.dtype(np.float32), np.dtype(np.uint8))
 
 
@@ -91,8 +76,8 @@ _OBS_DTYPES = (np.dtype(np.float32), np.dtype(np.uint8))
 class SampleBatch:
     """One or more rollout fragments, time-major [T, B] (see the module docstring).
 
-    The arrays are stored as given (no copy, no check); call `validate` to check shapes
-    and dtypes. ``eq=False``: compare batches with ``to_dict`` and numpy, not ``==``.
+    Arrays are stored as given (no copy, no check: call `validate`). ``eq=False``: compare
+    batches with ``to_dict`` and numpy, not ``==``.
     """
 
     obs: np.ndarray
@@ -154,15 +139,12 @@ class SampleBatch:
 
     # ------------------------------------------------------------------ checks
     def validate(self, check_values: bool = False) -> SampleBatch:
-        """Checks that every field has the documented shape and dtype.
+        """Checks that every field has the documented shape and dtype; returns self.
 
         Args:
-          check_values: also check the contents: obs, rewards, logits and values finite, no
-            step both terminated and truncated, truncation_values 0 off truncated steps,
-            episode lengths >= 1. Costs a pass over the data; for debugging.
-
-        Returns:
-          self, so that ``batch = SampleBatch(...).validate()`` reads naturally.
+          check_values: also check the contents (a pass over the data, for debugging):
+            floats finite, no step both terminated and truncated, truncation_values 0 off
+            truncated steps, episode lengths >= 1.
 
         Raises:
           ValueError: naming the field, its shape or dtype, and what was expected.
@@ -172,83 +154,66 @@ class SampleBatch:
             if not isinstance(a, np.ndarray):
                 raise ValueError(
                     f"SampleBatch field {name!r} is {type(a).__name__}, expected a numpy array; "
-                    "build batches from np.ndarray values."
-                )
+                    "build batches from np.ndarray values.")
         action_dtype = _ACTION_DTYPES.get(self.actions.ndim)
         if action_dtype is None:
             raise ValueError(
                 f"SampleBatch field 'actions' has shape {self.actions.shape}, expected [T, B] "
-                "(Discrete) or [T, B, D] (Box)."
-            )
+                "(Discrete) or [T, B, D] (Box).")
         if self.actions.dtype != action_dtype:
             raise ValueError(
                 f"SampleBatch field 'actions' has dtype {self.actions.dtype}, expected "
                 f"{action_dtype} for shape {self.actions.shape}; convert it with "
-                f".astype(np.{action_dtype.name})."
-            )
+                f".astype(np.{action_dtype.name}).")
         T, B = self.actions.shape[:2]
         if self.obs.ndim < 2 or self.obs.shape[:2] != (T, B):
             raise ValueError(
                 f"SampleBatch field 'obs' has shape {self.obs.shape}, expected [T, B, *obs_shape] "
-                f"with T={T}, B={B} (from 'actions' {self.actions.shape})."
-            )
+                f"with T={T}, B={B} (from 'actions' {self.actions.shape}).")
         obs_shape = self.obs.shape[2:]
-        expected = {
-            "rewards": (T, B),
-            "terminateds": (T, B),
-            "truncateds": (T, B),
-            "truncation_values": (T, B),
-            "bootstrap_obs": (B, *obs_shape),
-            "policy_versions": (B,),
-        }
+        expected = {"rewards": (T, B), "terminateds": (T, B), "truncateds": (T, B),
+                    "truncation_values": (T, B), "bootstrap_obs": (B, *obs_shape),
+                    "policy_versions": (B,)}
         for name, shape in expected.items():
             a = getattr(self, name)
             if a.shape != shape:
                 raise ValueError(
                     f"SampleBatch field {name!r} has shape {a.shape}, expected {shape} "
-                    f"(T={T}, B={B}, obs_shape={obs_shape})."
-                )
+                    f"(T={T}, B={B}, obs_shape={obs_shape}).")
         logits = self.behaviour_logits
         if logits.ndim != 3 or logits.shape[:2] != (T, B):
             raise ValueError(
                 f"SampleBatch field 'behaviour_logits' has shape {logits.shape}, expected "
-                f"[T, B, A] with T={T}, B={B}."
-            )
+                f"[T, B, A] with T={T}, B={B}.")
         returns, lengths = self.episode_returns, self.episode_lengths
         if returns.ndim != 1 or lengths.shape != returns.shape:
             raise ValueError(
                 f"SampleBatch fields 'episode_returns' {returns.shape} and 'episode_lengths' "
-                f"{lengths.shape} must both have shape [K] (one entry per finished episode)."
-            )
+                f"{lengths.shape} must both have shape [K] (one entry per finished episode).")
         for name, dtype in _DTYPES.items():
             a = getattr(self, name)
             if a.dtype != dtype:
                 raise ValueError(
                     f"SampleBatch field {name!r} has dtype {a.dtype}, expected {dtype}; "
-                    f"convert it with .astype(np.{dtype.name})."
-                )
+                    f"convert it with .astype(np.{dtype.name}).")
         if self.obs.dtype not in _OBS_DTYPES:
             raise ValueError(
                 f"SampleBatch field 'obs' has dtype {self.obs.dtype}, expected float32 (or uint8 "
-                "for images); convert it with .astype(np.float32)."
-            )
+                "for images); convert it with .astype(np.float32).")
         if self.bootstrap_obs.dtype != self.obs.dtype:
             raise ValueError(
                 f"SampleBatch field 'bootstrap_obs' has dtype {self.bootstrap_obs.dtype} but "
-                f"'obs' has {self.obs.dtype}; they must match."
-            )
+                f"'obs' has {self.obs.dtype}; they must match.")
         state = self.state_in
         if state is not None:
             if state.ndim != 3 or state.shape[:2] != (B, 2):
                 raise ValueError(
                     f"SampleBatch field 'state_in' has shape {state.shape}, expected [B, 2, C] "
-                    f"with B={B} (each column's LSTM h and c)."
-                )
+                    f"with B={B} (each column's LSTM h and c).")
             if state.dtype != np.float32:
                 raise ValueError(
                     f"SampleBatch field 'state_in' has dtype {state.dtype}, expected float32; "
-                    "convert it with .astype(np.float32)."
-                )
+                    "convert it with .astype(np.float32).")
         final = self.final_obs
         num_truncated = int(self.truncateds.sum())
         if final is not None and (final.shape != (num_truncated, *obs_shape)
@@ -256,8 +221,7 @@ class SampleBatch:
             raise ValueError(
                 f"SampleBatch field 'final_obs' is {final.dtype}{list(final.shape)}, expected "
                 f"{self.obs.dtype}{[num_truncated, *obs_shape]}: one observation per truncated "
-                "step (truncateds.sum()), with the dtype of 'obs'."
-            )
+                "step (truncateds.sum()), with the dtype of 'obs'.")
         if check_values:
             self._check_values()
         return self
@@ -276,19 +240,16 @@ class SampleBatch:
             t, b = (int(i) for i in np.argwhere(both)[0])
             raise ValueError(
                 f"SampleBatch step [t={t}, b={b}] is both terminated and truncated; a step that "
-                "is both counts as terminated (set truncateds False there)."
-            )
+                "is both counts as terminated (set truncateds False there).")
         stray = (self.truncation_values != 0) & ~self.truncateds
         if stray.any():
             t, b = (int(i) for i in np.argwhere(stray)[0])
             raise ValueError(
                 f"SampleBatch field 'truncation_values' is {self.truncation_values[t, b]} at "
-                f"[t={t}, b={b}], a step that is not truncated; it must be 0 there."
-            )
+                f"[t={t}, b={b}], a step that is not truncated; it must be 0 there.")
         if (self.episode_lengths < 1).any():
             raise ValueError(
-                f"SampleBatch field 'episode_lengths' has entries < 1: {self.episode_lengths}."
-            )
+                f"SampleBatch field 'episode_lengths' has entries < 1: {self.episode_lengths}.")
 
     # ------------------------------------------------------------------ combine / split
     @staticmethod
@@ -297,26 +258,17 @@ class SampleBatch:
         return concat_samples(batches)
 
     def slice_columns(self, start: int, stop: int) -> SampleBatch:
-        """Returns the columns [start, stop) of the batch, as views (no copy).
+        """The columns [start, stop) of the batch, 0 <= start < stop <= B: a `SampleBatch`
+        [T, stop - start] of views (no copy).
 
-        Episode statistics cannot be split by column (an episode is not tagged with its
-        column), so ``episode_returns``/``episode_lengths`` go whole to the part that starts
-        at column 0 and the other parts get empty arrays: the episodes are counted once when
-        the parts are summed over.
-
-        Args:
-          start: first column, 0 <= start < stop.
-          stop: one past the last column, stop <= B.
-
-        Returns:
-          A `SampleBatch` of shape [T, stop - start].
+        An episode is not tagged with its column, so the episode arrays go whole to the part
+        that starts at column 0 and the others get empty ones (each episode counted once).
         """
         B = self.B
         if not (0 <= start < stop <= B):
             raise ValueError(
                 f"slice_columns(start={start}, stop={stop}) is out of range for a batch with "
-                f"B={B} columns; need 0 <= start < stop <= {B}."
-            )
+                f"B={B} columns; need 0 <= start < stop <= {B}.")
         cols = slice(start, stop)
         values = {name: getattr(self, name)[:, cols] for name in _TIME_MAJOR}
         for name in _PER_COLUMN:
@@ -332,12 +284,8 @@ class SampleBatch:
         return SampleBatch(**values)
 
     def split_columns(self, n: int) -> list[SampleBatch]:
-        """Splits B into ``n`` equal parts (e.g. one per learner device), as views.
-
-        Episode statistics go to the first part (see `slice_columns`).
-
-        Raises:
-          ValueError: if B is not divisible by n.
+        """Splits B into ``n`` equal parts (e.g. one per learner device), as views; episode
+        statistics go to the first (see `slice_columns`). A ValueError if n does not divide B.
         """
         B = self.B
         if not isinstance(n, (int, np.integer)) or n < 1:
@@ -346,8 +294,7 @@ class SampleBatch:
             raise ValueError(
                 f"split_columns: B={B} columns cannot be split into n={n} equal parts; choose "
                 f"n dividing {B} (e.g. make train_batch_size / sample_batch_size a multiple "
-                f"of the number of devices)."
-            )
+                f"of the number of devices).")
         size = B // n
         return [self.slice_columns(i * size, (i + 1) * size) for i in range(n)]
 
@@ -370,8 +317,7 @@ class SampleBatch:
         if missing or unknown:
             raise ValueError(
                 f"SampleBatch.from_dict: missing fields {missing}, unknown fields {unknown}; "
-                f"expected exactly {list(FIELDS)}, and optionally {list(OPTIONAL_FIELDS)}."
-            )
+                f"expected exactly {list(FIELDS)}, and optionally {list(OPTIONAL_FIELDS)}.")
         present = FIELDS + tuple(n for n in OPTIONAL_FIELDS if n in keys)
         return cls(**{name: np.asarray(data[name]) for name in present}).validate()
 
@@ -379,20 +325,13 @@ class SampleBatch:
 def concat_samples(batches: Sequence[SampleBatch]) -> SampleBatch:
     """Concatenates batches along B: [T, B1] + [T, B2] + ... -> [T, B1 + B2 + ...].
 
-    ``bootstrap_obs`` and ``policy_versions`` are concatenated along their column axis and
-    the episode arrays end to end. One ``np.concatenate`` per field: this runs on the
-    driver's hot path. A single batch is returned as it is (no copy).
-
-    Args:
-      batches: non-empty sequence of `SampleBatch` with equal T, obs shape, number of
-        actions and dtypes.
-
-    Returns:
-      A new `SampleBatch` owning fresh arrays (for two or more inputs).
+    Per-column fields join along their column axis, episode arrays end to end, one
+    ``np.concatenate`` per field (the driver's hot path). A single batch is returned as it is;
+    two or more give fresh arrays.
 
     Raises:
-      ValueError: if the batches disagree on T, a field's trailing shape or a dtype, or a
-        field is missing; the message names the field, both batches and both shapes.
+      ValueError: the batches disagree on T, a field's trailing shape or a dtype, or a field
+        is missing (naming the field, both batches and both shapes).
     """
     batches = list(batches)
     if not batches:
@@ -401,8 +340,7 @@ def concat_samples(batches: Sequence[SampleBatch]) -> SampleBatch:
     for i, b in enumerate(batches):
         if not isinstance(b, SampleBatch):
             raise TypeError(
-                f"concat_samples: item {i} is {type(b).__name__}, expected a SampleBatch."
-            )
+                f"concat_samples: item {i} is {type(b).__name__}, expected a SampleBatch.")
     if len(batches) == 1:
         return first
     _check_compatible(batches)
@@ -429,8 +367,7 @@ def _check_compatible(batches: list[SampleBatch]) -> None:
             i = has.index(not has[0])
             raise ValueError(
                 f"concat_samples: batch 0 {'has' if has[0] else 'has no'} {name!r} but batch "
-                f"{i} {'has' if has[i] else 'has none'}; {why[name]}"
-            )
+                f"{i} {'has' if has[i] else 'has none'}; {why[name]}")
     for name in first._present():
         ref = getattr(first, name, None)
         if ref is None:
@@ -442,27 +379,21 @@ def _check_compatible(batches: list[SampleBatch]) -> None:
             a = getattr(batches[i], name, None)
             if a is None:
                 raise ValueError(
-                    f"concat_samples: batch {i} is missing field {name!r} (it is None)."
-                )
+                    f"concat_samples: batch {i} is missing field {name!r} (it is None).")
             if a.ndim != ref.ndim or a.shape[:axis] + a.shape[axis + 1:] != ref_key:
                 what = "T (axis 0) and trailing" if axis == 1 else "trailing"
                 raise ValueError(
                     f"concat_samples: field {name!r} of batch {i} has shape {a.shape} but batch "
                     f"0 has {ref.shape}; batches are joined along axis {axis} and need equal "
-                    f"{what} dims (same sample_batch_size, env and model)."
-                )
+                    f"{what} dims (same sample_batch_size, env and model).")
             if a.dtype != ref.dtype:
                 raise ValueError(
                     f"concat_samples: field {name!r} of batch {i} has dtype {a.dtype} but batch "
-                    f"0 has {ref.dtype}; convert one of them so the dtypes match."
-                )
+                    f"0 has {ref.dtype}; convert one of them so the dtypes match.")
 
 
 def policy_lag(current_version: int, policy_versions: np.ndarray) -> np.ndarray:
-    """Each column's policy lag: the learner updates between the weights that sampled it
-    (``policy_versions`` [B]) and the learner's weights ``current_version``.
-
-    The driver measures it when a batch arrives, the learner just before it trains on one;
-    both call this, so the two figures in ``stats()`` differ only by when they were taken.
-    """
+    """Each column's policy lag [B]: the learner updates between the weights that sampled it
+    (``policy_versions`` [B]) and ``current_version``. The driver measures it when a batch
+    arrives, the learner before it trains on one."""
     return int(current_version) - np.asarray(policy_versions, dtype=np.int64)

@@ -1,13 +1,9 @@
 """`ImpalaConfig`: every knob of the pipeline, with RLlib's names, validated when built.
 
-Each field carries its own documentation (``metadata["help"]``) and its role (``group``); the
-configuration page's tables (docs/configuration.md) and the CLI's ``--help`` are generated from
-it, so the three never disagree::
-
-    python -m impala_lab.config          # prints the markdown table
-
-A bad value raises `ConfigError` (a ``ValueError``) that names the field, the value and the
-fix, before any process starts.
+Each field carries its documentation (``metadata["help"]``) and its role (``group``), from
+which docs/configuration.md's tables (``python -m impala_lab.config``) and the CLI's
+``--help`` are generated. A bad value raises `ConfigError` naming the field, the value and
+the fix, before any process starts.
 """
 
 from __future__ import annotations
@@ -24,8 +20,7 @@ from impala_lab.errors import ConfigError
 from impala_lab.model_spec import ModelSpec
 from impala_lab.presets import TUNED_PRESETS
 
-#: The roles the fields are grouped by (`impala-lab config` and ``impala-lab train --help``
-#: list them so): each field's ``metadata["group"]``.
+#: The roles the fields are grouped by (each field's ``metadata["group"]``).
 GROUPS = {
     "rollouts": "the actors: envs, unrolls, where workers live",
     "model": "the policy/value network (impala_lab.model_spec)",
@@ -45,25 +40,23 @@ def _f(default: Any, help: str, *, group: str, **kw: Any) -> Any:
 
 @dataclass
 class ImpalaConfig:
-    """All settings of one IMPALA run. Defaults are RLlib's IMPALA defaults."""
+    """All settings of one IMPALA run, in `GROUPS` order. Defaults are RLlib's IMPALA's."""
 
-    # --- rollouts -----------------------------------------------------------------------------
     env: Any = _f("CartPole-v1", "Gymnasium env id (or, in Python, a zero-argument env factory).",
                   kind="env", group="rollouts")
     num_workers: int = _f(2, "Rollout workers (actors) sampling in parallel.", group="rollouts")
     num_envs_per_worker: int = _f(1, "Envs each worker steps as one batch; a sample is [T, this].",
                                   group="rollouts")
     vector_env: bool = _f(
-        False, "Step each worker's envs as one gymnasium vector env (the env id's registered "
-        "vectorised implementation; CartPole-v1 has one) instead of one Python call per env: "
-        "same batches, far cheaper env steps. Pays with many envs per worker.", group="rollouts")
+        False, "Step each worker's envs as the env id's registered gymnasium vector env "
+        "(CartPole-v1 has one): same batches, far cheaper env steps with many envs per worker.",
+        group="rollouts")
     sample_batch_size: int = _f(50, "Unroll length T of one worker sample (time steps per env).",
                                 group="rollouts")
     backend: str = _f("process", "Where workers live: 'process' (spawned), 'inline' (in the "
                       "driver's process, steppable) or 'ray'.", group="rollouts")
-    seed: int | None = _f(
-        None, "Seed for envs, action sampling, model init and replay; None = random.",
-        group="rollouts")
+    seed: int | None = _f(None, "Seed for envs, action sampling, model init and replay; None = "
+                          "random.", group="rollouts")
     max_sample_requests_in_flight_per_worker: int = _f(
         2, "Sample requests each worker has queued at once (the task pool's depth).",
         group="rollouts")
@@ -71,41 +64,36 @@ class ImpalaConfig:
         True, "Replace a worker that died and go on; False raises its error in the driver.",
         group="rollouts")
     sample_timeout_s: float | None = _f(
-        60.0, "A worker that owes a sample this many seconds (its env hangs) is counted as "
-        "failed, ended and replaced (process and ray backends; inline samples in the driver, "
-        "where a hung env cannot be interrupted); None waits forever.", group="rollouts")
+        60.0, "A worker that owes a sample this many seconds (its env hangs) is failed, ended "
+        "and replaced (process and ray backends: inline cannot interrupt a hung env); None waits "
+        "forever.", group="rollouts")
     ray_address: str | None = _f(
         None, "Ray backend: address of an existing cluster; None starts a local Ray.",
         group="rollouts")
     clip_actions: bool = _f(
-        True, "Box actions: clip each sampled action to the space's finite bounds before the "
-        "env gets it (RLlib's clip_actions); the batch keeps the unclipped draw, whose "
-        "log-probability the loss uses. False passes the draw as it is.", group="rollouts")
+        True, "Box actions: clip each draw to the space's finite bounds on its way to the env "
+        "(RLlib's clip_actions; the batch keeps the draw). False passes it as it is.",
+        group="rollouts")
     squash_actions: bool = _f(
         False, "Box actions: squash each draw into the space's bounds with tanh instead of "
         "clipping it (the batch keeps the draw; the bounds must be finite).", group="rollouts")
-    # --- model --------------------------------------------------------------------------------
     model: tuple[int, ...] = _f((64, 64), "Hidden layer sizes of the MLP (after the conv stack "
                                 "for image observations).", kind="model", group="model")
     vf_share_layers: bool = _f(
-        False, "One trunk under the policy and value heads (True, as the RLlib IMPALA this "
-        "re-creates built it), or a value network of its own with the same layer sizes (False, "
-        "today's RLlib default: a value-loss spike cannot wreck the policy's features). With "
-        "use_lstm both heads read the one LSTM core, whatever this says (see use_lstm).",
+        False, "One trunk under the policy and value heads (True, the old RLlib IMPALA's), or a "
+        "value network of its own with the same sizes (False, today's RLlib default: a value "
+        "spike cannot wreck the policy's features). With use_lstm both read the one LSTM core.",
         group="model")
     use_lstm: bool = _f(
-        False, "Recurrent policy: an LSTM of lstm_cell_size units after the MLP (or CNN) trunk, "
-        "under both heads (RLlib's LSTM wrapper: one core, so the value also sees the history "
-        "it needs on a partially observed task; a value LSTM of its own would double the "
-        "actors' per-step cost). The value loss then trains the core too: keep vf_loss_coeff "
-        "small (0.01 in the StatelessCartPole preset). Batches carry each column's start "
-        "state as state_in.", group="model")
+        False, "Recurrent policy: an LSTM of lstm_cell_size units after the trunk, under both "
+        "heads (RLlib's LSTM wrapper), so the value loss trains the core too: keep "
+        "vf_loss_coeff small. Batches carry each column's start state as state_in.",
+        group="model")
     lstm_cell_size: int = _f(64, "Units of the LSTM (its h and c are each this wide); used "
                              "with use_lstm.", group="model")
     conv_net: str = _f(
-        "cnn", "Conv trunk for image observations: 'cnn' (the small CNN of conv_filters) or "
-        "'impala' (the IMPALA paper's deep network: per impala_channels width a conv 3x3, a "
-        "max-pool 3x3 stride 2 and two residual blocks); the model dense layers follow.",
+        "cnn", "Conv trunk for images: 'cnn' (the small CNN of conv_filters) or 'impala' (the "
+        "paper's deep network of impala_channels stacks); the model's dense layers follow.",
         group="model")
     conv_filters: tuple[tuple[int, int, int], ...] | None = _f(
         None, "The small CNN's layers as (filters, kernel, stride) triples, 'valid' padding "
@@ -116,15 +104,11 @@ class ImpalaConfig:
         (16, 32, 32), "Widths of the IMPALA network's conv stacks (conv_net='impala'); "
         "each stack halves the image (10x10 -> 5x5 -> 3x3 -> 2x2).", kind="model", group="model")
     free_log_std: bool = _f(
-        True, "Box actions (a diagonal Gaussian policy): learn the log standard deviation as "
-        "one vector that no state changes (True, RLlib's free_log_std), or let the policy head "
-        "compute it from the state with the mean (False). Ignored for Discrete actions.",
-        group="model")
+        True, "Box actions: learn the Gaussian's log-std as one state-free vector (True, "
+        "RLlib's free_log_std), or compute it in the policy head (False).", group="model")
     normalize_obs: bool = _f(
-        False, "Standardise vector observations with a running mean and variance held in the "
-        "model's weights (SB3's VecNormalize, RLlib's MeanStdFilter), so actors, learner and "
-        "checkpoints share them; for continuous control.", group="model")
-    # --- pipeline -----------------------------------------------------------------------------
+        False, "Standardise vector observations with running statistics held in the model's "
+        "weights (RLlib's MeanStdFilter); for continuous control.", group="model")
     train_batch_size: int = _f(500, "Env steps per learner batch; worker samples are "
                                "concatenated along B until at least this many.", group="pipeline")
     replay_proportion: float = _f(0.0, "Replayed batches mixed in per new batch, on average.",
@@ -141,27 +125,22 @@ class ImpalaConfig:
     num_sgd_iter: int = _f(1, "Passes over each train batch (the ring's max ttl).",
                            group="pipeline")
     minibatch_size: int | None = _f(
-        None, "Env steps per optimizer step: each pass over a train batch is split into "
-        "minibatches of this many steps, whole columns of sample_batch_size steps (RLlib's "
-        "minibatch_size, SB3's batch_size); None: one step per pass on the whole batch. With "
-        "the single-device learner.", group="pipeline")
+        None, "Env steps per optimizer step (RLlib's): each pass over a train batch is split "
+        "into minibatches of whole columns; None: one step per pass. Single-device learner.",
+        group="pipeline")
     broadcast_interval: int = _f(1, "Sample batches a worker returns between weight refreshes "
                                  "(once the learner has new weights).", group="pipeline")
     max_policy_lag: int = _f(
-        1000, "Drop a new sample batch that reaches the driver more than this many learner "
-        "updates behind (Sample Factory's knob); counted in stats() as "
-        "num_samples_dropped_for_lag.", group="pipeline")
+        1000, "Drop a sample batch that arrives more than this many learner updates behind "
+        "(Sample Factory's knob; stats' num_samples_dropped_for_lag).", group="pipeline")
     extra_policy_lag: int = _f(
-        0, "Hold weight broadcasts back so the actors act with weights at least this many "
-        "learner updates old (a dial for policy lag; 0 broadcasts the newest weights).",
-        group="pipeline")
-    # --- training -----------------------------------------------------------------------------
+        0, "Hold broadcasts back so the actors act with weights at least this many updates "
+        "old (a dial for policy lag).", group="pipeline")
     lr: float = _f(0.0005, "Learning rate (the live knob; ignored with lr_schedule).",
                    group="training")
     lr_schedule: tuple[tuple[int, float], ...] | None = _f(
-        None, "The learning rate over env steps sampled, as (env_steps, lr) points, linear "
-        "between them and held at the ends (RLlib's lr_schedule; the IMPALA paper annealed "
-        "linearly to 0): [(0, 0.003), (2000000, 0.0)]; on the CLI 0:0.003,2e6:0.",
+        None, "The learning rate over env steps, (env_steps, lr) points, linear between and "
+        "held at the ends (RLlib's): [(0, 0.003), (2000000, 0.0)]; on the CLI 0:0.003,2e6:0.",
         kind="schedule?", group="training")
     opt_type: str = _f("adam", "Optimizer: 'adam' or 'rmsprop'.", group="training")
     decay: float = _f(0.99, "RMSProp decay (rho).", group="training")
@@ -172,27 +151,23 @@ class ImpalaConfig:
     vf_loss_coeff: float = _f(0.5, "Weight of the value loss.", group="training")
     entropy_coeff: float = _f(0.01, "Weight of the entropy bonus.", group="training")
     reward_scale: float = _f(
-        1.0, "Multiply env rewards by this in the loss (metrics keep the env's units): scale "
-        "large rewards down so that returns, and the value loss, stay of order 1.",
-        group="training")
+        1.0, "Multiply rewards by this in the loss (metrics keep the env's units), so returns "
+        "and the value loss stay of order 1.", group="training")
     clip_rewards: float | None = _f(
-        None, "Clip env rewards to [-clip_rewards, clip_rewards] in the loss, before "
-        "reward_scale (RLlib's clip_rewards; the IMPALA paper's Atari runs clip to 1): returns "
-        "and metrics keep the env's rewards. None: no clip.", group="training")
-    action_bound_coeff: float = _f(
-        0.0, "Box actions: weight of a penalty on the squared distance of each action mean "
-        "past the bounds, which keeps the mean where the env can tell actions apart.",
+        None, "Clip rewards to [-clip_rewards, clip_rewards] in the loss, before reward_scale "
+        "(RLlib's; the paper's Atari runs clip to 1); metrics keep the env's. None: no clip.",
         group="training")
+    action_bound_coeff: float = _f(
+        0.0, "Box actions: weight of a penalty on each action mean's squared distance past the "
+        "bounds, which keeps it where the env can tell actions apart.", group="training")
     vtrace: bool | None = _f(
-        None, "RLlib's switch: True trains with V-trace, False without it (RLlib's loss, "
-        "off_policy_correction 'none'); None follows off_policy_correction. Given together, "
-        "the two must agree.", group="training")
+        None, "RLlib's switch: True trains with V-trace, False without (off_policy_correction "
+        "'none'); None follows off_policy_correction, which it must agree with.",
+        group="training")
     off_policy_correction: str | None = _f(
-        None, "How the loss treats lagged data (IMPALA paper, section 5.2.2): 'vtrace', "
-        "'is1' (policy gradient weighted by the clipped importance weight, value target "
-        "uncorrected), 'epsilon' (log(pi + 1e-6) in the policy gradient) or 'none' (as if "
-        "on-policy); None: 'vtrace', or 'none' with vtrace=False. The equations are in "
-        "impala_lab/learner/corrections.py.", kind="str", group="training")
+        None, "How the loss treats lagged data (the paper's section 5.2.2): 'vtrace', 'is1', "
+        "'epsilon' or 'none' (equations in impala_lab/learner/corrections.py); None: "
+        "'vtrace', or 'none' with vtrace=False.", kind="str", group="training")
     vtrace_clip_rho_threshold: float | None = _f(
         1.0, "V-trace rho-bar (clips importance weights in the value target); None disables.",
         group="training")
@@ -201,15 +176,14 @@ class ImpalaConfig:
         group="training")
     loss: str = _f(
         "impala", "The policy's loss: 'impala' (the policy gradient with off_policy_correction) "
-        "or 'appo' (RLlib's APPO: PPO's clipped surrogate on V-trace advantages, which holds "
-        "over several num_sgd_iter passes and minibatches per batch; with V-trace). The "
-        "equations are in impala_lab/learner/appo.py.", group="training")
+        "or 'appo' (RLlib's APPO: PPO's clipped surrogate on V-trace advantages, for several "
+        "passes per batch; equations in impala_lab/learner/appo.py).", group="training")
     clip_param: float = _f(
-        0.4, "APPO: the surrogate's clip range; a step's ratio pi/mu stops pulling once "
-        "outside [1 - clip_param, 1 + clip_param] (RLlib's APPO default).", group="training")
+        0.4, "APPO: the surrogate's clip range; a step's ratio pi/mu stops pulling outside "
+        "[1 - clip_param, 1 + clip_param].", group="training")
     use_kl_loss: bool = _f(
-        False, "APPO: add kl_coeff * KL(mu || pi), a penalty toward the behaviour policy "
-        "(RLlib's), its coefficient adapted toward kl_target after every update.",
+        False, "APPO: add kl_coeff * KL(mu || pi), RLlib's penalty toward the behaviour "
+        "policy, its coefficient adapted toward kl_target after every update.",
         group="training")
     kl_coeff: float = _f(1.0, "APPO with use_kl_loss: the KL penalty's first coefficient.",
                          group="training")
@@ -217,11 +191,9 @@ class ImpalaConfig:
         0.01, "APPO with use_kl_loss: the mean KL per step the coefficient aims at (x1.5 "
         "above twice this, x0.5 below half of it).", group="training")
     truncation_bootstrap: str = _f(
-        "actor", "Where a time-limited episode's bootstrap value V(final observation) comes "
-        "from: 'actor' (the behaviour weights', computed when the episode was cut) or "
-        "'learner' (the learner's network on the batch's final_obs at each update, as "
-        "RLlib's new stack).", group="training")
-    # --- learner ------------------------------------------------------------------------------
+        "actor", "Where a time-limited episode's bootstrap V(final observation) comes from: "
+        "'actor' (the behaviour weights', when cut) or 'learner' (the learner's network on the "
+        "batch's final_obs at each update, as RLlib's new stack).", group="training")
     num_gpus: int = _f(0, "Learner devices; > 1 selects the MultiGPULearner.", group="learner")
     fake_gpus: bool = _f(
         False, "Split the CPU into num_gpus logical devices (multi-GPU on a laptop).",
@@ -231,25 +203,21 @@ class ImpalaConfig:
     tf_intra_op_threads: int = _f(
         1, "TensorFlow intra-op threads for the learner (1 leaves the other core to the actors).",
         group="learner")
-    # --- evaluation ---------------------------------------------------------------------------
     evaluation_interval: int | None = _f(
-        None, "Reports of train() between evaluations of the learner's current weights on "
-        "envs of their own (RLlib's name, counted in reports); None or 0: no evaluation.",
-        group="evaluation")
+        None, "Reports of train() between evaluations of the learner's weights on envs of "
+        "their own (RLlib's name); None or 0: no evaluation.", group="evaluation")
     evaluation_num_episodes: int = _f(10, "Episodes each evaluation plays per action choice.",
                                       group="evaluation")
     evaluation_actions: str = _f(
         "both", "How the evaluated policy acts: 'greedy' (most likely action), 'sampled' "
         "(drawn from the policy, as the actors do) or 'both'.", group="evaluation")
-    # --- resources ----------------------------------------------------------------------------
     max_memory_gb: float | None = _f(
-        None, "Refuse a config whose estimated memory (learner queue, batch buffer, minibatch "
-        "ring, replay, samples in flight, the learner's working set and every copy of the "
-        "weights, from the observation size) exceeds this many GB (10^9 bytes); None = half "
-        "of the memory available when the config is validated.", group="resources")
+        None, "Refuse a config whose estimated memory (queues, buffers, replay, samples in "
+        "flight, the learner's working set, every weights copy) exceeds this many GB (10^9 "
+        "bytes); None = half of the memory available at validation.", group="resources")
     max_num_workers: int | None = _f(
-        None, "The most workers a config may ask for on this machine; None = 8 per CPU. A "
-        "Ray cluster's workers (ray_address set) are not bounded here.", group="resources")
+        None, "The most workers a config may ask for on this machine; None = 8 per CPU (a "
+        "Ray cluster's, with ray_address, are not bounded).", group="resources")
 
     def __post_init__(self) -> None:
         self._resolve_correction()
@@ -262,9 +230,8 @@ class ImpalaConfig:
 
     def validate(self) -> None:
         """Raise `ConfigError` on the first value that cannot work
-        (`impala_lab.config_checks.validate`), then check the memory estimate: cheap and
-        TensorFlow-free, counting observations as one float each (a lower bound; `Impala`
-        checks again with the env's spaces before anything starts)."""
+        (`config_checks.validate`), then on the memory estimate (observations counted as one
+        float each; `Impala` checks again with the env's spaces)."""
         config_checks.validate(self)
         self.check_memory()
 

@@ -1,10 +1,7 @@
 """The checks of an `impala_lab.config.ImpalaConfig`: every field's type, range and choices,
-then the values that are fine alone but cannot work together.
-
-Each error is a `ConfigError` (a ``ValueError``) that names the field, the value and the fix,
-raised when the config is built: before any process starts. The typed-field helpers
-(`field_kinds`, `check_type`, `parse_text`) know nothing of IMPALA, only of types, so the CLI
-parses its flags with them too.
+then the values that are fine alone but cannot work together. Each error is a `ConfigError`
+naming the field, the value and the fix, raised when the config is built. The typed-field
+helpers (`field_kinds`, `check_type`, `parse_text`) know only types; the CLI uses them too.
 """
 
 from __future__ import annotations
@@ -31,7 +28,7 @@ TRUNCATION_BOOTSTRAPS = ("actor", "learner")
 EVALUATION_ACTIONS = ("greedy", "sampled", "both")
 WORKERS_PER_CPU = 8  # worker processes per CPU a config may ask for (max_num_workers=None)
 
-# Env ids that packages register when installed: (how the id starts, the package to install).
+# (how an env id starts, the package that registers it when installed).
 ENV_PACKAGES = (
     ("ALE/", "Atari's games come with ale-py and OpenCV: pip install 'impala_lab[atari]'"),
     ("MinAtar/", "MinAtar's games come with minatar: pip install 'impala_lab[minatar]'"),
@@ -48,9 +45,8 @@ ENV_REGISTRARS = {"ALE/": "ale_py"}
 
 
 def register_env_family(env_id: str) -> bool:
-    """Imports the package that registers ``env_id``'s family (`ENV_REGISTRARS`) if it is
-    installed and the id is not registered yet. Returns whether that package is installed
-    (False for an id of no such family)."""
+    """Whether the package that registers ``env_id``'s family (`ENV_REGISTRARS`) is installed;
+    imports it if the id is not registered yet."""
     import gymnasium
 
     module = next((m for start, m in ENV_REGISTRARS.items() if env_id.startswith(start)), None)
@@ -94,8 +90,8 @@ _EXPECTED = {"int": "an integer", "float": "a number", "bool": "true or false", 
 
 @functools.cache
 def field_kinds(cls: type) -> dict[str, str]:
-    """Each field's kind, from its ``kind`` metadata or else its annotation: ``int``,
-    ``float``, ``bool``, ``str``, and ``X | None`` as the kind of X plus ``?``."""
+    """Each field's kind: its ``kind`` metadata, or from its annotation ``int``, ``float``,
+    ``bool``, ``str``, with ``?`` for ``X | None``."""
     hints = typing.get_type_hints(cls)
     kinds = {}
     for f in dataclasses.fields(cls):
@@ -213,8 +209,7 @@ def _check_env(c: Any) -> None:
 
 
 def _unknown_env_hint(env_id: str, ids: list[str], installed: bool) -> str:
-    """Other versions of the same env when some are registered (its package is there: the
-    version is wrong), else the package that registers its family, else close ids."""
+    """The registered versions of the same env, else its family's package, else close ids."""
     versions = sorted(k for k in ids if k.rsplit("-v", 1)[0] == env_id.rsplit("-v", 1)[0])
     if versions:
         return f"the registered versions are {', '.join(map(repr, versions))}"
@@ -225,8 +220,7 @@ def _unknown_env_hint(env_id: str, ids: list[str], installed: bool) -> str:
 
 
 def _check_workers(c: Any) -> None:
-    """At least one worker, and no more than this machine can hold (a Ray cluster's workers
-    are the cluster's business)."""
+    """At least one worker, and no more than this machine can hold (a Ray cluster's aside)."""
     if c.num_workers < 1:
         bad("num_workers", c.num_workers,
             "training would hang with no worker to sample; set num_workers >= 1")
@@ -297,9 +291,8 @@ def _check_values(c: Any) -> None:
             bad(name, getattr(c, name), "it must be a non-negative integer (>= 0)")
 
 
-# The largest value of each count, size and time that nothing else bounds; the sizes of data
-# (batches, queues, replay, the model) are bounded by the memory estimate
-# (`impala_lab.memory_budget`), below `MAX_COUNT` so that no product of them overflows.
+# The largest value of each count and time nothing else bounds (sizes of data are the memory
+# estimate's, `impala_lab.memory_budget`; every int stays below `MAX_COUNT`: no overflow).
 MAX_COUNT = 2**31 - 1
 UPPER_BOUNDS: dict[str, tuple[int | float, str]] = {
     "num_envs_per_worker": (10_000, "more envs belong in more workers"),

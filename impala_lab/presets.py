@@ -1,9 +1,8 @@
 """`TUNED_PRESETS`: config values tuned per env on a 2-core laptop, over RLlib's defaults.
 
-``ImpalaConfig.tuned(env)`` and the CLI's ``--preset tuned`` (its default) apply them; the
-dataclass defaults stay RLlib's. Each comment says why a value is there; the runs behind it
-(seeds, intervals, what else was tried) are in docs/dependable_learning.md (CartPole),
-docs/recurrent.md, docs/pixels.md and docs/training.md (continuous actions).
+``ImpalaConfig.tuned(env)`` and the CLI's ``--preset tuned`` (its default) apply them. Each
+comment says why; the runs behind them are in docs/dependable_learning.md, docs/recurrent.md,
+docs/pixels.md and docs/training.md.
 """
 
 from __future__ import annotations
@@ -12,18 +11,15 @@ from typing import Any
 
 TUNED_PRESETS: dict[str, dict[str, Any]] = {
     # Near a return of 500 a rare failed episode gives a gradient 10^3-10^4 times the calm
-    # one: TensorFlow 1's RMSProp (its epsilon under the root, raised to 0.3) and grad_clip 10
-    # keep such bursts from flipping the policy to one that pushes one way. Batches of 200
-    # env steps (one worker sample of 25 x 8 envs) give more updates per env step; a learner
-    # queue of 4 batches keeps the batches it trains on fresh (the learner is the bottleneck
-    # here, so RLlib's 16 let them wait many updates).
+    # one: TF1 RMSProp with epsilon 0.3 and grad_clip 10 keep such bursts from flipping the
+    # policy. Batches of one worker sample (25 x 8) give more updates per env step; a queue of
+    # 4 keeps the batches fresh (the learner is the bottleneck).
     "CartPole-v1": {"num_envs_per_worker": 8, "sample_batch_size": 25, "train_batch_size": 200,
                     "opt_type": "rmsprop", "lr": 0.003, "epsilon": 0.3, "grad_clip": 10.0,
                     "vf_loss_coeff": 0.1, "entropy_coeff": 0.0, "learner_queue_size": 4},
-    # The memory task, for a recurrent policy (--use-lstm true): the value head shares the LSTM
-    # core, so a small vf_loss_coeff keeps the value loss (returns of hundreds) from drowning
-    # the policy's gradient there; the entropy bonus keeps the early policy from settling on
-    # one action while the memory is still useless; batches of one worker sample.
+    # The memory task (--use-lstm true): the value head shares the LSTM core, so a small
+    # vf_loss_coeff keeps the value loss from drowning the policy's gradient there; the
+    # entropy bonus keeps the policy from settling while the memory is still useless.
     "impala_lab/StatelessCartPole-v1": {
         "num_envs_per_worker": 8, "train_batch_size": 400, "opt_type": "rmsprop", "lr": 0.001,
         "grad_clip": 10.0, "vf_loss_coeff": 0.01, "entropy_coeff": 0.01},
@@ -36,12 +32,10 @@ TUNED_PRESETS: dict[str, dict[str, Any]] = {
              "vf_share_layers": True, "model": (128,)}
        for env in ("MinAtar/Asterix-v1", "MinAtar/Breakout-v1", "MinAtar/Freeway-v1",
                    "MinAtar/Seaquest-v1", "MinAtar/SpaceInvaders-v1")},
-    # Box actions, the diagonal Gaussian policy. Rewards of up to -16 a step, scaled by 0.01,
-    # keep the value gradient from dominating the global-norm clip; the observations' scales
-    # differ eightfold (normalize_obs); the bound penalty keeps the action mean where the env
-    # can tell actions apart (past the clip every draw near the mean is the same action, and
-    # nothing pulls the mean back). One pass over large batches kept learning where two passes
-    # lost it.
+    # Box actions. Rewards of up to -16 a step, scaled by 0.01, keep the value gradient from
+    # dominating the clip; observation scales differ eightfold (normalize_obs); the bound
+    # penalty keeps the mean where the env can tell actions apart. One pass over large
+    # batches kept learning where two lost it.
     "Pendulum-v1": {"num_envs_per_worker": 8, "sample_batch_size": 50,
                     "train_batch_size": 2000, "num_sgd_iter": 1, "opt_type": "adam",
                     "lr": 0.0005, "gamma": 0.95, "grad_clip": 40.0, "entropy_coeff": 0.0,

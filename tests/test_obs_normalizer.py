@@ -188,7 +188,7 @@ def test_a_run_shares_its_statistics_with_the_actors_and_its_checkpoint(tmp_path
                 weights, version = run.policy.get_weights()
                 by_version[version] = [w.copy() for w in weights[:3]]
         # the actor normalises with exactly the statistics of the weights it was sent
-        for a, b in zip(worker._model.get_weights()[:3], by_version[worker.weights_version],
+        for a, b in zip(worker.model.get_weights()[:3], by_version[worker.weights_version],
                         strict=True):
             np.testing.assert_array_equal(a, b)
         run.save(tmp_path / "ckpt")

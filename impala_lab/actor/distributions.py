@@ -1,15 +1,11 @@
 """Action distributions, numpy side: what the actors sample from.
 
-The network's policy head outputs a distribution's *inputs* (for a Discrete space the logits
-[N, A]); a distribution class draws actions from them (`sample`, the actors) and gives
-log-probabilities, entropies and KL divergences (`logp`, `entropy`, `kl`). Which space gets
-which distribution, and the space's own checks and sizes, are `impala_lab.spaces`'s (each class
-here extends its space kind). Each class has a TensorFlow twin in
-`impala_lab.learner.distributions` with the same name and the same math on tensors, which the
-learner's loss calls; tests hold the twins equal.
-
-The classes hold no state: their methods take the inputs array, so an actor's hot path makes
-no object per step. numpy only (actor processes import it; never TensorFlow).
+The policy head outputs a distribution's *inputs* (for a Discrete space the logits [N, A]); a
+distribution class draws actions from them (`sample`) and gives log-probabilities, entropies
+and KL divergences. Which space gets which distribution, and the space's checks and sizes,
+are `impala_lab.spaces`'s (each class extends its space kind). Each class has a TensorFlow
+twin of the same name in `impala_lab.learner.distributions`, for the loss; tests hold them
+equal. The classes hold no state (no object per step on the hot path). numpy only.
 """
 
 from __future__ import annotations
@@ -27,16 +23,13 @@ _LOG_2PI = float(np.log(2.0 * np.pi))
 
 
 class ActionDistribution(Protocol):
-    """What every action distribution class offers (all static: inputs in, arrays out).
-
-    ``inputs`` is the policy head's output [..., inputs_size]; actions are [..., *action_shape]
-    of ``action_dtype``.
+    """What every action distribution class offers (all static): ``inputs`` is the policy
+    head's output [..., inputs_size]; actions are [..., *action_shape] of ``action_dtype``;
+    ``has_log_std``: the inputs end in a log-std that may be free (`ModelSpec.free_log_std`).
     """
 
     name: str
     action_dtype: np.dtype
-    #: True when the inputs end in a log standard deviation that may be a free variable
-    #: (`ModelSpec.free_log_std`): the head then computes only the first half of the inputs
     has_log_std: bool
 
     @staticmethod
@@ -62,26 +55,14 @@ class ActionDistribution(Protocol):
 
 class Categorical(DiscreteActions):
     """A softmax policy over ``n`` actions (a ``Discrete(n)`` space); inputs are logits [..., n].
-
-    Log-probabilities, entropies and KLs are computed in float64 from a max-shifted
-    log-softmax (stable for large and -inf logits) and returned in the logits' dtype.
-    """
+    Log-probabilities, entropies and KLs are computed in float64 from a max-shifted log-softmax
+    (stable for large and -inf logits), returned in the logits' dtype."""
 
     @staticmethod
     def sample(logits: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        """One action per row from softmax(logits), by the Gumbel-max trick.
-
-        argmax(logits + Gumbel noise) is distributed as softmax(logits), needs no
-        normalisation and handles -inf (masked) logits. The draw is one
-        ``rng.gumbel(size=logits.shape)``: the same generator state gives the same actions.
-
-        Args:
-          logits: float [N, A].
-          rng: the numpy Generator to draw from.
-
-        Returns:
-          int64 [N], actions in [0, A).
-        """
+        """One action per row, int64 [N] in [0, A), from softmax(logits [N, A]) by the
+        Gumbel-max trick: argmax(logits + Gumbel noise) needs no normalisation and handles
+        -inf (masked) logits; one ``rng.gumbel(size=logits.shape)`` per call."""
         noise = rng.gumbel(size=logits.shape)
         noise += logits
         return noise.argmax(axis=1).astype(np.int64, copy=False)
@@ -130,16 +111,11 @@ class DiagGaussian(BoxActions):
     """A diagonal Gaussian over a ``Box`` space's D numbers; inputs are [..., 2D] = (mean,
     log_std).
 
-    The Box is flattened: an action is a float32 vector [D], D = prod(space.shape), reshaped
-    to the space's shape only at ``env.step`` (`env_action`). With ``ModelSpec.free_log_std``
-    (the default) the network's head computes the mean alone and ``log_std`` is a learned
-    vector [D] that does not depend on the state; the inputs still carry both halves, so the
-    batches, the loss and the twins do not care which. The sample is not squashed: `env_action`
-    clips it to the space's finite bounds on the way to the env, and the batch keeps the
-    unclipped draw, whose log-probability the loss uses (the clip is the env's business).
-
-    Log-probabilities, entropies and KLs are computed in float64 and returned in the inputs'
-    dtype.
+    An action is a float32 vector [D], D = prod(space.shape), reshaped to the space's shape
+    only at ``env.step`` (`env_action`, which also clips or squashes it: the batch keeps the
+    draw, whose log-probability the loss uses). With ``ModelSpec.free_log_std`` ``log_std`` is
+    a learned vector [D]; the inputs carry both halves either way. Log-probabilities,
+    entropies and KLs are computed in float64 and returned in the inputs' dtype.
     """
 
     @staticmethod
@@ -150,15 +126,8 @@ class DiagGaussian(BoxActions):
 
     @classmethod
     def sample(cls, inputs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        """One draw per row: mean + exp(log_std) * eps, eps ~ N(0, I) from ``rng``.
-
-        Args:
-          inputs: float [N, 2D].
-          rng: the numpy Generator to draw from (one ``standard_normal`` of [N, D]).
-
-        Returns:
-          float32 [N, D], not clipped.
-        """
+        """One draw per row of inputs [N, 2D]: mean + exp(log_std) * eps, eps ~ N(0, I) (one
+        ``rng.standard_normal`` of [N, D]); float32 [N, D], not clipped."""
         mean, log_std = cls.split(inputs)
         noise = rng.standard_normal(size=mean.shape)
         noise *= np.exp(log_std)
@@ -213,11 +182,9 @@ class DiagGaussian(BoxActions):
 def squash_to_bounds(actions: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
     """low + (tanh(a) + 1) (high - low) / 2: any real [..., D] into finite bounds [D].
 
-    The batch keeps ``a``, and the loss scores it with the Gaussian: the ratio of two
-    policies' densities of the squashed action is the ratio of their densities of ``a`` (the
-    tanh's Jacobian cancels), and so is the policy gradient, whose Jacobian term does not
-    depend on the weights. Only the entropy bonus differs: it is the Gaussian's, before the
-    squash."""
+    The batch keeps ``a`` and the loss scores it with the Gaussian: the tanh's Jacobian cancels
+    in the ratio of two policies' densities and does not depend on the weights; only the
+    entropy bonus is the Gaussian's, before the squash."""
     return low + (np.tanh(actions) + 1.0) * (0.5 * (high - low))
 
 

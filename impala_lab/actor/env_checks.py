@@ -1,15 +1,11 @@
 """What a rollout worker checks in its envs' output, and the errors that name the culprit.
 
-An observation must fit the batch exactly (shape, and a dtype the batch can hold without
-loss); observations and rewards must be finite. A bad value would otherwise be broadcast or
-cast into the batch, or surface much later as a NaN loss. Every error names the env, the env
-index, the worker and the env step, and is marked as located (``_impala_lab_located``) so
-the worker adds no second note.
-
-`fast_int64_action_check` swaps an env's Discrete action space for an equal one whose
-``contains`` is cheaper for the worker's actions (speed only: it answers the same).
-
-This module imports numpy and gymnasium only (no TensorFlow): actor processes import it.
+An observation must fit the batch exactly (shape, and a dtype the batch holds without loss);
+observations and rewards must be finite. A bad value would otherwise be broadcast or cast into
+the batch, or surface much later as a NaN loss. Every error names the env, the env index, the
+worker and the env step, and is marked located (``_impala_lab_located``: no second note).
+`fast_int64_action_check` swaps a Discrete action space for an equal one with a cheaper
+``contains``. numpy and gymnasium only (actor processes import it).
 """
 
 from __future__ import annotations
@@ -26,14 +22,9 @@ FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 class EnvOutputChecks:
-    """The slow paths of a worker's checks (the fast ones are inline in its sampling loop).
-
-    Args:
-      env_id: the env's name, for messages.
-      worker_index: the worker's index in the run, for messages.
-      observation_space: the envs' observation space.
-      obs_dtype: the batch's observation dtype (float32, or uint8 for images).
-    """
+    """The slow paths of a worker's checks (the fast ones are inline in its sampling loop),
+    for the envs' ``observation_space`` and the batch's ``obs_dtype`` (float32, or uint8 for
+    images); ``env_id`` and ``worker_index`` name the culprit."""
 
     def __init__(self, env_id: str, worker_index: int, observation_space: gym.Space,
                  obs_dtype: np.dtype) -> None:
@@ -51,25 +42,21 @@ class EnvOutputChecks:
         when = f"at env step {first_step + t}"
         if not math.isfinite(r):
             self.raise_nonfinite(i, "reward", r, when)
-        err = ValueError(  # finite as a Python float, infinite in the batch's float32
+        # finite as a Python float, infinite in the batch's float32
+        raise _located(
             f"env {self.env_id!r} (env index {i} of worker {self.worker_index}) returned "
             f"a reward of {r:g} {when}: the batch holds rewards as float32, whose largest "
             f"finite value is {FLOAT32_MAX:.4g}, so it would become inf. Fix the env (or wrap "
             "it to scale or clip its rewards); an infinite reward would otherwise surface as "
-            "a NaN loss much later."
-        )
-        err._impala_lab_located = True  # type: ignore[attr-defined]
-        raise err
+            "a NaN loss much later.")
 
     def checked_obs(self, index: int, obs: Any, when: str) -> np.ndarray:
         """The slow path of the observation check: ``obs`` as an array if the batch can hold
         it exactly, else a ValueError naming the env, the step and what the space expects.
 
-        Accepted: the space's shape exactly, and for a float batch any bool, integer or float
-        dtype (cast to float32; a value float32 cannot hold shows up as non-finite); for a
-        uint8 (image) batch uint8, or bool/integer values within 0-255. Not accepted: any other
-        shape (numpy would broadcast a scalar or a (1, 4) array into (4,)), floats for an image
-        (they would be truncated), complex, strings, objects.
+        Accepted: the space's shape exactly (numpy would broadcast others), with, for a float
+        batch, any bool, integer or float dtype, and for a uint8 (image) batch, uint8 or
+        bool/integer values within 0-255 (floats would be truncated).
         """
         try:
             arr = np.asarray(obs)
@@ -94,11 +81,8 @@ class EnvOutputChecks:
                      step: int) -> tuple[float, bool, bool]:
         """The slow path of the check on step()'s reward and end flags: a real number and two
         bools (Python's or numpy's), returned as ``float`` and ``bool``; anything else is a
-        ValueError naming the env, the step, the value and its type.
-
-        Without it a string reward would be parsed by ``float()``, ``terminated=None`` would
-        never end an episode and ``"no"`` would end every step, all without a word.
-        """
+        ValueError naming the env, the step, the value and its type (``terminated=None`` would
+        otherwise never end an episode, ``"no"`` end every step)."""
         for name, value in (("terminated", terminated), ("truncated", truncated)):
             if not isinstance(value, bool | np.bool_):
                 self._raise_bad_step(index, step, name, value, "a bool (True or False)")
@@ -111,26 +95,20 @@ class EnvOutputChecks:
 
     def _raise_bad_step(self, index: int, step: int, name: str, value: Any, expected: str
                         ) -> None:
-        err = ValueError(
+        raise _located(
             f"env {self.env_id!r} (env index {index} of worker {self.worker_index}) returned "
             f"{name}={value!r} ({type(value).__name__}) from step() at env step {step}: "
             f"{name} must be {expected}, as gymnasium's Env.step documents. Fix the env (or "
-            "wrap it to convert its output); impala_lab will not guess what the value means."
-        )
-        err._impala_lab_located = True  # type: ignore[attr-defined]
-        raise err
+            "wrap it to convert its output); impala_lab will not guess what the value means.")
 
     def _raise_bad_obs(self, index: int, when: str, what: str) -> None:
-        err = ValueError(
+        raise _located(
             f"env {self.env_id!r} (env index {index} of worker {self.worker_index}) returned "
             f"an observation {what} {when}, but its observation space "
             f"{self.observation_space} expects shape {self.obs_shape} and dtype "
             f"{self.space_dtype}. Fix the env (or wrap it to reshape or cast its "
             "observation); numpy would otherwise broadcast or cast it into the batch and the "
-            "policy would train on corrupted data."
-        )
-        err._impala_lab_located = True  # type: ignore[attr-defined]
-        raise err
+            "policy would train on corrupted data.")
 
     def check_row(self, row: np.ndarray, t: int, step: int, terminateds: np.ndarray,
                   truncateds: np.ndarray) -> None:
@@ -145,24 +123,24 @@ class EnvOutputChecks:
     def raise_nonfinite(self, index: int, quantity: str, value: Any, when: str) -> None:
         """Raise a ValueError: env ``index`` returned a non-finite ``quantity``."""
         text = np.array2string(np.asarray(value), threshold=8, precision=4)
-        err = ValueError(
+        raise _located(
             f"env {self.env_id!r} (env index {index} of worker {self.worker_index}) returned "
             f"a non-finite {quantity} {when}: {text}. "
             "Fix the env (or wrap it to clip/validate its output); a NaN here would "
-            "otherwise surface as a NaN loss much later."
-        )
-        err._impala_lab_located = True  # type: ignore[attr-defined]
-        raise err
+            "otherwise surface as a NaN loss much later.")
+
+
+def _located(message: str) -> ValueError:
+    """A ValueError marked located: the worker adds no second note."""
+    err = ValueError(message)
+    err._impala_lab_located = True  # type: ignore[attr-defined]
+    return err
 
 
 class Int64Discrete(gym.spaces.Discrete):
-    """A `Discrete` space whose ``contains`` answers an ``np.int64`` scalar directly.
-
-    Envs such as CartPole assert ``action_space.contains(action)`` on every step, and
-    gymnasium's check spends microseconds on dtype tests: a large share of a CartPole
-    worker's CPU. The worker's actions are np.int64 scalars, for which the answer is the
-    range test alone, as in `Discrete.contains`; any other value goes to `Discrete.contains`.
-    """
+    """A `Discrete` space whose ``contains`` answers an ``np.int64`` scalar (the worker's
+    actions) with the range test alone; envs such as CartPole call it on every step, and
+    gymnasium's dtype tests are a large share of such a worker's CPU."""
 
     def contains(self, x: Any) -> bool:
         if type(x) is np.int64:
@@ -177,8 +155,7 @@ class Int64Discrete(gym.spaces.Discrete):
 
 def fast_int64_action_check(env: gym.Env) -> None:
     """Replaces ``env``'s own int64 `Discrete` action space by an equal `Int64Discrete`
-    (which answers every ``contains`` the same, faster); wrappers that do not set a space of
-    their own pass the new one on. Any other action space is left alone."""
+    (the same answers, faster); any other action space is left alone."""
     unwrapped = env.unwrapped
     space = getattr(unwrapped, "action_space", None)
     if type(space) is gym.spaces.Discrete and space.dtype == np.int64:

@@ -21,40 +21,22 @@ def conv_out(size: int, kernel: int, stride: int) -> int:
 
 
 def sliding_patches(x: np.ndarray, kernel: int, stride: int) -> np.ndarray:
-    """im2col for NHWC input with 'valid' padding.
-
-    Args:
-      x: A float32 array of shape [N, H, W, C].
-      kernel: kernel height and width.
-      stride: stride in both spatial dims.
-
-    Returns:
-      A float32 array of shape [N * Ho * Wo, kernel * kernel * C], patch entries in
-      (kh, kw, C) order, matching a Keras kernel [kh, kw, C, F] reshaped to [kh*kw*C, F].
-    """
+    """im2col with 'valid' padding: x float32 [N, H, W, C] -> [N * Ho * Wo, kernel * kernel
+    * C], patch entries in (kh, kw, C) order, as a Keras kernel [kh, kw, C, F] reshaped to
+    [kh*kw*C, F]."""
     n, h, w, c = x.shape
     ho, wo = conv_out(h, kernel, stride), conv_out(w, kernel, stride)
     sn, sh, sw, sc = x.strides
     view = np.lib.stride_tricks.as_strided(
-        x,
-        shape=(n, ho, wo, kernel, kernel, c),
-        strides=(sn, sh * stride, sw * stride, sh, sw, sc),
-        writeable=False,
-    )
+        x, shape=(n, ho, wo, kernel, kernel, c),
+        strides=(sn, sh * stride, sw * stride, sh, sw, sc), writeable=False)
     return view.reshape(n * ho * wo, kernel * kernel * c)  # copies: one gemm per layer
 
 
 def conv3x3_same(x: np.ndarray, kernel2d: np.ndarray, bias: np.ndarray) -> np.ndarray:
-    """A 3x3 stride-1 convolution with 'same' (zero) padding, as one gemm.
-
-    Args:
-      x: float32 [N, H, W, C]; never written to.
-      kernel2d: float32 [9 * C, F], a Keras kernel [3, 3, C, F] reshaped.
-      bias: float32 [F].
-
-    Returns:
-      A fresh float32 [N, H, W, F].
-    """
+    """A 3x3 stride-1 convolution with 'same' (zero) padding, as one gemm: x float32
+    [N, H, W, C], kernel2d [9 * C, F] (a Keras kernel [3, 3, C, F] reshaped), bias [F] ->
+    a fresh [N, H, W, F]."""
     n, h, w, c = x.shape
     padded = np.zeros((n, h + 2, w + 2, c), np.float32)
     padded[:, 1:-1, 1:-1] = x
@@ -64,15 +46,9 @@ def conv3x3_same(x: np.ndarray, kernel2d: np.ndarray, bias: np.ndarray) -> np.nd
 
 
 def max_pool_same(x: np.ndarray) -> np.ndarray:
-    """Max-pool 3x3 stride 2 with 'same' padding (TensorFlow's: the padding never wins).
-
-    Args:
-      x: float32 [N, H, W, C].
-
-    Returns:
-      A fresh float32 [N, ceil(H / 2), ceil(W / 2), C]: the max of the nine strided views
-      of the padded map (no loop over pixels).
-    """
+    """Max-pool 3x3 stride 2 with TensorFlow's 'same' padding (the padding never wins):
+    float32 [N, H, W, C] -> a fresh [N, ceil(H / 2), ceil(W / 2), C], the max of the nine
+    strided views of the padded map."""
     n, h, w, c = x.shape
     ho, wo = -(-h // 2), -(-w // 2)
     # TensorFlow pads (total // 2) before and the rest after.
@@ -89,17 +65,10 @@ def max_pool_same(x: np.ndarray) -> np.ndarray:
 
 def impala_trunk(x: np.ndarray, convs: list[tuple[np.ndarray, np.ndarray]],
                   stacks: int) -> np.ndarray:
-    """The IMPALA network's conv stacks (`impala_lab.model_spec`), before the dense layers.
-
-    Args:
-      x: float32 [N, H, W, C]; never written to.
-      convs: (kernel [9 * C_in, C_out], bias [C_out]) of the 5 * ``stacks`` convs, in weight
-        order: per stack its conv, then each residual block's two convs.
-      stacks: the number of stacks.
-
-    Returns:
-      A fresh float32 [N, F]: relu of the last stack's map, flattened in (h, w, c) order.
-    """
+    """The IMPALA network's conv stacks (`impala_lab.model_spec`): x float32 [N, H, W, C]
+    -> a fresh [N, F], relu of the last stack's map flattened in (h, w, c) order. ``convs``:
+    (kernel [9 * C_in, C_out], bias [C_out]) of the 5 * ``stacks`` convs in weight order (per
+    stack its conv, then each residual block's two)."""
     per_stack = 1 + 2 * model_spec.RESIDUAL_BLOCKS
     for s in range(stacks):
         layer = convs[s * per_stack: (s + 1) * per_stack]
@@ -140,16 +109,13 @@ def forward_trunk(x: np.ndarray, kind: str, conv: list[tuple], dense: list[tuple
             np.maximum(y, 0.0, out=y)
             x = y.reshape(n, ho, wo, -1)
         x = x.reshape(n, -1)
-    if kind == "mlp":
-        for w, b in dense:
-            x = x @ w  # a fresh array: obs is never written to
-            x += b
-            np.tanh(x, out=x)
-        return x
     for w, b in dense:
-        x = x @ w
+        x = x @ w  # a fresh array: obs is never written to
         x += b
-        np.maximum(x, 0.0, out=x)
+        if kind == "mlp":
+            np.tanh(x, out=x)
+        else:
+            np.maximum(x, 0.0, out=x)
     return x
 
 
@@ -194,11 +160,9 @@ def lstm_step(x: np.ndarray, state: np.ndarray, kernel: np.ndarray,
 def lstm_sequence(xs: np.ndarray, state_in: np.ndarray, dones: np.ndarray,
                   kernel: np.ndarray, recurrent_kernel: np.ndarray, bias: np.ndarray
                   ) -> tuple[np.ndarray, np.ndarray]:
-    """`lstm_step` over a time-major sequence, with the state zeroed where an episode ended.
-
-    Before step t the state is zeroed wherever ``dones[t - 1]``; after the last step
-    wherever ``dones[T - 1]`` (what the next sequence starts from). This is the recurrence of
-    the learner's ``keras_model.lstm_unroll`` and of the actors' `NumpyModel.unroll`.
+    """`lstm_step` over a time-major sequence, the state zeroed before step t wherever
+    ``dones[t - 1]`` and after the last step wherever ``dones[T - 1]`` (the recurrence of
+    ``keras_model.lstm_unroll`` and `NumpyModel.unroll`).
 
     Args:
       xs: float32 [T, N, F], each step's input (the trunk's features).

@@ -1,20 +1,14 @@
 """`NumpyModel`: the policy/value network's forward pass in numpy, for the actors.
 
 It builds the network a `impala_lab.model_spec.ModelSpec` describes (that module's docstring
-has the layers, the weight order and the initialisation) for an env's spaces;
-`impala_lab.learner.keras_model.build_keras_model` builds the same network in Keras for the
-learner, from the same spec, with the same weights. The layers' numpy math is in
-`impala_lab.actor.layers`; what the policy head's outputs mean (logits of a Discrete space)
-and how actions are drawn from them is the action distribution's
-(`impala_lab.actor.distributions`).
+has the layers, the weight order and the initialisation) for an env's spaces; the learner's
+`impala_lab.learner.keras_model.build_keras_model` builds the same network in Keras, with the
+same weights. The layers' math is in `impala_lab.actor.layers`; how actions are drawn from
+the policy head's outputs is the action distribution's (`impala_lab.actor.distributions`).
 
-`NumpyModel.logits` runs the policy's path alone (what an actor needs at every step);
-`NumpyModel.__call__` adds the value (a value trunk of its own where the spec has one).
-`NumpyModel.step` is one time step of a recurrent model, `NumpyModel.unroll` a [T, B]
-sequence with the resets at episode ends.
-
-Actor processes import this module; it must never import TensorFlow or Keras (a test holds
-that).
+`logits` runs the policy's path alone (what an actor needs at every step); `__call__` adds
+the value; `step` is one time step of a recurrent model, `unroll` a [T, B] sequence with the
+resets at episode ends. Actor processes import this module: never TensorFlow or Keras.
 """
 
 from __future__ import annotations
@@ -49,16 +43,9 @@ class NumpyModel:
         state = model.initial_state(N)                   # [N, 2, C] zeros
         logits, values, state = model.step(obs, state)
 
-    `__call__` reuses no output buffers, but is meant for one thread at a time (like an
-    actor's env loop).
-
-    Args:
-      observation_space: a Box of rank 1 or 3 (`check_spaces`).
-      action_space: a space with an action distribution (``self.distribution``).
-      spec: the architecture; the default is ``ModelSpec()`` (two tanh layers of 64).
-
-    Raises:
-      ValueError: unsupported spaces (naming the space and what is supported).
+    Args: the env's ``observation_space`` (a Box of rank 1 or 3) and ``action_space`` (one
+    with an action distribution), and the ``spec`` (default ``ModelSpec()``: two tanh layers
+    of 64). Unsupported spaces raise a ValueError naming them and what is supported.
     """
 
     def __init__(self, observation_space: Any, action_space: Any,
@@ -68,27 +55,16 @@ class NumpyModel:
             raise TypeError(f"spec={spec!r} must be a ModelSpec, e.g. ModelSpec(hiddens=(64, 64))")
         self.spec = spec
         #: what the spec builds for these spaces: trunk, heads, weight shapes and gains
-        self.layout = network_layout(spec, observation_space, action_space)
-        layout = self.layout
-        self.kind = layout.kind
-        self.conv_filters = layout.conv_filters
-        self.impala_channels = layout.impala_channels
-        self.hiddens = layout.hiddens
-        self.use_lstm = layout.use_lstm
-        self.lstm_cell_size = layout.lstm_cell_size
-        self.separate_value_trunk = layout.separate_value_trunk
-        self.obs_shape = layout.obs_shape
-        self.obs_dtype = layout.obs_dtype
+        self.layout = layout = network_layout(spec, observation_space, action_space)
         #: the action distribution the policy head parameterises (numpy side)
         self.distribution = pick_distribution(action_space)
         self.num_actions = layout.num_actions
         self.free_log_std = layout.free_log_std
-        self.head_units = layout.head_units
-        self.normalize_obs = layout.normalize_obs
+        self.use_lstm = layout.use_lstm
         self._log_std: np.ndarray | None = None
         self._obs_shift: np.ndarray | None = None  # the running mean, and 1 / std
         self._obs_scale: np.ndarray | None = None
-        self._scale_uint8 = self.obs_dtype == np.uint8  # bool images are read as 0.0/1.0
+        self._scale_uint8 = layout.obs_dtype == np.uint8  # bool images are read as 0.0/1.0
         self._shapes = list(layout.shapes)
         self._weights: list[np.ndarray] | None = None
 
@@ -102,18 +78,14 @@ class NumpyModel:
 
     def initial_state(self, n: int) -> np.ndarray:
         """The state of ``n`` envs at an episode's start: float32 zeros [n, 2, C] (h, c)."""
-        return np.zeros((n, 2, self.lstm_cell_size), np.float32)
+        return np.zeros((n, 2, self.layout.lstm_cell_size), np.float32)
 
     def set_weights(self, weights: Sequence[np.ndarray]) -> None:
-        """Loads weights in `weight_shapes()` order (e.g. the learner's broadcast).
-
-        Raises:
-          ValueError: wrong number of arrays or a wrong shape (the message names the index,
-            both shapes and the network the shapes belong to).
-        """
+        """Loads weights in `weight_shapes()` order (e.g. the learner's broadcast); a
+        ValueError for a wrong count or shape names the index, both shapes and the network."""
         arrays = self._checked_weights(weights)
         self._weights = arrays
-        if self.normalize_obs:
+        if self.layout.normalize_obs:
             mean, var = arrays[0], arrays[1]
             self._obs_shift = mean
             self._obs_scale = (1.0 / np.sqrt(var + OBS_NORM_EPSILON)).astype(np.float32)
@@ -125,8 +97,9 @@ class NumpyModel:
         # (kernel, bias) of each layer; with a value trunk of its own every layer is followed
         # by its value twin.
         layers = [(arrays[i], arrays[i + 1]) for i in range(0, trunk_end, 2)]
-        pi_layers = layers[0::2] if self.separate_value_trunk else layers
-        v_layers = layers[1::2] if self.separate_value_trunk else layers
+        separate = self.layout.separate_value_trunk
+        pi_layers = layers[0::2] if separate else layers
+        v_layers = layers[1::2] if separate else layers
         self._pi_conv = self._conv_layers(pi_layers)
         self._pi_dense = pi_layers[len(self._pi_conv):]
         self._v_conv = self._conv_layers(v_layers)
@@ -137,8 +110,9 @@ class NumpyModel:
 
     def _checked_weights(self, weights: Sequence[np.ndarray]) -> list[np.ndarray]:
         """``weights`` as contiguous float32 arrays, each checked against its shape."""
-        network = (f"this {self.kind} network (obs {self.obs_shape}, {self.num_actions} "
-                   f"actions, hiddens {self.hiddens})")
+        layout = self.layout
+        network = (f"this {layout.kind} network (obs {layout.obs_shape}, {self.num_actions} "
+                   f"actions, hiddens {layout.hiddens})")
         if len(weights) != len(self._shapes):
             raise ValueError(
                 f"weights has {len(weights)} arrays but {network} needs {len(self._shapes)}: "
@@ -157,72 +131,56 @@ class NumpyModel:
         """The conv layers among ``layers``: (kernel [kh*kw*C, F], bias, size, stride) for the
         small CNN, (kernel [9*C, F], bias) for the IMPALA network's."""
         # [kh, kw, C, F] -> [kh*kw*C, F], rows in the (kh, kw, C) order of the patches.
-        if self.kind == "cnn":
+        if self.layout.kind == "cnn":
             return [(kernel.reshape(-1, kernel.shape[-1]), bias, size, stride)
                     for (kernel, bias), (_, size, stride)
-                    in zip(layers, self.conv_filters, strict=False)]
-        if self.kind == "impala":
-            count = len(self.impala_channels) * (1 + 2 * model_spec.RESIDUAL_BLOCKS)
+                    in zip(layers, self.layout.conv_filters, strict=False)]
+        if self.layout.kind == "impala":
+            count = len(self.layout.impala_channels) * (1 + 2 * model_spec.RESIDUAL_BLOCKS)
             return [(kernel.reshape(-1, kernel.shape[-1]), bias)
                     for kernel, bias in layers[:count]]
         return []
 
     def get_weights(self) -> list[np.ndarray]:
         """Copies of the loaded weights, in `weight_shapes()` order."""
-        if self._weights is None:
-            raise RuntimeError(
-                "NumpyModel has no weights yet: call set_weights(...) first, e.g. "
-                "model.set_weights(model.initial_weights(seed))"
-            )
+        self._check_weights()
         return [w.copy() for w in self._weights]
 
     def __call__(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Forward pass.
-
-        Args:
-          obs: An array of shape [N, *obs_shape] (uint8 images are scaled by 1/255).
-
-        Returns:
-          (logits, values): fresh float32 arrays of shape [N, A] and [N].
-
-        Raises:
-          RuntimeError: the model is recurrent (it needs its state: use `step`).
-        """
+        """Forward pass: obs [N, *obs_shape] (uint8 images scaled by 1/255) -> (logits,
+        values), fresh float32 [N, A] and [N]; a RuntimeError for a recurrent model (use
+        `step`)."""
         self._check_feed_forward("__call__")
         x = self._input(obs)
         features = self._features(x, self._pi_conv, self._pi_dense)
         value_features = (self._features(x, self._v_conv, self._v_dense)
-                          if self.separate_value_trunk else features)
+                          if self.layout.separate_value_trunk else features)
         return self._heads(features, value_features)
 
     def _heads(self, features: np.ndarray, value_features: np.ndarray
                ) -> tuple[np.ndarray, np.ndarray]:
         """(the distribution's inputs [N, A], values [N]) from the trunks' features."""
-        kernel, bias = self._pi_head
-        head = features @ kernel
-        head += bias
         v_kernel, v_bias = self._v_head
         values = value_features @ v_kernel[:, 0]
         values += v_bias[0]
-        return self._policy_inputs(head), values
+        return self._policy_inputs(features), values
 
-    def _policy_inputs(self, head: np.ndarray) -> np.ndarray:
-        """The distribution's inputs [N, A] from the policy head's output [N, head_units]:
-        the head itself, or the means with the free log-std appended to every row."""
+    def _policy_inputs(self, features: np.ndarray) -> np.ndarray:
+        """The distribution's inputs [N, A] from the policy trunk's features: the head's
+        output, or its means with the free log-std appended to every row."""
+        kernel, bias = self._pi_head
+        head = features @ kernel
+        head += bias
         if self._log_std is None:
             return head
         return np.concatenate([head, np.broadcast_to(self._log_std, head.shape)], axis=1)
 
     def logits(self, obs: np.ndarray) -> np.ndarray:
         """The policy's logits alone: float32 [N, A], equal to ``self(obs)[0]`` (an actor
-        needs values only for the rare truncated step, so it skips a value trunk of its own).
-        """
+        needs values only at the rare truncated step)."""
         self._check_feed_forward("logits")
-        x = self._features(self._input(obs), self._pi_conv, self._pi_dense)
-        kernel, bias = self._pi_head
-        out = x @ kernel
-        out += bias
-        return self._policy_inputs(out)
+        return self._policy_inputs(self._features(self._input(obs), self._pi_conv,
+                                                  self._pi_dense))
 
     def _check_feed_forward(self, method: str) -> None:
         if self.use_lstm:
@@ -233,34 +191,26 @@ class NumpyModel:
 
     def step(self, obs: np.ndarray, state: np.ndarray
              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """One time step of the recurrent model (``use_lstm=True``).
-
-        Args:
-          obs: An array of shape [N, *obs_shape].
-          state: float32 [N, 2, C], each env's (h, c) before this step; never written to.
-
-        Returns:
-          (logits, values, next_state): float32 [N, A], [N] and a fresh [N, 2, C].
-        """
+        """One time step of the recurrent model (``use_lstm=True``): obs [N, *obs_shape]
+        and state float32 [N, 2, C], each env's (h, c) before this step (never written to),
+        -> (logits, values, next_state): float32 [N, A], [N] and a fresh [N, 2, C]."""
         if not self.use_lstm:
             raise RuntimeError("NumpyModel.step is for a recurrent model (use_lstm=True); "
                                "call model(obs) or model.logits(obs) on this one")
         x = self._features(self._input(obs), self._pi_conv, self._pi_dense)
-        if state.shape != (x.shape[0], 2, self.lstm_cell_size):
+        cell = self.layout.lstm_cell_size
+        if state.shape != (x.shape[0], 2, cell):
             raise ValueError(
                 f"state has shape {state.shape} but {x.shape[0]} observations with "
-                f"lstm_cell_size={self.lstm_cell_size} need [N, 2, C] = "
-                f"[{x.shape[0]}, 2, {self.lstm_cell_size}]")
+                f"lstm_cell_size={cell} need [N, 2, C] = [{x.shape[0]}, 2, {cell}]")
         next_state = lstm_step(x, state, *self._lstm)
         h = next_state[:, 0]
         return (*self._heads(h, h), next_state)
 
     def unroll(self, obs: np.ndarray, state_in: np.ndarray, dones: np.ndarray
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The recurrent model over a time-major sequence, reset where an episode ended.
-
-        The state is zeroed before step t wherever ``dones[t - 1]`` (the actor resets an env's
-        state when its episode ends), and after the last step where ``dones[T - 1]``.
+        """The recurrent model over a time-major sequence, the state zeroed before step t
+        wherever ``dones[t - 1]`` (as the actor does) and after the last step.
 
         Args:
           obs: [T, B, *obs_shape].
@@ -282,17 +232,12 @@ class NumpyModel:
 
     def _input(self, obs: np.ndarray) -> np.ndarray:
         """obs [N, *obs_shape] as float32 (uint8 scaled by 1/255), after the checks."""
-        if self._weights is None:
-            raise RuntimeError(
-                "NumpyModel has no weights yet: call set_weights(...) first, e.g. "
-                "model.set_weights(model.initial_weights(seed))"
-            )
-        if obs.shape[1:] != self.obs_shape:
+        self._check_weights()
+        if obs.shape[1:] != self.layout.obs_shape:
             raise ValueError(
                 f"obs has shape {obs.shape} but this model expects [N, *obs_shape] = "
-                f"[N, {', '.join(map(str, self.obs_shape))}]; add a batch axis for one "
-                "observation (obs[None])"
-            )
+                f"[N, {', '.join(map(str, self.layout.obs_shape))}]; add a batch axis for "
+                "one observation (obs[None])")
         if self._scale_uint8:
             x = obs.astype(np.float32)
             x *= _UINT8_SCALE
@@ -303,6 +248,11 @@ class NumpyModel:
             return np.clip(x, -OBS_NORM_CLIP, OBS_NORM_CLIP, out=x)
         return obs if obs.dtype == np.float32 else obs.astype(np.float32)
 
+    def _check_weights(self) -> None:
+        if self._weights is None:
+            raise RuntimeError("NumpyModel has no weights yet: call set_weights(...) first, "
+                               "e.g. model.set_weights(model.initial_weights(seed))")
+
     def _features(self, x: np.ndarray, conv: list[tuple], dense: list[tuple]) -> np.ndarray:
         """The trunk (`layers.forward_trunk`): float32 [N, *obs_shape] -> fresh [N, F]."""
-        return forward_trunk(x, self.kind, conv, dense, len(self.impala_channels))
+        return forward_trunk(x, self.layout.kind, conv, dense, len(self.layout.impala_channels))

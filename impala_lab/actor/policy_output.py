@@ -1,14 +1,11 @@
 """What a rollout worker does with its policy's output before the envs see it.
 
 `Fragment` holds the arrays one `RolloutWorker.sample` fills. `PolicyOutput` checks each
-forward pass's distribution inputs (a NaN or infinite mean, log-std or logit is named, with
-the weights version, instead of surfacing later as a NaN loss) and turns the sampled actions
+forward pass's distribution inputs (a non-finite mean, log-std or logit is named, with the
+weights version, instead of surfacing later as a NaN loss) and turns the sampled actions
 [N, *action_shape] into what each env's ``step`` takes: a Discrete index as it is, a Box
-action clipped to the space's finite bounds (``clip_actions``), or squashed into them by tanh
-(``squash_actions``), and reshaped to the space's shape. The batch keeps the draw itself: the
-learner's log-probabilities are of the sample as the behaviour policy drew it.
-
-numpy and gymnasium only (actor processes import it; never TensorFlow).
+action clipped to the space's finite bounds (``clip_actions``) or squashed into them
+(``squash_actions``), in the space's shape. The batch keeps the draw itself. numpy only.
 """
 
 from __future__ import annotations
@@ -23,15 +20,11 @@ __all__ = ["Fragment", "PolicyOutput"]
 
 
 class Fragment:
-    """The arrays one `RolloutWorker.sample` fills, time-major.
-
-    ``obs`` [T + 1, B, *obs_shape] (row T: the observations after the last step),
-    ``actions`` [T, B, *action_shape] (int64 [T, B] for a Discrete space, float32 [T, B, D]
-    for a Box), ``logits`` [T, B, num_actions] float32 (the action distribution's inputs),
-    ``rewards64`` [T, B] float64 (checked before the cast to float32), ``terminateds`` and
-    ``truncateds`` [T, B] bool, ``truncation_values`` [T, B] float32; ``done_returns`` and
-    ``done_lengths``: the episodes that ended, in order of (step, env index); ``finals``: the
-    truncated episodes' final observations as (env index, step, observation).
+    """The arrays one `RolloutWorker.sample` fills, time-major: ``obs`` [T + 1, B, ...] (row
+    T: after the last step), ``actions`` [T, B, *action_shape], ``logits`` [T, B, A],
+    ``rewards64`` [T, B] float64 (checked before the cast), ``terminateds``, ``truncateds``
+    and ``truncation_values`` [T, B]; ``done_returns``/``done_lengths`` of the episodes that
+    ended, in (step, env index) order; ``finals``: (env index, step, final observation).
     """
 
     __slots__ = ("actions", "done_lengths", "done_returns", "finals", "logits", "obs",
@@ -62,11 +55,9 @@ class Fragment:
 class PolicyOutput:
     """One worker's checks of its policy's output and its actions' way to the envs.
 
-    Args:
-      distribution: the action distribution class (`impala_lab.actor.distributions`).
-      action_space: the envs' action space.
-      clip_actions: clip Box actions to the space's finite bounds at the env.
-      squash_actions: squash them into the bounds with tanh instead (`squash_to_bounds`).
+    Args: the action ``distribution`` class (`impala_lab.actor.distributions`), the envs'
+    ``action_space``, ``clip_actions`` and ``squash_actions`` (`squash_to_bounds`) as the
+    config's.
     """
 
     def __init__(self, distribution: Any, action_space: Any, clip_actions: bool,
@@ -100,10 +91,8 @@ class PolicyOutput:
             "the observations are far out of scale (normalise them).")
 
     def env_actions(self, actions: np.ndarray, inputs: np.ndarray, version: int) -> Any:
-        """What each env's ``step`` takes, one per row of ``actions``: ``actions`` itself
-        for a Discrete space; for a Box, each [D] row squashed (``squash_actions``) or clipped
-        (``clip_actions``) and reshaped to the space's shape (the batch keeps ``actions``
-        as drawn)."""
+        """What each env's ``step`` takes, per row of ``actions``: the index (Discrete), or the
+        [D] row squashed or clipped and in the space's shape (Box)."""
         if not self.continuous:
             return actions
         if not np.isfinite(actions).all():

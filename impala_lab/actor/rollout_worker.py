@@ -1,14 +1,12 @@
 """`RolloutWorker`: gymnasium envs stepped by a numpy policy, returning `SampleBatch`es.
 
-This is IMPALA's actor (RLlib's ``PolicyEvaluator``). It holds
-``num_envs`` envs and a numpy copy of the policy network, and each `sample` call steps
-every env ``sample_batch_size`` (T) times, giving one time-major [T, num_envs] batch with
-the behaviour logits and the weights version used, which V-trace needs to correct for the
-policy lag between this actor and the learner.
+This is IMPALA's actor (RLlib's ``PolicyEvaluator``). It holds ``num_envs`` envs and a numpy
+copy of the policy network; each `sample` call steps every env ``sample_batch_size`` (T)
+times, giving one time-major [T, num_envs] batch with the behaviour logits and the weights
+version used, which V-trace needs to correct for the policy lag.
 
-Episode boundaries. The worker loops over a plain list of envs and resets an env itself
-the moment it reports ``terminated`` or ``truncated`` (faster than
-``gymnasium.vector.SyncVectorEnv`` for small envs such as CartPole). So:
+Episode boundaries. The worker loops over a plain list of envs and resets an env itself the
+moment it reports ``terminated`` or ``truncated``. So:
 
 - ``obs[t, b]`` is always the observation the action ``actions[t, b]`` was taken in; a
   final observation is never recorded as ``obs`` and the reset is never an action.
@@ -25,14 +23,10 @@ zeroes an env's state after the step that ended its episode (terminated or trunc
 next episode starts from zeros; a truncated episode's ``truncation_values`` use the state
 after its final step, before that reset.
 
-Actions. A Discrete space's index goes to the env as it is; a Box space's draw [D] is clipped
-to the space's finite bounds (``clip_actions``) and reshaped on its way to the env, while the
-batch keeps the draw itself (`impala_lab.actor.policy_output`). A policy output that is not
-finite (a NaN mean, log-std or logit) stops the worker with an error naming it.
-
-The checks of what an env returns (shapes, dtypes, finite values) are in
-`impala_lab.actor.env_checks`. This module imports numpy and gymnasium only (no TensorFlow):
-actor processes import it.
+Actions. A Discrete index goes to the env as it is; a Box draw [D] is clipped to the space's
+finite bounds (``clip_actions``) and reshaped on its way, while the batch keeps the draw
+(`impala_lab.actor.policy_output`). What an env returns is checked in
+`impala_lab.actor.env_checks`. numpy and gymnasium only (actor processes import it).
 """
 
 from __future__ import annotations
@@ -85,36 +79,33 @@ class RolloutWorker:
         keeps the unclipped draw); no effect on Discrete actions.
       squash_actions: squash Box actions into the bounds with tanh instead of clipping.
 
+    Attributes:
+      observation_space, action_space: the envs' spaces.
+      num_envs: B; num_actions: A, the width of the behaviour logits.
+      env_id: the env id, or the factory's __qualname__.
+      model: the `NumpyModel` the worker acts with (change it with `set_weights`).
+
     Raises:
       ValueError: if an env cannot be built (naming the env), the spaces are unsupported,
         the envs disagree on their spaces, or an argument is out of range.
     """
 
-    def __init__(
-        self,
-        env: EnvSpec,
-        num_envs: int = 1,
-        sample_batch_size: int = 50,
-        model_spec: ModelSpec | None = None,
-        seed: int | None = None,
-        worker_index: int = 0,
-        clip_actions: bool = True,
-        squash_actions: bool = False,
-    ) -> None:
+    def __init__(self, env: EnvSpec, num_envs: int = 1, sample_batch_size: int = 50,
+                 model_spec: ModelSpec | None = None, seed: int | None = None,
+                 worker_index: int = 0, clip_actions: bool = True,
+                 squash_actions: bool = False) -> None:
         if not isinstance(num_envs, int) or num_envs < 1:
             raise ValueError(f"RolloutWorker: num_envs={num_envs!r} must be an int >= 1.")
         if not isinstance(sample_batch_size, int) or sample_batch_size < 1:
             raise ValueError(
-                f"RolloutWorker: sample_batch_size={sample_batch_size!r} must be an int >= 1."
-            )
+                f"RolloutWorker: sample_batch_size={sample_batch_size!r} must be an int >= 1.")
         if not (isinstance(env, str) or callable(env)):
             raise TypeError(
                 f"RolloutWorker: env={env!r} must be a gymnasium env id (str) or a "
-                "zero-argument callable returning a gymnasium.Env."
-            )
+                "zero-argument callable returning a gymnasium.Env.")
         self._env_spec = env
-        self._env_id = env_description(env)
-        self._num_envs = num_envs
+        self.env_id = env_description(env)
+        self.num_envs = num_envs
         self._T = sample_batch_size
         self.worker_index = int(worker_index)
         self.seed = seed
@@ -151,15 +142,13 @@ class RolloutWorker:
         for i in range(num_envs):
             self._envs.append(self._make_env(i))
         for i, e in enumerate(self._envs[1:], start=1):
-            if e.observation_space != self._envs[0].observation_space or (
-                e.action_space != self._envs[0].action_space
-            ):
+            if (e.observation_space, e.action_space) != (self._envs[0].observation_space,
+                                                          self._envs[0].action_space):
                 raise ValueError(
-                    f"RolloutWorker: env index {i} of {self._env_id!r} has spaces "
+                    f"RolloutWorker: env index {i} of {self.env_id!r} has spaces "
                     f"({e.observation_space}, {e.action_space}) but env 0 has "
                     f"({self._envs[0].observation_space}, {self._envs[0].action_space}); all "
-                    "envs of a worker need the same spaces."
-                )
+                    "envs of a worker need the same spaces.")
         self._set_spaces(self._envs[0].observation_space, self._envs[0].action_space,
                          conv_filters)
 
@@ -167,36 +156,34 @@ class RolloutWorker:
                     conv_filters: Sequence[Sequence[int]] | None) -> None:
         """Checks that the model takes one env's spaces and sets the batch's observation
         layout from them."""
-        self._observation_space = observation_space
-        self._action_space = action_space
+        self.observation_space = observation_space
+        self.action_space = action_space
         try:
-            check_spaces(self._observation_space, self._action_space, conv_filters)
+            check_spaces(self.observation_space, self.action_space, conv_filters)
         except ValueError as err:
-            raise ValueError(f"RolloutWorker: env {self._env_id!r}: {err}") from err
+            raise ValueError(f"RolloutWorker: env {self.env_id!r}: {err}") from err
 
-        self._obs_shape = tuple(self._observation_space.shape)
-        # The fast path of the observation check: an ndarray of exactly the space's shape
-        # and dtype (the dtype object compared by identity; any other passes or fails in
-        # `EnvOutputChecks.checked_obs`).
-        self._space_dtype = np.dtype(self._observation_space.dtype)
+        self._obs_shape = tuple(self.observation_space.shape)
+        # The observation check's fast path: exactly the space's shape and dtype (identity).
+        self._space_dtype = np.dtype(self.observation_space.dtype)
         # uint8 frames, and bool images (MinAtar's) as uint8 0/1: a quarter of float32's bytes.
         is_image = self._space_dtype in (np.uint8, np.bool_)
         self._obs_dtype = np.dtype(np.uint8 if is_image else np.float32)
         self._check_obs = self._obs_dtype.kind == "f"
-        self._checks = EnvOutputChecks(self._env_id, self.worker_index,
-                                       self._observation_space, self._obs_dtype)
+        self._checks = EnvOutputChecks(self.env_id, self.worker_index,
+                                       self.observation_space, self._obs_dtype)
 
     def _build_model(self, spec: ModelSpec, init_seed: int) -> None:
         """The numpy policy, with initial weights drawn from ``init_seed`` (version -1), and
         for a recurrent one each env's state (zeros)."""
-        self._model = NumpyModel(self._observation_space, self._action_space, spec)
-        self._num_actions = self._model.num_actions  # width of the behaviour logits
-        self._policy_output = PolicyOutput(self._model.distribution, self._action_space,
+        self.model = NumpyModel(self.observation_space, self.action_space, spec)
+        self.num_actions = self.model.num_actions  # width of the behaviour logits
+        self._policy_output = PolicyOutput(self.model.distribution, self.action_space,
                                            self._clip_actions, self._squash_actions)
         # Each env's (h, c) [num_envs, 2, C]; None for a feed-forward policy.
-        self._state = self._model.initial_state(self._num_envs) if spec.use_lstm else None
-        self._weights: list[np.ndarray] = list(self._model.initial_weights(init_seed))
-        self._model.set_weights(self._weights)
+        self._state = self.model.initial_state(self.num_envs) if spec.use_lstm else None
+        self._weights: list[np.ndarray] = list(self.model.initial_weights(init_seed))
+        self.model.set_weights(self._weights)
         self._version = -1
 
     def _make_env(self, index: int) -> gym.Env:
@@ -208,56 +195,29 @@ class RolloutWorker:
         except Exception as err:
             kind = "gymnasium.make" if isinstance(spec, str) else "the env factory"
             raise ValueError(
-                f"RolloutWorker could not build env {self._env_id!r} ({where}): {kind} raised "
-                f"{type(err).__name__}: {err}"
-            ) from err
+                f"RolloutWorker could not build env {self.env_id!r} ({where}): {kind} raised "
+                f"{type(err).__name__}: {err}") from err
         if not isinstance(e, gym.Env):
             raise TypeError(
-                f"RolloutWorker: env factory {self._env_id!r} returned {type(e).__name__}, "
-                "expected a gymnasium.Env."
-            )
+                f"RolloutWorker: env factory {self.env_id!r} returned {type(e).__name__}, "
+                "expected a gymnasium.Env.")
         fast_int64_action_check(e)
         return e
 
     def _reset_all(self, env_seeds: list[int]) -> None:
         """Resets every env, env ``i`` with seed ``env_seeds[i]``, into ``self._obs``."""
+        when = "from reset() before any step"
         for i, (e, s) in enumerate(zip(self._envs, env_seeds, strict=True)):
-            self._obs[i] = self._reset_env(i, e, seed=s)
-
-    def _reset_env(self, index: int, env: gym.Env, seed: int | None = None) -> np.ndarray:
-        obs, _ = env.reset(seed=seed)
-        steps = self._steps_per_env
-        after = f"after env step {steps}" if steps else "before any step"
-        obs = self._checks.checked_obs(index, obs, f"from reset() {after}")
-        if self._check_obs and not np.isfinite(obs).all():
-            self._checks.raise_nonfinite(index, "observation", obs, f"from reset() {after}")
-        return obs
+            obs = self._checks.checked_obs(i, e.reset(seed=s)[0], when)
+            if self._check_obs and not np.isfinite(obs).all():
+                self._checks.raise_nonfinite(i, "observation", obs, when)
+            self._obs[i] = obs
 
     # ------------------------------------------------------------------ properties
     @property
-    def observation_space(self) -> gym.Space:
-        return self._observation_space
-
-    @property
-    def action_space(self) -> gym.Space:
-        return self._action_space
-
-    @property
-    def num_actions(self) -> int:
-        return self._num_actions
-
-    @property
-    def num_envs(self) -> int:
-        return self._num_envs
-
-    @property
     def sample_batch_size(self) -> int:
+        """T, the unroll length of each `sample`."""
         return self._T
-
-    @property
-    def env_id(self) -> str:
-        """The env id, or the factory's __qualname__."""
-        return self._env_id
 
     @property
     def weights_version(self) -> int:
@@ -270,18 +230,11 @@ class RolloutWorker:
         None for a feed-forward policy."""
         return None if self._state is None else self._state.copy()
 
-    @property
-    def model(self) -> NumpyModel:
-        """The numpy policy the worker acts with (read it; change it with `set_weights`)."""
-        return self._model
-
     # ------------------------------------------------------------------ weights
     def set_weights(self, weights: list[np.ndarray], version: int) -> None:
-        """Installs the learner's weights (``keras_model.get_weights()`` order).
-
-        The arrays are used as given, not copied: do not mutate them afterwards.
-        """
-        self._model.set_weights(weights)
+        """Installs the learner's weights (``keras_model.get_weights()`` order), as given:
+        not copied, so do not mutate them afterwards."""
+        self.model.set_weights(weights)
         self._weights = list(weights)
         self._version = int(version)
 
@@ -291,12 +244,9 @@ class RolloutWorker:
 
     # ------------------------------------------------------------------ sampling
     def sample(self) -> SampleBatch:
-        """Steps every env T times with the current weights.
-
-        Returns:
-          A `SampleBatch` of shape [T, num_envs]; ``policy_versions`` is the current
-          `weights_version` for every column; the episode arrays hold the episodes that
-          ended during this call, in order of (step, env index).
+        """Steps every env T times with the current weights: a `SampleBatch` [T, num_envs]
+        whose ``policy_versions`` are all `weights_version`, its episode arrays the episodes
+        that ended in this call, in order of (step, env index).
 
         Raises:
           ValueError: if an env returns a non-finite observation or reward (naming the env,
@@ -305,27 +255,24 @@ class RolloutWorker:
         """
         if self._closed:
             raise RuntimeError(f"RolloutWorker {self.worker_index} is closed; build a new one.")
-        dist = self._model.distribution
-        frag = Fragment(self._T, self._num_envs, self._obs_shape, self._obs_dtype,
-                         self._num_actions, dist.action_shape(self._action_space),
+        dist = self.model.distribution
+        frag = Fragment(self._T, self.num_envs, self._obs_shape, self._obs_dtype,
+                         self.num_actions, dist.action_shape(self.action_space),
                          dist.action_dtype)
         frag.obs[0] = self._obs
         state_in = None if self._state is None else self._state.copy()
         first_step = self._steps_per_env + 1  # the env step of row 0
         self._step_all(frag, first_step)
-        # Rewards are checked once per fragment, for the cast to float32 that the batch
-        # holds (NaN, inf and |r| > 3.4e38 all fail the comparison).
+        # Rewards are checked once per fragment, for the batch's float32 (NaN, inf and
+        # |r| > 3.4e38 all fail the comparison).
         if not (np.abs(frag.rewards64) <= FLOAT32_MAX).all():
             self._checks.check_rewards(frag.rewards64, first_step)
         return self._finish(frag, state_in)
 
     def _step_all(self, frag: Fragment, first_step: int) -> None:
-        """Fills ``frag``: T rows, each one policy forward and one step of every env.
-
-        The actor's hot path: everything the inner loop uses is a local; only an episode's
-        end (`_end_episode`) and a row's end (`_end_row`) cost a method call.
-        """
-        model = self._model
+        """Fills ``frag``: T rows, each one policy forward and one step of every env (the
+        hot path: the inner loop uses locals; only episode and row ends call a method)."""
+        model = self.model
         sample_actions = model.distribution.sample  # the action distribution's draw
         rng = self._rng
         steps = [e.step for e in self._envs]
@@ -336,7 +283,7 @@ class RolloutWorker:
         space_dtype = self._space_dtype
         checked_obs = self._checks.checked_obs
         obs_buf = frag.obs
-        r_row = [0.0] * self._num_envs
+        r_row = [0.0] * self.num_envs
         state = self._state  # None: a feed-forward policy
         out, version = self._policy_output, self._version  # checks; actions for the envs
         i = -1
@@ -381,11 +328,8 @@ class RolloutWorker:
     def _end_episode(self, frag: Fragment, t: int, i: int, final_obs: Any, terminated: bool,
                      finals: list[tuple[int, Any]] | None, first_step: int
                      ) -> tuple[Any, list[tuple[int, Any]] | None]:
-        """Env ``i``'s episode ended at row ``t``: records it and resets the env.
-
-        Returns the reset observation (the next row's) and ``finals`` with ``(i, final
-        observation)`` added if the episode was truncated (its value is bootstrapped).
-        """
+        """Env ``i``'s episode ended at row ``t``: records it and resets the env; returns the
+        reset observation and ``finals``, with ``(i, final observation)`` if truncated."""
         if terminated:
             frag.terminateds[t, i] = True
         else:
@@ -405,10 +349,9 @@ class RolloutWorker:
 
     def _end_row(self, frag: Fragment, t: int, r_row: list[Any],
                  finals: list[tuple[int, Any]] | None, state: np.ndarray | None) -> None:
-        """Every env stepped once: stores the row's rewards, checks the next observations,
-        computes the truncated episodes' bootstrap values and keeps their final observations;
-        a recurrent policy's ``state`` (after this row's step) is zeroed, in place, for the
-        envs whose episode ended."""
+        """Every env stepped once: stores the rewards, checks the next observations, computes
+        the truncated episodes' bootstrap values (keeping their final observations), and zeroes
+        a recurrent ``state`` in place where an episode ended."""
         self._steps_per_env += 1
         frag.rewards64[t] = r_row
         nxt = frag.obs[t + 1]
@@ -429,36 +372,28 @@ class RolloutWorker:
             return
         where = f"stepping env index {i}" if i >= 0 else "computing the policy's actions"
         err.add_note(
-            f"(RolloutWorker {self.worker_index}, env {self._env_id!r}: raised while "
-            f"{where}, at step {t} of the fragment, env step {self._steps_per_env + 1})"
-        )
+            f"(RolloutWorker {self.worker_index}, env {self.env_id!r}: raised while "
+            f"{where}, at step {t} of the fragment, env step {self._steps_per_env + 1})")
 
     def _finish(self, frag: Fragment, state_in: np.ndarray | None) -> SampleBatch:
         """The `SampleBatch` of a filled fragment; the worker moves on past it."""
-        T, n = self._T, self._num_envs
+        T, n = self._T, self.num_envs
         rewards = frag.rewards64.astype(np.float32)
         self._obs = frag.obs[T].copy()
         self.num_env_steps += T * n
         self.num_episodes += len(frag.done_returns)
         return SampleBatch(
-            obs=frag.obs[:T],
-            actions=frag.actions,
-            rewards=rewards,
-            terminateds=frag.terminateds,
-            truncateds=frag.truncateds,
-            truncation_values=frag.truncation_values,
-            behaviour_logits=frag.logits,
+            obs=frag.obs[:T], actions=frag.actions, rewards=rewards,
+            terminateds=frag.terminateds, truncateds=frag.truncateds,
+            truncation_values=frag.truncation_values, behaviour_logits=frag.logits,
             bootstrap_obs=self._obs.copy(),
             policy_versions=np.full(n, self._version, np.int64),
             episode_returns=np.asarray(frag.done_returns, np.float64),
             episode_lengths=np.asarray(frag.done_lengths, np.int64),
-            state_in=state_in,
-            final_obs=frag.final_obs(),
-        )
+            state_in=state_in, final_obs=frag.final_obs())
 
-    def _fill_truncation_values(
-        self, finals: list[tuple[int, Any]], out_row: np.ndarray, state: np.ndarray | None
-    ) -> None:
+    def _fill_truncation_values(self, finals: list[tuple[int, Any]], out_row: np.ndarray,
+                                state: np.ndarray | None) -> None:
         """out_row[i] = V(final obs of env i) for every truncated env i of this step; a
         recurrent policy reads it with env i's ``state`` after the step (before its reset)."""
         idx = [i for i, _ in finals]
@@ -468,12 +403,11 @@ class RolloutWorker:
             self._checks.raise_nonfinite(
                 idx[k], "observation", final_obs[k],
                 f"at env step {self._steps_per_env} (the final observation of a truncated "
-                "episode, needed for its bootstrap value)",
-            )
+                "episode, needed for its bootstrap value)")
         if state is None:
-            _, values = self._model(final_obs)
+            _, values = self.model(final_obs)
         else:
-            _, values, _ = self._model.step(final_obs, state[idx])
+            _, values, _ = self.model.step(final_obs, state[idx])
         out_row[idx] = values
 
     # ------------------------------------------------------------------ lifetime
@@ -494,7 +428,6 @@ class RolloutWorker:
 
     def __repr__(self) -> str:
         return (
-            f"RolloutWorker(env={self._env_id!r}, num_envs={self._num_envs}, "
+            f"RolloutWorker(env={self.env_id!r}, num_envs={self.num_envs}, "
             f"sample_batch_size={self._T}, worker_index={self.worker_index}, "
-            f"weights_version={getattr(self, '_version', None)})"
-        )
+            f"weights_version={getattr(self, '_version', None)})")

@@ -1,19 +1,13 @@
 """`VectorRolloutWorker`: a rollout worker whose B envs are one gymnasium ``VectorEnv``.
 
-Same batches as `impala_lab.actor.rollout_worker.RolloutWorker` (same layout, episode-end
-rules, truncation bootstrap, LSTM state resets, checks and seeding of the policy), but each
-row is one ``VectorEnv.step`` of all B envs instead of B ``Env.step`` calls. For an env with a
-vectorised implementation (`impala_lab.envs.vector`; CartPole-v1's) that is the difference
-between one numpy call and B Python calls per row.
-
-Episode ends come from a SAME_STEP vector env (`impala_lab.envs.vector.make_vector_env`): the
-step that ends env ``i``'s episode returns the next episode's first observation at ``i`` and
-the final one in ``info["final_obs"][i]``, exactly what the per-env worker records when it
-resets an env itself. The one difference is seeding: the B envs share the vector env's
-random generator (seeded once, from env 0's seed), so their reset draws are not the per-env
-worker's, and the two paths' batches agree in law, not in bits.
-
-numpy and gymnasium only (actor processes import it).
+Same batches as `impala_lab.actor.rollout_worker.RolloutWorker` (layout, episode ends,
+truncation bootstrap, LSTM resets, checks), but each row is one ``VectorEnv.step`` of all B
+envs: for an env with a vectorised implementation (CartPole-v1's) one numpy call instead of B
+Python calls. The vector env must reset SAME_STEP (`impala_lab.envs.vector.make_vector_env`):
+the step that ends env ``i``'s episode returns the next episode's first observation at ``i``
+and the final one in ``info["final_obs"][i]``. The B envs share one random generator (seeded
+from env 0's seed), so the two workers' batches agree in law, not in bits. numpy and gymnasium
+only.
 """
 
 from __future__ import annotations
@@ -42,13 +36,9 @@ class VectorRolloutWorker(RolloutWorker):
     """`RolloutWorker` over one vector env of ``num_envs`` copies of a registered env id.
 
     Args: ``env``, a registered env id; ``make_vector_env(env, num_envs)`` builds the vector
-    env (None: `make_registered_vector_env`; the backends pass
-    `impala_lab.envs.vector.make_vector_env`, which adapts CartPole's to SAME_STEP); the rest
-    as `RolloutWorker`'s.
-
-    Raises:
-      ValueError: if the vector env cannot be built or does not reset SAME_STEP (naming the
-        env and the fix), or as `RolloutWorker`.
+    env (None: `make_registered_vector_env`); the rest as `RolloutWorker`'s. Raises ValueError
+    if the vector env cannot be built or does not reset SAME_STEP (naming the env and the
+    fix), or as `RolloutWorker`.
     """
 
     _venv: gym.vector.VectorEnv | None = None
@@ -62,20 +52,20 @@ class VectorRolloutWorker(RolloutWorker):
         if not isinstance(self._env_spec, str):
             raise ValueError(
                 f"RolloutWorker: vector_env=True needs a registered env id, not the factory "
-                f"{self._env_id!r}; set vector_env=False")
+                f"{self.env_id!r}; set vector_env=False")
         try:
             self._venv = self._make_vector_env(self._env_spec, num_envs)
         except ValueError:
             raise
         except Exception as err:
             raise ValueError(
-                f"RolloutWorker could not build the vector env of {self._env_id!r} (worker "
+                f"RolloutWorker could not build the vector env of {self.env_id!r} (worker "
                 f"{self.worker_index}): {type(err).__name__}: {err}") from err
         if getattr(self._venv, "num_envs", None) != num_envs:
             got = getattr(self._venv, "num_envs", None)
             self.close()
             raise ValueError(
-                f"RolloutWorker: the vector env of {self._env_id!r} holds num_envs={got!r} "
+                f"RolloutWorker: the vector env of {self.env_id!r} holds num_envs={got!r} "
                 f"envs, but the worker was asked for {num_envs}; its maker must build "
                 "exactly num_envs copies")
         mode = getattr(self._venv, "metadata", {}).get("autoreset_mode")
@@ -83,7 +73,7 @@ class VectorRolloutWorker(RolloutWorker):
             name = type(self._venv).__name__
             self.close()
             raise ValueError(
-                f"RolloutWorker: the vector env {name} of {self._env_id!r} resets with "
+                f"RolloutWorker: the vector env {name} of {self.env_id!r} resets with "
                 f"autoreset mode {getattr(mode, 'name', mode)}; the batches need SAME_STEP "
                 "(the reset in the step that ended the episode). Make it with "
                 "impala_lab.envs.vector.make_vector_env, which adapts CartPole's, or set "
@@ -99,28 +89,27 @@ class VectorRolloutWorker(RolloutWorker):
         self._obs[:] = self._checked_rows(obs, "from reset() before any step")
 
     def _checked_rows(self, obs: Any, when: str) -> np.ndarray:
-        """``obs`` [B, *obs_shape] as the vector env returned it, checked like the per-env
-        worker checks each env's observation (shape, dtype; finite values later, per row)."""
+        """The vector env's ``obs`` [B, *obs_shape], checked as the per-env worker's are."""
         if (type(obs) is np.ndarray and obs.shape == self._rows_shape
                 and obs.dtype is self._space_dtype):
             return obs
-        if not hasattr(obs, "__len__") or len(obs) != self._num_envs:
+        if not hasattr(obs, "__len__") or len(obs) != self.num_envs:
             self._checks.checked_obs(0, obs, f"{when} (the vector env's observations, "
-                                     f"expected {self._num_envs} rows)")
+                                     f"expected {self.num_envs} rows)")
         return np.stack([self._checks.checked_obs(i, o, when) for i, o in enumerate(obs)])
 
     def _checked_flags(self, name: str, value: Any, step: int) -> np.ndarray:
         if type(value) is np.ndarray and value.dtype == np.bool_ and value.shape == (
-                self._num_envs,):
+                self.num_envs,):
             return value
         raise ValueError(
-            f"env {self._env_id!r} (vector env of worker {self.worker_index}) returned "
+            f"env {self.env_id!r} (vector env of worker {self.worker_index}) returned "
             f"{name}={value!r} from step() at env step {step}: a vector env's {name} must be "
-            f"a bool array of shape ({self._num_envs},). Fix the env or set vector_env=False.")
+            f"a bool array of shape ({self.num_envs},). Fix the env or set vector_env=False.")
 
     def _step_all(self, frag: Fragment, first_step: int) -> None:
         """Fills ``frag``: T rows, each one policy forward and one step of the vector env."""
-        model, venv = self._model, self._venv
+        model, venv = self.model, self._venv
         sample_actions = model.distribution.sample
         rng, state = self._rng, self._state
         out, version = self._policy_output, self._version
@@ -155,14 +144,14 @@ class VectorRolloutWorker(RolloutWorker):
         except Exception as err:
             if not getattr(err, "_impala_lab_located", False):
                 err.add_note(
-                    f"(RolloutWorker {self.worker_index}, vector env {self._env_id!r}: raised "
+                    f"(RolloutWorker {self.worker_index}, vector env {self.env_id!r}: raised "
                     f"at step {t} of the fragment, env step {self._steps_per_env + 1})")
             raise
 
     def _end_episodes(self, frag: Fragment, t: int, term: np.ndarray, trunc: np.ndarray,
                       info: dict[str, Any]) -> list[tuple[int, Any]] | None:
-        """Records the episodes that ended at row ``t`` (in env order); returns the truncated
-        ones' ``(index, final observation)`` for their bootstrap values."""
+        """Records the episodes that ended at row ``t``; returns the truncated ones' ``(index,
+        final observation)``."""
         frag.terminateds[t] = term
         frag.truncateds[t] = trunc & ~term  # both set counts as terminated
         ended = np.flatnonzero(term | trunc)
@@ -176,7 +165,7 @@ class VectorRolloutWorker(RolloutWorker):
         final_obs, mask = info.get("final_obs"), info.get("_final_obs")
         if final_obs is None or mask is None or not all(mask[i] for i in truncated):
             raise ValueError(
-                f"env {self._env_id!r} (vector env of worker {self.worker_index}) truncated "
+                f"env {self.env_id!r} (vector env of worker {self.worker_index}) truncated "
                 f"env index {int(truncated[0])} at env step {self._steps_per_env + 1} without "
                 "info['final_obs'] for it: a SAME_STEP vector env must return each ended "
                 "episode's final observation there (its bootstrap value needs it)")

@@ -14,26 +14,20 @@ passes through the `MinibatchBuffer`, ``minibatch_size`` minibatches per pass)::
     total_loss  = policy_loss + kl_coeff * kl_loss + vf_loss_coeff * vf_loss
                   - entropy_coeff * entropy
 
-The value loss and the entropy are IMPALA's (`impala_lab.learner.vtrace_policy`), and so are
-the targets ``v``: V-trace with the learner's current policy, clipped at
-``vtrace_clip_rho_threshold``. Sums over the batch's steps, as IMPALA's loss here (RLlib's APPO
-takes means: the same gradient divided by T * B).
+The value loss, the entropy and the targets ``v`` (V-trace with the learner's current
+policy) are IMPALA's (`impala_lab.learner.vtrace_policy`); sums over the batch's steps (RLlib's
+APPO takes means: the same gradient divided by T * B).
 
-The reference policy. PPO's ratio compares the policy with the one that sampled the batch.
-RLlib's APPO keeps a target network for it (a copy of the learner's weights refreshed every
-few batches) and corrects for the actors' lag with ``clip(mu / pi_target, 0, 2)``; here the
-reference is the behaviour policy ``mu`` itself, whose distribution inputs every batch
-carries: no second network, and it stays fixed over all the passes of a batch. The surrogate
-is RLlib's with the target network equal to the actors' weights (its extra factor is then 1),
-so ``Ahat_t`` is V-trace's advantage ``A_t`` without its clipped weight (no
-``vtrace_clip_pg_rho_threshold``): the ratio already weights each step, and the clip bounds it.
-The targets are not: RLlib runs V-trace with the target network's policy (here that would be
-``mu``, and plain n-step returns); here V-trace runs with the learner's current policy, as in
-IMPALA's loss, so the value function learns ``pi``'s values.
+The reference policy is the behaviour policy ``mu`` itself, whose distribution inputs every
+batch carries: no target network, and it stays fixed over all the passes of a batch. That is
+RLlib's surrogate with its target network equal to the actors' weights (its extra factor
+``clip(mu / pi_target, 0, 2)`` is then 1), so ``Ahat_t`` is V-trace's advantage without its
+clipped weight: the ratio already weights each step, and the clip bounds it. V-trace's
+targets run with ``pi`` (RLlib's with the target network's), so the value function learns
+``pi``'s values.
 
 ``use_kl_loss`` adds RLlib's KL penalty toward ``mu``, its coefficient adapted after every
-update as RLlib's: times 1.5 when the batch's mean KL per step exceeds ``2 * kl_target``,
-times 0.5 below ``kl_target / 2`` (`adapt_kl_coeff`).
+update (`adapt_kl_coeff`).
 """
 
 from __future__ import annotations
@@ -46,28 +40,18 @@ APPO_STAT_KEYS = ("clip_fraction", "kl", "kl_coeff")
 
 def appo_advantages(vs: tf.Tensor, rewards: tf.Tensor, discounts: tf.Tensor,
                     values: tf.Tensor, bootstrap_value: tf.Tensor) -> tf.Tensor:
-    """Ahat_t = r_t + gamma_t * v_{t+1} - V(x_t), [T, B], without gradient.
-
-    Args:
-      vs: [T, B], the V-trace targets. rewards, discounts, values: [T, B] (the loss's, with
-        a truncated step's bootstrap already in its reward). bootstrap_value: [B], V(x_T).
-    """
+    """Ahat_t = r_t + gamma_t * v_{t+1} - V(x_t), [T, B], without gradient, from the V-trace
+    targets ``vs`` and the loss's rewards, discounts, values (all [T, B]; a truncated step's
+    bootstrap already in its reward) and ``bootstrap_value`` [B], V(x_T)."""
     next_vs = tf.concat([vs[1:], bootstrap_value[None]], axis=0)
     return tf.stop_gradient(rewards + discounts * next_vs - values)
 
 
 def clipped_surrogate(log_rhos: tf.Tensor, advantages: tf.Tensor, clip_param: float
                       ) -> tuple[tf.Tensor, tf.Tensor]:
-    """PPO's clipped surrogate loss, summed over the steps, and its clip fraction.
-
-    Args:
-      log_rhos: [T, B], log pi(a_t|x_t) - log mu(a_t|x_t), with the gradient through pi.
-      advantages: [T, B], `appo_advantages` (no gradient).
-      clip_param: the clip range epsilon.
-
-    Returns:
-      (policy_loss, the fraction of steps whose ratio lies outside [1 - eps, 1 + eps]).
-    """
+    """(PPO's clipped surrogate loss summed over the steps, the fraction of steps whose ratio
+    lies outside [1 - clip_param, 1 + clip_param]) from ``log_rhos`` [T, B], log pi - log mu
+    (the gradient through pi), and `appo_advantages` [T, B]."""
     ratio = tf.exp(log_rhos)
     clipped = tf.clip_by_value(ratio, 1.0 - clip_param, 1.0 + clip_param)
     surrogate = tf.minimum(ratio * advantages, clipped * advantages)

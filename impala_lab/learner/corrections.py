@@ -17,13 +17,11 @@ them, the uncorrected n-step return (V-trace with every weight set to 1; no GAE,
     G_t = r_t + gamma_t * G_{t+1},   G_T = V(x_T)
         = sum_{s=t}^{T-1} (prod_{i=t}^{s-1} gamma_i) r_s + (prod_{i=t}^{T-1} gamma_i) V(x_T)
 
-``"none"`` (no correction: the lagged data treated as on-policy; RLlib's ``vtrace=False``)::
+``"none"`` (the lagged data treated as on-policy; RLlib's ``vtrace=False``, with the learner's
+V as in the paper)::
 
     v_t = G_t
     g_t = log pi(a_t|x_t) * (G_t - V(x_t))
-
-(RLlib's non-V-trace loss, its A3C loss with lambda = 1, computes the same return on the
-actor with the behaviour policy's values; here V is the learner's, as in the paper.)
 
 ``"epsilon"`` (GA3C's epsilon-correction, epsilon = 1e-6 inside the log, so an action that
 ``pi`` has all but ruled out cannot give an unbounded gradient)::
@@ -43,12 +41,10 @@ are 1 in the paper)::
     v_t = V-trace target (clipped rho_t and c_t = min(1, rho_t) in the sum of TD errors)
     g_t = min(rho_pg_bar, rho_t) * log pi(a_t|x_t) * (r_t + gamma_t * v_{t+1} - V(x_t))
 
-``rho_bar`` is the config's ``vtrace_clip_rho_threshold`` and ``rho_pg_bar`` its
-``vtrace_clip_pg_rho_threshold`` (None: no clip). ``G_t - V(x_t)`` equals
-``r_t + gamma_t * G_{t+1} - V(x_t)``, the same form as V-trace's advantage. The targets and
-advantages carry no gradient: only ``log pi``, ``V`` and the entropy do. ``log pi`` and
-``log mu`` come from the action distribution (`impala_lab.learner.distributions`), so every
-correction works for any action space that has one.
+``rho_bar`` and ``rho_pg_bar`` are ``vtrace_clip_rho_threshold`` and
+``vtrace_clip_pg_rho_threshold`` (None: no clip). Targets and advantages carry no gradient;
+``log pi`` and ``log mu`` come from the action distribution
+(`impala_lab.learner.distributions`), so every correction works for any action space.
 """
 
 from __future__ import annotations
@@ -66,16 +62,10 @@ EPSILON = 1e-6
 
 CorrectionTerms = collections.namedtuple(
     "CorrectionTerms", ["vs", "pg_advantages", "log_probs", "log_rhos"])
-CorrectionTerms.__doc__ = """The parts of the loss that a correction decides.
-
-Fields:
-  vs: [T, B] value targets v_t (no gradient).
-  pg_advantages: [T, B] the advantage each step's log-probability is multiplied by,
-    importance weight included (no gradient).
-  log_probs: [T, B] the log-probability term of the policy gradient: log pi(a_t|x_t), or
-    log(pi(a_t|x_t) + 1e-6) for "epsilon" (carries the gradient).
-  log_rhos: [T, B] log(pi(a_t|x_t) / mu(a_t|x_t)) (for the mean_rho stat).
-"""
+CorrectionTerms.__doc__ = """The parts of the loss that a correction decides, each [T, B]:
+vs, the value targets v_t, and pg_advantages, the (weighted) advantages (no gradient);
+log_probs, log pi(a_t|x_t) (or log(pi + 1e-6) for "epsilon", with gradient); log_rhos,
+log(pi(a_t|x_t) / mu(a_t|x_t)) (for the mean_rho stat)."""
 
 
 def correction_terms(correction: str, behaviour_logits: Any, target_logits: Any,
@@ -90,14 +80,11 @@ def correction_terms(correction: str, behaviour_logits: Any, target_logits: Any,
       behaviour_logits: float32 [T, B, A], the actors' distribution inputs (mu; logits).
       target_logits: float32 [T, B, A], the learner's distribution inputs (pi).
       actions: [T, B] (int for a Discrete space), the actions taken.
-      discounts: float32 [T, B], gamma_t (0 where an episode terminated).
-      rewards: float32 [T, B].
-      values: float32 [T, B], V(x_t) of the learner.
-      bootstrap_value: float32 [B], V(x_T).
-      clip_rho_threshold: rho_bar of V-trace's targets (None: no clip).
-      clip_pg_rho_threshold: rho_pg_bar of "vtrace" and "is1" (None: no clip).
-      distribution: the action distribution's TensorFlow twin
-        (`impala_lab.learner.distributions`) whose ``logp`` gives log pi and log mu.
+      discounts, rewards, values: float32 [T, B], gamma_t (0 where an episode terminated),
+        r_t and the learner's V(x_t); bootstrap_value: float32 [B], V(x_T).
+      clip_rho_threshold, clip_pg_rho_threshold: rho_bar of V-trace's targets, rho_pg_bar of
+        "vtrace" and "is1" (None: no clip).
+      distribution: the TensorFlow action distribution whose ``logp`` gives log pi and log mu.
 
     Returns:
       `CorrectionTerms`; the loss's policy term is ``-sum(log_probs * pg_advantages)``.

@@ -1,11 +1,9 @@
 """Action distributions, TensorFlow side: the twins of `impala_lab.actor.distributions`.
 
-The actors sample with the numpy class; the learner's loss (`impala_lab.learner.vtrace_policy`)
-and the off-policy corrections (`impala_lab.learner.corrections`) take log-probabilities,
+The actors sample with the numpy class; the loss and the corrections take log-probabilities,
 entropies and KLs from its twin here, on tensors, with gradients. `tf_distribution` picks the
-twin by the action space's kind (`impala_lab.spaces.action_space_kind`), the same table the
-numpy side reads, so the two sides never disagree on which distribution a space gets. A new
-distribution is one class here, named as its numpy twin and listed in `TWINS`.
+twin by the action space's kind (`impala_lab.spaces.action_space_kind`), the table the numpy
+side reads. A new distribution is one class here, named as its numpy twin, in `TWINS`.
 """
 
 from __future__ import annotations

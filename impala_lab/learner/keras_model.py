@@ -1,19 +1,12 @@
 """The learner's Keras network: the network a `impala_lab.model_spec.ModelSpec` describes (that
 module's docstring has the layers, the weight order and the initialisation), the same as the
-actors' numpy model.
+actors' numpy model. `build_keras_model` builds it with the layout's initial weights;
+`keras_forward` runs it eagerly. Keras is imported inside the functions (a cheap import).
 
-`build_keras_model` builds it for an env's spaces from the spec's `NetworkLayout` and loads
-the layout's initial weights, so a learner and actors built with the same seed start from the
-same weights;
-`keras_forward` runs it eagerly. Keras is imported inside the functions: importing this
-module stays cheap.
-
-A recurrent model (``use_lstm=True``) is one time step: inputs (obs [N, *obs_shape],
-state_in [N, 2, C]) and outputs (logits [N, A], value [N], state_out [N, 2, C]), the LSTM a
-Keras ``LSTMCell`` named ``"lstm"`` on the trunk's output (the ``"features"`` layer). The
-learner does not call it step by step: `lstm_unroll` runs the trunk once over all T x B
-observations, then the cell's recurrence along T with the episode resets (as scalable_agent's
-``_unroll`` does), then the heads once over all outputs.
+A recurrent model (``use_lstm=True``) is one time step: (obs [N, *obs_shape], state_in
+[N, 2, C]) -> (logits [N, A], value [N], state_out [N, 2, C]), a Keras ``LSTMCell`` "lstm" on
+the trunk's "features". `lstm_unroll` runs the trunk once over all T x B observations, the
+cell along T with the episode resets (as scalable_agent's ``_unroll``), the heads once.
 """
 
 from __future__ import annotations
@@ -24,14 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from impala_lab import model_spec
-from impala_lab.model_spec import (
-    HIDDEN_GAIN,
-    POLICY_GAIN,
-    VALUE_GAIN,
-    ModelSpec,
-    NetworkLayout,
-    network_layout,
-)
+from impala_lab.model_spec import ModelSpec, NetworkLayout, network_layout
 
 if TYPE_CHECKING:  # for annotations only
     import keras
@@ -40,24 +26,13 @@ if TYPE_CHECKING:  # for annotations only
 
 def build_keras_model(observation_space: Any, action_space: Any, spec: ModelSpec | None = None,
                       seed: int | None = None) -> keras.Model:
-    """Builds the Keras network (the learner's) that ``spec`` describes, for these spaces.
+    """The Keras network ``spec`` (None: ``ModelSpec()``) describes for these spaces (a Box
+    of rank 1 or 3; a space with an action distribution): obs [N, *obs_shape] -> [logits
+    [N, A], value [N]]; a recurrent one takes [obs, state_in] and also returns state_out.
 
-    The model maps an observation batch [N, *obs_shape] to (logits [N, A], value [N]);
-    its weights start as `NetworkLayout.initial_weights(seed)`, so a learner and actors
-    built with the same spec and seed start from the same weights.
-
-    Args:
-      observation_space: a gymnasium Box of rank 1 (MLP) or rank 3 (HxWxC, CNN).
-      action_space: a space with an action distribution (a Discrete).
-      spec: the architecture (`impala_lab.model_spec.ModelSpec`); None: ``ModelSpec()``.
-      seed: seed of the initial weights; None draws fresh ones.
-
-    Returns:
-      A functional `keras.Model` with outputs [logits, value]; a recurrent one takes
-      [obs, state_in] and also returns state_out (see the module docstring).
-
-    Raises:
-      ValueError: unsupported spaces.
+    Its weights start as `NetworkLayout.initial_weights(seed)` (None: fresh ones), so a
+    learner and actors built with the same spec and seed agree. Raises ValueError for
+    unsupported spaces.
     """
     import keras  # learner only: actors must not pay for TensorFlow
 
@@ -66,7 +41,7 @@ def build_keras_model(observation_space: Any, action_space: Any, spec: ModelSpec
     obs = keras.Input(shape=layout.obs_shape, name="obs",
                       dtype="uint8" if layout.obs_dtype in (np.uint8, np.bool_)
                       else "float32")
-    hidden_init = keras.initializers.Orthogonal(gain=HIDDEN_GAIN, seed=seed)
+    hidden_init = keras.initializers.Orthogonal(gain=model_spec.HIDDEN_GAIN, seed=seed)
     x = _keras_input_scaling(obs, layout.obs_dtype)
     if layout.normalize_obs:  # first layer: its weights lead get_weights()
         from impala_lab.learner.obs_normalizer import ObsNormalizer
@@ -108,12 +83,11 @@ def _keras_input_scaling(obs: Any, obs_dtype: np.dtype) -> Any:
 
 def _keras_heads(features: Any, value_features: Any, num_outputs: int, seed: int | None,
                  free_log_std: bool = False) -> list[Any]:
-    """[logits [N, A], value [N]]: the policy head on ``features``, the value head on
-    ``value_features``; with ``free_log_std`` the head computes the A / 2 means and appends
-    its learned log-std (`impala_lab.learner.policy_head.MeanAndFreeLogStd`)."""
+    """[logits [N, A], value [N]] from the policy and value heads; with ``free_log_std`` the
+    A / 2 means and a learned log-std (`policy_head.MeanAndFreeLogStd`)."""
     import keras
 
-    policy_init = keras.initializers.Orthogonal(gain=POLICY_GAIN, seed=seed)
+    policy_init = keras.initializers.Orthogonal(gain=model_spec.POLICY_GAIN, seed=seed)
     if free_log_std:
         from impala_lab.learner.policy_head import MeanAndFreeLogStd
 
@@ -122,11 +96,8 @@ def _keras_heads(features: Any, value_features: Any, num_outputs: int, seed: int
     else:
         logits = keras.layers.Dense(num_outputs, kernel_initializer=policy_init,
                                     name="logits_head")(features)
-    value = keras.layers.Dense(
-        1,
-        kernel_initializer=keras.initializers.Orthogonal(gain=VALUE_GAIN, seed=seed),
-        name="value_head",
-    )(value_features)
+    value_init = keras.initializers.Orthogonal(gain=model_spec.VALUE_GAIN, seed=seed)
+    value = keras.layers.Dense(1, kernel_initializer=value_init, name="value_head")(value_features)
     # Both outputs one layer past their heads: equal depth keeps get_weights() in
     # [..., logits_head, value_head] order (Keras orders layers by depth).
     logits = keras.layers.Identity(name="logits")(logits)
@@ -135,9 +106,8 @@ def _keras_heads(features: Any, value_features: Any, num_outputs: int, seed: int
 
 
 def _keras_trunk(x: Any, layout: NetworkLayout, init: Any, prefix: str) -> Any:
-    """The hidden layers of one trunk on the Keras tensor ``x``: for images the conv trunk
-    and a flatten, then the dense layers; layer names start with ``prefix`` (``"value_"`` for
-    the value trunk). ``layout`` says which layers."""
+    """One trunk's hidden layers on ``x`` (for images the conv trunk and a flatten, then the
+    dense layers), named with ``prefix`` (``"value_"`` for the value trunk)."""
     import keras
 
     kind, hiddens = layout.kind, layout.hiddens
@@ -146,22 +116,14 @@ def _keras_trunk(x: Any, layout: NetworkLayout, init: Any, prefix: str) -> Any:
         x = keras.layers.Flatten(name=f"{prefix}flatten")(x)
     if kind == "cnn":
         for i, (filters, kernel, stride) in enumerate(layout.conv_filters):
-            x = keras.layers.Conv2D(
-                filters,
-                kernel,
-                strides=stride,
-                padding="valid",
-                data_format="channels_last",
-                activation="relu",
-                kernel_initializer=init,
-                name=f"{prefix}conv_{i}",
-            )(x)
+            x = keras.layers.Conv2D(filters, kernel, strides=stride, padding="valid",
+                                    data_format="channels_last", activation="relu",
+                                    kernel_initializer=init, name=f"{prefix}conv_{i}")(x)
         x = keras.layers.Flatten(name=f"{prefix}flatten")(x)
     activation = "tanh" if kind == "mlp" else "relu"
     for i, size in enumerate(hiddens):
-        x = keras.layers.Dense(
-            size, activation=activation, kernel_initializer=init, name=f"{prefix}hidden_{i}",
-        )(x)
+        x = keras.layers.Dense(size, activation=activation, kernel_initializer=init,
+                               name=f"{prefix}hidden_{i}")(x)
     return x
 
 
@@ -188,15 +150,8 @@ def _keras_impala_stacks(x: Any, channels: Sequence[int], init: Any, prefix: str
 
 
 def keras_forward(model: keras.Model, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Eager Keras forward (for tests and notebooks; far slower than the actors' numpy).
-
-    Args:
-      model: a model from `build_keras_model`.
-      obs: An array of shape [N, *obs_shape].
-
-    Returns:
-      (logits, values): numpy float32 arrays of shape [N, A] and [N].
-    """
+    """Eager forward of a `build_keras_model` model (tests, notebooks): obs [N, *obs_shape]
+    -> (logits, values), numpy float32 [N, A] and [N]."""
     logits, values = model(obs, training=False)
     return np.asarray(logits), np.asarray(values)
 
@@ -214,12 +169,9 @@ def lstm_unroll(model: keras.Model, trunk: keras.Model, obs: tf.Tensor, state_in
                 dones: tf.Tensor, bootstrap_obs: tf.Tensor,
                 final: tuple[tf.Tensor, tf.Tensor] | None = None
                 ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor]:
-    """A recurrent model over a [T, B] batch, resetting the state where an episode ended.
-
-    Before step t the state is zeroed wherever ``dones[t - 1]`` (the actor reset it there), so
-    each column's trajectory is what its actor computed, given the same weights. After the
-    last step one more step on ``bootstrap_obs`` (zeroed first where ``dones[T - 1]``) gives
-    the bootstrap value: the state after the last step, as the next unroll's ``state_in``.
+    """A recurrent model over a [T, B] batch, the state zeroed before step t wherever
+    ``dones[t - 1]`` (as the actor did), then one more step on ``bootstrap_obs`` for the
+    bootstrap value.
 
     Args:
       model: a recurrent model from `build_keras_model`.

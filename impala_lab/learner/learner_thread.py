@@ -7,18 +7,14 @@ number of trained env steps on ``outqueue`` and sets the weights-updated flag so
 knows to broadcast. The driver reaches all three only through the `LearnerPort` calls
 (``put_batch``, ``drain_trained``, ``take_weights_updated``; `impala_lab.learner.port`).
 
-Two policy lags: the driver measures a batch's lag when it reaches the driver
-(``stats()["policy_lag"]``); the learner measures it again each time it trains on the batch
-(``stats()["policy_lag_at_training"]``): its weights version at that moment minus the version
-that sampled each column. The second is larger: the batch waited in the learner queue and the
-ring meanwhile, and every one of its num_sgd_iter passes (and every replay) counts.
+Two policy lags: the driver's when a batch arrives (``stats()["policy_lag"]``), and the
+learner's each time it trains on the batch (``stats()["policy_lag_at_training"]``), larger by
+the waits in the queue and the ring and by every pass.
 
-Why a thread: the driver keeps talking to the actors while TensorFlow runs the update (TF
-releases the GIL inside its kernels).
-
-``step()`` can be called by hand (``Impala(config, start_learner=False)``) to walk through one
-learner step in a notebook. An exception inside the thread is kept with its traceback and
-raised in the driver's next step as a `LearnerError` naming the stage; nothing dies silently.
+A thread, so the driver keeps talking to the actors while TensorFlow (GIL released) runs the
+update. ``step()`` can be called by hand (``Impala(config, start_learner=False)``). An
+exception in the thread is raised in the driver's next step as a `LearnerError` naming the
+stage, with its traceback.
 """
 
 from __future__ import annotations
@@ -42,19 +38,16 @@ class LearnerThread(threading.Thread):
 
     Args:
       policy: a `VTracePolicy` (anything with ``learn_on_batch(batch) -> dict``).
-      minibatch_buffer_size: slots of the minibatch ring.
-      num_sgd_iter: passes over each batch (the ring's max ttl).
-      learner_queue_size: bound of ``inqueue``.
-      learner_queue_timeout: seconds an empty queue is tolerated before an error.
+      minibatch_buffer_size, num_sgd_iter: the minibatch ring's slots and max ttl.
+      learner_queue_size, learner_queue_timeout: the bound of ``inqueue``, and the seconds
+        it may stay empty before an error.
 
     Attributes:
       last_train_metrics: the loss metrics of the latest update (``stats()["learner"]``).
-      learner_queue_stat: a `WindowStat` of ``inqueue``'s length after each step (the last
-        50; ``stats()["learner_queue"]``).
-      train_lag_stat: a `WindowStat` of the mean policy lag of each batch trained on, taken
-        just before the update (the last 100); max_train_lag: the largest lag of any column
-        trained on so far; recent_train_lags: the lag of the oldest column of each of the
-        last 1000 batches trained on.
+      learner_queue_stat: ``inqueue``'s length after each of the last 50 steps.
+      train_lag_stat: the mean policy lag of each of the last 100 batches trained on;
+        max_train_lag: the largest column lag so far; recent_train_lags: the oldest column's
+        lag in each of the last 1000 batches.
     """
 
     stage = "learner thread"
@@ -77,8 +70,7 @@ class LearnerThread(threading.Thread):
         self.load_wait_timer = TimerStat()
         self._weights_updated = UpdateFlag()  # set here after each update; the driver takes it
         self.last_train_metrics: dict[str, float] = {}
-        # Called with each train step's stats, in this thread (the run's health monitor):
-        # it sees every step, where stats() only shows the last one.
+        # Called with every train step's stats, in this thread (the run's health monitor).
         self.on_train_step: Callable[[dict[str, float]], None] | None = None
         self.stopped = False
         self.num_steps = 0
@@ -100,15 +92,9 @@ class LearnerThread(threading.Thread):
         return LearnerError(self.stage, f"{type(exc).__name__}: {exc}", traceback.format_exc())
 
     def step(self, block_timeout: float | None = None) -> bool:
-        """One learner step: take a batch from the ring, train on it, report.
-
-        Args:
-          block_timeout: seconds to wait for a batch; None waits (up to
-            learner_queue_timeout in all).
-
-        Returns:
-          True if a batch was trained on, False if none came within ``block_timeout``.
-        """
+        """One learner step: take a batch from the ring, train on it, report. True if a
+        batch was trained on, False if none came within ``block_timeout`` seconds (None
+        waits, up to learner_queue_timeout in all)."""
         try:
             with self.queue_timer:
                 batch, _ = self.minibatch_buffer.get(block_timeout=block_timeout)
@@ -121,8 +107,7 @@ class LearnerThread(threading.Thread):
         return True
 
     def _record_train_lag(self, batch: Any) -> None:
-        """The batch's policy lag now, before the update: the policy's version minus the
-        version that sampled each column. Only reads: training is the same with or without."""
+        """The batch's policy lag now, before the update (only reads)."""
         versions = getattr(batch, "policy_versions", None)
         version = getattr(self.policy, "version", None)
         if versions is None or version is None or len(versions) == 0:
@@ -165,8 +150,7 @@ class LearnerThread(threading.Thread):
 
     @property
     def weights_updated(self) -> bool:
-        """Whether an update landed since the driver last took the flag (read-only: only
-        ``take_weights_updated()`` clears it)."""
+        """Whether an update landed since the driver last took the flag (read-only)."""
         return self._weights_updated.peek()
 
     @property

@@ -1,11 +1,10 @@
 """`MinibatchBuffer`: the learner's ring of recent train batches, each used several times.
 
-With ``num_sgd_iter > 1`` the learner makes several SGD passes over each train batch. Doing
-them back to back overfits one batch; RLlib instead keeps a ring of
-``minibatch_buffer_size`` slots and cycles through it, so passes over different batches
-interleave. Each slot holds one item and its ttl (passes left). The ttl an item gets ramps
-up: the first item gets 1 pass, the next 2, ... up to ``num_sgd_iter``, so the ring starts
-training at once instead of waiting for ``size`` batches to arrive.
+With ``num_sgd_iter > 1`` the learner makes several passes over each train batch. Back to
+back they would overfit one batch; RLlib keeps a ring of ``minibatch_buffer_size`` slots and
+cycles through it, so passes over different batches interleave. Each slot holds an item and
+its ttl (passes left); the ttl ramps up (the first item gets 1 pass, the next 2, ... up to
+``num_sgd_iter``), so training starts at once.
 
 Example, size 2, num_sgd_iter 3, items 0, 1, 2, ... from the queue; each `get` returns
 ``(item, released)``::
@@ -38,40 +37,22 @@ def _check_int(name: str, value: Any, fix: str) -> None:
 class MinibatchBuffer:
     """Ring buffer of recent items (train batches) for minibatch SGD, as in RLlib.
 
-    Two timeouts, for two purposes:
-
-    - ``get(block_timeout=...)``, per call: lets the learner thread wait in short slices and
-      check its stop flag in between. If nothing arrives within `block_timeout`, `get`
-      raises ``queue.Empty`` and the ring is unchanged, so the call can simply be repeated.
-    - `timeout` (the config's ``learner_queue_timeout``), overall: the seconds spent
-      blocked in `get` calls since the last item arrived, summed over calls. Once they reach
-      `timeout`, `get` raises `LearnerQueueTimeout` (a ``TimeoutError``; not a
-      ``queue.Empty``) instead: the actors have stopped delivering. Time spent outside
-      `get` (the learner training, a student pausing between step-through cells) does not
-      count. The sum restarts at 0 after an item arrives and after the error is raised.
-
-    With neither timeout, `get` blocks until an item arrives, exactly as RLlib's.
+    Two timeouts: ``get(block_timeout=...)`` per call, so the learner thread waits in short
+    slices and checks its stop flag (``queue.Empty``, the ring unchanged: call again); and
+    `timeout` (``learner_queue_timeout``), the seconds blocked in `get` since the last item
+    arrived, summed over calls: reaching it raises `LearnerQueueTimeout` (the actors stopped
+    delivering). Time outside `get` does not count. With neither, `get` blocks as RLlib's.
 
     Attributes:
-      inqueue: the queue items come from (``queue.Queue``-like: ``get(block, timeout)``).
-      size: number of slots.
-      num_sgd_iter: the most times an item is served (RLlib's ``max_ttl``).
-      cur_max_ttl: the ttl the next fetched item gets (ramps from 1 up to `num_sgd_iter`).
-      timeout: `learner_queue_timeout` in seconds, or None for no limit.
+      inqueue: the queue items come from (``get(block, timeout)``); size: slots;
+      num_sgd_iter: the most times an item is served (RLlib's ``max_ttl``); cur_max_ttl:
+      the ttl the next fetched item gets; timeout: seconds, or None for no limit.
     """
 
     def __init__(self, inqueue: Any, size: int, num_sgd_iter: int,
                  timeout: float | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        """Creates an empty ring.
-
-        Args:
-          inqueue: queue to fill the ring from.
-          size: slots in the ring (``minibatch_buffer_size``), >= 1.
-          num_sgd_iter: times each item is served at most, >= 1.
-          timeout: ``learner_queue_timeout``, seconds > 0, or None to wait forever.
-          clock: returns the current time in seconds; the waits in `get` are measured on it.
-        """
+        """An empty ring; ``clock`` (seconds) measures the waits in `get`."""
         _check_int("size", size, "the ring needs at least 1 slot; set minibatch_buffer_size >= 1")
         _check_int("num_sgd_iter", num_sgd_iter,
                    "each item must be served at least once; set num_sgd_iter >= 1")
@@ -81,8 +62,7 @@ class MinibatchBuffer:
         self.inqueue = inqueue
         self.size = int(size)
         self.num_sgd_iter = int(num_sgd_iter)
-        # The ttl grows by one per new batch up to num_sgd_iter: the first batches are used few
-        # times each, so the first updates do not all fit the same few samples.
+        # The first batches are used few times each: the first updates do not all fit them.
         self.cur_max_ttl = 1
         self.timeout = timeout
         self.buffers: list[Any] = [None] * self.size

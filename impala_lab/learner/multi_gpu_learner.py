@@ -17,64 +17,35 @@ The data's way through it::
                  towers: on device i, grads_i = d loss(part i) / d weights
                  grad = grads_0 + ... + grads_{n-1}; clip; one optimizer step
 
-`num_data_loader_buffers` `DataBuffer` slots move between the idle and the ready queue, so at
-most that many train batches are staged on the devices (plus the one being trained on, see
-*Release before the step*). Devices are ``/gpu:i`` for ``num_gpus`` real GPUs; with
-``fake_gpus=True`` the CPU is split into ``num_gpus`` logical devices ``/cpu:i``, so the
-whole design runs, and can be stepped through, on a laptop. ``num_gpus`` 0 (with
-``num_data_loader_buffers > 1``) uses ``/cpu:0``.
+At most ``num_data_loader_buffers`` train batches are staged on the devices (plus the one
+being trained on). Devices are ``/gpu:i``; ``fake_gpus=True`` splits the CPU into
+``num_gpus`` logical devices ``/cpu:i``, so the design runs on a laptop; ``num_gpus`` 0 uses
+``/cpu:0``.
 
-Explicit towers, not ``tf.distribute.MirroredStrategy``. One ``tf.function`` unrolls a Python
-loop over the devices; inside ``with tf.device(d)`` it calls the ordinary
-``VTracePolicy.compute_gradients`` on the tensors staged on ``d``, then combines the gradients
-and calls ``VTracePolicy.apply_gradients`` once. Reasons:
+Explicit towers, not ``tf.distribute.MirroredStrategy``: one ``tf.function`` loops over the
+devices, calls the ordinary ``VTracePolicy.compute_gradients`` under ``tf.device(d)`` on the
+tensors staged there, and ``VTracePolicy.apply_gradients`` once. The policy is reused
+unchanged (model, variables, optimizer slots, checkpoints, live knobs), and the split, the
+all-reduce and the staging stay visible instead of hidden behind ``strategy.run``.
 
-- it reuses the policy unchanged: the same Keras model, variables and optimizer slots as
-  the single-device learner, so checkpoints, ``get_weights`` and the live knobs (``lr``,
-  ``entropy_coeff``) need nothing new; a MirroredStrategy needs the model and the optimizer
-  built inside its scope (or the first step fails with a placeholder error);
-- every step of the idea is visible in ten lines a student can read and change, where the
-  strategy hides the split, the all-reduce and the staging behind ``strategy.run``;
-- it was cheaper: MirroredStrategy took 1.5-1.9x the CPU time per learner step on fake
-  devices (``python -m bench.multi_gpu --mirrored`` measures both).
+Gradients are summed. The loss is a *sum* over T x B steps and V-trace runs along T within a
+column, so the columns are independent and the whole batch's gradient is the sum of the
+towers'. RLlib's towers took the mean, which scales the gradient by 1/num_gpus: Adam does not
+see that, but the global-norm clip and RMSProp's epsilon do. Summed, the gradient equals the
+single-device one up to float32 rounding, and the clip acts once, on the sum. Stats combine
+likewise: ``total_loss``, ``policy_loss`` and ``vf_loss`` are added; per-step means are
+averaged (exact over equal parts; ``vf_explained_var`` only approximately).
 
-Gradients: summed, which is the average with the loss scaled by n. The policy's loss is a
-*sum* over the batch's T x B steps (RLlib's), and V-trace runs along T within each column,
-so the columns are independent: the loss of the whole batch is the sum of the parts' losses
-and its gradient the sum of the towers' gradients. RLlib's towers took the *mean*, which
-with a summed loss scales the gradient by 1/num_gpus. Adam does not see a constant scale (it
-divides by the root of its own running square), but the global-norm clip and RMSProp's
-epsilon do: adding GPUs would change when the clip acts and, with RMSProp, how far a step
-goes. Here the towers' gradients are added (equivalently: averaged, with each tower's loss
-multiplied by n), so the combined gradient equals the single-device gradient on the same
-batch up to float32 rounding (the tests hold every entry within 1e-5 of the largest one),
-and every optimizer takes the same step on 1 or 8 devices. Clipping by global norm happens once, on
-the combined gradient, as on one device.
+Release before the step (as RLlib): a buffer's last pass returns it to the idle queue before
+its gradients are computed, so a loader stages the next batch while the towers run; safe,
+since a staged part is immutable tensors the step keeps references to.
 
-Stats combine the same way: ``total_loss``, ``policy_loss`` and ``vf_loss`` are sums (added);
-``entropy`` and ``mean_rho`` are per-step means over equal-sized parts (averaged: exact);
-``vf_explained_var`` is the *mean of the parts' explained variances*, which is close to, but
-not exactly, the whole batch's (a variance ratio does not decompose over parts);
-``grad_gnorm`` and ``var_gnorm`` come from the one optimizer step.
-
-Release before the step (as RLlib): when a buffer's last pass is served, it goes back to
-the idle queue *before* its gradients are computed, so a loader can stage the next batch
-while the towers run (the overlap of loading with training). That is safe here because a
-staged part is immutable tensors: the step keeps its own references, and the loader puts
-new tensors in the slot (RLlib's TF1 version overwrote variables in place, a race).
-
-Loader threads: 1 by default. RLlib ran 16 because a TF1 ``feed_dict`` load was slow and
-blocked; here staging a train batch is a few copies onto the devices, and it overlaps the
-learner step (``learner_load_wait_time_ms`` shows whether it keeps up). One loader also keeps
-the batches in arrival order (the oldest data is trained on first, which keeps policy lag low).
-``num_loader_threads`` raises it, e.g. for large image batches on real GPUs.
-
-Timers (RLlib's): ``learner_dequeue_time_ms`` loader 0 waiting on the inqueue,
-``learner_load_time_ms`` loader 0 staging a batch, ``learner_load_wait_time_ms`` the learner
-waiting for a ready buffer (large: the loaders, or the actors behind them, are too slow),
-``learner_grad_time_ms`` the tower step. An exception in a loader thread is kept with its
-traceback and raised in the driver (and in ``step()``) as a `LearnerError` whose stage is
-``"loader thread N"``.
+One loader thread by default (``num_loader_threads``): staging is a few device copies that
+overlap the learner step, and one loader keeps arrival order (oldest data first, low policy
+lag). Timers (RLlib's): ``learner_dequeue_time_ms`` and ``learner_load_time_ms`` (loader 0
+waiting on the inqueue, staging), ``learner_load_wait_time_ms`` (the learner waiting for a
+ready buffer), ``learner_grad_time_ms`` (the tower step). A loader's exception is raised in
+the driver (and in ``step()``) as a `LearnerError` whose stage is ``"loader thread N"``.
 """
 
 from __future__ import annotations
@@ -96,7 +67,7 @@ from impala_lab.learner.minibatch_buffer import MinibatchBuffer
 from impala_lab.learner.vtrace_policy import batch_to_tensors, describe_nonfinite
 from impala_lab.stats import TimerStat
 
-# The loss statistics that are sums over the parts (the others are means; see the docstring).
+# The loss statistics that are sums over the parts (the others are means).
 SUM_STATS = ("total_loss", "policy_loss", "vf_loss")
 
 BUFFER_STATES = ("idle", "loading", "ready", "in use")
@@ -104,24 +75,15 @@ BUFFER_STATES = ("idle", "loading", "ready", "in use")
 
 # ---------------------------------------------------------------------- devices
 def configure_learner_devices(config: ImpalaConfig) -> list[str]:
-    """The learner's devices for ``config``; sets up the fake ones.
+    """The learner's device names for ``config`` (``["/gpu:0", "/gpu:1"]``, fake
+    ``["/cpu:0", "/cpu:1"]``, or ``["/cpu:0"]`` for num_gpus 0); sets up the fake ones.
 
-    With ``fake_gpus`` the CPU is split into ``num_gpus`` logical devices. TensorFlow fixes
-    its devices when it first runs anything (building a Keras model does), so call this
-    before the policy is built (``Impala`` does). If TensorFlow already runs with at least
-    ``num_gpus`` logical CPUs (an earlier run in the same notebook), those are reused.
-
-    Args:
-      config: the run's config (``num_gpus``, ``fake_gpus``).
-
-    Returns:
-      device names, e.g. ``["/gpu:0", "/gpu:1"]``, ``["/cpu:0", "/cpu:1"]`` (fake) or
-      ``["/cpu:0"]`` (num_gpus 0).
+    TensorFlow fixes its devices when it first runs anything, so call this before the policy
+    is built (``Impala`` does); logical CPUs an earlier run made are reused.
 
     Raises:
-      ConfigError: more real GPUs asked for than TensorFlow sees (the message lists the
-        devices it sees), or fake devices asked for after TensorFlow was initialised with
-        fewer logical CPUs.
+      ConfigError: more real GPUs than TensorFlow sees (naming the devices it sees), or fake
+        devices after TensorFlow was initialised with fewer logical CPUs.
     """
     n = config.num_learner_devices
     if config.num_gpus == 0:
@@ -151,8 +113,7 @@ def _ensure_logical_cpus(n: int) -> None:
             cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(n)])
         return
     except RuntimeError:  # "Virtual devices cannot be modified after being initialized"
-        pass
-    have = len(tf.config.list_logical_devices("CPU"))
+            have = len(tf.config.list_logical_devices("CPU"))
     if have < n:
         raise ConfigError(
             f"fake_gpus=True with num_gpus={n} needs {n} logical CPU devices, but TensorFlow "
@@ -162,14 +123,9 @@ def _ensure_logical_cpus(n: int) -> None:
 
 def combine_tower_stats(tower_stats: list[dict[str, tf.Tensor]]) -> dict[str, tf.Tensor]:
     """The whole batch's loss stats from the parts' (sums added, means averaged)."""
-    out = {}
-    for key in tower_stats[0]:
-        values = [s[key] for s in tower_stats]
-        if key in SUM_STATS:
-            out[key] = tf.add_n(values)
-        else:
-            out[key] = tf.add_n(values) / float(len(values))
-    return out
+    n = float(len(tower_stats))
+    return {key: tf.add_n([s[key] for s in tower_stats]) / (1.0 if key in SUM_STATS else n)
+            for key in tower_stats[0]}
 
 
 # ---------------------------------------------------------------------- data buffers
@@ -178,13 +134,12 @@ class DataBuffer:
 
     Attributes:
       index: the slot's number (0 .. num_data_loader_buffers - 1).
-      parts: per device, the loss inputs of `policy.batch_to_tensors` as tensors on that
-        device (obs [T, B/n, ...], actions etc. [T, B/n], behaviour_logits [T, B/n, A],
-        bootstrap_obs [B/n, ...]); None while idle.
-      batch: the host `SampleBatch` (for its count and for error reports); None while idle.
-      state: one of "idle", "loading", "ready", "in use" (in the minibatch ring).
-      num_loads: batches staged in this slot so far.
-      num_uses: passes served since the latest load.
+      parts: per device, `batch_to_tensors`'s loss inputs on that device (obs
+        [T, B/n, ...], actions etc. [T, B/n], behaviour_logits [T, B/n, A], bootstrap_obs
+        [B/n, ...]); None while idle.
+      batch: the host `SampleBatch` (its count, error reports); None while idle.
+      state: one of `BUFFER_STATES`; num_loads: batches staged here so far; num_uses: passes
+        served since the latest load.
     """
 
     def __init__(self, index: int) -> None:
@@ -204,29 +159,25 @@ class DataBuffer:
 class MultiGPULearner(LearnerThread):
     """Learner thread that trains on several devices, fed by loader threads.
 
-    Keeps `LearnerThread`'s contract (the `LearnerPort` calls, ``inqueue``, ``outqueue``,
-    ``last_train_metrics``, ``step(block_timeout)``, ``stop()``, the timers), and replaces
-    its minibatch ring by one over the ready buffers, as RLlib does.
+    Keeps `LearnerThread`'s contract (the `LearnerPort` calls, ``step(block_timeout)``,
+    ``stop()``, the timers); its minibatch ring runs over the ready buffers, as RLlib's.
 
     Args:
-      policy: the run's `VTracePolicy` (its model, optimizer and lock are used as they are).
-      config: the run's `ImpalaConfig` (num_gpus, fake_gpus, num_data_loader_buffers,
-        minibatch_buffer_size, num_sgd_iter, learner_queue_size, learner_queue_timeout).
-      num_loader_threads: threads staging batches onto the devices (see the module docs).
+      policy: the run's `VTracePolicy` (its model, optimizer and lock, as they are).
+      config: the run's `ImpalaConfig` (num_gpus, fake_gpus, num_data_loader_buffers and
+        the learner queue's and ring's sizes).
+      num_loader_threads: threads staging batches onto the devices.
 
     Attributes:
-      devices: the learner's device names.
-      buffers: every `DataBuffer`; idle_buffers / ready_buffers: the two queues they move
-        between.
-      loader_threads: the `_LoaderThread`s, started with the learner (or by the first
-        ``step()`` when stepping by hand).
+      devices: the device names; buffers: every `DataBuffer`, moving between the
+        idle_buffers and ready_buffers queues; loader_threads: started with the learner
+        (or by the first ``step()`` when stepping by hand).
     """
 
     stage = "learner thread"
 
     def __init__(self, policy: Any, config: ImpalaConfig, num_loader_threads: int = 1) -> None:
-        if isinstance(num_loader_threads, bool) or not isinstance(num_loader_threads, int) \
-                or num_loader_threads < 1:
+        if type(num_loader_threads) is not int or num_loader_threads < 1:
             raise ValueError(f"num_loader_threads={num_loader_threads!r} is invalid: use an "
                              f"integer >= 1")
         self.devices = configure_learner_devices(config)
@@ -247,8 +198,7 @@ class MultiGPULearner(LearnerThread):
         self._error_lock = threading.Lock()
         self._pending_wait = 0.0  # waited for a ready buffer in calls that got none
         self.num_traces = 0
-        # No autograph, as in VTracePolicy: nothing to convert, and converting costs trace time;
-        # the parts' final_obs rows vary in number, as in VTracePolicy.
+        # As in VTracePolicy: no autograph; final_obs rows vary in number.
         relax = getattr(policy, "learner_bootstrap", False)
         self._train_step = tf.function(self._train_step_impl, autograph=False,
                                        reduce_retracing=relax)
@@ -257,11 +207,8 @@ class MultiGPULearner(LearnerThread):
 
     # ------------------------------------------------------------------ staging
     def stage_batch(self, batch: SampleBatch) -> tuple[dict[str, tf.Tensor], ...]:
-        """Split ``batch`` [T, B] into len(devices) parts [T, B/n] and copy part i to device i.
-
-        Raises:
-          ValueError: B does not split evenly across the devices.
-        """
+        """Split ``batch`` [T, B] into n parts [T, B/n], part i copied to device i (a
+        ValueError if B does not split evenly)."""
         parts = batch.split_columns(len(self.devices))
         staged = []
         for device, part in zip(self.devices, parts, strict=True):
@@ -274,14 +221,8 @@ class MultiGPULearner(LearnerThread):
     # ------------------------------------------------------------------ towers
     def tower_gradients(self, parts: tuple[dict[str, tf.Tensor], ...]
                         ) -> tuple[list[tf.Tensor], dict[str, tf.Tensor]]:
-        """Per-device gradients and stats, combined (see the module docs: summed gradients).
-
-        Args:
-          parts: one dict of loss inputs per device, as `stage_batch` returns.
-
-        Returns:
-          the whole batch's gradient (one tensor per trainable variable) and its loss stats.
-        """
+        """The whole batch's gradient (one tensor per trainable variable; the towers'
+        summed) and loss stats, from `stage_batch`'s parts."""
         tower_grads, tower_stats = [], []
         for device, part in zip(self.devices, parts, strict=True):
             with tf.device(device):
@@ -309,22 +250,14 @@ class MultiGPULearner(LearnerThread):
 
     def learn_on_parts(self, parts: tuple[dict[str, tf.Tensor], ...],
                        batch: SampleBatch) -> dict[str, float]:
-        """One optimizer step on staged parts (the towers); the stats as floats.
-
-        Raises:
-          NonFiniteLossError: as `VTracePolicy.learn_on_batch` (the update was not applied:
-            weights and optimizer state stay bitwise as they were).
-        """
+        """One optimizer step on staged parts (the towers); the stats as floats. Raises
+        NonFiniteLossError as `VTracePolicy.learn_on_batch` (the update was not applied)."""
         policy = self.policy
         with policy.lock:
             policy.observe_new_batch(batch)
             out = self._train_step(parts)
             stats = {k: float(v) for k, v in out.items()}
-            finite = all(np.isfinite(stats[k]) for k in ("total_loss", "grad_gnorm"))
-            if finite:
-                policy.count_update(stats)
-            else:  # counted on the policy, as VTracePolicy.learn_on_batch does
-                policy.num_updates_skipped = getattr(policy, "num_updates_skipped", 0) + 1
+            finite = policy.count_update(stats)
         stats["policy_version"] = policy.version
         if not finite:
             raise NonFiniteLossError(describe_nonfinite(stats, batch))
@@ -341,18 +274,8 @@ class MultiGPULearner(LearnerThread):
                 thread.start()
 
     def step(self, block_timeout: float | None = None) -> bool:
-        """One learner step: take a ready buffer from the ring, run the towers, report.
-
-        Args:
-          block_timeout: seconds to wait for a ready buffer; None waits (up to
-            learner_queue_timeout in all).
-
-        Returns:
-          True if a buffer was trained on, False if none was ready within ``block_timeout``.
-
-        Raises:
-          LearnerError: a loader thread failed (stage "loader thread N", with its traceback).
-        """
+        """One learner step on a ready buffer from the ring, as `LearnerThread.step`;
+        raises a loader thread's `LearnerError` (stage "loader thread N")."""
         self._start_loaders()
         self._raise_loader_error()
         buf, released, waited = self._next_buffer(block_timeout)

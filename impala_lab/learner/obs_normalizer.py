@@ -1,27 +1,18 @@
 """Observation normalisation: a running mean and variance inside the network.
 
-Continuous-control observations come in units that differ by orders of magnitude (Pendulum's
-angular velocity spans +-8 while its cosine spans +-1; a MuJoCo body's joint velocities reach
-tens). With ``normalize_obs=True`` the network's first layer, `ObsNormalizer`, standardises
-every observation dimension with the statistics of the observations the learner has trained
-on so far, as SB3's ``VecNormalize`` and RLlib's ``MeanStdFilter`` do.
+Continuous-control observations come in units that differ by orders of magnitude. With
+``normalize_obs=True`` the network's first layer, `ObsNormalizer`, standardises each
+observation dimension with the statistics of what the learner has trained on so far (SB3's
+``VecNormalize``, RLlib's ``MeanStdFilter``).
 
-Where the statistics live decides whether actors and learner agree. Here they are three
-non-trainable weights of the model itself, ``obs_filter/mean [D]``, ``obs_filter/var [D]``
-and ``obs_filter/count [1]``, first in ``get_weights()`` order. So:
+The statistics are three non-trainable weights of the model, ``obs_filter/mean [D]``,
+``obs_filter/var [D]`` and ``obs_filter/count [1]``, first in ``get_weights()`` order. So the
+actors normalise with exactly what the weights broadcast brought (batches keep raw
+observations), the learner with its statistics now (they differ by the policy lag V-trace
+already corrects for), and checkpoints carry them with no extra file.
 
-- the actors' `impala_lab.actor.numpy_model.NumpyModel` normalises with exactly the values
-  the weights broadcast brought it, and a batch keeps the raw observations;
-- the learner normalises the same raw observations with its statistics now. The two differ
-  only as much as the weights the batch was sampled with differ from the learner's, which
-  is the policy lag that V-trace already corrects for;
-- checkpoints, ``Impala.restore`` and ``impala-lab play`` carry the statistics with no extra
-  file, and gradients never touch them (no optimizer slot is made for them).
-
-`update_obs_statistics` merges one train batch's observations into the weights; the learner
-calls it once per new train batch, before the update (replayed samples count again, so the
-statistics follow what the learner trains on). The merge is Chan et al.'s parallel
-variance formula, exact for any split of the data into batches.
+`update_obs_statistics` merges each new train batch's observations in before its update
+(Chan et al.'s parallel variance formula, exact for any split into batches).
 """
 
 from __future__ import annotations
@@ -59,16 +50,8 @@ class ObsNormalizer(keras.layers.Layer):
 
 def merge_moments(mean: np.ndarray, var: np.ndarray, count: float, batch: np.ndarray
                   ) -> tuple[np.ndarray, np.ndarray, float]:
-    """The mean, (population) variance and count of the old data and ``batch`` together.
-
-    Args:
-      mean, var: float [D], the statistics of ``count`` observations seen before.
-      count: how many observations those were (0: none, ``mean``/``var`` are ignored).
-      batch: float [N, D], the new observations.
-
-    Returns:
-      (mean [D] float64, var [D] float64, count + N).
-    """
+    """(mean [D], population variance [D], count) of ``count`` observations seen before
+    (``mean``, ``var`` [D]; ignored if count is 0) and ``batch`` [N, D] together (float64)."""
     batch = np.asarray(batch, np.float64)
     n = batch.shape[0]
     if n == 0:

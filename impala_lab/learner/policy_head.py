@@ -1,14 +1,9 @@
 """`MeanAndFreeLogStd`: the Keras policy head of a Gaussian policy whose log-std is free.
 
-With ``ModelSpec.free_log_std`` (the default for a ``Box`` action space) the policy head
-computes the D means from the features, and one learned vector ``log_std`` [D], the same
-for every state, fills the other half of the distribution's inputs [N, 2D]. The layer keeps
-the head's name (``"logits_head"``) and holds its three weights in the order the numpy model
-reads them: ``kernel [H, D], bias [D], log_std [D]``. `impala_lab.actor.numpy_model` computes
-the same thing (`NumpyModel._policy_inputs`).
-
-Imports Keras at module level: only `impala_lab.learner.keras_model` imports it, inside the
-function that builds a model.
+With ``ModelSpec.free_log_std`` (the default for a ``Box`` action space) the head computes the
+D means, and one learned vector ``log_std`` [D] fills the other half of the distribution's
+inputs [N, 2D]. Its weights, in the numpy model's order (`NumpyModel._policy_inputs`):
+``kernel [H, D], bias [D], log_std [D]``. Only `keras_model` imports this module.
 """
 
 from __future__ import annotations

@@ -1,20 +1,13 @@
 """`LearnerPort`: everything the driver may ask of a learner, and the flag it takes.
 
 The driver (`impala_lab.driver.driver_loop.DriverLoop`) and the learner run in different
-threads. They share three things, and only through these calls:
-
-- train batches, driver to learner: ``put_batch(batch, timeout)`` on a bounded queue, which
-  says whether the queue stayed full (back-pressure);
-- what was trained, learner to driver: ``drain_trained()``, the env steps trained since the
-  driver last asked;
-- that the weights changed: the learner sets an `UpdateFlag` after every update and the driver
-  takes it with ``take_weights_updated()``, which reads and clears it in one locked step.
-  The learner is the flag's one owner: nothing else can clear it, so an update that lands
-  while the driver broadcasts is never lost (it just sets the flag again).
-
-Plus the weights themselves (``get_weights()``, ``weights_version``) and the thread's health
-(``raise_if_failed()``, ``is_alive()``). `LearnerThread` and `MultiGPULearner` implement it;
-a test or an exercise can drive the loop with any object that has these members.
+threads and share, only through these calls: train batches (``put_batch`` on a bounded queue,
+False while it stays full: back-pressure), what was trained (``drain_trained``), and that the
+weights changed (an `UpdateFlag` the learner sets and the driver takes, read and cleared in
+one locked step, so an update that lands during a broadcast is never lost); plus the weights
+(``get_weights``, ``weights_version``) and the thread's health (``raise_if_failed``,
+``is_alive``). `LearnerThread` and `MultiGPULearner` implement it; a test can drive the loop
+with any object that has these members.
 """
 
 from __future__ import annotations
@@ -58,11 +51,8 @@ class LearnerPort(Protocol):
 
 
 class UpdateFlag:
-    """A flag that one side sets and the other takes: read and clear under one lock.
-
-    A plain attribute set by the learner thread and cleared by the driver loses an update
-    that lands between the driver's read and its clear; `take` cannot.
-    """
+    """A flag that one side sets and the other takes, read and cleared under one lock (a
+    plain attribute would lose an update landing between the driver's read and clear)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

@@ -20,16 +20,11 @@ experiments fix c-bar at 1)::
     v_s      = V(x_s) + sum_{t=s}^{T-1} (prod_{i=s}^{t-1} gamma_i * c_i) * delta_t
     pg_adv_s = min(rho-bar_pg, rho_s) * (r_s + gamma_s * v_{s+1} - V(x_s)),   v_T = V(x_T)
 
-Here ``delta_t`` already carries its clipped ratio: the course's notebooks and exercises use
-this one notation. The sum is evaluated backwards with
-``v_s - V(x_s) = delta_s + gamma_s * c_s * (v_{s+1} - V(x_{s+1}))``: as one chain of ops
-when T is known at trace time (T <= 128), else as a reversed `tf.scan`. Everything works
-eagerly and inside `tf.function` (one trace per input shape).
-
-`impala_lab.learner.vtrace_reference` holds a numpy version written as the explicit sum, with
-no recursion; its names are re-exported here (``from_importance_weights_numpy``, ...).
-
-TensorFlow is imported at the top of this module: the learner imports it, an actor never does.
+``delta_t`` carries its clipped ratio (the notebooks' notation). The sum is evaluated
+backwards with ``v_s - V(x_s) = delta_s + gamma_s * c_s * (v_{s+1} - V(x_{s+1}))``: one chain
+of ops when T is known at trace time (T <= 128), else a reversed `tf.scan`; eagerly or inside
+`tf.function`. `impala_lab.learner.vtrace_reference` holds the explicit sum in numpy; its
+names are re-exported here (``from_importance_weights_numpy``, ...).
 """
 
 from __future__ import annotations
@@ -49,17 +44,9 @@ from impala_lab.learner.vtrace_reference import (
     vtrace_numpy,
 )
 
-__all__ = [
-    "VTraceReturns",
-    "VTraceFromLogitsReturns",
-    "log_probs_from_logits_and_actions",
-    "from_importance_weights",
-    "from_logits",
-    "log_probs_from_logits_and_actions_numpy",
-    "from_importance_weights_numpy",
-    "from_logits_numpy",
-    "vtrace_numpy",
-]
+__all__ = ["VTraceReturns", "VTraceFromLogitsReturns", "log_probs_from_logits_and_actions",
+           "from_importance_weights", "from_logits", "log_probs_from_logits_and_actions_numpy",
+           "from_importance_weights_numpy", "from_logits_numpy", "vtrace_numpy"]
 
 
 # Unrolls longer than this use tf.scan (a While loop) instead of one op chain per step.
@@ -72,73 +59,46 @@ def _check_rank(name: str, tensor: tf.Tensor, rank: int, expected: str) -> None:
     if actual is not None and actual != rank:
         raise ValueError(
             f"{name} has shape {tuple(tensor.shape.as_list())} (rank {actual}) but must have "
-            f"rank {rank}: expected {expected}"
-        )
+            f"rank {rank}: expected {expected}")
 
 
 def log_probs_from_logits_and_actions(policy_logits: Any, actions: Any) -> tf.Tensor:
-    """``log pi(a_t|x_t)`` of a softmax policy at the actions that were taken.
-
-    Args:
-      policy_logits: float32 [T, B, NUM_ACTIONS], the policy's unnormalised log-probabilities.
-      actions: int32 or int64 [T, B], the index of the action taken at each step.
-
-    Returns:
-      float32 [T, B]: the log-softmax of `policy_logits` picked at `actions`.
-
-    Raises:
-      ValueError: `actions` is not an integer tensor, `policy_logits` is not rank 3 or
-        `actions` is not rank 2.
-    """
+    """``log pi(a_t|x_t)`` of a softmax policy at the actions taken: float32 [T, B], the
+    log-softmax of ``policy_logits`` (float32 [T, B, NUM_ACTIONS]) at ``actions`` (int32 or
+    int64 [T, B]); a ValueError for other dtypes or ranks."""
     policy_logits = tf.convert_to_tensor(policy_logits, dtype=tf.float32)
     actions = tf.convert_to_tensor(actions)
     if not actions.dtype.is_integer:
-        raise ValueError(
-            f"actions has dtype {actions.dtype.name} but must be an integer tensor "
-            "(int32 or int64) of action indices"
-        )
+        raise ValueError(f"actions has dtype {actions.dtype.name} but must be an integer "
+                         "tensor (int32 or int64) of action indices")
     _check_rank("policy_logits", policy_logits, 3, "[T, B, NUM_ACTIONS]")
     _check_rank("actions", actions, 2, "[T, B]")
     return -tf.nn.sparse_softmax_cross_entropy_with_logits(logits=policy_logits, labels=actions)
 
 
-def from_logits(
-    behaviour_policy_logits: Any,
-    target_policy_logits: Any,
-    actions: Any,
-    discounts: Any,
-    rewards: Any,
-    values: Any,
-    bootstrap_value: Any,
-    clip_rho_threshold: float | None = 1.0,
-    clip_pg_rho_threshold: float | None = 1.0,
-    name: str = "vtrace_from_logits",
-) -> VTraceFromLogitsReturns:
+def from_logits(behaviour_policy_logits: Any, target_policy_logits: Any, actions: Any,
+                discounts: Any, rewards: Any, values: Any, bootstrap_value: Any,
+                clip_rho_threshold: float | None = 1.0,
+                clip_pg_rho_threshold: float | None = 1.0,
+                name: str = "vtrace_from_logits") -> VTraceFromLogitsReturns:
     """V-trace for two softmax policies given by their logits.
 
-    The behaviour policy ``mu`` is the one the actor sampled with (its logits travel in the
-    batch); the target policy ``pi`` is the learner's current one, the policy being improved.
-    The log ratio ``log pi(a) - log mu(a)`` is formed here and handed to
+    ``mu`` is the behaviour policy the actor sampled with (its logits travel in the batch),
+    ``pi`` the learner's current one; ``log pi(a) - log mu(a)`` goes to
     `from_importance_weights`.
 
     Args:
       behaviour_policy_logits: float32 [T, B, NUM_ACTIONS], logits of ``mu``.
       target_policy_logits: float32 [T, B, NUM_ACTIONS], logits of ``pi``.
       actions: int32 or int64 [T, B], the actions ``mu`` sampled.
-      discounts: float32 [T, B], ``gamma_t``: 0 after a step that ended its episode.
-      rewards: float32 [T, B], ``r_t``.
-      values: float32 [T, B], the learner's ``V(x_t)``.
-      bootstrap_value: float32 [B], ``V(x_T)``, the value of the state after the last step.
-      clip_rho_threshold: ``rho-bar`` for the targets ``vs``; None: no clip.
-      clip_pg_rho_threshold: ``rho-bar_pg`` for the advantages; None: no clip.
-      name: the name scope of the ops.
+      discounts, rewards, values: float32 [T, B]; bootstrap_value: float32 [B]; the
+        clip thresholds and name: as `from_importance_weights`'s.
 
     Returns:
-      `VTraceFromLogitsReturns`, every field float32 [T, B]:
-        vs, pg_advantages: as `from_importance_weights` returns them (no gradient);
-        log_rhos: ``log pi(a_t) - log mu(a_t)``, differentiable in `target_policy_logits`;
-        behaviour_action_log_probs: ``log mu(a_t)``;
-        target_action_log_probs: ``log pi(a_t)``, differentiable in `target_policy_logits`.
+      `VTraceFromLogitsReturns`, every field float32 [T, B]: vs and pg_advantages of
+      `from_importance_weights` (no gradient); log_rhos ``log pi(a_t) - log mu(a_t)``,
+      behaviour_action_log_probs ``log mu(a_t)`` and target_action_log_probs
+      ``log pi(a_t)``, the first and last differentiable in `target_policy_logits`.
 
     Raises:
       ValueError: an argument has the wrong rank (the message names it and its shape).
@@ -154,24 +114,15 @@ def from_logits(
     with tf.name_scope(name):
         target_action_log_probs = log_probs_from_logits_and_actions(target_policy_logits, actions)
         behaviour_action_log_probs = log_probs_from_logits_and_actions(
-            behaviour_policy_logits, actions
-        )
+            behaviour_policy_logits, actions)
         log_rhos = target_action_log_probs - behaviour_action_log_probs
         returns = from_importance_weights(
-            log_rhos=log_rhos,
-            discounts=discounts,
-            rewards=rewards,
-            values=values,
-            bootstrap_value=bootstrap_value,
-            clip_rho_threshold=clip_rho_threshold,
-            clip_pg_rho_threshold=clip_pg_rho_threshold,
-        )
+            log_rhos=log_rhos, discounts=discounts, rewards=rewards, values=values,
+            bootstrap_value=bootstrap_value, clip_rho_threshold=clip_rho_threshold,
+            clip_pg_rho_threshold=clip_pg_rho_threshold)
         return VTraceFromLogitsReturns(
-            log_rhos=log_rhos,
-            behaviour_action_log_probs=behaviour_action_log_probs,
-            target_action_log_probs=target_action_log_probs,
-            **returns._asdict(),
-        )
+            log_rhos=log_rhos, behaviour_action_log_probs=behaviour_action_log_probs,
+            target_action_log_probs=target_action_log_probs, **returns._asdict())
 
 
 def _as_inputs(log_rhos: Any, discounts: Any, rewards: Any, values: Any,
@@ -185,13 +136,11 @@ def _as_inputs(log_rhos: Any, discounts: Any, rewards: Any, values: Any,
         shape = None if rank is None else tuple(log_rhos.shape.as_list())
         raise ValueError(
             f"log_rhos has shape {shape} but must have a known rank of at least 2: "
-            "expected [T, B] (time-major, optionally with trailing dims [T, B, ...])"
-        )
+            "expected [T, B] (time-major, optionally with trailing dims [T, B, ...])")
     if log_rhos.shape[0] == 0:
         raise ValueError(
             f"log_rhos has shape {tuple(log_rhos.shape.as_list())} with T = 0 steps: "
-            "expected an unroll of at least one step, [T, B] with T >= 1"
-        )
+            "expected an unroll of at least one step, [T, B] with T >= 1")
     same = "the rank of log_rhos, [T, B] (time-major)"
     _check_rank("values", values, rank, same)
     _check_rank("bootstrap_value", bootstrap_value, rank - 1, "[B], the value at time T")
@@ -202,8 +151,7 @@ def _as_inputs(log_rhos: Any, discounts: Any, rewards: Any, values: Any,
         raise ValueError(
             f"bootstrap_value has shape {tuple(bootstrap_value.shape.as_list())} but values has "
             f"shape {tuple(values.shape.as_list())}: expected bootstrap_value of shape "
-            f"values.shape[1:] = {tuple(values.shape[1:].as_list())}"
-        )
+            f"values.shape[1:] = {tuple(values.shape[1:].as_list())}")
     # The targets are constants of the loss; stopping the gradient here also keeps the
     # backwards loop off any GradientTape.
     return tuple(tf.stop_gradient(x) for x in (log_rhos, discounts, rewards, values,
@@ -219,22 +167,15 @@ def _as_threshold(name: str, threshold: float | None) -> tf.Tensor | None:
     return threshold
 
 
-def from_importance_weights(
-    log_rhos: Any,
-    discounts: Any,
-    rewards: Any,
-    values: Any,
-    bootstrap_value: Any,
-    clip_rho_threshold: float | None = 1.0,
-    clip_pg_rho_threshold: float | None = 1.0,
-    name: str = "vtrace_from_importance_weights",
-) -> VTraceReturns:
+def from_importance_weights(log_rhos: Any, discounts: Any, rewards: Any, values: Any,
+                            bootstrap_value: Any, clip_rho_threshold: float | None = 1.0,
+                            clip_pg_rho_threshold: float | None = 1.0,
+                            name: str = "vtrace_from_importance_weights") -> VTraceReturns:
     """V-trace targets and policy-gradient advantages from log importance ratios.
 
     Args:
-      log_rhos: float32 [T, B], ``log rho_t = log pi(a_t|x_t) - log mu(a_t|x_t)``. Taking the
-        log ratio (rather than the ratio) lets a caller subtract two log-probabilities and
-        never divide by a tiny ``mu``.
+      log_rhos: float32 [T, B], ``log rho_t = log pi(a_t|x_t) - log mu(a_t|x_t)`` (a log
+        ratio: a caller subtracts log-probabilities and never divides by a tiny ``mu``).
       discounts: float32 [T, B], ``gamma_t``: 0 after a step that ended its episode.
       rewards: float32 [T, B], ``r_t``.
       values: float32 [T, B], the learner's ``V(x_t)``.
@@ -274,9 +215,7 @@ def from_importance_weights(
 
         # v_{s+1} for s = 0..T-1, with v_T = V(x_T).
         next_vs = tf.concat(
-            [vs[1:], tf.broadcast_to(tf.expand_dims(bootstrap_value, 0), tf.shape(vs[:1]))],
-            axis=0,
-        )
+            [vs[1:], tf.broadcast_to(tf.expand_dims(bootstrap_value, 0), tf.shape(vs[:1]))], 0)
         pg_rhos = rhos if pg_rho_bar is None else tf.minimum(pg_rho_bar, rhos,
                                                              name="clipped_pg_rhos")
         pg_advantages = pg_rhos * (rewards + discounts * next_vs - values)
@@ -310,11 +249,6 @@ def _discounted_sum_reverse(decay: tf.Tensor, deltas: tf.Tensor) -> tf.Tensor:
         decay_t, delta_t = step
         return delta_t + decay_t * acc
 
-    return tf.scan(
-        fn=one_step_back,
-        elems=(decay, deltas),
-        initializer=tf.zeros(tf.shape(deltas)[1:], dtype=deltas.dtype),
-        parallel_iterations=1,
-        reverse=True,
-        name="scan",
-    )
+    return tf.scan(fn=one_step_back, elems=(decay, deltas),
+                   initializer=tf.zeros(tf.shape(deltas)[1:], dtype=deltas.dtype),
+                   parallel_iterations=1, reverse=True, name="scan")

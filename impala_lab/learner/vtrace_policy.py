@@ -7,30 +7,24 @@ The loss is RLlib's (and scalable_agent's) IMPALA loss, summed over the batch::
     entropy     = sum(H(pi(.|x_t)))
     total_loss  = policy_loss + vf_loss_coeff * vf_loss - entropy_coeff * entropy
 
-That is ``off_policy_correction="vtrace"`` (the default). The config's ``off_policy_correction``
-chooses how the loss treats lagged data: "vtrace", "is1", "epsilon" or "none" (the IMPALA
-paper's section 5.2.2); `impala_lab.learner.corrections` writes each one's targets and advantages
-out. ``loss="appo"`` swaps the policy term for PPO's clipped surrogate on V-trace advantages
-(`impala_lab.learner.appo`), which lets ``num_sgd_iter`` passes and ``minibatch_size``
-minibatches take many updates per batch.
+That is ``off_policy_correction="vtrace"`` (the default); "is1", "epsilon" and "none" are the
+paper's alternatives (section 5.2.2), written out in `impala_lab.learner.corrections`.
+``loss="appo"`` swaps the policy term for PPO's clipped surrogate on V-trace advantages
+(`impala_lab.learner.appo`), which holds over many updates per batch.
 
 Episode ends: the discount is 0 only on *termination*. On *truncation* (a time limit) the
-episode did not end in the MDP, so the target bootstraps from the value of the final
-observation; the actor stores that value as ``truncation_values`` and the learner adds
-``gamma * truncation_values`` to the reward at that step (with discount 0 for the next step,
-which belongs to a new episode). The value comes from the behaviour policy's weights, one
-broadcast old at most, as in Stable-Baselines3's treatment of time limits; with
-``truncation_bootstrap="learner"`` it is the learner's own, at each update, from the batch's
-``final_obs`` (RLlib's new stack).
+episode did not end in the MDP: the actor stores V(final observation) as
+``truncation_values`` and the learner adds ``gamma * truncation_values`` to the reward at that
+step (with discount 0 into the next step, a new episode's). That value comes from the
+behaviour weights, as in Stable-Baselines3; with ``truncation_bootstrap="learner"`` it is the
+learner's own, at each update, from the batch's ``final_obs`` (RLlib's new stack).
 
-Recurrent policies (``use_lstm``): the learner runs the LSTM over each column from the batch's
-``state_in`` with `keras_model.lstm_unroll`, zeroing the state after every step where an
-episode ended (terminated or truncated, as the actor did), and bootstraps from one more step
-on ``bootstrap_obs`` with the state after the last step; the V-trace loss is the same.
+Recurrent policies (``use_lstm``): `keras_model.lstm_unroll` runs the LSTM over each column
+from the batch's ``state_in``, zeroing the state after every episode end as the actor did,
+and bootstraps from one more step on ``bootstrap_obs``; the loss is the same.
 
-`learn_on_batch` is one compiled ``tf.function`` that does not retrace between batches of the
-same shape. The live knobs ``lr`` and ``entropy_coeff`` are TF variables, so changing them from
-the dashboard does not retrace either.
+The train step is one ``tf.function`` that does not retrace between batches of one shape; the
+live knobs ``lr`` and ``entropy_coeff`` are TF variables, so changing them does not either.
 """
 
 from __future__ import annotations
@@ -47,12 +41,7 @@ import tensorflow as tf
 from impala_lab.batch import SampleBatch
 from impala_lab.config import ImpalaConfig
 from impala_lab.errors import NonFiniteLossError
-from impala_lab.learner.appo import (
-    APPO_STAT_KEYS,
-    adapt_kl_coeff,
-    appo_advantages,
-    clipped_surrogate,
-)
+from impala_lab.learner import appo
 from impala_lab.learner.corrections import correction_terms
 from impala_lab.learner.distributions import tf_distribution
 from impala_lab.learner.keras_model import build_keras_model, lstm_unroll, trunk_model
@@ -62,8 +51,7 @@ from impala_lab.model_spec import check_spaces
 
 STAT_KEYS = ("total_loss", "policy_loss", "vf_loss", "entropy", "grad_gnorm", "var_gnorm",
              "mean_rho", "vf_explained_var")
-# A Gaussian policy's stats too: its mean and standard deviation over the batch's steps and
-# action dimensions (what the learner's policy would do on the batch's observations).
+# A Gaussian policy's too: its mean and std over the batch's steps and action dimensions.
 GAUSSIAN_STAT_KEYS = ("action_mean", "action_std", "action_bound_loss")
 
 _threads_configured = False
@@ -149,7 +137,7 @@ class VTracePolicy:
         #: the keys of `learn_on_batch`'s stats (without policy_version)
         self.stat_keys = STAT_KEYS + (GAUSSIAN_STAT_KEYS
                                       if self.distribution.name == "diag_gaussian" else ())
-        self.stat_keys += APPO_STAT_KEYS if config.loss == "appo" else ()
+        self.stat_keys += appo.APPO_STAT_KEYS if config.loss == "appo" else ()
         #: the loss bootstraps truncated episodes from its own values of ``final_obs``
         self.learner_bootstrap = config.truncation_bootstrap == "learner"
         self._bound = action_bound(action_space, config.squash_actions)
@@ -164,14 +152,12 @@ class VTracePolicy:
         self.optimizer = self._make_optimizer(config)
         self.optimizer.build(self.model.trainable_variables)
         self.version = 0
-        # Updates rejected because the loss or gradient norm was not finite (the health
-        # monitor reports them; learn_on_batch raises NonFiniteLossError for each).
+        # Updates rejected as not finite (learn_on_batch raises NonFiniteLossError for each).
         self.num_updates_skipped = 0
         # get_weights() from the driver must not read a half-applied update.
         self.lock = threading.Lock()
-        # autograph=False: the step has no Python control flow on tensors to convert (the
-        # skip of a non-finite update is an explicit tf.cond). final_obs has a row per
-        # truncation, a count that varies: one more trace then serves any count.
+        # autograph=False: no Python control flow on tensors to convert. final_obs has a row
+        # per truncation, a count that varies: one more trace then serves any count.
         self._train_step = tf.function(self._train_step_impl, autograph=False,
                                        reduce_retracing=self.learner_bootstrap)
         self.num_traces = 0
@@ -182,8 +168,7 @@ class VTracePolicy:
     def _make_optimizer(self, config: ImpalaConfig) -> keras.optimizers.Optimizer:
         if config.opt_type == "adam":
             return Adam(learning_rate=config.lr)  # Keras's, without a graph leak (optimizers.py)
-        # RLlib's RMSProp (decay 0.99, momentum 0, epsilon 0.1) is TensorFlow 1's, whose mean
-        # square starts at ones; Keras's RMSprop starts it at zeros (3.3x larger first steps).
+        # RLlib's RMSProp is TensorFlow 1's, whose mean square starts at ones (optimizers.py).
         return TF1RMSprop(learning_rate=config.lr, rho=config.decay,
                           momentum=config.momentum, epsilon=config.epsilon)
 
@@ -273,8 +258,8 @@ class VTracePolicy:
         ``use_kl_loss``, ``kl_coeff * KL(mu || pi)`` (`impala_lab.learner.appo`)."""
         if self.config.loss != "appo":
             return -tf.reduce_sum(terms.log_probs * terms.pg_advantages), 0.0, {}
-        advantages = appo_advantages(terms.vs, rewards, discounts, values, bootstrap_value)
-        policy_loss, clip_fraction = clipped_surrogate(terms.log_rhos, advantages,
+        advantages = appo.appo_advantages(terms.vs, rewards, discounts, values, bootstrap_value)
+        policy_loss, clip_fraction = appo.clipped_surrogate(terms.log_rhos, advantages,
                                                        self.config.clip_param)
         kl = self.distribution.kl(tensors["behaviour_logits"], target_logits)  # [T, B]
         kl_loss = self.kl_coeff * tf.reduce_sum(kl) if self.config.use_kl_loss else 0.0
@@ -323,12 +308,10 @@ class VTracePolicy:
     def apply_gradients(self, grads: list, loss: tf.Tensor | None = None) -> dict[str, tf.Tensor]:
         """Clip to ``grad_clip`` by global norm and apply, unless the update is not finite.
 
-        A non-finite gradient norm (or ``loss``, when given) would poison the weights the
-        actors receive. Then the optimizer does not run at all (a ``tf.cond``): the weights
-        and every optimizer variable (Adam's moments, RMSProp's mean square, ``iterations``)
-        stay bitwise as they were, and the caller raises NonFiniteLossError on the stats.
-        Applying a zeroed gradient instead is not enough: Adam's momentum still moves the
-        weights, and its moments and step counter change.
+        A non-finite gradient norm (or ``loss``) would poison the actors' weights: then the
+        optimizer does not run at all (a ``tf.cond``), so the weights and every optimizer
+        variable stay bitwise as they were (a zeroed gradient would not do: Adam's momentum
+        still moves the weights), and the caller raises NonFiniteLossError.
         """
         clipped, gnorm = tf.clip_by_global_norm(grads, self.config.grad_clip)
         finite = tf.math.is_finite(gnorm)
@@ -371,11 +354,7 @@ class VTracePolicy:
                 self.observe_new_batch(batch)
                 packed = self.run_train_step(tensors)
                 stats = dict(zip(self.stat_keys, packed.numpy().tolist(), strict=True))
-                finite = all(np.isfinite(stats[k]) for k in ("total_loss", "grad_gnorm"))
-                if finite:
-                    self.count_update(stats)
-                else:
-                    self.num_updates_skipped += 1
+                finite = self.count_update(stats)
             stats["policy_version"] = self.version
             if not finite:
                 raise NonFiniteLossError(describe_nonfinite(stats, part))
@@ -384,23 +363,27 @@ class VTracePolicy:
         out["policy_version"] = self.version
         return out
 
-    def count_update(self, stats: dict[str, float]) -> None:
-        """An update landed (call with ``self.lock`` held): the version moves on, and with
-        ``use_kl_loss`` the KL coefficient adapts to the update's mean KL (RLlib's rule)."""
+    def count_update(self, stats: dict[str, float]) -> bool:
+        """After a train step (``self.lock`` held): whether its update landed (loss and
+        gradient norm finite). If so the version moves on, and with ``use_kl_loss`` the KL
+        coefficient adapts to the mean KL (RLlib's rule); if not, it counts as skipped."""
+        if not all(np.isfinite(stats[k]) for k in ("total_loss", "grad_gnorm")):
+            self.num_updates_skipped += 1
+            return False
         self.version += 1
         if self.config.use_kl_loss:
-            self.kl_coeff.assign(adapt_kl_coeff(stats["kl_coeff"], stats["kl"],
-                                                self.config.kl_target))
+            self.kl_coeff.assign(appo.adapt_kl_coeff(stats["kl_coeff"], stats["kl"],
+                                                     self.config.kl_target))
+        return True
 
     def run_train_step(self, tensors: dict[str, tf.Tensor]) -> tf.Tensor:
         """The compiled train step on ``tensors``: the stats vector (`stat_keys` order)."""
         return self._train_step(tensors)
 
     def observe_new_batch(self, batch: SampleBatch) -> None:
-        """What a train batch changes before the first update on it: the observation
-        statistics of a ``normalize_obs`` model (`impala_lab.learner.obs_normalizer`).
-        Call with ``self.lock`` held before every update; further passes over a batch
-        (num_sgd_iter, the minibatch ring) change nothing."""
+        """Before every update (``self.lock`` held): a new train batch's observations join a
+        ``normalize_obs`` model's statistics (`impala_lab.learner.obs_normalizer`); further
+        passes over a batch change nothing."""
         if self.config.normalize_obs and batch not in self._batches_seen:
             self._batches_seen.add(batch)
             update_obs_statistics(self.model, batch.obs)
@@ -427,8 +410,8 @@ class VTracePolicy:
                 self.version = int(version)
 
     def compute_logits_and_values(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Keras forward pass (for checks; the actors use the numpy model); a recurrent
-        policy's from zero states (an episode's first step)."""
+        """Keras forward pass, obs [N, ...] -> (logits [N, A], values [N]) (for checks; a
+        recurrent policy's from zero states)."""
         obs = np.asarray(obs)
         if self.trunk is not None:
             state = np.zeros((len(obs), 2, self.config.lstm_cell_size), np.float32)
@@ -444,11 +427,9 @@ class VTracePolicy:
     def checkpoint_state_locked(self) -> tuple[list[np.ndarray], list[np.ndarray], int]:
         """(weights, optimizer state, version) of one and the same learner step.
 
-        The caller holds ``self.lock`` (`Impala.save` does, so that it can read the driver's
-        counters at the same moment): every learner applies its update and bumps
-        ``version`` under that lock, so the weights, the optimizer's slots and ``iterations``
-        and the version read here belong together. ``get_weights()`` followed by
-        ``optimizer_state()`` would not: a background learner may step in between.
+        The caller holds ``self.lock`` (`Impala.save` does, to read the driver's counters at
+        the same moment): every learner updates under it, so the three belong together, where
+        ``get_weights()`` then ``optimizer_state()`` could straddle an update.
         """
         return self.read_weights(), self.optimizer_state(), self.version
 
@@ -480,8 +461,7 @@ def describe_nonfinite(stats: dict[str, float], batch: SampleBatch) -> str:
 
     lines = [f"non-finite loss (total_loss={stats['total_loss']}, "
              f"grad_gnorm={stats['grad_gnorm']}); training stopped. Batch statistics:",
-             "  " + summary("obs", batch.obs), "  " + summary("rewards", batch.rewards),
-             "  " + summary("behaviour_logits", batch.behaviour_logits),
-             "  " + summary("truncation_values", batch.truncation_values),
+             *("  " + summary(name, getattr(batch, name))
+               for name in ("obs", "rewards", "behaviour_logits", "truncation_values")),
              "Lower lr, check the env's rewards and observations, or lower grad_clip."]
     return "\n".join(lines)

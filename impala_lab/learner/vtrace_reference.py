@@ -1,11 +1,9 @@
 """V-trace in numpy, written as the paper's explicit sum: the reference that the tests and the
 course check `impala_lab.learner.vtrace` against.
 
-Nothing here is recursive: each target ``v_s`` is the n-step sum of section 4.1 formed in
-full, so a slip in the TensorFlow version's backwards recursion shows up as a difference.
-It costs O(T^2) numpy work, which suits tests, notebooks and the exercises' checkers and not
-training. Float64 throughout, and numpy only (no TensorFlow), so a checker imports it cheaply.
-Shapes are time-major as in `impala_lab.learner.vtrace`: ``[T, B]``, or ``[T, B, ...]``.
+Nothing here is recursive: each ``v_s`` is section 4.1's n-step sum formed in full, so a
+slip in the TensorFlow version's backwards recursion shows up as a difference. O(T^2) work,
+float64, numpy only (checkers import it cheaply). Shapes as in `impala_lab.learner.vtrace`.
 """
 
 from __future__ import annotations
@@ -17,13 +15,11 @@ import numpy as np
 VTraceReturns = collections.namedtuple("VTraceReturns", "vs pg_advantages")
 VTraceFromLogitsReturns = collections.namedtuple(
     "VTraceFromLogitsReturns",
-    ["vs", "pg_advantages", "log_rhos", "behaviour_action_log_probs", "target_action_log_probs"],
-)
+    ["vs", "pg_advantages", "log_rhos", "behaviour_action_log_probs", "target_action_log_probs"])
 
 
-def log_probs_from_logits_and_actions_numpy(
-    policy_logits: np.ndarray, actions: np.ndarray
-) -> np.ndarray:
+def log_probs_from_logits_and_actions_numpy(policy_logits: np.ndarray, actions: np.ndarray
+                                            ) -> np.ndarray:
     """``log pi(a_t|x_t)`` of a softmax policy, in float64.
 
     Args:
@@ -36,15 +32,12 @@ def log_probs_from_logits_and_actions_numpy(
     logits = np.asarray(policy_logits, dtype=np.float64)
     actions = np.asarray(actions)
     if logits.ndim != 3:
-        raise ValueError(
-            f"policy_logits has shape {logits.shape} but must have rank 3: "
-            "expected [T, B, NUM_ACTIONS]"
-        )
+        raise ValueError(f"policy_logits has shape {logits.shape} but must have rank 3: "
+                         "expected [T, B, NUM_ACTIONS]")
     if actions.shape != logits.shape[:2]:
         raise ValueError(
             f"actions has shape {actions.shape} but must have shape policy_logits.shape[:2] "
-            f"= {logits.shape[:2]}: expected [T, B]"
-        )
+            f"= {logits.shape[:2]}: expected [T, B]")
     shifted = logits - logits.max(axis=-1, keepdims=True)  # exp cannot overflow
     log_softmax = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
     return np.take_along_axis(log_softmax, actions[..., None].astype(np.int64), axis=-1)[..., 0]
@@ -56,36 +49,29 @@ def _checked_float64(log_rhos: np.ndarray, discounts: np.ndarray, rewards: np.nd
     log_rhos = np.asarray(log_rhos, dtype=np.float64)
     rank = log_rhos.ndim
     if rank < 2:
-        raise ValueError(
-            f"log_rhos has shape {log_rhos.shape} but must have rank of at least 2: expected [T, B]"
-        )
+        raise ValueError(f"log_rhos has shape {log_rhos.shape} but must have rank of at least "
+                         "2: expected [T, B]")
     same_rank = {"discounts": discounts, "rewards": rewards, "values": values}
     for key, arr in same_rank.items():
         same_rank[key] = arr = np.asarray(arr, dtype=np.float64)
         if arr.ndim != rank:
             raise ValueError(
                 f"{key} has shape {arr.shape} (rank {arr.ndim}) but must have rank {rank}: "
-                "expected the rank of log_rhos, [T, B] (time-major)"
-            )
+                "expected the rank of log_rhos, [T, B] (time-major)")
     bootstrap_value = np.asarray(bootstrap_value, dtype=np.float64)
     if bootstrap_value.ndim != rank - 1:
         raise ValueError(
             f"bootstrap_value has shape {bootstrap_value.shape} (rank {bootstrap_value.ndim}) "
-            f"but must have rank {rank - 1}: expected [B], the value at time T"
-        )
+            f"but must have rank {rank - 1}: expected [B], the value at time T")
     return (log_rhos, same_rank["discounts"], same_rank["rewards"], same_rank["values"],
             bootstrap_value)
 
 
-def from_importance_weights_numpy(
-    log_rhos: np.ndarray,
-    discounts: np.ndarray,
-    rewards: np.ndarray,
-    values: np.ndarray,
-    bootstrap_value: np.ndarray,
-    clip_rho_threshold: float | None = 1.0,
-    clip_pg_rho_threshold: float | None = 1.0,
-) -> VTraceReturns:
+def from_importance_weights_numpy(log_rhos: np.ndarray, discounts: np.ndarray,
+                                  rewards: np.ndarray, values: np.ndarray,
+                                  bootstrap_value: np.ndarray,
+                                  clip_rho_threshold: float | None = 1.0,
+                                  clip_pg_rho_threshold: float | None = 1.0) -> VTraceReturns:
     """V-trace targets and advantages as the paper defines them (eq. 1), in float64.
 
     Each ``v_s`` is formed as its own sum, the discounts taken step by step (an episode's end
@@ -95,13 +81,11 @@ def from_importance_weights_numpy(
         v_s     = V(x_s) + sum_{t=s}^{T-1} (prod_{i=s}^{t-1} gamma_i c_i) delta_t
 
     Args:
-      log_rhos: float [T, B] (or [T, B, ...]), ``log pi(a_t) - log mu(a_t)``.
-      discounts: float [T, B] (or [T, B, ...]), ``gamma_t``.
-      rewards: float [T, B] (or [T, B, ...]), ``r_t``.
-      values: float [T, B] (or [T, B, ...]), ``V(x_t)``.
+      log_rhos, discounts, rewards, values: float [T, B] (or [T, B, ...]),
+        ``log pi(a_t) - log mu(a_t)``, ``gamma_t``, ``r_t`` and ``V(x_t)``.
       bootstrap_value: float [B] (or [B, ...]), ``V(x_T)``.
-      clip_rho_threshold: ``rho-bar`` of the targets; None: no clip.
-      clip_pg_rho_threshold: ``rho-bar_pg`` of the advantages; None: no clip.
+      clip_rho_threshold, clip_pg_rho_threshold: ``rho-bar`` of the targets and
+        ``rho-bar_pg`` of the advantages; None: no clip.
 
     Returns:
       `VTraceReturns` of float64 arrays, vs [T, B] and pg_advantages [T, B] (with the
@@ -140,17 +124,11 @@ def from_importance_weights_numpy(
 vtrace_numpy = from_importance_weights_numpy
 
 
-def from_logits_numpy(
-    behaviour_policy_logits: np.ndarray,
-    target_policy_logits: np.ndarray,
-    actions: np.ndarray,
-    discounts: np.ndarray,
-    rewards: np.ndarray,
-    values: np.ndarray,
-    bootstrap_value: np.ndarray,
-    clip_rho_threshold: float | None = 1.0,
-    clip_pg_rho_threshold: float | None = 1.0,
-) -> VTraceFromLogitsReturns:
+def from_logits_numpy(behaviour_policy_logits: np.ndarray, target_policy_logits: np.ndarray,
+                      actions: np.ndarray, discounts: np.ndarray, rewards: np.ndarray,
+                      values: np.ndarray, bootstrap_value: np.ndarray,
+                      clip_rho_threshold: float | None = 1.0,
+                      clip_pg_rho_threshold: float | None = 1.0) -> VTraceFromLogitsReturns:
     """`impala_lab.learner.vtrace.from_logits` in float64 numpy; the same arguments and shapes.
 
     Returns:
@@ -158,16 +136,11 @@ def from_logits_numpy(
     """
     target_action_log_probs = log_probs_from_logits_and_actions_numpy(target_policy_logits, actions)
     behaviour_action_log_probs = log_probs_from_logits_and_actions_numpy(
-        behaviour_policy_logits, actions
-    )
+        behaviour_policy_logits, actions)
     log_rhos = target_action_log_probs - behaviour_action_log_probs
     returns = from_importance_weights_numpy(
         log_rhos, discounts, rewards, values, bootstrap_value,
-        clip_rho_threshold=clip_rho_threshold, clip_pg_rho_threshold=clip_pg_rho_threshold,
-    )
+        clip_rho_threshold=clip_rho_threshold, clip_pg_rho_threshold=clip_pg_rho_threshold)
     return VTraceFromLogitsReturns(
-        log_rhos=log_rhos,
-        behaviour_action_log_probs=behaviour_action_log_probs,
-        target_action_log_probs=target_action_log_probs,
-        **returns._asdict(),
-    )
+        log_rhos=log_rhos, behaviour_action_log_probs=behaviour_action_log_probs,
+        target_action_log_probs=target_action_log_probs, **returns._asdict())

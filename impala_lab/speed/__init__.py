@@ -1,16 +1,13 @@
 """Speed behind one door: what exists only to make a run start or go faster.
 
 The reading path (docs/map.md) holds IMPALA alone; the measures here change how fast the same
-computation runs, never what it computes. Each one earned its place by a side-by-side
-measurement (docs/performance.md has the table, with intervals); a measure that saved under
-0.1 s was removed instead. `enabled` is the switch: ``IMPALA_LAB_PLAIN=1`` in the environment
-runs the plain reading-path code everywhere (the bench measures the door that way).
+computation runs, never what it computes, each kept for a measured gain (docs/performance.md).
+``IMPALA_LAB_PLAIN=1`` turns them off (`enabled`).
 
-- `compiled_policy.CompiledPolicy`: the learner's policy with its train step called as a
-  traced graph (no tf.function dispatch per step) and its weights read in one op.
-- `lean_imports.lean_imports`: under the ``impala-lab`` command, the learner's TensorFlow
-  import without the optional modules Keras imports where installed (matplotlib, pandas,
-  scipy, h5py, ...).
+- `compiled_policy.CompiledPolicy`: the train step called as a traced graph, the weights read
+  in one op.
+- `lean_imports.lean_imports`: under the ``impala-lab`` command, the TensorFlow import without
+  the optional modules Keras imports where installed.
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
 """`CompiledPolicy`: `VTracePolicy` with its hot calls dispatched straight to traced graphs.
 
-Two calls run hundreds of times a second on a fast env, and TensorFlow's generic paths cost
-more there than the work itself on a small model:
-
-- the train step: calling a ``tf.function`` matches its arguments against the traced
-  signatures on every call; here each input signature is traced once
-  (``get_concrete_function``, public API) and its graph called directly;
-- reading the weights for a broadcast: ``model.get_weights()`` reads one variable at a time;
-  here one traced op concatenates them into a flat float32 vector, split into views on the
-  numpy side.
-
-Both return exactly what the plain calls return (tests hold them equal).
+On a small model TensorFlow's generic paths cost more than the work itself: a
+``tf.function`` call matches its arguments against the traced signatures every time, and
+``model.get_weights()`` reads one variable at a time. Here each train-step signature is traced
+once (``get_concrete_function``) and its graph called directly, and one traced op reads every
+weight into a flat float32 vector split into views. Both return exactly what the plain calls
+return (tests hold them equal).
 """
 
 from __future__ import annotations

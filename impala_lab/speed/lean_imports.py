@@ -1,19 +1,11 @@
 """The learner's first TensorFlow import without Keras's optional integrations.
 
-Keras 3 imports matplotlib.pyplot (image galleries), pandas (DataFrame inputs to ``fit``),
-and TensorFlow's legacy ``tf.keras`` code scipy and h5py (sparse inputs, HDF5 files), each
-only when it is installed; they are, since impala_lab's dashboard and MinAtar need them. It
-also imports IPython, PIL and psutil where installed. The learner uses none of them.
-
-`lean_imports` makes those modules unimportable for the duration of the import
-(``sys.modules[name] = None``, which Python answers with ``ImportError``; Keras and
-TensorFlow catch it and leave the integration off) and removes the markers afterwards, so the
-process can import any of them later as usual. Keras's integrations with them stay off in
-that process. While the marks are there they hold for every thread.
-
-It acts only where impala_lab owns the process (`enable`, called by the ``impala-lab``
-command line) and only on the import that loads TensorFlow: in a notebook or a program of
-your own, nothing is blocked. A module that was already imported is never touched.
+Keras and TensorFlow import matplotlib, pandas, scipy, h5py, IPython, PIL and psutil where
+installed (impala_lab's dashboard and MinAtar install them); the learner uses none.
+`lean_imports` makes them unimportable during the import (``sys.modules[name] = None``: an
+``ImportError`` Keras catches, leaving that integration off in the process) and removes the
+marks afterwards. It acts only where `enable` was called (the ``impala-lab`` command), on the
+import that loads TensorFlow, and never touches a module already imported.
 """
 
 from __future__ import annotations
