@@ -5,16 +5,12 @@
     board.show()                      # widgets in this cell; a poller keeps them moving
     impala.start(max_seconds=120)     # trains in the background: the cell returns
 
-The widgets and their places are in `layout`, their HTML in `markup`, sliders and buttons in
-`controls`, the plot schedule in `plot_schedule`; this class keeps them in step with the run.
-A daemon poller reads ``impala.stats()`` at ``poll_hz`` and sets the widgets inside
-``hold_sync()``; it never prints or enters an ``Output`` context (ipykernel routes a thread's
-output badly). ``refresh()`` does one update in the calling thread (step-through cells, tests).
-The dashboard only reads the run and calls ``start/pause/stop/set_knobs``. It holds the run
-weakly, so re-running a cell lets the old run be collected: keep your own reference.
-
-Under a blocking ``train(..., dashboard=True)`` the kernel takes no clicks until the cell
-ends, so the controls stay disabled; use ``start()`` for live controls.
+The widgets are laid out in `layout`, their HTML is `markup`'s; this class keeps them in step
+with the run. A daemon poller reads ``impala.stats()`` at ``poll_hz`` and sets the widgets
+inside ``hold_sync()``, never printing (ipykernel routes a thread's output badly);
+``refresh()`` updates once in the calling thread (step-through cells, tests). The run is held
+weakly: keep your own reference. Under a blocking ``train(..., dashboard=True)`` the kernel
+takes no clicks, so the controls stay disabled; ``start()`` gives live controls.
 """
 
 from __future__ import annotations
@@ -40,8 +36,7 @@ from impala_lab.dashboard.terminal import TerminalView, render
 
 
 def frontend_available() -> bool:
-    """True inside a Jupyter kernel that can show widgets; False in a plain or terminal
-    Python."""
+    """True inside a Jupyter kernel that can show widgets."""
     try:
         from IPython import get_ipython
     except ImportError:
@@ -83,8 +78,7 @@ class Dashboard(DashboardWidgets):
       plot_budget: share of one CPU core the plots may use on average, in (0, 1].
       plot_process: draw the poller's plots in a child process (the kernel's GIL stays with
         the run); else, or if it cannot start, in the poller thread.
-      start_kwargs: ``impala.start()``'s arguments for the start button, e.g.
-        ``{"max_seconds": 300}``.
+      start_kwargs: ``impala.start()``'s arguments for the start button.
     """
 
     def __init__(self, impala: Any, *, poll_hz: float = 4.0, plot_interval: float = 1.0,
@@ -138,9 +132,8 @@ class Dashboard(DashboardWidgets):
 
     # ------------------------------------------------------------------ showing
     def show(self, *, blocking_train: bool = False) -> None:
-        """Display the widgets and start the poller; without a frontend, print the text view.
-        ``blocking_train`` (from ``train(dashboard=True)``) disables the controls until
-        ``train_ended()``."""
+        """Display the widgets and start the poller (without a frontend: print the text view).
+        ``blocking_train`` disables the controls until ``train_ended()``."""
         self.blocking_train = blocking_train
         if not frontend_available():
             print(self.text())
@@ -165,8 +158,8 @@ class Dashboard(DashboardWidgets):
 
     def report_hook(self, on_report: Callable[[dict], None] | None = None
                     ) -> Callable[[dict], None]:
-        """``on_report`` for ``train()``: calls `on_report`, and without a frontend also
-        prints the terminal view (redrawn in place in a TTY)."""
+        """``on_report`` for ``train()``: calls `on_report`; without a frontend also prints
+        the terminal view."""
         if not frontend_available() and self._terminal is None:
             self._terminal = TerminalView(title=self.title)
 
@@ -237,9 +230,8 @@ class Dashboard(DashboardWidgets):
     # ------------------------------------------------------------------ updating
     def refresh(self, stats: Mapping[str, Any] | None = None, *, plots: bool = True
                 ) -> dict[str, Any]:
-        """Update every widget now, in the calling thread, from ``stats`` (None: the run's);
-        returns the snapshot shown. ``plots`` redraws every plot with new rows, here or, while
-        the poller's plot process runs, there."""
+        """Update every widget now from ``stats`` (None: the run's); returns the snapshot.
+        ``plots``: redraw every plot with new rows (in the plot process while it runs)."""
         run = self.impala
         if stats is None:
             if run is None:

@@ -1,5 +1,5 @@
 """An answer while it runs: the library's implementation trapped (`forbid`), and what it raised
-or returned kept as records that travel between processes. Nothing here imports TensorFlow."""
+or returned kept as records that travel between processes."""
 
 from __future__ import annotations
 
@@ -14,9 +14,8 @@ from impala_lab.classroom.exercises._common import AnswerRaised, _where_to_fill,
 
 
 class Raised(Exception):
-    """What the answer raised, as a record: its type's name and message, the student's line
-    (`locate`), where to fill in the code (a stub's message) and the library function it
-    called (`ReferenceCalled`; else "")."""
+    """What the answer raised, as a record: type name, message, the student's line
+    (`locate`), where to fill in (a stub's) and the library function it called (or "")."""
 
     def __init__(self, type_name: str, text: str, where: str = "", fill: str = "",
                  reference: str = "") -> None:
@@ -60,8 +59,7 @@ class Opaque:
 
 
 def portable(value: Any) -> Any:
-    """`value` itself when it pickles (plain data), else an `Opaque` of its repr, taken
-    once, here: an answer's value that is not data is compared and shown by its text."""
+    """`value` itself when it pickles, else an `Opaque` of its repr (taken once, here)."""
     try:
         pickle.dumps(value)
         return value

@@ -1,10 +1,8 @@
 """Exercise 4: the driver's loop, one turn of RLlib's ``AsyncSamplesOptimizer._step``.
 
 The student writes ``driver_step(driver, timeout) -> (sample_timesteps, train_timesteps)``, a
-drop-in for `impala_lab.driver.driver_loop.DriverLoop.step` on the loop's public interface.
-The checker runs the answer and the library's step on twin `StepDriver`s, whose workers,
-completions and learner a seed scripts, and compares after each step the calls the loop made,
-the counts it returned and its state.
+drop-in for `impala_lab.driver.driver_loop.DriverLoop.step`. The checker runs it and the
+library's step on twin seeded `StepDriver`s and compares each step's calls, counts and state.
 """
 
 from __future__ import annotations

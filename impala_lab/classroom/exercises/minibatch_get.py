@@ -1,10 +1,8 @@
 """Exercise 1: ``MinibatchBuffer.get``, the learner's ring with a ttl ramp.
 
 The student subclasses `impala_lab.learner.minibatch_buffer.MinibatchBuffer` and writes
-``get()``. The checker calls it on scripted items, then the library's, and compares what the
-learner sees, call by call: the returned ``(item, released)`` and the items taken from the
-queue. The ring's state (``ttl``, ``idx``, ``cur_max_ttl``, ``buffers``) is shown and used for
-the hint, not graded.
+``get()``. The checker compares, call by call on scripted items, what the learner sees: the
+``(item, released)`` returned and the items taken. The ring's state is shown, not graded.
 """
 
 from __future__ import annotations

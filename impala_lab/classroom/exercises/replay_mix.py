@@ -11,9 +11,8 @@ with RLlib's rule, using exactly these draws of ``rng`` (a ``random.Random``):
         f -= 1
         yield None, rng.choice(store)
 
-The checker gives the answer and the library's `impala_lab.driver.replay_mixer.ReplayMixer`
-the same batches and seed, and compares what they yield, item by item, and the store at the
-end.
+The checker compares what it yields, and the store at the end, with
+`impala_lab.driver.replay_mixer.ReplayMixer` on the same batches and seed.
 """
 
 from __future__ import annotations
