@@ -1,20 +1,16 @@
 """The IMPALA paper's off-policy study at laptop scale: corrections x replay under policy lag.
 
-The paper's table 2 (section 5.2.2) trains with four ways of learning from lagged data
-(`impala_lab.learner.corrections`), each without and with replay (half of every train batch
-replayed); its figure E.1 varies the lag. This module runs the same grid on a small task:
+The paper's table 2 trains with four corrections (`impala_lab.learner.corrections`), without
+and with replay; its figure E.1 varies the lag. This runs the same grid on a small task::
 
     study = StudySettings(env="CartPole-v1", env_steps=1_000_000, num_seeds=10)
-    results = run_study(study, "runs/offpolicy")        # each finished run cached there
+    results = run_study(study, "runs/offpolicy")     # each finished run cached there
     print(table2_markdown(results))                  # IQM [95% interval] per cell
     print(claims_markdown(results))                  # the paper's claims: agrees/differs/...
 
-Every run of a cell has the same seeds (drawn at random for a new study directory), budget and
-`study_config`. The actors are held ``extra_policy_lag`` updates behind, which makes the lag
-large enough for the corrections to matter on a task that is otherwise almost on-policy; the
-returns are the actors' episodes', so they belong to those older weights. A study directory
-holds ``study.json`` (settings, seeds) and one JSON record per run: an interrupted study
-continues where it stopped.
+The actors act ``extra_policy_lag`` updates behind, so the corrections matter on a task that
+is otherwise almost on-policy. A study directory holds ``study.json`` (settings, seeds drawn
+at random) and a JSON record per run: an interrupted study continues. docs/off_policy.md.
 """
 
 from __future__ import annotations
@@ -80,9 +76,8 @@ class StudySettings:
 
 def study_config(settings: StudySettings, correction: str, replay: float, lag: int,
                  seed: int) -> ImpalaConfig:
-    """One run's config: the env's tuned preset, inline workers, a learner queue of 2 (the
-    learner trains on nearly all that is sampled, so runs compare per env step), the
-    correction, replay and lag."""
+    """One run's config: the env's tuned preset, inline workers, a learner queue of 2 (so the
+    learner trains on nearly all that is sampled), the correction, replay and lag."""
     return ImpalaConfig.tuned(
         settings.env, backend="inline", num_workers=2, learner_queue_size=2, seed=seed,
         vtrace=correction == "vtrace", off_policy_correction=correction,
@@ -159,12 +154,9 @@ def _run_and_save(settings: StudySettings, run: dict[str, Any], path: Path) -> d
 
 def run_study(settings: StudySettings, directory: str | Path,
               progress: Callable[[str], None] | None = print, jobs: int = 1) -> dict[str, Any]:
-    """Run (or read from ``directory``) every run of the study, ``jobs`` at a time (each
-    more than 1 in a process of its own).
-
-    Returns:
-      ``{"settings": ..., "seeds": [...], "runs": [record + correction, replay, lag]}``.
-    """
+    """Run (or read from ``directory``) every run of the study, ``jobs`` at a time (in
+    processes of their own when more than 1). Returns ``{"settings": ..., "seeds": [...],
+    "runs": [record + correction, replay, lag]}``."""
     if jobs < 1:
         raise ValueError(f"jobs={jobs!r}: run at least 1 run at a time (jobs=1)")
     directory = Path(directory)

@@ -1,10 +1,9 @@
 """What an off-policy study found (`impala_lab.classroom.offpolicy_study`), with intervals.
 
-Each cell gives, over its n seeds, the interquartile mean (IQM) and its bootstrap 95% interval
-(`seed_stats`) of two figures per run: the final return (the paper's table 2) and `run_mean`.
-A claim of the paper is checked on the interval of a difference of IQMs: "agrees" when it lies
-on the claim's side of 0, "differs" on the other, else "inconclusive". The bootstrap's
-generator has a fixed seed, so a study's tables print the same every time.
+Each cell gives the IQM over seeds and its bootstrap 95% interval (`seed_stats`, fixed seed)
+of the final return (the paper's table 2) and `run_mean`. A claim "agrees" when the interval
+of a difference of IQMs lies on the claim's side of 0, "differs" on the other, else
+"inconclusive".
 """
 
 from __future__ import annotations
@@ -54,10 +53,10 @@ def _figures(runs: Sequence[dict[str, Any]], figure: str) -> list[float]:
     raise ValueError(f"figure={figure!r}: use 'final' or 'run_mean'")
 
 
-def cell(runs: Sequence[dict[str, Any]], solved_at: float = math.inf) -> dict[str, Any]:
+def cell(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Of some runs: n; IQM and 95% interval of the final return (``final``, ``final_ci``)
     and of `run_mean`; median, worst and best final return; median peak; runs that ever
-    reached ``solved_at``."""
+    reached the env's `SOLVED_AT`."""
     rng = np.random.default_rng(_BOOTSTRAP_SEED)
     finals, means = _figures(runs, "final"), _figures(runs, "run_mean")
     peaks = [max((ret for _, ret in r["curve"]), default=math.nan) for r in runs]
@@ -74,9 +73,7 @@ def cell(runs: Sequence[dict[str, Any]], solved_at: float = math.inf) -> dict[st
 def table2(results: dict[str, Any]) -> dict[str, dict[float, dict[str, Any]]]:
     """``{correction: {replay: cell}}`` of the table-2 grid (the study's extra_policy_lag)."""
     s = results["settings"]
-    solved_at = SOLVED_AT.get(s["env"], math.inf)
-    return {c: {r: cell(select(results, correction=c, replay=r, lag=s["extra_policy_lag"]),
-                        solved_at)
+    return {c: {r: cell(select(results, correction=c, replay=r, lag=s["extra_policy_lag"]))
                 for r in s["replay_proportions"]}
             for c in s["corrections"]}
 

@@ -1,8 +1,6 @@
-"""Statistics over seeds, as Agarwal et al. (2021, "Deep RL at the edge of the statistical
-precipice") recommend: the interquartile mean (IQM: robust to an outlier, yet using more runs
-than the median), its percentile bootstrap interval, and the interval of a difference of two
-IQMs (unpaired, or paired for two figures of the same runs). Each bootstrap's random generator
-is passed in, so a test can fix it.
+"""Statistics over seeds, as Agarwal et al. (2021) recommend: the interquartile mean (IQM:
+robust to an outlier, yet using more runs than the median), its percentile bootstrap interval,
+and the interval of a difference of two IQMs. Each bootstrap's generator is passed in.
 """
 
 from __future__ import annotations
@@ -19,11 +17,8 @@ NUM_RESAMPLES = 5000
 
 def iqm(values: Sequence[float] | np.ndarray) -> float:
     """The mean after cutting floor(n / 4) values from each end (``trim_mean(x, 0.25)``)."""
-    x = np.sort(np.asarray(values, dtype=np.float64).ravel())
-    if x.size == 0:
-        return math.nan
-    cut = x.size // 4
-    return float(np.mean(x[cut:x.size - cut]))
+    x = np.asarray(values, dtype=np.float64).ravel()
+    return float(_iqm_rows(x[None])[0]) if x.size else math.nan
 
 
 def _iqm_rows(samples: np.ndarray) -> np.ndarray:
@@ -41,7 +36,10 @@ def bootstrap_interval(values: Sequence[float], rng: np.random.Generator,
     if x.size == 0:
         return math.nan, math.nan
     picks = rng.integers(0, x.size, size=(num_resamples, x.size))
-    stats = _iqm_rows(x[picks])
+    return _percentile_interval(_iqm_rows(x[picks]), level)
+
+
+def _percentile_interval(stats: np.ndarray, level: float) -> tuple[float, float]:
     tail = (1.0 - level) / 2 * 100
     low, high = np.percentile(stats, [tail, 100 - tail])
     return float(low), float(high)
@@ -63,10 +61,8 @@ def difference_interval(a: Sequence[float], b: Sequence[float], rng: np.random.G
         return math.nan, math.nan, math.nan
     px = rng.integers(0, x.size, size=(num_resamples, x.size))
     py = px if paired else rng.integers(0, y.size, size=(num_resamples, y.size))
-    diffs = _iqm_rows(x[px]) - _iqm_rows(y[py])
-    tail = (1.0 - level) / 2 * 100
-    low, high = np.percentile(diffs, [tail, 100 - tail])
-    return iqm(x) - iqm(y), float(low), float(high)
+    low, high = _percentile_interval(_iqm_rows(x[px]) - _iqm_rows(y[py]), level)
+    return iqm(x) - iqm(y), low, high
 
 
 def verdict(low: float, high: float, names: tuple[str, str] = ("A", "B")) -> str:

@@ -9,9 +9,8 @@ The same workers, model and learner as `Impala`, without the asynchrony::
         concatenate along B, learn_on_batch once    # ... and the learner for the slowest actor
         publish the new weights
 
-Every batch is on-policy, but nothing overlaps: while the learner trains the actors idle, and
-the other way round. The paper's "batched A2C (sync traj.)"; ``python -m bench.throughput``
-compares its throughput with the asynchronous pipeline's.
+Every batch is on-policy, but nothing overlaps (the paper's "batched A2C (sync traj.)");
+``python -m bench.throughput`` compares its throughput with the asynchronous pipeline's.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
-"""The pipeline diagram: an SVG of the data's way through IMPALA, with live figures per stage.
-
-Left to right: actors, task pool, replay mixer, batch buffer, learner queue, minibatch ring,
-learner, and the weight broadcast back to the actors; each stage shows its figures from one
-``Impala.stats()`` snapshot. An arrow that data crossed since the previous drawing is dark and
-its dashes march; an idle one is grey, so a paused run visibly stops. A stalled worker is
-drawn red with the seconds since its last sample. The ``impala-...`` CSS classes on counters,
-arrows and workers are what tests and custom CSS find them by.
+"""The pipeline diagram: an SVG of the data's way through IMPALA (actors, task pool, replay
+mixer, batch buffer, learner queue, minibatch ring, learner, the weight broadcast back), each
+stage with its figures from one ``Impala.stats()`` snapshot. An arrow that data crossed since
+the previous drawing is dark and its dashes march; an idle one is grey. A stalled worker is
+red. Tests and custom CSS find parts by their ``impala-...`` classes.
 """
 
 from __future__ import annotations
@@ -60,11 +57,8 @@ def flow_counters(stats: Mapping[str, Any]) -> dict[str, float]:
 
 
 class PipelineDiagram:
-    """Draws successive snapshots; remembers the previous one to animate the arrows.
-
-        diagram = PipelineDiagram()
-        svg = diagram.render(impala.stats())   # an <svg> string for an HTML widget
-    """
+    """Draws successive snapshots (``render(stats)``: an ``<svg>`` string), remembering the
+    previous one to animate the arrows."""
 
     def __init__(self) -> None:
         self._previous: dict[str, float] | None = None
@@ -314,8 +308,8 @@ def _broadcast(stats: Mapping[str, Any], on: bool, phase: int) -> list[str]:
 def pipeline_svg(stats: Mapping[str, Any], *, flowing: Mapping[str, bool] | None = None,
                  phase: Mapping[str, int] | None = None) -> str:
     """The diagram of one ``Impala.stats()`` snapshot as an ``<svg>`` that scales to the
-    cell's width; missing parts draw as empty stages. ``flowing``: flow name (`FLOWS`) ->
-    whether its arrow moves (None: none does); ``phase``: flow name -> its dash offset step."""
+    cell's width (missing parts draw empty). ``flowing``: flow name (`FLOWS`) -> whether its
+    arrow moves; ``phase``: flow name -> its dash offset step."""
     flowing = flowing or {}
     phase = phase or {}
     parts = [
@@ -336,8 +330,8 @@ def pipeline_svg(stats: Mapping[str, Any], *, flowing: Mapping[str, bool] | None
 
 
 def timing_svg(stats: Mapping[str, Any], width: int = 560) -> str:
-    """The timing breakdown (``stats()["timing_breakdown"]``, mean ms) as horizontal bars, on
-    a round scale above the largest timer (an SVG costs far less than a matplotlib render)."""
+    """The timing breakdown (mean ms) as horizontal bars on a round scale (an SVG costs far
+    less than a matplotlib render)."""
     timing = stats.get("timing_breakdown") or {}
     rows = [(key, label.name, float(timing.get(key) or 0.0)) for key, label in TIMERS.items()
             if key in timing] or [(key, label.name, 0.0) for key, label in TIMERS.items()]

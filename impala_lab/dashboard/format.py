@@ -1,7 +1,5 @@
-"""How every view of the dashboard writes numbers, so one figure reads the same everywhere.
-
-Anything that is not a finite number (None, NaN: a snapshot before the first step has many)
-shows as ``"–"`` instead of raising. Pure Python (the CLI imports it).
+"""How every view of the dashboard writes numbers; anything that is not a finite number
+(None, NaN) shows as ``"–"``. Pure Python (the CLI imports it).
 """
 
 from __future__ import annotations

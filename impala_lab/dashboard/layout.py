@@ -1,8 +1,5 @@
-"""The dashboard's widgets and where each sits; `Dashboard` keeps their values in step.
-
-Core ipywidgets only; the CSS classes (``impala-...``) are what the browser tests and the
-page's style find them by.
-"""
+"""The dashboard's widgets (core ipywidgets) and where each sits; the ``impala-...`` CSS
+classes are what the browser tests and the page's style find them by."""
 
 from __future__ import annotations
 
@@ -29,12 +26,8 @@ def _classed(widget: WidgetT, *classes: str) -> WidgetT:
 
 
 class DashboardWidgets:
-    """The widgets of a dashboard, built by `_build` (the `Dashboard` subclasses it).
-
-    The subclass provides the click handlers (``_on_start``, ``_on_pause``, ``_on_stop``,
-    ``_on_knob``), ``_scheduler`` (the plot views and their blank images), ``_frame_view``
-    (whether the run has frames to show) and ``box_actions`` (a Box action space).
-    """
+    """The widgets of a dashboard, built by `_build`; the `Dashboard` subclass provides the
+    click handlers (``_on_*``), ``_scheduler``, ``_frame_view`` and ``box_actions``."""
 
     _scheduler: Any
     _frame_view: Any
@@ -128,8 +121,7 @@ class DashboardWidgets:
                        learner])
 
     def _build_frame_strip(self) -> W.VBox:
-        """The frame strip's caption and image (the image hidden until frames arrive; the
-        whole panel for a run without an observation space)."""
+        """The frame strip's caption and image (hidden until frames arrive)."""
         self.frame_caption = _classed(W.HTML(), "impala-frame-strip-caption")
         self.frame_strip = _classed(W.Image(value=b"", format="png",
                                             layout=W.Layout(max_width="100%", height="auto",

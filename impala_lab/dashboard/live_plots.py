@@ -26,14 +26,11 @@ def png_bytes(rgb: np.ndarray) -> bytes:
 
 
 class LiveFigure:
-    """A view drawn again and again from growing data, cheaply (for the dashboard).
+    """A view drawn again and again from growing data, cheaply: unless the axes limits or
+    knob marks changed, a render restores the saved background and draws only the animated
+    artists (blitting). ``full_draws`` and ``renders`` count both kinds.
 
-        live = LiveFigure("throughput")
-        png = live.render(impala.history)      # bytes for an ipywidgets Image
-
-    Lines, bars and bar labels are animated artists: unless the axes limits or knob marks
-    changed, a render restores the saved background and draws only them (blitting, several
-    times cheaper than a full draw). ``full_draws`` and ``renders`` count both kinds.
+        png = LiveFigure("throughput").render(impala.history)   # bytes for an Image widget
     """
 
     def __init__(self, view: str, *, figsize: tuple[float, float] | None = None,
@@ -72,7 +69,7 @@ class LiveFigure:
 # ---------------------------------------------------------------------- the plot process
 def _serve(conn: Any, views: tuple[str, ...]) -> None:
     """The plot process: renders ``(view, columns)`` requests into ``(view, png, cpu_s)``
-    until the dashboard sends None or its end of the pipe closes."""
+    until it gets None or the pipe closes."""
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # an interrupted cell is the kernel's affair
@@ -91,16 +88,9 @@ def _serve(conn: Any, views: tuple[str, ...]) -> None:
 
 
 class PlotProcess:
-    """Live figures drawn in a child process, one request at a time: the kernel only computes
-    the columns and moves about 40 kB each way through a pipe.
-
-        plotter = PlotProcess(LIVE_VIEWS)
-        plotter.submit("throughput", columns(history, keys))
-        done = plotter.poll()         # None, or (view, png bytes, child CPU seconds)
-
-    The child is spawned (TensorFlow may be loaded here: no fork), ignores SIGINT and exits
-    when the pipe closes, so it cannot outlive the kernel.
-    """
+    """Live figures drawn in a child process, one request at a time (`submit`, then `poll`:
+    None, or (view, png bytes, child CPU seconds)). The child is spawned (TensorFlow may be
+    loaded here: no fork), ignores SIGINT and exits when the pipe closes."""
 
     def __init__(self, views: Sequence[str]) -> None:
         import multiprocessing

@@ -1,7 +1,4 @@
-"""The dashboard's HTML: pure functions of a stats snapshot (tests call them on a dict).
-
-Each returns the ``value`` of one ``ipywidgets.HTML`` of `Dashboard`, with inline CSS only.
-"""
+"""The dashboard's HTML (inline CSS only): pure functions of a stats snapshot."""
 
 from __future__ import annotations
 
@@ -46,8 +43,7 @@ BOX_CARDS = ("action_mean", "action_std")
 
 
 def box_actions(action_space: Any) -> bool:
-    """Whether a run's action space is a gymnasium ``Box`` (a Gaussian policy, whose learner
-    stats add ``action_mean`` and ``action_std``)."""
+    """Whether a run's action space is a gymnasium ``Box`` (a Gaussian policy)."""
     if action_space is None:
         return False
     from gymnasium import spaces
@@ -94,7 +90,7 @@ def header_html(title: str, stats: Mapping[str, Any] | None, state: str) -> str:
 
 def health_html(health: Mapping[str, Any] | None) -> str:
     """An orange badge per active health flag with its sentence, else "ok" (and what the run
-    saw earlier); "" without a health key."""
+    saw earlier)."""
     if not health:
         return ""
     flags = health.get("flags") or []
@@ -132,8 +128,7 @@ def gauge_text(name: str, level: float, capacity: float) -> str:
 
 
 def gauge_color(name: str, frac: float) -> str:
-    """The learner queue's gauge: green, orange (nearly full), red (full: the learner is
-    the bottleneck); the others blue."""
+    """The learner queue's gauge: green, orange (nearly full), red (full); the others blue."""
     if name != "learner_queue":
         return BLUE
     return GREEN if frac < 0.75 else (ORANGE if frac < 1 else RED)
@@ -168,8 +163,8 @@ def bottleneck_html(stats: Mapping[str, Any]) -> str:
 
 def message_html(*, error: BaseException | None = None, blocking_train: bool = False,
                  replay_off: bool = False, note: str = "", note_error: bool = False) -> str:
-    """The line under the controls, the first that applies: a background training error,
-    ``train()`` holding the cell, replay off, the last button's or knob's note."""
+    """The line under the controls: a training error, ``train()`` holding the cell, replay
+    off, or the last button's or knob's note (the first that applies)."""
     if error is not None:
         text = (f"background training failed: {type(error).__name__}: {error}. "
                 "impala.wait() raises it with its traceback.")

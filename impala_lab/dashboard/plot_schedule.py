@@ -29,7 +29,6 @@ class PlotScheduler:
     """Draws the live views of one history, most overdue first, within a CPU budget.
 
     Args:
-      views: the `LiveFigure` views, e.g. ``plots.LIVE_VIEWS``.
       interval: seconds between two renders of a headline view, at least.
       budget: share of one core the plots may use on average, in (0, 1].
       use_process: draw the poller's plots in a child process.
@@ -99,7 +98,7 @@ class PlotScheduler:
         self._last[view] = now
 
     def step(self, history: Any) -> BaseException | None:
-        """The poller's turn: at most one view, in the child process or else here. Returns the
+        """The poller's turn: at most one view, in the child process or else here; returns the
         error that made it give up the child."""
         if not self.use_process:
             self.draw_here(history, force=False)

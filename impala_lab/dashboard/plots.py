@@ -1,11 +1,7 @@
-"""Matplotlib figures of a run, from a live run's history or a run directory's ``metrics.csv``.
-
-The views (`VIEWS`; the same in the dashboard, notebooks and the CLI's ``report.png``):
-throughput, return, learner queue and policy lag, the latest timing breakdown, the learner's
-stats, and a Box-action run's policy mean and std. A dotted line marks each knob change.
-
-Figures are plain `Figure` objects on an Agg canvas, never pyplot (no global state: safe in the
-poller thread); in a notebook one shows as the cell's value::
+"""Matplotlib figures of a run (`VIEWS`, the same in the dashboard, notebooks and the CLI's
+``report.png``), from a live run's history or a run directory's ``metrics.csv``; a dotted line
+marks each knob change. Figures sit on an Agg canvas, never pyplot (no global state: safe in
+the poller thread); in a notebook one shows as the cell's value::
 
     from impala_lab.dashboard import plots
     plots.report_figure(plots.read_metrics_csv("runs/cartpole/metrics.csv"))
@@ -57,7 +53,7 @@ class RunFigure(Figure):
 def _x_limits(t: np.ndarray, cur: tuple[float, float] | None,
               live: bool) -> tuple[float, float] | None:
     """New x limits once the data leaves the current ones (None: keep them): a live figure's
-    double, rounded (each change costs a full redraw); a static one fits the data."""
+    double, rounded (each change costs a full redraw); a static one's fit the data."""
     t = t[np.isfinite(t)]
     if not len(t):
         return None if cur else (0.0, 60.0 if live else 10.0)
@@ -134,18 +130,11 @@ class Series:
     key: str
     color: str
 
-    @property
-    def label(self) -> str:
-        return LABELS[self.key].legend_name
-
 
 class LinePanel:
-    """One axes of lines over time, with knob-change marks.
-
-    ``setup(ax, animated)`` draws the static parts; ``update(cols)`` sets the lines' data
-    and returns True when the static parts changed (limits, knob marks), i.e. when a blitting
-    renderer must redraw the whole figure.
-    """
+    """One axes of lines over time, with knob-change marks. ``setup(ax, animated)`` draws the
+    static parts; ``update(cols)`` sets the lines' data and returns True when the static parts
+    changed (limits, knob marks): a blitting renderer must then redraw the whole figure."""
 
     def __init__(self, title: str, series: Sequence[Series], ylabel: str = "", *,
                  y_floor: float | None = None, legend: bool = True) -> None:
@@ -153,6 +142,8 @@ class LinePanel:
         self.y_floor, self.legend = y_floor, legend
         self.ax: Axes | None = None
         self.lines: list[Any] = []
+        self.live = True
+        self._has_limits = False
         self._marks: list[tuple[float, str]] = []
         self._mark_artists: list[Any] = []
 
@@ -168,8 +159,8 @@ class LinePanel:
         self.ax = ax
         self.live = animated
         _style(ax, self.title, "seconds", self.ylabel)
-        self.lines = [ax.plot([], [], color=s.color, lw=2, label=s.label, animated=animated)[0]
-                      for s in self.series]
+        self.lines = [ax.plot([], [], color=s.color, lw=2, label=LABELS[s.key].legend_name,
+                              animated=animated)[0] for s in self.series]
         if self.legend and len(self.series) > 1:
             # above the axes, never over the lines: a live figure keeps it in the background
             ax.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=len(self.series),
@@ -213,15 +204,11 @@ class LinePanel:
             changed = True
         return changed
 
-    _has_limits = False
-    live = True
-
 
 class TimingPanel:
     """Horizontal bars: the timing breakdown (ms) of the last row that has one."""
 
-    def __init__(self, title: str = "timing breakdown (mean ms)") -> None:
-        self.title = title
+    def __init__(self) -> None:
         self.timers = list(TIMERS)
         self.ax: Axes | None = None
         self.bars: list[Any] = []
@@ -237,7 +224,7 @@ class TimingPanel:
 
     def setup(self, ax: Axes, animated: bool) -> None:
         self.ax = ax
-        _style(ax, self.title, "ms", "")
+        _style(ax, "timing breakdown (mean ms)", "ms", "")
         ax.grid(True, axis="x", alpha=0.3)
         ax.grid(False, axis="y")
         y = np.arange(len(self.timers))
@@ -350,8 +337,7 @@ def new_figure(view: str, panels: list, animated: bool, figsize: tuple[float, fl
 
 def view_figure(view: str, source: Sequence[Mapping] | HasColumns, *,
                 figsize: tuple[float, float] | None = None, dpi: int = DPI) -> RunFigure:
-    """One view (`VIEWS`, or one learner axes: ``learner.losses``, ``.entropy``,
-    ``.grad_norm``, ``.rho``) of rows or a history."""
+    """One view (`VIEWS`, or one learner axes: ``learner.<part>``) of rows or a history."""
     panels = view_panels(view)
     fig = new_figure(view, panels, False, figsize, dpi)
     cols = columns(source, [k for p in panels for k in p.keys])
@@ -392,8 +378,7 @@ def report_figure(rows: Sequence[Mapping] | HasColumns, title: str = "") -> RunF
 def save_report(rows: Sequence[Mapping] | HasColumns, path: str | Path,
                 title: str = "") -> Path:
     """Write `report_figure` as a PNG and return its path."""
-    fig = report_figure(rows, title)
-    fig.savefig(path, dpi=DPI)
+    report_figure(rows, title).savefig(path, dpi=DPI)
     return Path(path)
 
 

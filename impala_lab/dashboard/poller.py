@@ -1,8 +1,5 @@
-"""`Poller`: a daemon thread that calls a dashboard's ``tick()`` a few times a second.
-
-It holds the dashboard weakly (an unused one is collected and its poller ends), never prints,
-and survives a ``tick()`` that raises (a torn read while someone steps the run by hand);
-``tick()`` returning False ends it.
+"""`Poller`: a daemon thread that calls a dashboard's ``tick()`` a few times a second, holding
+it weakly; a tick that raises is counted and polling goes on, a tick that returns False ends it.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""The dashboard's text view: the same figures as the widgets, for a terminal or a log.
-
-`render` is the panel (at most 100 columns, in the data's order through the pipeline),
-`progress_line` one line for logs; both name the active health flags, and say so when a
-report window brought no sample. `TerminalView` redraws the panel in place in a TTY (the CLI's
-live view), else prints a line per report. Pure Python, so the CLI starts quickly.
+"""The dashboard's text view for a terminal or a log: `render` (the panel, <= 100 columns),
+`progress_line` (one line) and `TerminalView` (the CLI's: the panel redrawn in place in a TTY,
+else a line per report). Pure Python, so the CLI starts quickly.
 """
 
 from __future__ import annotations
@@ -21,8 +18,7 @@ from impala_lab.health_flags import flag_labels
 
 # ---------------------------------------------------------------------- the views
 def no_samples_note(s: Mapping[str, Any]) -> str:
-    """What a report window without a sample says: ``NO SAMPLES yet (3.0 s)`` before the
-    first, else ``NO SAMPLES since the last report (12.0 s since the last sample)``."""
+    """What a report window without a sample says, e.g. ``NO SAMPLES yet (3.0 s)``."""
     since = s.get("seconds_since_sample")
     if not s.get("num_steps_sampled"):
         return "NO SAMPLES yet" + (f" ({since:.1f} s)" if is_number(since) else "")
@@ -32,7 +28,7 @@ def no_samples_note(s: Mapping[str, Any]) -> str:
 
 def progress_line(s: Mapping[str, Any], no_samples: bool = False) -> str:
     """One line: time, env steps, return, throughputs, learner queue, policy lag, the latest
-    evaluation (if on), the health flags (if any), and `no_samples_note` if ``no_samples``."""
+    evaluation, the health flags, and `no_samples_note` if ``no_samples``."""
     q = queue_figures(s)["learner_queue"]
     lag = (s.get("policy_lag") or {}).get("mean", math.nan)
     ret = s.get("episode_return_mean", math.nan)
@@ -71,9 +67,8 @@ def _pipeline_line(s: Mapping[str, Any]) -> str:
 
 
 def render(s: Mapping[str, Any], title: str = "", no_samples: bool = False) -> str:
-    """The text dashboard (7 lines, <= 100 columns) of one ``Impala.stats()`` snapshot, plus
-    a ``health`` line (with a health key), an ``actions`` line (a Box-action run's) and
-    `no_samples_note` (if ``no_samples``)."""
+    """The text dashboard (7 lines, <= 100 columns) of one ``Impala.stats()`` snapshot, with
+    ``health``, ``actions`` (Box actions) and `no_samples_note` lines where they apply."""
     p = s.get("pipeline") or {}
     lag = s.get("policy_lag") or {}  # at the driver; ``trained``: when the learner trains
     trained = s.get("policy_lag_at_training") or {}
@@ -114,13 +109,8 @@ def render(s: Mapping[str, Any], title: str = "", no_samples: bool = False) -> s
 
 
 class TerminalView:
-    """The CLI's live view: redraws `render` in place in a TTY, else one line per report.
-
-    Args:
-      stream: where to write (stdout by default).
-      title: the first line's label, e.g. ``"CartPole-v1 (process, 2 workers)"``.
-      live: redraw in place; None decides by ``stream.isatty()``.
-    """
+    """The CLI's live view on `stream` (stdout): `render` redrawn in place if `live` (None:
+    ``stream.isatty()``), else one line per report."""
 
     def __init__(self, stream: TextIO | None = None, title: str = "",
                  live: bool | None = None) -> None:

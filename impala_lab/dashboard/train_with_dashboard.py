@@ -12,11 +12,8 @@ def train_with_dashboard(run: Any, stop: Mapping[str, float] | Callable[[dict], 
                          = None, *, max_seconds: float | None = None,
                          max_env_steps: int | None = None, report_interval: float = 1.0,
                          on_report: Callable[[dict], None] | None = None) -> dict[str, Any]:
-    """Train ``run`` (an `Impala`) in this thread while its dashboard shows the progress.
-
-    Arguments and result as in ``Impala.train``; ``on_report`` is called before the
-    dashboard's own report (the terminal view, without a frontend).
-    """
+    """Train ``run`` in this thread while its dashboard shows the progress; arguments and
+    result as in ``Impala.train`` (``on_report`` runs before the dashboard's own)."""
     from impala_lab.dashboard.widgets import Dashboard
 
     board = Dashboard(run)
