@@ -20,18 +20,17 @@ MAX_POINTS = 600  # points drawn per line: longer runs are decimated evenly
 
 
 def read_metrics_csv(path: str | Path) -> list[dict[str, float]]:
-    """Rows of a ``metrics.csv`` as dicts of floats (empty cells become NaN)."""
-    rows = []
+    """Rows of a ``metrics.csv`` as dicts of floats (cells that are not numbers become NaN)."""
     with open(path, newline="") as fh:
-        for raw in csv.DictReader(fh):
-            row = {}
-            for key, text in raw.items():
-                try:
-                    row[key] = float(text) if text not in ("", None) else math.nan
-                except ValueError:
-                    row[key] = math.nan
-            rows.append(row)
-    return rows
+        return [{key: _to_float(text) for key, text in raw.items()}
+                for raw in csv.DictReader(fh)]
+
+
+def _to_float(text: str | None) -> float:
+    try:
+        return float(text)
+    except (TypeError, ValueError):
+        return math.nan
 
 
 def column(rows: Sequence[Mapping], key: str) -> np.ndarray:

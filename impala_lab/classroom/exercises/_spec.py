@@ -171,8 +171,8 @@ def judge(spec: Spec, label: str, report: AnswerReport, *, cases: list[Case] | N
         if number > len(report.traces):
             result = CheckResult(spec.exercise, False, f"{FAIL_MARK} {spec.exercise}: the "
                                  f"answer's run stopped before case {number}", n, number)
-            break
-        result = _judge_case(spec, label, case, number, n, report.traces[number - 1])
+        else:
+            result = _judge_case(spec, label, case, number, n, report.traces[number - 1])
     if result is None:
         result = CheckResult(spec.exercise, True,
                              f"{PASS_MARK} {spec.exercise}: all {n} cases pass", n)

@@ -1,11 +1,7 @@
-"""The optional challenges: each exercise again, with less scaffolding and, for some, a rule.
-
-A challenge (``<exercise>_challenge``) has its exercise's cases, reference and comparison,
-and its notebook gives less help (a definition instead of a recursion, words instead of
-code). The rules (`impala_lab.classroom.exercises._static.Rule`): the ring with no base
+"""The optional challenges (``<exercise>_challenge``): each exercise's cases, reference and
+comparison, less scaffolding in the notebook and, for some, a `Rule`: the ring with no base
 class (1), V-trace (3) and the Gaussian (7) with no Python loop, the V-trace loss without the
-library's ``vtrace`` module (5), the LSTM's reset with masks and no ``if`` (6). Nothing here
-imports TensorFlow.
+library's ``vtrace`` module (5), the LSTM's reset with masks and no ``if`` (6).
 """
 
 from __future__ import annotations
@@ -45,7 +41,7 @@ _NO_BASE_CLASS = Rule(
 
 class _Served:
     """The answer's buffer behind ``get()`` only: its state is its own design, so the trace
-    reads none of it (an attribute named like the library's but of another kind is fine)."""
+    reads none of it."""
 
     def __init__(self, buffer: Any) -> None:
         self._buffer = buffer
@@ -64,7 +60,6 @@ def _ring_show(out: Any, state: dict[str, Any]) -> Any:
 
 
 def _ring_hint(exp_out: Any, out: Any, exp: dict[str, Any], act: dict[str, Any]) -> str:
-    """A hint from what the learner sees (the state is the answer's own design)."""
     if not (isinstance(out, tuple) and len(out) == 2):
         return "get() must return a pair (item, released)."
     if act["items_taken"] > exp["items_taken"]:
@@ -112,7 +107,7 @@ _NO_VTRACE_LOOP = _no_loop(
 
 def _vtrace_compare(case: Case, ref: dict[str, Any], ans: dict[str, Any]) -> None:
     for name in ("vs", "pg_advantages"):
-        bad = ~_finite(ans[name]) & _finite(ref[name])
+        bad = ~np.isfinite(ans[name]) & np.isfinite(ref[name])
         if bad.any():
             t, b = (int(k) for k in np.argwhere(bad)[0])
             raise Mismatch(f"{name}[{t}, {b}] (time step t={t}, column b={b})",
@@ -122,10 +117,6 @@ def _vtrace_compare(case: Case, ref: dict[str, Any], ans: dict[str, Any]) -> Non
                            "= 0). Multiply the factors (np.cumprod) or mask the zeros before "
                            "any log.")
     vtrace_numpy.SPEC.compare(case, ref, ans)
-
-
-def _finite(x: Any) -> Any:
-    return np.isfinite(np.asarray(x, np.float64))
 
 
 # ------------------------------------------------------------------ 5: V-trace in TensorFlow
@@ -236,8 +227,7 @@ def check_driver_step_challenge(answer: Any, *, show: bool = True) -> CheckResul
 
 
 def check_vtrace_loss_challenge(answer: Any, *, show: bool = True) -> CheckResult:
-    """Checks a V-trace loss that does not use the library's vtrace module, as
-    `check_vtrace_loss` does."""
+    """Checks a V-trace loss without the library's vtrace module, as `check_vtrace_loss`."""
     return _check("vtrace_loss_challenge", answer, show)
 
 

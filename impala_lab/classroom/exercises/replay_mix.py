@@ -24,7 +24,6 @@ from typing import Any
 import numpy as np
 
 from impala_lab.classroom.exercises._common import (
-    AnswerRaised,
     Case,
     CheckResult,
     Mismatch,
@@ -138,13 +137,11 @@ def _answer_trace(answer: Any, case: Case) -> dict[str, Any]:
     # At most ceil(replay_proportion) replays follow a new batch: more means it never stops.
     limit = p["n_new"] * (2 + int(np.ceil(p["rp"]))) + 10
     items: list[Any] = []
+    end = object()
     while len(items) < limit:
-        try:
-            item = call_answer(next, iterator)
-        except AnswerRaised as err:
-            if isinstance(err.__cause__, StopIteration):
-                break
-            raise
+        item = call_answer(next, iterator, end)
+        if item is end:
+            break
         items.append(_named(item))
     return {"items": items, "store": [portable(getattr(b, "name", b)) for b in store]}
 
