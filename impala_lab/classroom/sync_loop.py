@@ -54,12 +54,8 @@ class SyncLoop:
     def step(self) -> dict[str, float]:
         """One round: every worker samples, the learner trains once on all of it, the new
         weights go out. Returns the learner's stats."""
-        futures = [worker.sample() for worker in self.workers]
-        pending = list(futures)
-        while pending:
-            done = self.backend.wait(pending, None)
-            pending = [f for f in pending if not any(f is d for d in done)]
-        batch = concat_samples([f.result() for f in futures])
+        futures = [worker.sample() for worker in self.workers]  # all sample at once
+        batch = concat_samples([f.result() for f in futures])  # result() waits for its worker
         stats = self.policy.learn_on_batch(batch)
         self._publish()
         self.num_steps_sampled += batch.count

@@ -25,6 +25,16 @@ def _classed(widget: WidgetT, *classes: str) -> WidgetT:
     return widget
 
 
+def _html(css_class: str, **layout: str) -> W.HTML:
+    """An empty HTML widget of one CSS class and ``layout``."""
+    return _classed(W.HTML(layout=W.Layout(**layout)), css_class)
+
+
+def _row(children: list[W.Widget]) -> W.HBox:
+    """Widgets side by side, wrapping on a narrow page."""
+    return W.HBox(children, layout=W.Layout(flex_flow="row wrap"))
+
+
 class DashboardWidgets:
     """The widgets of a dashboard, built by `_build`; the `Dashboard` subclass provides the
     click handlers (``_on_*``), ``_scheduler``, ``_frame_view`` and ``box_actions``."""
@@ -48,14 +58,14 @@ class DashboardWidgets:
 
     def _build_status(self) -> list[W.Widget]:
         """The header, the health badge, the headline cards and the diagram."""
-        self.header = _classed(W.HTML(), "impala-header")
-        self.health = _classed(W.HTML(layout=W.Layout(width="100%")), "impala-health")
+        self.header = _html("impala-header")
+        self.health = _html("impala-health", width="100%")
         self.cards: dict[str, W.HTML] = {
             name: _classed(W.HTML(layout=W.Layout(min_width="124px", margin="0 6px 0 0")),
                            "impala-stat", f"impala-stat-{_css(name)}")
             for name in markup.CARDS if self.box_actions or name not in markup.BOX_CARDS}
-        self.diagram = _classed(W.HTML(layout=W.Layout(width="100%")), "impala-diagram")
-        cards = W.HBox(list(self.cards.values()), layout=W.Layout(flex_flow="row wrap"))
+        self.diagram = _html("impala-diagram", width="100%")
+        cards = _row(list(self.cards.values()))
         return [self.header, self.health, cards, self.diagram]
 
     def _build_gauges(self) -> W.VBox:
@@ -67,12 +77,11 @@ class DashboardWidgets:
             bar = _classed(W.FloatProgress(value=0.0, min=0.0, max=1.0,
                                            layout=W.Layout(width="190px", height="22px")),
                            "impala-gauge", f"impala-gauge-{_css(name)}")
-            text = _classed(W.HTML(layout=W.Layout(width="90px")),
-                            f"impala-gauge-{_css(name)}-value")
+            text = _html(f"impala-gauge-{_css(name)}-value", width="90px")
             self.gauges[name], self.gauge_labels[name] = bar, text
             rows.append(W.HBox([W.HTML(markup.gauge_label(label.name),
                                        layout=W.Layout(width="150px")), bar, text]))
-        self.hint = _classed(W.HTML(layout=W.Layout(width="440px")), "impala-bottleneck")
+        self.hint = _html("impala-bottleneck", width="440px")
         return _classed(W.VBox([W.HTML(markup.section_title("queues")), *rows, self.hint],
                                layout=W.Layout(width="450px", margin="0 16px 0 0")),
                         "impala-gauges")
@@ -86,8 +95,8 @@ class DashboardWidgets:
         self.stop_button.on_click(lambda _: self._on_stop())
         self._knob_sliders = KnobSliders(self._on_knob)
         self.knobs: dict[str, W.ValueWidget] = self._knob_sliders.sliders
-        self.message = _classed(W.HTML(layout=W.Layout(width="460px")), "impala-message")
-        self.knob_log = _classed(W.HTML(layout=W.Layout(width="460px")), "impala-knob-log")
+        self.message = _html("impala-message", width="460px")
+        self.knob_log = _html("impala-knob-log", width="460px")
         return _classed(W.VBox([W.HTML(markup.section_title("controls")),
                                 W.HBox([self.start_button, self.pause_button,
                                         self.stop_button]),
@@ -103,26 +112,20 @@ class DashboardWidgets:
                                                    margin="4px 4px 4px 0")),
                            "impala-plot", f"impala-plot-{_css(view)}")
             for view in views}
-        self.timing = _classed(W.HTML(layout=W.Layout(width="470px", margin="4px 4px 4px 0")),
-                               "impala-timing")
-        self.lag_histogram = _classed(
-            W.HTML(layout=W.Layout(width="470px", margin="4px 4px 4px 0")),
-            "impala-lag-histogram")
-        learner = _classed(W.HBox([self.plots[v] for v in views if v.startswith("learner.")],
-                                  layout=W.Layout(flex_flow="row wrap")), "impala-plot-learner")
-        return W.VBox([W.HBox([self.plots["throughput"], self.plots["return"]],
-                              layout=W.Layout(flex_flow="row wrap")),
+        self.timing = _html("impala-timing", width="470px", margin="4px 4px 4px 0")
+        self.lag_histogram = _html("impala-lag-histogram", width="470px", margin="4px 4px 4px 0")
+        learner = _classed(_row([self.plots[v] for v in views if v.startswith("learner.")]),
+                           "impala-plot-learner")
+        return W.VBox([_row([self.plots["throughput"], self.plots["return"]]),
                        self._build_frame_strip(),
-                       W.HBox([self.timing, self.plots["queues"]],
-                              layout=W.Layout(flex_flow="row wrap")),
-                       W.HBox([self.lag_histogram,
-                               *([self.plots["actions"]] if "actions" in self.plots else [])],
-                              layout=W.Layout(flex_flow="row wrap")),
+                       _row([self.timing, self.plots["queues"]]),
+                       _row([self.lag_histogram,
+                             *([self.plots["actions"]] if "actions" in self.plots else [])]),
                        learner])
 
     def _build_frame_strip(self) -> W.VBox:
         """The frame strip's caption and image (hidden until frames arrive)."""
-        self.frame_caption = _classed(W.HTML(), "impala-frame-strip-caption")
+        self.frame_caption = _html("impala-frame-strip-caption")
         self.frame_strip = _classed(W.Image(value=b"", format="png",
                                             layout=W.Layout(max_width="100%", height="auto",
                                                             display="none")),

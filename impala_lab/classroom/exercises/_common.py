@@ -92,12 +92,10 @@ class AnswerRaised(Exception):
 
 
 class _Verbatim(str):
-    """A value formatted as is (no repr)."""
+    """Text that `Mismatch` shows as is, not as a repr."""
 
 
-def verbatim(text: str) -> Any:
-    """Marks text that `Mismatch` shows as is, not as a repr."""
-    return _Verbatim(text)
+verbatim = _Verbatim
 
 
 def call_answer(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
