@@ -49,11 +49,10 @@ class StudySettings:
     """One study: the grid and the budget of each run.
 
     Attributes:
-      env_steps: env steps sampled per run.
       extra_policy_lag: K of the table-2 grid (the actors act K learner updates behind).
       replay_proportions: the replay columns (1.0: half of every train batch replayed).
       lags: the lag sweep's values of extra_policy_lag (figure E.1; no replay), each over the
-        first ``sweep_seeds`` of the table's seeds.
+        first ``sweep_seeds`` seeds.
       overrides: config fields on top of the env's tuned preset.
     """
 

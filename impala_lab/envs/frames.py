@@ -54,13 +54,10 @@ class Frames:
     """The latest frames of one env (read-only arrays).
 
     Attributes:
-      obs: [K, *obs_shape], the observations as the batches hold them (uint8 for images),
-        oldest first; K <= `FRAME_STRIP_LENGTH` (fewer until that many arrived).
-      env_steps: int64 [K], the run's env steps sampled (``stats()["num_steps_sampled"]``)
-        once the batch that carried each frame had reached the driver.
-      ends: bool [K], the episode ended at this step (terminated or truncated): the next
-        frame is the first of a new episode.
-      worker_index: the worker whose env this is; column: the env's column in its batches.
+      obs: [K, *obs_shape] as the batches hold them, oldest first; K <= `FRAME_STRIP_LENGTH`.
+      env_steps: int64 [K], the run's env steps sampled when each frame's batch arrived.
+      ends: bool [K], the episode ended at this step (the next frame starts a new one).
+      worker_index, column: the worker whose env this is, and the env's column in its batches.
       kind: `image_kind` of the observations.
       version: counts the batches taken so far (a reader redraws only when it changed).
     """

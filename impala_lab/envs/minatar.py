@@ -58,16 +58,8 @@ def palette(channels: int) -> np.ndarray:
 
 
 def to_rgb(obs: np.ndarray, colours: np.ndarray, scale: int = 1) -> np.ndarray:
-    """An observation as an image: each cell takes the colour of its last channel that is on.
-
-    Args:
-      obs: bool or 0/1 [H, W, C], or [N, H, W, C].
-      colours: uint8 [C + 1, 3] from `palette`.
-      scale: each cell becomes a ``scale`` x ``scale`` block.
-
-    Returns:
-      uint8 [H * scale, W * scale, 3] (or [N, H * scale, W * scale, 3]).
-    """
+    """An observation, bool or 0/1 [(N,) H, W, C], as an image uint8 [(N,) H * scale,
+    W * scale, 3]: each cell takes the colour (`palette`) of its last channel that is on."""
     obs = np.asarray(obs)
     channel_ids = np.arange(1, obs.shape[-1] + 1, dtype=np.int64)
     index = np.max(obs.astype(np.int64) * channel_ids, axis=-1)  # 0 = empty
@@ -83,10 +75,8 @@ class MinAtarEnv(gym.Env):
     Args:
       game: MinAtar's module name ("breakout", "space_invaders", ...).
       use_minimal_action_set: the game's minimal action set (the v1 ids) or all 6 (v0).
-      sticky_action_prob: probability that the previous action repeats (MinAtar's 0.1).
-      difficulty_ramping: MinAtar's difficulty ramp (Asterix, Seaquest, SpaceInvaders).
-      render_mode: None or "rgb_array" (uint8 [10 * render_scale, 10 * render_scale, 3]).
-      render_scale: pixels per cell of a rendered frame.
+      sticky_action_prob: probability that the previous action repeats.
+      render_mode: None or "rgb_array" (uint8, `render_scale` pixels per cell).
     """
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 15}
