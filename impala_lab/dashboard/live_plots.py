@@ -103,10 +103,6 @@ class PlotProcess:
         child.close()
         self.pending: str | None = None
 
-    @property
-    def alive(self) -> bool:
-        return self.process.is_alive()
-
     def submit(self, view: str, cols: Mapping[str, np.ndarray]) -> None:
         """Ask for one view; one request may be pending at a time."""
         if self.pending is not None:
