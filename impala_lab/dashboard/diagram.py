@@ -70,8 +70,7 @@ class PipelineDiagram:
         flowing = {name: self._previous is not None and counters[name] > self._previous[name]
                    for name in FLOWS}
         for name, moved in flowing.items():
-            if moved:
-                self.phase[name] += 1
+            self.phase[name] += moved
         self._previous = counters
         return pipeline_svg(stats, flowing=flowing, phase=self.phase)
 

@@ -15,32 +15,6 @@ from impala_lab.health_flags import describe_seen
 GREEN, ORANGE, RED, GREY = "#2e9e44", "#e67e22", "#c0392b", "#7f8c8d"
 BLUE = "#1f77b4"
 
-# card name -> (its LABELS key, its figure from a snapshot); the names are CSS classes.
-CARDS: dict[str, tuple[str, Callable[[Mapping[str, Any]], str]]] = {
-    "sample_throughput": ("sample_throughput",
-                          lambda s: f"{fmt_count(s.get('sample_throughput'))}/s"),
-    "train_throughput": ("train_throughput",
-                         lambda s: f"{fmt_count(s.get('train_throughput'))}/s"),
-    "episode_return_mean": ("episode_return_mean",
-                            lambda s: fmt_float(s.get("episode_return_mean"))),
-    "evaluation": ("evaluation", lambda s: eval_figure(s.get("evaluation"))),
-    "num_steps_sampled": ("num_steps_sampled", lambda s: fmt_count(s.get("num_steps_sampled"))),
-    "weights_version": ("weights_version", lambda s: f"v{s.get('weights_version', 0)}"),
-    "policy_lag": ("policy_lag.mean",
-                   lambda s: fmt_float((s.get("policy_lag") or {}).get("mean"), 2)),
-    "policy_lag_at_training": (
-        "policy_lag_at_training.mean",
-        lambda s: fmt_float((s.get("policy_lag_at_training") or {}).get("mean"), 2)),
-    "time_total_s": ("time_total_s", lambda s: f"{s.get('time_total_s', 0.0):,.0f} s"),
-    # a Box-action run's only (`BOX_CARDS`): its Gaussian policy's mean and std
-    "action_mean": ("learner.action_mean",
-                    lambda s: fmt_float((s.get("learner") or {}).get("action_mean"))),
-    "action_std": ("learner.action_std",
-                   lambda s: fmt_float((s.get("learner") or {}).get("action_std"))),
-}
-#: The cards a dashboard shows only for a run whose action space is a Box.
-BOX_CARDS = ("action_mean", "action_std")
-
 
 def box_actions(action_space: Any) -> bool:
     """Whether a run's action space is a gymnasium ``Box`` (a Gaussian policy)."""
@@ -58,6 +32,24 @@ def eval_figure(evaluation: Mapping[str, Any] | None) -> str:
     return " / ".join(fmt_float(evaluation[f"episode_return_mean_{mode}"])
                       for mode in ("greedy", "sampled")
                       if f"episode_return_mean_{mode}" in evaluation)
+
+
+# card name (a CSS class) -> (the flat key of its figure and its LABELS key, its format)
+CARDS: dict[str, tuple[str, Callable[[Any], str]]] = {
+    "sample_throughput": ("sample_throughput", lambda v: f"{fmt_count(v)}/s"),
+    "train_throughput": ("train_throughput", lambda v: f"{fmt_count(v)}/s"),
+    "episode_return_mean": ("episode_return_mean", fmt_float),
+    "evaluation": ("evaluation", eval_figure),
+    "num_steps_sampled": ("num_steps_sampled", fmt_count),
+    "weights_version": ("weights_version", lambda v: f"v{v or 0}"),
+    "policy_lag": ("policy_lag.mean", lambda v: fmt_float(v, 2)),
+    "policy_lag_at_training": ("policy_lag_at_training.mean", lambda v: fmt_float(v, 2)),
+    "time_total_s": ("time_total_s", lambda v: f"{v or 0.0:,.0f} s"),
+    "action_mean": ("learner.action_mean", fmt_float),  # BOX_CARDS: a Gaussian policy's
+    "action_std": ("learner.action_std", fmt_float),
+}
+#: The cards a dashboard shows only for a run whose action space is a Box.
+BOX_CARDS = ("action_mean", "action_std")
 
 
 # run state -> (the header's status text, its colour)
@@ -116,9 +108,12 @@ def health_html(health: Mapping[str, Any] | None) -> str:
 def card_html(name: str, stats: Mapping[str, Any]) -> str:
     """One headline card of `CARDS`: its label over its figure."""
     key, figure = CARDS[name]
+    value: Any = stats
+    for part in key.split("."):  # the flat key's value in the nested snapshot
+        value = value.get(part) if isinstance(value, Mapping) else None
     return (f'<div style="line-height:1.15"><div style="font-size:13px;color:#555">'
             f'{LABELS[key].name}</div><div style="font-size:24px;font-weight:bold">'
-            f"{figure(stats)}</div></div>")
+            f"{figure(value)}</div></div>")
 
 
 def gauge_text(name: str, level: float, capacity: float) -> str:

@@ -70,13 +70,8 @@ class SameStepCartPole(CartPoleVectorEnv):
 ADAPTERS: dict[type, type] = {CartPoleVectorEnv: SameStepCartPole}
 
 
-def _vector_entry(env_id: str) -> Any:
-    """The id's registered ``vector_entry_point`` (a class or a "module:attr" string), or
-    None."""
-    return getattr(gym.spec(env_id), "vector_entry_point", None)
-
-
 def _resolve(entry: Any) -> Any:
+    """A ``vector_entry_point`` (a class or a "module:attr" string) as the class."""
     if isinstance(entry, str):
         from gymnasium.envs.registration import load_env_creator
 
@@ -96,7 +91,7 @@ def vector_env_problem(env: Any) -> str | None:
         return ("an env factory has no vectorised implementation; give a registered env id "
                 "whose vector_entry_point gymnasium knows (CartPole-v1 has one), or set "
                 "vector_env=False")
-    entry = _vector_entry(env)
+    entry = getattr(gym.spec(env), "vector_entry_point", None)
     if entry is None:
         return (f"gymnasium has no vectorised implementation of {env!r} (its registration "
                 "names no vector_entry_point; CartPole-v1 has one); set vector_env=False, or "
