@@ -8,6 +8,7 @@ import pickle
 import threading
 import types
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from impala_lab.classroom.exercises._common import AnswerRaised, _where_to_fill, locate
@@ -42,20 +43,14 @@ class ReferenceCalled(Exception):
         self.name = name
 
 
+@dataclass(frozen=True)
 class Opaque:
     """An answer's value that cannot leave its process: kept as its repr."""
 
-    def __init__(self, text: str) -> None:
-        self.text = text
+    text: str
 
     def __repr__(self) -> str:
         return self.text
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Opaque) and other.text == self.text
-
-    def __hash__(self) -> int:
-        return hash(self.text)
 
 
 def portable(value: Any) -> Any:

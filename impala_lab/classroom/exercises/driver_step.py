@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import queue
 import random
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
@@ -31,13 +32,13 @@ from impala_lab.driver.driver_loop import DriverLoop
 from impala_lab.learner.port import UpdateFlag
 
 
+@dataclass(eq=False)
 class FakeWorker:
     """A worker handle: an index, a width B and the weights version it holds."""
 
-    def __init__(self, index: int, num_envs: int) -> None:
-        self.index = index
-        self.num_envs = num_envs
-        self.weights_version = -1
+    index: int
+    num_envs: int
+    weights_version: int = -1
 
     def __repr__(self) -> str:
         return f"worker{self.index}"

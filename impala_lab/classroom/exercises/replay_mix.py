@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import random
 from collections import deque
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -64,12 +65,12 @@ _CASES = [
 ]
 
 
+@dataclass(eq=False)
 class FakeBatch:
     """A stand-in for a `SampleBatch`: a name and a ``count`` (env steps)."""
 
-    def __init__(self, name: str, count: int) -> None:
-        self.name = name
-        self.count = count
+    name: str
+    count: int
 
     def __repr__(self) -> str:
         return self.name
