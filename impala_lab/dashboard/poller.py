@@ -11,12 +11,8 @@ from typing import Any
 
 
 class Poller:
-    """Calls ``target.tick()`` every ``1 / hz`` seconds in a thread of its own.
-
-    Attributes:
-      ticks, cpu_s: ticks so far, and the CPU seconds the thread spent in them.
-      errors, last_error: ticks that raised, and the last error of a tick.
-    """
+    """Calls ``target.tick()`` every ``1 / hz`` seconds in a thread of its own; counts
+    ``ticks``, their ``cpu_s``, ``errors`` and keeps the ``last_error``."""
 
     def __init__(self, hz: float, name: str) -> None:
         self.interval = 1.0 / hz if hz > 0 else 0.0

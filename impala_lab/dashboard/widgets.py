@@ -71,9 +71,7 @@ class Dashboard(DashboardWidgets):
     """The live dashboard of one `Impala` run.
 
     Args:
-      impala: the run (held weakly; keep your own reference).
-      poll_hz: widget updates per second while shown, in (0, 10]; 0 disables the poller
-        (then call ``refresh()`` yourself).
+      poll_hz: widget updates per second while shown, in (0, 10]; 0: call ``refresh()``.
       plot_interval: seconds between two renders of one plot, at least.
       plot_budget: share of one CPU core the plots may use on average, in (0, 1].
       plot_process: draw the poller's plots in a child process (the kernel's GIL stays with
@@ -87,8 +85,6 @@ class Dashboard(DashboardWidgets):
         _check_arguments(impala, poll_hz, plot_interval, plot_budget)
         self._ref = weakref.ref(impala)
         self.poll_hz = float(poll_hz)
-        self.plot_interval = float(plot_interval)
-        self.plot_budget = float(plot_budget)
         self.start_kwargs = dict(start_kwargs or {})
         config = getattr(impala, "config", None)
         env_id = getattr(config, "env_id", None) or "env"
@@ -101,8 +97,8 @@ class Dashboard(DashboardWidgets):
         self._frame_view = FrameStripView(getattr(impala, "observation_space", None))
         self.box_actions = markup.box_actions(getattr(impala, "action_space", None))
         views = LIVE_VIEWS + (BOX_LIVE_VIEWS if self.box_actions else ())
-        self._scheduler = PlotScheduler(views, interval=self.plot_interval,
-                                        budget=self.plot_budget,
+        self._scheduler = PlotScheduler(views, interval=float(plot_interval),
+                                        budget=float(plot_budget),
                                         use_process=bool(plot_process), show=self._show_plot)
         self._note = ""  # the last message from a button or knob
         self._note_error = False

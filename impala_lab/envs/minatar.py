@@ -24,24 +24,22 @@ __all__ = ["GAMES", "MinAtarEnv", "palette", "register", "to_rgb"]
 GAMES = {"Asterix": "asterix", "Breakout": "breakout", "Freeway": "freeway",
          "Seaquest": "seaquest", "SpaceInvaders": "space_invaders"}
 _NUM_ACTIONS = 6  # all MinAtar games share the full action set (n, l, u, r, d, f)
-_MODULES: dict[str, ModuleType] = {}
 
 
+@functools.cache
 def _game_module(game: str) -> ModuleType:
     """MinAtar's module for ``game``, loaded from the installed package's file without running
     ``minatar/__init__.py`` (which imports pyplot and seaborn)."""
-    if game not in _MODULES:
-        spec = importlib.util.find_spec("minatar")  # finds the package without importing it
-        if spec is None or not spec.submodule_search_locations:
-            raise ModuleNotFoundError(
-                "MinAtar is not installed: pip install minatar (or impala_lab[minatar])")
-        path = pathlib.Path(next(iter(spec.submodule_search_locations)), "environments",
-                            f"{game}.py")
-        module_spec = importlib.util.spec_from_file_location(f"_impala_lab_minatar_{game}", path)
-        module = importlib.util.module_from_spec(module_spec)
-        module_spec.loader.exec_module(module)
-        _MODULES[game] = module
-    return _MODULES[game]
+    spec = importlib.util.find_spec("minatar")  # finds the package without importing it
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError(
+            "MinAtar is not installed: pip install minatar (or impala_lab[minatar])")
+    path = pathlib.Path(next(iter(spec.submodule_search_locations)), "environments",
+                        f"{game}.py")
+    module_spec = importlib.util.spec_from_file_location(f"_impala_lab_minatar_{game}", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module
 
 
 @functools.cache

@@ -25,14 +25,12 @@ class Rule:
     """A challenge's structural rule.
 
     Attributes:
-      name: the rule in a few words, e.g. ``"no Python loop"``.
       hint: what the rule catches and the way round it (the message's ``hint:`` line).
       syntax: the nodes that break it, with what to call them (``ast.comprehension``: a
         comprehension with an ``if``).
       names: names that break it (matched as `Spec.forbidden` is), with what they do.
       recursion: a function that calls itself, directly or through others, breaks it.
-      plain_class: the answer must be a ``class NAME:`` statement with no base class,
-        metaclass or decorator.
+      plain_class: the answer must be a class with no base class or metaclass.
     """
 
     name: str
