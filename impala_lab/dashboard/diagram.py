@@ -239,7 +239,6 @@ def _replay(x: float, w: float, color: str, stats: Mapping[str, Any]) -> list[st
 
 
 def _stages(stats: Mapping[str, Any]) -> list[str]:
-    """Every stage's box with its figures, left to right."""
     p = stats.get("pipeline") or {}
     q = queue_figures(stats)
     parts = [_box(key, title, x, w, color) for key, title, x, w, color in STAGES]

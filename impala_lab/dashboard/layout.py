@@ -19,14 +19,12 @@ def _css(name: str) -> str:
 
 
 def _classed(widget: WidgetT, *classes: str) -> WidgetT:
-    """``widget``, with the CSS classes ``classes`` added."""
     for name in classes:
         widget.add_class(name)
     return widget
 
 
 def _html(css_class: str, **layout: str) -> W.HTML:
-    """An empty HTML widget of one CSS class and ``layout``."""
     return _classed(W.HTML(layout=W.Layout(**layout)), css_class)
 
 
@@ -44,7 +42,6 @@ class DashboardWidgets:
     box_actions: bool
 
     def _build(self) -> None:
-        """Build every widget and lay out the page (once, in the main thread)."""
         status = self._build_status()
         gauges = self._build_gauges()
         controls = self._build_controls()
@@ -57,7 +54,6 @@ class DashboardWidgets:
         ], layout=W.Layout(max_width="980px", padding="6px")), "impala-dashboard")
 
     def _build_status(self) -> list[W.Widget]:
-        """The header, the health badge, the headline cards and the diagram."""
         self.header = _html("impala-header")
         self.health = _html("impala-health", width="100%")
         self.cards: dict[str, W.HTML] = {
@@ -69,7 +65,6 @@ class DashboardWidgets:
         return [self.header, self.health, cards, self.diagram]
 
     def _build_gauges(self) -> W.VBox:
-        """A gauge and its figure per queue, and the bottleneck hint."""
         self.gauges: dict[str, W.FloatProgress] = {}
         self.gauge_labels: dict[str, W.HTML] = {}
         rows = []
@@ -87,7 +82,6 @@ class DashboardWidgets:
                         "impala-gauges")
 
     def _build_controls(self) -> W.VBox:
-        """The buttons, a slider per live knob, the message line and the knob log."""
         self.start_button, self.pause_button, self.stop_button = (
             button("start"), button("pause"), button("stop"))
         self.start_button.on_click(lambda _: self._on_start())

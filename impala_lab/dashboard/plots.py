@@ -22,12 +22,10 @@ from matplotlib.figure import Figure
 
 from impala_lab.dashboard.format import nice_ceil
 from impala_lab.dashboard.labels import ACTIONS, EVAL_KEYS, LABELS, TIMERS
-from impala_lab.dashboard.plot_data import (  # noqa: F401  (re-exported: the plots' data)
+from impala_lab.dashboard.plot_data import (
     KNOB_KEYS,
-    MAX_POINTS,
     X_KEY,
     HasColumns,
-    column,
     columns,
     knob_marks,
     read_metrics_csv,

@@ -63,7 +63,6 @@ def _check_arguments(impala: Any, poll_hz: float, plot_interval: float,
 
 
 def _read_through(path: str, doc: str) -> property:
-    """A read-only property that returns the attribute at `path`, e.g. ``"_poller.ticks"``."""
     return property(operator.attrgetter(path), doc=doc)
 
 

@@ -89,7 +89,6 @@ def _split(out: Any) -> tuple[Any, Any]:
 
 
 def _inputs(case: Case) -> dict[str, Any]:
-    """The case's inputs and clips, as keyword arguments."""
     p = case.params
     return {**make_inputs(p["T"], p["B"], p["scale"], p["ends"], p["seed"]),
             "clip_rho_threshold": p["clip_rho"], "clip_pg_rho_threshold": p["clip_pg"]}
