@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any, TextIO
 
 from impala_lab.dashboard.format import bar, fmt_count, fmt_float, fmt_knob, fraction, is_number
-from impala_lab.dashboard.labels import ACTIONS, LEARNER, QUEUES, TIMERS, queue_figures
+from impala_lab.dashboard.labels import ACTIONS, LEARNER, QUEUES, TIMERS, Label, queue_figures
 from impala_lab.dashboard.markup import eval_figure
 from impala_lab.health_flags import flag_labels
 
@@ -66,6 +66,12 @@ def _pipeline_line(s: Mapping[str, Any]) -> str:
     return "pipeline    " + " > ".join(stages)
 
 
+def _figures(labels: Mapping[str, Label], values: Mapping[str, Any], digits: int) -> str:
+    """``short value`` of each figure of `labels` that `values` holds."""
+    return "  ".join(f"{label.short} {fmt_float(values[key], digits)}"
+                     for key, label in labels.items() if key in values)
+
+
 def render(s: Mapping[str, Any], title: str = "", no_samples: bool = False) -> str:
     """The text dashboard (7 lines, <= 100 columns) of one ``Impala.stats()`` snapshot, with
     ``health``, ``actions`` (Box actions) and `no_samples_note` lines where they apply."""
@@ -86,19 +92,14 @@ def render(s: Mapping[str, Any], title: str = "", no_samples: bool = False) -> s
         f"   weights v{s.get('weights_version', 0)}   lag "
         f"{fmt_float(lag.get('mean'), 2)} (max {lag.get('max', '–')}), trained at "
         f"{fmt_float(trained.get('mean'), 2)}",
+        _pipeline_line(s),
+        "timing ms   " + _figures(TIMERS, s.get("timing_breakdown") or {}, 2),
     ]
-    lines.append(_pipeline_line(s))
-    timing = s.get("timing_breakdown") or {}
-    lines.append("timing ms   " + "  ".join(
-        f"{label.short} {fmt_float(timing.get(key), 2)}" for key, label in TIMERS.items()
-        if key in timing))
     learner = s.get("learner") or {}
-    lines.append("learner     " + ("  ".join(
-        f"{label.short} {fmt_float(learner.get(key), 3)}" for key, label in LEARNER.items()
-        if key in learner) if learner else "no learner step yet"))
+    lines.append("learner     " + (_figures(LEARNER, learner, 3) if learner
+                                   else "no learner step yet"))
     if any(key in learner for key in ACTIONS):  # a Box-action run's Gaussian policy
-        lines.append("actions     " + "  ".join(
-            f"{label.short} {fmt_float(learner.get(key), 3)}" for key, label in ACTIONS.items()))
+        lines.append("actions     " + _figures(ACTIONS, learner, 3))
     knobs = s.get("knobs") or {}
     lines.append("knobs       " + " ".join(f"{k}={fmt_knob(v)}" for k, v in knobs.items()))
     health = s.get("health")

@@ -147,14 +147,10 @@ class _Reference:
                                  np.zeros((B, A), np.float32)])
         values = np.concatenate([outputs["values"].reshape(T * B), outputs["bootstrap_value"]])
         logits_t, values_t = tf.constant(logits), tf.constant(values)
-        network = policy.model
-        policy.model = lambda x, **kw: (logits_t, values_t)
-        try:
-            with tf.GradientTape() as tape:
-                tape.watch([logits_t, values_t])
-                total, stats = policy.loss_and_stats(batch)
-        finally:
-            policy.model = network
+        policy.model = lambda x, **kw: (logits_t, values_t)  # this policy's only network
+        with tf.GradientTape() as tape:
+            tape.watch([logits_t, values_t])
+            total, stats = policy.loss_and_stats(batch)
         g_logits, g_values = (g.numpy() for g in tape.gradient(total, [logits_t, values_t]))
         grads = {"target_logits": g_logits[:T * B].reshape(T, B, A),
                  "values": g_values[:T * B].reshape(T, B),
