@@ -16,7 +16,6 @@ takes no clicks, so the controls stay disabled; ``start()`` gives live controls.
 from __future__ import annotations
 
 import contextlib
-import math
 import operator
 import threading
 import weakref
@@ -47,7 +46,7 @@ def frontend_available() -> bool:
 
 def _check_arguments(impala: Any, poll_hz: float, plot_interval: float,
                      plot_budget: float) -> None:
-    if not (0 <= poll_hz <= 10) or math.isnan(poll_hz):
+    if not 0 <= poll_hz <= 10:  # NaN too
         raise ValueError(f"poll_hz={poll_hz!r} is invalid: use 2-5 updates per second "
                          "(0 disables the poller; then call refresh())")
     if not plot_interval > 0:
@@ -266,16 +265,15 @@ class Dashboard(DashboardWidgets):
             self._apply_gauges(s)
             self._apply_knobs(s)
             self._set_buttons(run, state)
+            # run may be None (collected): getattr then gives the default
             self.message.value = markup.message_html(
-                error=getattr(run, "background_error", None) if run is not None else None,
-                blocking_train=self.blocking_train, replay_off=self._replay_off,
-                note=self._note, note_error=self._note_error)
-            changes = (getattr(run, "knob_changes", None) or []) if run is not None else []
-            self.knob_log.value = markup.knob_log_html(changes)
+                error=getattr(run, "background_error", None), blocking_train=self.blocking_train,
+                replay_off=self._replay_off, note=self._note, note_error=self._note_error)
+            self.knob_log.value = markup.knob_log_html(getattr(run, "knob_changes", None) or [])
 
     def _apply_frames(self, run: Any) -> None:
         """The frame strip: a new PNG only when new frames arrived."""
-        latest = getattr(run, "latest_frames", None) if run is not None else None
+        latest = getattr(run, "latest_frames", None)
         png, caption = self._frame_view.update(latest() if latest is not None else None)
         self.frame_caption.value = caption
         if png is not None:
