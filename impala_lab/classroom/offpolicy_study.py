@@ -128,8 +128,7 @@ def _name(run: dict[str, Any]) -> str:
 
 
 def study_seeds(settings: StudySettings, directory: Path) -> list[int]:
-    """The study's seeds: those ``directory/study.json`` holds for these settings, else
-    ``num_seeds`` drawn at random now (and written there)."""
+    """The seeds ``directory/study.json`` holds for these settings, else new random ones."""
     path = directory / "study.json"
     if path.exists():
         saved = json.loads(path.read_text())

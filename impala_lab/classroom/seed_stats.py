@@ -66,8 +66,7 @@ def difference_interval(a: Sequence[float], b: Sequence[float], rng: np.random.G
 
 
 def verdict(low: float, high: float, names: tuple[str, str] = ("A", "B")) -> str:
-    """"A better" when the difference's interval lies above 0, "B better" below it, else
-    "inconclusive" (higher is better)."""
+    """"A better" when the interval lies above 0, "B better" below, else "inconclusive"."""
     if low > 0:
         return f"{names[0]} better"
     if high < 0:

@@ -52,8 +52,7 @@ class SyncLoop:
             worker.set_weights(ref)
 
     def step(self) -> dict[str, float]:
-        """One round: every worker samples, the learner trains once on all of it, the new
-        weights go out. Returns the learner's stats."""
+        """One round: sample everywhere, train once on all of it, publish; the learner's stats."""
         futures = [worker.sample() for worker in self.workers]  # all sample at once
         batch = concat_samples([f.result() for f in futures])  # result() waits for its worker
         stats = self.policy.learn_on_batch(batch)

@@ -72,8 +72,7 @@ class KnobSliders:
             self.sliders[name] = w
 
     def follow(self, knobs: Mapping[str, Any]) -> None:
-        """Show the run's knob values that changed since the last call (a move the run has not
-        applied yet stays on its slider)."""
+        """Show the run's knob values that changed since the last call (not a pending move)."""
         self._local.following = True
         try:
             for name, w in self.sliders.items():

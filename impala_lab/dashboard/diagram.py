@@ -57,8 +57,7 @@ def flow_counters(stats: Mapping[str, Any]) -> dict[str, float]:
 
 
 class PipelineDiagram:
-    """Draws successive snapshots (``render(stats)``: an ``<svg>`` string), remembering the
-    previous one to animate the arrows."""
+    """Draws successive snapshots as SVG, remembering the last to animate the arrows."""
 
     def __init__(self) -> None:
         self._previous: dict[str, float] | None = None
@@ -266,8 +265,7 @@ def _edges(flowing: Mapping[str, bool], phase: Mapping[str, int]) -> list[str]:
 
 
 def _broadcast(stats: Mapping[str, Any], on: bool, phase: int) -> list[str]:
-    """The weight broadcast: an arrow from the learner back to the actors, under the stages,
-    with its counters and the policy lag."""
+    """The weight broadcast back to the actors, with its counters and the policy lag."""
     color = "#218a3b" if on else "#9fc9a9"
     lx = WHERE["learner"][0] + WHERE["learner"][1] / 2
     ax = WHERE["actors"][0] + WHERE["actors"][1] / 2
@@ -328,8 +326,7 @@ def pipeline_svg(stats: Mapping[str, Any], *, flowing: Mapping[str, bool] | None
 
 
 def timing_svg(stats: Mapping[str, Any], width: int = 560) -> str:
-    """The timing breakdown (mean ms) as horizontal bars on a round scale (an SVG costs far
-    less than a matplotlib render)."""
+    """The timing breakdown (mean ms) as horizontal bars on a round scale."""
     timing = stats.get("timing_breakdown") or {}
     rows = [(key, label.name, float(timing.get(key) or 0.0)) for key, label in TIMERS.items()
             if key in timing] or [(key, label.name, 0.0) for key, label in TIMERS.items()]

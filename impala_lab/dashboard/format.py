@@ -50,8 +50,7 @@ def fraction(part: Any, whole: Any) -> float:
 
 
 def nice_ceil(v: float) -> float:
-    """The smallest 1, 1.5, 2, 2.5, 3, 4, 5, 6 or 8 times a power of ten >= v (a scale that
-    changes in round steps)."""
+    """The smallest 1, 1.5, 2, 2.5, 3, 4, 5, 6 or 8 times a power of ten >= v."""
     if v <= 0 or not math.isfinite(v):
         return 1.0
     exp = math.floor(math.log10(v))

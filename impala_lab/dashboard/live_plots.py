@@ -68,8 +68,7 @@ class LiveFigure:
 
 # ---------------------------------------------------------------------- the plot process
 def _serve(conn: Any, views: tuple[str, ...]) -> None:
-    """The plot process: renders ``(view, columns)`` requests into ``(view, png, cpu_s)``
-    until it gets None or the pipe closes."""
+    """The plot process: ``(view, columns)`` in, ``(view, png, cpu_s)`` out, until None."""
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # an interrupted cell is the kernel's affair

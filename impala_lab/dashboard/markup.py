@@ -81,8 +81,7 @@ def header_html(title: str, stats: Mapping[str, Any] | None, state: str) -> str:
 
 
 def health_html(health: Mapping[str, Any] | None) -> str:
-    """An orange badge per active health flag with its sentence, else "ok" (and what the run
-    saw earlier)."""
+    """A badge per active health flag with its sentence, else "ok" (and earlier flags)."""
     if not health:
         return ""
     flags = health.get("flags") or []

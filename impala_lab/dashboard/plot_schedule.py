@@ -98,8 +98,7 @@ class PlotScheduler:
         self._last[view] = now
 
     def step(self, history: Any) -> BaseException | None:
-        """The poller's turn: at most one view, in the child process or else here; returns the
-        error that made it give up the child."""
+        """The poller's turn: at most one view; returns the error that lost the child, if any."""
         if not self.use_process:
             self.draw_here(history, force=False)
             return None

@@ -152,8 +152,7 @@ class Dashboard(DashboardWidgets):
 
     def report_hook(self, on_report: Callable[[dict], None] | None = None
                     ) -> Callable[[dict], None]:
-        """``on_report`` for ``train()``: calls `on_report`; without a frontend also prints
-        the terminal view."""
+        """``on_report`` for ``train()``: `on_report`, and the text view without a frontend."""
         if not frontend_available() and self._terminal is None:
             self._terminal = TerminalView(title=self.title)
 

@@ -124,8 +124,7 @@ class MinAtarEnv(gym.Env):
 
 
 def register() -> None:
-    """Registers ``MinAtar/<Game>-v0`` and ``-v1`` with `MinAtarEnv`, if MinAtar is
-    installed."""
+    """Registers ``MinAtar/<Game>-v0`` and ``-v1`` if MinAtar is installed."""
     if importlib.util.find_spec("minatar") is None:
         return
     for name, game in GAMES.items():

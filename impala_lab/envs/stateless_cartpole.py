@@ -43,8 +43,7 @@ class StatelessCartPole(CartPoleEnv):
 
 
 class StatelessCartPoleVector(SameStepCartPole):
-    """B StatelessCartPoles as one vector env (``vector_env=True``): `SameStepCartPole`'s
-    carts, observed without their velocities."""
+    """`SameStepCartPole`'s carts without their velocities (``vector_env=True``)."""
 
     def __init__(self, num_envs: int = 1, max_episode_steps: int = 500,
                  render_mode: str | None = None) -> None:
@@ -69,8 +68,7 @@ class StatelessCartPoleVector(SameStepCartPole):
 
 
 def register() -> None:
-    """Registers ``impala_lab/StatelessCartPole-v1`` (500 steps, like CartPole-v1) with
-    gymnasium, once per process, with its vector env (SAME_STEP) for ``vector_env=True``."""
+    """Registers ``impala_lab/StatelessCartPole-v1`` with its SAME_STEP vector env."""
     if ENV_ID not in gym.registry:
         gym.register(id=ENV_ID, entry_point=StatelessCartPole, max_episode_steps=500,
                      reward_threshold=475.0, vector_entry_point=StatelessCartPoleVector)

@@ -85,8 +85,7 @@ def _autoreset_mode(cls: Any) -> Any:
 
 
 def vector_env_problem(env: Any) -> str | None:
-    """Why ``env`` cannot run with ``vector_env=True`` (a sentence that says the fix), or
-    None if it can."""
+    """Why ``env`` cannot run with ``vector_env=True`` (with the fix), or None."""
     if not isinstance(env, str):
         return ("an env factory has no vectorised implementation; give a registered env id "
                 "whose vector_entry_point gymnasium knows (CartPole-v1 has one), or set "

@@ -63,8 +63,7 @@ class CheckResult:
 
 @dataclass
 class Case:
-    """One seeded case: its inputs in a few words, what to look at when it is the first to
-    fail, and the parameters its exercise's traces are made from."""
+    """One seeded case: its inputs in a few words, a hint, and its traces' parameters."""
 
     description: str
     hint: str
@@ -99,8 +98,7 @@ verbatim = _Verbatim
 
 
 def call_answer(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """Calls the student's code; what it raises becomes `AnswerRaised` (but a `MemoryError`,
-    which the grader reports as such)."""
+    """Calls the student's code; what it raises (not a MemoryError) becomes `AnswerRaised`."""
     try:
         return fn(*args, **kwargs)
     except (Mismatch, AnswerRaised, MemoryError):
@@ -186,8 +184,7 @@ def not_implemented_message(exercise: str, answer_label: str, fill: str) -> str:
 
 
 def loaded(module: str, *names: str) -> list[Any]:
-    """The objects ``module.name`` (dotted names reach into classes); none while the module
-    is not imported."""
+    """The objects ``module.name`` (dotted into classes), if the module is imported."""
     mod = sys.modules.get(module)
     if mod is None:
         return []

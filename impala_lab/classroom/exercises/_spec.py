@@ -55,8 +55,7 @@ class Spec:
 
 @dataclass
 class AnswerReport:
-    """What the answer side found: a flag from the static look, and one trace per case (up
-    to the first that raised)."""
+    """The answer side's findings: a static flag, and a trace per case it got through."""
 
     flagged: str | None
     traces: list[Any]
@@ -85,8 +84,7 @@ def answer_traces(spec: Spec, answer: Any, cases: list[Case], *,
 
 
 def run_answer(spec: Spec, answer: Any, *, cases: list[Case] | None = None) -> AnswerReport:
-    """The notebook's look at the answer: the code between its markers (`flag_answer`), then,
-    when nothing is flagged, its traces."""
+    """The notebook's look: the code between the markers, then (if not flagged) traces."""
     flagged = flag_answer(answer, spec.forbidden, spec.rule)
     cases = spec.cases() if cases is None else cases
     return AnswerReport(flagged, [] if flagged else answer_traces(spec, answer, cases))

@@ -114,8 +114,7 @@ def scan(tree: ast.AST, names: dict[str, tuple[str, str]], rule: Rule | None = N
 
 
 def recursive(tree: ast.AST) -> list[ast.AST]:
-    """The definitions in `tree` of functions that call themselves, directly or through
-    others (a loop in disguise)."""
+    """The definitions in `tree` of functions that call themselves, directly or not."""
     defs: dict[str, ast.AST] = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
@@ -172,8 +171,7 @@ def _cyclic(graph: dict[str, set[str]]) -> set[str]:
 
 
 def describe(hit: Hit, where: str, line: int, rule: Rule | None) -> str:
-    """The flag's text (after the answer's name): what, the code, where; a rule's hint on a
-    line of its own."""
+    """The flag's text: what, the code, where; a rule's hint on a line of its own."""
     what = f"{hit.what} (`{hit.code}`, {where}, line {line})"
     return broken(rule, what) if hit.kind == "rule" and rule is not None else what
 

@@ -40,8 +40,7 @@ _NO_BASE_CLASS = Rule(
 
 
 class _Served:
-    """The answer's buffer behind ``get()`` only: its state is its own design, so the trace
-    reads none of it."""
+    """The answer's buffer behind ``get()`` only: its state is its own design."""
 
     def __init__(self, buffer: Any) -> None:
         self._buffer = buffer

@@ -160,8 +160,7 @@ def _reference_trace(case: Case) -> dict[str, np.ndarray]:
 
 
 def _variant(inputs: np.ndarray, actions: np.ndarray, slip: str) -> dict[str, np.ndarray]:
-    """Log-prob and entropy with one of the usual slips, in float64 (to name what an answer
-    did); shapes as the slip makes them."""
+    """Log-prob and entropy with one of the usual slips, in float64."""
     x, a = np.asarray(inputs, np.float64), np.asarray(actions, np.float64)
     D = x.shape[-1] // 2
     mean, log_std = x[:, :D], x[:, D:]

@@ -84,8 +84,7 @@ def _show(out: Any, state: dict[str, Any]) -> Any:
 
 
 def _diagnose(exp_out: tuple, out: Any, exp: dict[str, Any], act: dict[str, Any]) -> str:
-    """A hint on the first field of the call that differs (a wrong released flag: the ramp
-    first)."""
+    """A hint on the first field of the call that differs (released last)."""
     if not (isinstance(out, tuple) and len(out) == 2):
         return "get() must return a pair (item, released)."
     if act["idx"] != exp["idx"]:  # a slot served twice in a row: items and takes go wrong

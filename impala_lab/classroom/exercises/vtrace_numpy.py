@@ -162,6 +162,5 @@ SPEC = Spec("vtrace_numpy", lambda: [_case(*row) for row in _CASES], _answer_tra
 
 
 def check_vtrace_numpy(answer: Any, *, show: bool = True) -> CheckResult:
-    """Checks a numpy ``vtrace(...) -> (vs, pg_advantages)`` against
-    `impala_lab.learner.vtrace.from_importance_weights_numpy`."""
+    """Checks a numpy ``vtrace(...) -> (vs, pg_advantages)`` against the library's."""
     return run_check(SPEC, answer, show=show)
