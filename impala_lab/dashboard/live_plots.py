@@ -33,11 +33,10 @@ class LiveFigure:
         png = LiveFigure("throughput").render(impala.history)   # bytes for an Image widget
     """
 
-    def __init__(self, view: str, *, figsize: tuple[float, float] | None = None,
-                 dpi: int = DPI) -> None:
+    def __init__(self, view: str) -> None:
         self.view = view
         self.panels = view_panels(view)
-        self.fig = new_figure(view, self.panels, True, figsize, dpi)
+        self.fig = new_figure(view, self.panels, True, None, DPI)
         self.canvas: FigureCanvasAgg = self.fig.canvas
         self.keys = [k for p in self.panels for k in p.keys]
         self._background: Any = None
