@@ -29,26 +29,24 @@ def _iqm_rows(samples: np.ndarray) -> np.ndarray:
 
 
 def bootstrap_interval(values: Sequence[float], rng: np.random.Generator,
-                       num_resamples: int = NUM_RESAMPLES, level: float = 0.95
-                       ) -> tuple[float, float]:
-    """The percentile bootstrap interval of the IQM of ``values`` (NaN, NaN for none)."""
+                       num_resamples: int = NUM_RESAMPLES) -> tuple[float, float]:
+    """The 95% percentile bootstrap interval of the IQM of ``values`` (NaN, NaN for none)."""
     x = np.asarray(values, dtype=np.float64)
     if x.size == 0:
         return math.nan, math.nan
     picks = rng.integers(0, x.size, size=(num_resamples, x.size))
-    return _percentile_interval(_iqm_rows(x[picks]), level)
+    return _interval95(_iqm_rows(x[picks]))
 
 
-def _percentile_interval(stats: np.ndarray, level: float) -> tuple[float, float]:
-    tail = (1.0 - level) / 2 * 100
-    low, high = np.percentile(stats, [tail, 100 - tail])
+def _interval95(stats: np.ndarray) -> tuple[float, float]:
+    low, high = np.percentile(stats, [2.5, 97.5])
     return float(low), float(high)
 
 
 def difference_interval(a: Sequence[float], b: Sequence[float], rng: np.random.Generator,
-                        num_resamples: int = NUM_RESAMPLES, level: float = 0.95,
+                        num_resamples: int = NUM_RESAMPLES,
                         paired: bool = False) -> tuple[float, float, float]:
-    """IQM(a) - IQM(b), and the bootstrap interval of that difference.
+    """IQM(a) - IQM(b), and the 95% bootstrap interval of that difference.
 
     Unpaired: each side is resampled on its own (two groups of runs). Paired: ``a[i]`` and
     ``b[i]`` belong to the same run, and the runs are resampled together.
@@ -61,7 +59,7 @@ def difference_interval(a: Sequence[float], b: Sequence[float], rng: np.random.G
         return math.nan, math.nan, math.nan
     px = rng.integers(0, x.size, size=(num_resamples, x.size))
     py = px if paired else rng.integers(0, y.size, size=(num_resamples, y.size))
-    low, high = _percentile_interval(_iqm_rows(x[px]) - _iqm_rows(y[py]), level)
+    low, high = _interval95(_iqm_rows(x[px]) - _iqm_rows(y[py]))
     return iqm(x) - iqm(y), low, high
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-from impala_lab.dashboard.plots import DPI, HasColumns, columns, new_figure, view_panels
+from impala_lab.dashboard.plots import HasColumns, columns, new_figure, view_panels
 
 
 def png_bytes(rgb: np.ndarray) -> bytes:
@@ -36,7 +36,7 @@ class LiveFigure:
     def __init__(self, view: str) -> None:
         self.view = view
         self.panels = view_panels(view)
-        self.fig = new_figure(view, self.panels, True, None, DPI)
+        self.fig = new_figure(view, self.panels, True)
         self.canvas: FigureCanvasAgg = self.fig.canvas
         self.keys = [k for p in self.panels for k in p.keys]
         self._background: Any = None

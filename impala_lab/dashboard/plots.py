@@ -313,11 +313,10 @@ MARGINS_PX = {"timing": (96, 16, 30, 44, 0), "learner": (50, 12, 30, 44, 50),
 DEFAULT_MARGINS_PX = (62, 14, 30, 44, 0)
 
 
-def new_figure(view: str, panels: list, animated: bool, figsize: tuple[float, float] | None,
-               dpi: int) -> RunFigure:
+def new_figure(view: str, panels: list, animated: bool) -> RunFigure:
     """A figure of a view with its panels set up, one axes each; `animated` for a live one
     (fixed pixel margins, animated artists)."""
-    size = figsize or SIZES[view]
+    size, dpi = SIZES[view], DPI
     fig = RunFigure(figsize=size, dpi=dpi, facecolor="white",
                     layout=None if animated else "constrained")
     axes = fig.subplots(1, len(panels), squeeze=False).ravel()
@@ -333,11 +332,10 @@ def new_figure(view: str, panels: list, animated: bool, figsize: tuple[float, fl
     return fig
 
 
-def view_figure(view: str, source: Sequence[Mapping] | HasColumns, *,
-                figsize: tuple[float, float] | None = None, dpi: int = DPI) -> RunFigure:
+def view_figure(view: str, source: Sequence[Mapping] | HasColumns) -> RunFigure:
     """One view (`VIEWS`, or one learner axes: ``learner.<part>``) of rows or a history."""
     panels = view_panels(view)
-    fig = new_figure(view, panels, False, figsize, dpi)
+    fig = new_figure(view, panels, False)
     cols = columns(source, [k for p in panels for k in p.keys])
     for panel in panels:
         panel.update(cols)
