@@ -13,7 +13,7 @@ from html import escape
 from typing import Any
 
 from impala_lab.dashboard.format import fmt_count, fmt_float, fmt_knob, fraction, nice_ceil
-from impala_lab.dashboard.labels import TIMERS, queue_figures
+from impala_lab.dashboard.labels import TIMER_COLORS, TIMERS, queue_figures
 from impala_lab.dashboard.markup import gauge_color
 
 WIDTH, HEIGHT = 1180, 290
@@ -334,7 +334,6 @@ def timing_svg(stats: Mapping[str, Any], width: int = 560) -> str:
     left, right, row_h, top = 110, 64, 26, 34
     bar_w = width - left - right
     height = top + row_h * len(rows) + 8
-    colors = ("#555555", "#d35400", "#218a3b", "#c0392b", "#8e44ad", "#7f8c8d", "#1f77b4")
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" class="impala-timing" width="{width}" '
              f'height="{height}" viewBox="0 0 {width} {height}" font-family="{FONT}">',
              _text(4, 20, "timing breakdown (mean ms per call)", size=15, weight="bold",
@@ -347,7 +346,7 @@ def timing_svg(stats: Mapping[str, Any], width: int = 560) -> str:
         parts.append(_text(left - 8, y + 16, label, size=14, anchor="end"))
         parts.append(f'<rect x="{left}" y="{y + 3}" width="{bar_w}" height="18" '
                      f'fill="#f0f0f0"/><rect x="{left}" y="{y + 3}" width="{w:.1f}" '
-                     f'height="18" fill="{colors[i % len(colors)]}"/>')
+                     f'height="18" fill="{TIMER_COLORS[i % len(TIMER_COLORS)]}"/>')
         parts.append(_text(left + w + 6, y + 17, fmt_float(value, 3), size=13,
                            anchor="start", cls=f"impala-timer-{key.replace('_', '-')}"))
     parts.append("</svg>")

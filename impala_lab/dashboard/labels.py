@@ -91,8 +91,9 @@ def group(prefix: str) -> dict[str, Label]:
     return {key[len(start):]: label for key, label in LABELS.items() if key.startswith(start)}
 
 
-#: ``stats()["timing_breakdown"]`` keys -> labels, in pipeline order.
+#: ``stats()["timing_breakdown"]`` keys -> labels, in pipeline order, and their bars' colours.
 TIMERS: dict[str, Label] = group("timing_breakdown")
+TIMER_COLORS = ("#555555", "#d35400", "#218a3b", "#c0392b", "#8e44ad", "#7f8c8d", "#1f77b4")
 #: The learner's stats of a Box-action run only (a Gaussian policy): key -> label.
 ACTIONS: dict[str, Label] = {key: group("learner")[key]
                              for key in ("action_mean", "action_std")}

@@ -21,7 +21,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from impala_lab.dashboard.format import nice_ceil
-from impala_lab.dashboard.labels import ACTIONS, EVAL_KEYS, LABELS, TIMERS
+from impala_lab.dashboard.labels import ACTIONS, EVAL_KEYS, LABELS, TIMER_COLORS, TIMERS
 from impala_lab.dashboard.plot_data import (
     KNOB_KEYS,
     X_KEY,
@@ -207,14 +207,13 @@ class TimingPanel:
     """Horizontal bars: the timing breakdown (ms) of the last row that has one."""
 
     def __init__(self) -> None:
-        self.timers = list(TIMERS)
         self.ax: Axes | None = None
         self.bars: list[Any] = []
         self.texts: list[Any] = []
 
     @property
     def keys(self) -> list[str]:
-        return [f"timing_breakdown.{k}" for k in self.timers]
+        return [f"timing_breakdown.{k}" for k in TIMERS]
 
     @property
     def artists(self) -> list[Any]:
@@ -225,11 +224,10 @@ class TimingPanel:
         _style(ax, "timing breakdown (mean ms)", "ms", "")
         ax.grid(True, axis="x", alpha=0.3)
         ax.grid(False, axis="y")
-        y = np.arange(len(self.timers))
-        colors = ["#555555", "#d35400", "#218a3b", "#c0392b", "#8e44ad", "#7f8c8d", "#1f77b4"]
-        self.bars = list(ax.barh(y, np.zeros(len(y)), color=colors[:len(y)], height=0.6,
+        y = np.arange(len(TIMERS))
+        self.bars = list(ax.barh(y, np.zeros(len(y)), color=TIMER_COLORS[:len(y)], height=0.6,
                                  animated=animated))
-        ax.set_yticks(y, [TIMERS[k].name for k in self.timers], fontsize=LABEL_SIZE)
+        ax.set_yticks(y, [label.name for label in TIMERS.values()], fontsize=LABEL_SIZE)
         ax.invert_yaxis()
         self.texts = [ax.text(0, yi, "", va="center", fontsize=TICK_SIZE, animated=animated)
                       for yi in y]
@@ -353,8 +351,7 @@ def report_figure(rows: Sequence[Mapping] | HasColumns, title: str = "") -> RunF
     fig = RunFigure(figsize=(14.5, 10.5), dpi=DPI, facecolor="white", layout="constrained")
     top, bottom = fig.subfigures(2, 1, height_ratios=[2, 1])
     grid = top.subplots(2, 2)
-    actions = has_actions(rows)
-    learner_axes = list(bottom.subplots(1, 5 if actions else 4))
+    learner_axes = list(bottom.subplots(1, 5 if has_actions(rows) else 4))
     placed = [("return", [grid[0, 0]]), ("throughput", [grid[0, 1]]),
               ("queues", [grid[1, 0]]), ("timing", [grid[1, 1]]),
               ("learner", learner_axes[:4]), ("actions", learner_axes[4:])]
