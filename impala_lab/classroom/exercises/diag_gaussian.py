@@ -159,6 +159,12 @@ def _reference_trace(case: Case) -> dict[str, np.ndarray]:
             "entropy": np.asarray(DiagGaussian.entropy(x["inputs"]), np.float64)}
 
 
+# slip -> what multiplies log_std in z and where log s belongs
+_LOG_STD_FACTORS = {"variance everywhere": (2.0, 2.0), "variance in z": (2.0, 1.0),
+                    "log variance": (1.0, 2.0), "log-std as log-variance": (0.5, 0.5),
+                    "no log s": (1.0, 0.0)}
+
+
 def _variant(inputs: np.ndarray, actions: np.ndarray, slip: str) -> dict[str, np.ndarray]:
     """Log-prob and entropy with one of the usual slips, in float64."""
     x, a = np.asarray(inputs, np.float64), np.asarray(actions, np.float64)
@@ -175,19 +181,10 @@ def _variant(inputs: np.ndarray, actions: np.ndarray, slip: str) -> dict[str, np
         a = np.clip(a, -bound, bound)
     with np.errstate(all="ignore"):
         # z = (a - m) * exp(-z_scale); log_term stands where log s belongs
-        z_scale = log_term = log_std
-        if slip == "variance everywhere":
-            z_scale = log_term = 2.0 * log_std
-        elif slip == "variance in z":
-            z_scale = 2.0 * log_std
-        elif slip == "log variance":
-            log_term = 2.0 * log_std
-        elif slip == "log-std as log-variance":
-            z_scale = log_term = 0.5 * log_std
-        elif slip == "std as log-std":
+        z_factor, log_factor = _LOG_STD_FACTORS.get(slip, (1.0, 1.0))
+        z_scale, log_term = z_factor * log_std, log_factor * log_std
+        if slip == "std as log-std":
             z_scale = log_term = np.log(log_std)
-        elif slip == "no log s":
-            log_term = 0.0 * log_std
         z2 = np.square((a - mean) * np.exp(-z_scale))
         z2 = z2 if slip == "z² without 1/2" else 0.5 * z2
         c_logp, c_ent = 0.5 * _LOG_2PI, 0.5 * (1.0 + _LOG_2PI)
