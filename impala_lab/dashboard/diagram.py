@@ -116,9 +116,8 @@ def _actors(x: float, w: float, color: str, s: Mapping[str, Any]) -> list[str]:
     most = int(p.get("max_in_flight", 0))
     stalled = {str(w.get("index")): w for w in s.get("workers") or () if w.get("stalled")}
     out = []
-    workers = list(in_flight.items())
     # Stalled workers first, so the four rows of a large run still show them.
-    workers.sort(key=lambda item: str(item[0]) not in stalled)
+    workers = sorted(in_flight.items(), key=lambda item: str(item[0]) not in stalled)
     shown = workers if len(workers) <= 5 else workers[:4]
     for row, (idx, n) in enumerate(shown):
         y = BOX_Y + 54 + 21 * row
