@@ -270,7 +270,7 @@ def _event_hint(expected: str | None, actual: str | None) -> str:
     return "Make the same calls as RLlib's loop, in the same order."
 
 
-def _steps(step: Any, case: Case) -> list[Any]:
+def _steps(step: Any, case: Case, answer: bool = True) -> list[Any]:
     """`step(driver, 0.0)` for the case's steps on a `StepDriver`, the scripted learner
     between them: one record per step (its calls, what it returned, the state after it); a
     `Raised` ends the list."""
@@ -281,7 +281,7 @@ def _steps(step: Any, case: Case) -> list[Any]:
         try:
             out = call_answer(step, driver, 0.0)
         except AnswerRaised as raised:
-            if step is DriverLoop.step:
+            if not answer:
                 raise raised.exc from None
             records.append(Raised.of(raised))
             break
@@ -295,7 +295,7 @@ def _steps(step: Any, case: Case) -> list[Any]:
 
 
 def _reference_trace(case: Case) -> list[Any]:
-    return _steps(DriverLoop.step, case)
+    return _steps(DriverLoop.step, case, answer=False)
 
 
 def _compare(case: Case, expected: list[Any], actual: list[Any]) -> None:

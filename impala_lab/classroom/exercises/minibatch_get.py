@@ -109,7 +109,7 @@ def _diagnose(exp_out: tuple, out: Any, exp: dict[str, Any], act: dict[str, Any]
             "0); then empty the slot (self.buffers[self.idx] = None).")
 
 
-def _serve(buffer_cls: Any, case: Case, answer: bool) -> list[Any]:
+def _serve(buffer_cls: Any, case: Case, answer: bool = True) -> list[Any]:
     """A buffer of `buffer_cls` on scripted items, get() called as often as the case says:
     one (out, state) per call; a `Mismatch` or `Raised` ends the list."""
     size, passes, calls = case.params["size"], case.params["passes"], case.params["calls"]
@@ -137,10 +137,6 @@ def _serve(buffer_cls: Any, case: Case, answer: bool) -> list[Any]:
             raise raised.exc from None
         calls_out.append(Raised.of(raised))
     return calls_out
-
-
-def _answer_trace(answer_cls: Any, case: Case) -> list[Any]:
-    return _serve(answer_cls, case, answer=True)
 
 
 def _reference_trace(case: Case) -> list[Any]:
@@ -182,7 +178,7 @@ def draw(rng: random.Random) -> Case:
                  "order that the fixed cases happen to miss.")
 
 
-SPEC = Spec("minibatch_get", lambda: [_case(*row) for row in _CASES], _answer_trace,
+SPEC = Spec("minibatch_get", lambda: [_case(*row) for row in _CASES], _serve,
             _reference_trace, lambda case, exp, act: compare_calls(exp, act, _show, _diagnose),
             lambda: loaded("impala_lab.learner.minibatch_buffer", "MinibatchBuffer.get"),
             {"MinibatchBuffer": "the library's MinibatchBuffer"}, draw)
