@@ -82,6 +82,12 @@ def _interval(value: float, ci: Sequence[float]) -> str:
     return f"{value:.0f} [{ci[0]:.0f}, {ci[1]:.0f}]"
 
 
+def _markdown(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A markdown table: a header row, then `rows`."""
+    lines = [head, ["---"] * len(head), *rows]
+    return "\n".join("| " + " | ".join(line) + " |" for line in lines)
+
+
 def table2_markdown(results: dict[str, Any]) -> str:
     """Table 2 laid out as the paper's (a row per correction, a column per replay setting):
     the final return's IQM [95% interval] (a column's highest in bold), the run mean's, and
@@ -91,8 +97,7 @@ def table2_markdown(results: dict[str, Any]) -> str:
     solved_at = SOLVED_AT.get(s["env"], math.inf)
     heads = ["No replay" if r == 0 else f"replay_proportion {r:g}"
              for r in s["replay_proportions"]]
-    rows = [f"| {s['env']}, extra_policy_lag {s['extra_policy_lag']} | " + " | ".join(heads)
-            + " |", "| --- |" + " --- |" * len(heads)]
+    rows = []
     best = {r: max(table[c][r]["final"] for c in table) for r in s["replay_proportions"]}
     for c, cells in table.items():
         texts = []
@@ -102,8 +107,8 @@ def table2_markdown(results: dict[str, Any]) -> str:
                 final = f"**{final}**"
             texts.append(f"final {final} · run mean {_interval(x['run_mean'], x['run_mean_ci'])}"
                          f" · {solved_at:g} reached {x['solved']}/{x['n']}")
-        rows.append(f"| {LABELS[c]} | " + " | ".join(texts) + " |")
-    return "\n".join(rows)
+        rows.append([LABELS[c], *texts])
+    return _markdown([f"{s['env']}, extra_policy_lag {s['extra_policy_lag']}", *heads], rows)
 
 
 def sweep(results: dict[str, Any]) -> dict[str, dict[int, dict[str, Any]]]:
@@ -119,15 +124,11 @@ def sweep(results: dict[str, Any]) -> dict[str, dict[int, dict[str, Any]]]:
 def sweep_markdown(results: dict[str, Any]) -> str:
     """The lag sweep as a table: a row per correction, a column per extra_policy_lag; each
     cell the run mean's IQM [95% interval] and the final return's."""
-    s = results["settings"]
-    data = sweep(results)
-    rows = ["| correction | " + " | ".join(f"lag {lag}" for lag in s["lags"]) + " |",
-            "| --- |" + " --- |" * len(s["lags"])]
-    for c, cells in data.items():
-        rows.append(f"| {LABELS[c]} | " + " | ".join(
-            f"run mean {_interval(x['run_mean'], x['run_mean_ci'])} · final "
-            f"{_interval(x['final'], x['final_ci'])}" for x in cells.values()) + " |")
-    return "\n".join(rows)
+    rows = [[LABELS[c], *(f"run mean {_interval(x['run_mean'], x['run_mean_ci'])} · final "
+                          f"{_interval(x['final'], x['final_ci'])}" for x in cells.values())]
+            for c, cells in sweep(results).items()]
+    lags = results["settings"]["lags"]
+    return _markdown(["correction", *(f"lag {lag}" for lag in lags)], rows)
 
 
 def paper_claims(results: dict[str, Any], figure: str = "final") -> list[dict[str, Any]]:
@@ -179,8 +180,7 @@ def paper_claims(results: dict[str, Any], figure: str = "final") -> list[dict[st
 def claims_markdown(results: dict[str, Any]) -> str:
     """`paper_claims` on both figures, a row per claim; each verdict with the deciding
     difference of IQMs [95% interval] and the n of each side."""
-    rows = ["| the paper's finding | on the final return | on the run mean |",
-            "| --- | --- | --- |"]
+    rows = []
     by_figure = {f: paper_claims(results, f) for f in ("final", "run_mean")}
     for k, claim in enumerate(by_figure["final"]):
         texts = []
@@ -191,8 +191,8 @@ def claims_markdown(results: dict[str, Any]) -> str:
             low, high = t["ci95"]
             texts.append(f"{c['verdict']} ({t['difference']:+.0f} [{low:+.0f}, {high:+.0f}], "
                          f"n {t['n'][0]} vs {t['n'][1]})")
-        rows.append(f"| {claim['claim']} | " + " | ".join(texts) + " |")
-    return "\n".join(rows)
+        rows.append([claim["claim"], *texts])
+    return _markdown(["the paper's finding", "on the final return", "on the run mean"], rows)
 
 
 def plot_study(results: dict[str, Any], path: str | Path | None = None) -> Any:

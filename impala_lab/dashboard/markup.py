@@ -71,10 +71,8 @@ def header_html(title: str, stats: Mapping[str, Any] | None, state: str) -> str:
     """The title, the backend and workers (once known) and the run's state (`STATES`)."""
     label, color = STATES[state]
     p = (stats or {}).get("pipeline") or {}
-    detail = ""
-    if p:
-        detail = (f" · {p.get('backend', '?')} backend · {p.get('num_workers', '?')} "
-                  f"workers")
+    detail = (f" · {p.get('backend', '?')} backend · {p.get('num_workers', '?')} workers"
+              if p else "")
     return (f'<div style="font-size:20px"><b>{title}</b>{detail} '
             f'<span class="impala-status impala-status-{state}" '
             f'style="color:{color};font-weight:bold;margin-left:12px">{label}</span></div>')
