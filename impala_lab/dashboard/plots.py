@@ -69,8 +69,7 @@ def _y_limits(values: list[np.ndarray], cur: tuple[float, float] | None,
     """New y limits, or None to keep `cur`. A static figure fits the data; a live one fits
     the 2nd-98th percentile (one spike is clipped instead of squashing the rest) with
     headroom, and changes only when that range leaves them or fills under 30 % of them."""
-    finite = [v[np.isfinite(v)] for v in values]
-    finite = [v for v in finite if len(v)]
+    finite = [v[np.isfinite(v)] for v in values if np.isfinite(v).any()]
     if not finite:
         return None if cur else (0.0, 1.0)
     both = np.concatenate(finite)
@@ -83,10 +82,8 @@ def _y_limits(values: list[np.ndarray], cur: tuple[float, float] | None,
     span = hi - lo
     if span <= 0:  # a constant: give it a span, or it would be refitted on every render
         span = abs(hi) * 0.2 or 1.0
-    if cur is not None:
-        inside = cur[0] <= lo and hi <= cur[1]
-        if inside and span >= 0.3 * (cur[1] - cur[0]):
-            return None
+    if cur is not None and cur[0] <= lo and hi <= cur[1] and span >= 0.3 * (cur[1] - cur[0]):
+        return None
     below, above = (0.15, 0.6) if live else (0.1, 0.08)
     new_lo = floor if floor is not None and lo >= floor else lo - below * span
     return (new_lo, hi + above * span)

@@ -200,41 +200,37 @@ SPECS: dict[str, Spec] = {s.exercise: s for s in (
 )}
 
 
-def _check(name: str, answer: Any, show: bool) -> CheckResult:
-    return run_check(SPECS[name], answer, show=show)
-
-
 def check_minibatch_get_challenge(answer_cls: Any, *, show: bool = True) -> CheckResult:
     """Checks a ring buffer written from scratch (``answer_cls(inqueue, size,
     num_sgd_iter)``, no base class, ``get() -> (item, released)``) against the library's."""
-    return _check("minibatch_get_challenge", answer_cls, show)
+    return run_check(SPECS["minibatch_get_challenge"], answer_cls, show=show)
 
 
 def check_replay_mix_challenge(answer: Any, *, show: bool = True) -> CheckResult:
     """Checks ``mix`` (written from the rule in words) as `check_replay_mix` does."""
-    return _check("replay_mix_challenge", answer, show)
+    return run_check(SPECS["replay_mix_challenge"], answer, show=show)
 
 
 def check_vtrace_numpy_challenge(answer: Any, *, show: bool = True) -> CheckResult:
     """Checks a loop-free numpy V-trace as `check_vtrace_numpy` does."""
-    return _check("vtrace_numpy_challenge", answer, show)
+    return run_check(SPECS["vtrace_numpy_challenge"], answer, show=show)
 
 
 def check_driver_step_challenge(answer: Any, *, show: bool = True) -> CheckResult:
     """Checks ``driver_step`` (written from the invariants) as `check_driver_step` does."""
-    return _check("driver_step_challenge", answer, show)
+    return run_check(SPECS["driver_step_challenge"], answer, show=show)
 
 
 def check_vtrace_loss_challenge(answer: Any, *, show: bool = True) -> CheckResult:
     """Checks a V-trace loss without the library's vtrace module, as `check_vtrace_loss`."""
-    return _check("vtrace_loss_challenge", answer, show)
+    return run_check(SPECS["vtrace_loss_challenge"], answer, show=show)
 
 
 def check_lstm_unroll_challenge(answer: Any, *, show: bool = True) -> CheckResult:
     """Checks an LSTM unroll with a mask reset and no ``if``, as `check_lstm_unroll` does."""
-    return _check("lstm_unroll_challenge", answer, show)
+    return run_check(SPECS["lstm_unroll_challenge"], answer, show=show)
 
 
 def check_diag_gaussian_challenge(answer: Any, *, show: bool = True) -> CheckResult:
     """Checks a loop-free ``logp_and_entropy`` as `check_diag_gaussian` does."""
-    return _check("diag_gaussian_challenge", answer, show)
+    return run_check(SPECS["diag_gaussian_challenge"], answer, show=show)
