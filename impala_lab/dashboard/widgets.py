@@ -29,7 +29,7 @@ from impala_lab.dashboard.format import fmt_knob
 from impala_lab.dashboard.frame_strip import FrameStripView
 from impala_lab.dashboard.lag_histogram import lag_histogram_svg
 from impala_lab.dashboard.layout import DashboardWidgets
-from impala_lab.dashboard.plot_schedule import PlotScheduler
+from impala_lab.dashboard.live_plots import PlotScheduler
 from impala_lab.dashboard.plots import BOX_LIVE_VIEWS, LIVE_VIEWS
 from impala_lab.dashboard.terminal import TerminalView, render
 
