@@ -32,10 +32,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("MPLBACKEND", "Agg")
 
-from impala_lab.classroom.offpolicy_study import StudySettings, run_study
-from impala_lab.classroom.offpolicy_summary import (
+from impala_lab.classroom.offpolicy_study import (
+    StudySettings,
     claims_markdown,
     plot_study,
+    run_study,
     sweep_markdown,
     table2_markdown,
 )

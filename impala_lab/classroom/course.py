@@ -1,24 +1,10 @@
-"""The course as files a student can copy: lecture notebooks, exercises and their solutions,
-the notation table and IMPALA in one file.
+"""The course as files a student can copy (`copy_course`): lecture notebooks, the notation
+table, IMPALA in one file, the exercises and (when asked) their solutions.
 
-A built wheel carries the repository's ``notebooks/`` as the package data
-``impala_lab/classroom/notebooks/`` (``setup.py`` copies them at build time, with
-``examples/impala_in_one_file.py`` beside them); a checkout, or an editable install of one,
-reads ``notebooks/`` and ``examples/`` in place. `copy_course` writes them into a folder::
-
-    DIR/00_quickstart.ipynb ... 13_continuous_actions.ipynb      lecture notebooks
-    DIR/notation.md                                              the symbols the course uses
-    DIR/impala_in_one_file.py                                    IMPALA in under 400 lines
-    DIR/exercises/ex1_minibatch_buffer_get.ipynb ...             stubs to fill in
-    DIR/solutions/ex1_minibatch_buffer_get.ipynb ...             only when asked
-                                                                 (clone or instructor build)
-
-A student's wheel carries no solutions (``setup.py`` leaves them out unless
-``IMPALA_LAB_INSTRUCTOR_BUILD=1``): ``--solutions`` works from a clone of the repository, or
-from a wheel built that way for the instructor. The notebooks need nothing but the installed
-package (recorded runs come from ``importlib.resources``), so the folder works anywhere; an
-exercise's last cell checks its answer there (the instructors' ``python -m impala_lab_grader``
-grades hand-ins, docs/grading.md).
+A wheel carries ``notebooks/`` as ``impala_lab/classroom/notebooks/`` (``setup.py`` copies
+them, with ``examples/impala_in_one_file.py``); a checkout reads them in place. A student's
+wheel has no solutions (unless built with ``IMPALA_LAB_INSTRUCTOR_BUILD=1``): ``--solutions``
+works from a clone or an instructor build. docs/course.md says more.
 """
 
 from __future__ import annotations
@@ -50,8 +36,7 @@ class CourseExistsError(FileExistsError):
 
 
 def course_root() -> Path:
-    """Where the course's notebooks are: the wheel's ``impala_lab/classroom/notebooks/``, else the
-    checkout's ``notebooks/`` (an editable install)."""
+    """Where the course's notebooks are: the wheel's, else the checkout's ``notebooks/``."""
     for root in (_PACKAGE / "notebooks", _PACKAGE.parents[1] / "notebooks"):
         if (root / "exercises").is_dir():
             return root
@@ -96,16 +81,12 @@ def course_files(*, solutions: bool = False) -> list[Path]:
 
 def copy_course(dest: str | os.PathLike, *, solutions: bool = False,
                 force: bool = False) -> list[Path]:
-    """Copies the course into `dest` (created if missing); returns the copied paths.
-
-    Args:
-      dest: the folder; existing files in it that are not the course's are left alone.
-      solutions: also copy ``solutions/``.
-      force: overwrite the course's files where `dest` already has them.
+    """Copies the course (with ``solutions/`` if asked) into `dest` (created if missing;
+    its other files are left alone); returns the copied paths.
 
     Raises:
-      CourseExistsError: `dest` already holds some of the files and `force` is False;
-        nothing was copied.
+      CourseExistsError: `dest` already holds some of the files and not `force` (overwrite
+        them); nothing was copied.
       NoSolutionsError: `solutions` asked for, and this install carries none.
     """
     dest = Path(dest)

@@ -1,8 +1,6 @@
-"""Statistics over seeds, as Agarwal et al. (2021, "Deep RL at the edge of the statistical
-precipice") recommend: the interquartile mean (IQM: robust to an outlier, yet using more runs
-than the median), its percentile bootstrap interval, and the interval of a difference of two
-IQMs (unpaired, or paired for two figures of the same runs). Each bootstrap's random generator
-is passed in, so a test can fix it.
+"""Statistics over seeds, as Agarwal et al. (2021) recommend: the interquartile mean (IQM:
+robust to an outlier, yet using more runs than the median), its percentile bootstrap interval,
+and the interval of a difference of two IQMs. Each bootstrap's generator is passed in.
 """
 
 from __future__ import annotations
@@ -19,11 +17,8 @@ NUM_RESAMPLES = 5000
 
 def iqm(values: Sequence[float] | np.ndarray) -> float:
     """The mean after cutting floor(n / 4) values from each end (``trim_mean(x, 0.25)``)."""
-    x = np.sort(np.asarray(values, dtype=np.float64).ravel())
-    if x.size == 0:
-        return math.nan
-    cut = x.size // 4
-    return float(np.mean(x[cut:x.size - cut]))
+    x = np.asarray(values, dtype=np.float64).ravel()
+    return float(_iqm_rows(x[None])[0]) if x.size else math.nan
 
 
 def _iqm_rows(samples: np.ndarray) -> np.ndarray:
@@ -34,23 +29,24 @@ def _iqm_rows(samples: np.ndarray) -> np.ndarray:
 
 
 def bootstrap_interval(values: Sequence[float], rng: np.random.Generator,
-                       num_resamples: int = NUM_RESAMPLES, level: float = 0.95
-                       ) -> tuple[float, float]:
-    """The percentile bootstrap interval of the IQM of ``values`` (NaN, NaN for none)."""
+                       num_resamples: int = NUM_RESAMPLES) -> tuple[float, float]:
+    """The 95% percentile bootstrap interval of the IQM of ``values`` (NaN, NaN for none)."""
     x = np.asarray(values, dtype=np.float64)
     if x.size == 0:
         return math.nan, math.nan
     picks = rng.integers(0, x.size, size=(num_resamples, x.size))
-    stats = _iqm_rows(x[picks])
-    tail = (1.0 - level) / 2 * 100
-    low, high = np.percentile(stats, [tail, 100 - tail])
+    return _interval95(_iqm_rows(x[picks]))
+
+
+def _interval95(stats: np.ndarray) -> tuple[float, float]:
+    low, high = np.percentile(stats, [2.5, 97.5])
     return float(low), float(high)
 
 
 def difference_interval(a: Sequence[float], b: Sequence[float], rng: np.random.Generator,
-                        num_resamples: int = NUM_RESAMPLES, level: float = 0.95,
+                        num_resamples: int = NUM_RESAMPLES,
                         paired: bool = False) -> tuple[float, float, float]:
-    """IQM(a) - IQM(b), and the bootstrap interval of that difference.
+    """IQM(a) - IQM(b), and the 95% bootstrap interval of that difference.
 
     Unpaired: each side is resampled on its own (two groups of runs). Paired: ``a[i]`` and
     ``b[i]`` belong to the same run, and the runs are resampled together.
@@ -63,15 +59,12 @@ def difference_interval(a: Sequence[float], b: Sequence[float], rng: np.random.G
         return math.nan, math.nan, math.nan
     px = rng.integers(0, x.size, size=(num_resamples, x.size))
     py = px if paired else rng.integers(0, y.size, size=(num_resamples, y.size))
-    diffs = _iqm_rows(x[px]) - _iqm_rows(y[py])
-    tail = (1.0 - level) / 2 * 100
-    low, high = np.percentile(diffs, [tail, 100 - tail])
-    return iqm(x) - iqm(y), float(low), float(high)
+    low, high = _interval95(_iqm_rows(x[px]) - _iqm_rows(y[py]))
+    return iqm(x) - iqm(y), low, high
 
 
 def verdict(low: float, high: float, names: tuple[str, str] = ("A", "B")) -> str:
-    """"A better" when the difference's interval lies above 0, "B better" below it, else
-    "inconclusive" (higher is better)."""
+    """"A better" when the interval lies above 0, "B better" below, else "inconclusive"."""
     if low > 0:
         return f"{names[0]} better"
     if high < 0:

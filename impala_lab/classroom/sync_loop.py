@@ -9,9 +9,8 @@ The same workers, model and learner as `Impala`, without the asynchrony::
         concatenate along B, learn_on_batch once    # ... and the learner for the slowest actor
         publish the new weights
 
-Every batch is on-policy, but nothing overlaps: while the learner trains the actors idle, and
-the other way round. The paper's "batched A2C (sync traj.)"; ``python -m bench.throughput``
-compares its throughput with the asynchronous pipeline's.
+Every batch is on-policy, but nothing overlaps (the paper's "batched A2C (sync traj.)");
+``python -m bench.throughput`` compares its throughput with the asynchronous pipeline's.
 """
 
 from __future__ import annotations
@@ -53,14 +52,9 @@ class SyncLoop:
             worker.set_weights(ref)
 
     def step(self) -> dict[str, float]:
-        """One round: every worker samples, the learner trains once on all of it, the new
-        weights go out. Returns the learner's stats."""
-        futures = [worker.sample() for worker in self.workers]
-        pending = list(futures)
-        while pending:
-            done = self.backend.wait(pending, None)
-            pending = [f for f in pending if not any(f is d for d in done)]
-        batch = concat_samples([f.result() for f in futures])
+        """One round: sample everywhere, train once on all of it, publish; the learner's stats."""
+        futures = [worker.sample() for worker in self.workers]  # all sample at once
+        batch = concat_samples([f.result() for f in futures])  # result() waits for its worker
         stats = self.policy.learn_on_batch(batch)
         self._publish()
         self.num_steps_sampled += batch.count

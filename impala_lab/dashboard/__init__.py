@@ -11,8 +11,7 @@
 
     impala.train(stop={"episode_return_mean": 475}, dashboard=True)   # blocking variant
 
-Which frontends show it (JupyterLab, Notebook 7, VS Code, Voila, none) is in
-docs/installation.md, "Notebook frontends". Scripts that call ``start_polling()`` need the
+Frontends: docs/installation.md. Scripts that call ``start_polling()`` need the
 ``if __name__ == "__main__":`` guard: the plot process is spawned.
 """
 

@@ -48,8 +48,7 @@ def knob_widget(name: str) -> W.ValueWidget:
 
 
 def show_value(w: W.ValueWidget, knob: Knob, value: Any) -> None:
-    """Set a slider to the run's value, widening its range to hold it (the config may allow
-    more than the slider)."""
+    """Set a slider to the run's value, widening its range to hold it."""
     if knob.log:
         exponent = math.log10(value)
         w.min, w.max = min(w.min, math.floor(exponent)), max(w.max, math.ceil(exponent))
@@ -73,8 +72,7 @@ class KnobSliders:
             self.sliders[name] = w
 
     def follow(self, knobs: Mapping[str, Any]) -> None:
-        """Show the run's knob values (``stats()["knobs"]``) that changed since the last call,
-        so a move the run has not applied yet stays on its slider."""
+        """Show the run's knob values that changed since the last call (not a pending move)."""
         self._local.following = True
         try:
             for name, w in self.sliders.items():

@@ -1,11 +1,8 @@
-"""The pipeline diagram: an SVG of the data's way through IMPALA, with live figures per stage.
-
-Left to right: actors, task pool, replay mixer, batch buffer, learner queue, minibatch ring,
-learner, and the weight broadcast back to the actors; each stage shows its figures from one
-``Impala.stats()`` snapshot. An arrow that data crossed since the previous drawing is dark and
-its dashes march; an idle one is grey, so a paused run visibly stops. A stalled worker is
-drawn red with the seconds since its last sample. The ``impala-...`` CSS classes on counters,
-arrows and workers are what tests and custom CSS find them by.
+"""The pipeline diagram: an SVG of the data's way through IMPALA (actors, task pool, replay
+mixer, batch buffer, learner queue, minibatch ring, learner, the weight broadcast back), each
+stage with its figures from one ``Impala.stats()`` snapshot. An arrow that data crossed since
+the previous drawing is dark and its dashes march; an idle one is grey. A stalled worker is
+red. Tests and custom CSS find parts by their ``impala-...`` classes.
 """
 
 from __future__ import annotations
@@ -16,7 +13,7 @@ from html import escape
 from typing import Any
 
 from impala_lab.dashboard.format import fmt_count, fmt_float, fmt_knob, fraction, nice_ceil
-from impala_lab.dashboard.labels import TIMERS, queue_figures
+from impala_lab.dashboard.labels import TIMER_COLORS, TIMERS, queue_figures
 from impala_lab.dashboard.markup import gauge_color
 
 WIDTH, HEIGHT = 1180, 290
@@ -60,11 +57,7 @@ def flow_counters(stats: Mapping[str, Any]) -> dict[str, float]:
 
 
 class PipelineDiagram:
-    """Draws successive snapshots; remembers the previous one to animate the arrows.
-
-        diagram = PipelineDiagram()
-        svg = diagram.render(impala.stats())   # an <svg> string for an HTML widget
-    """
+    """Draws successive snapshots as SVG, remembering the last to animate the arrows."""
 
     def __init__(self) -> None:
         self._previous: dict[str, float] | None = None
@@ -76,8 +69,7 @@ class PipelineDiagram:
         flowing = {name: self._previous is not None and counters[name] > self._previous[name]
                    for name in FLOWS}
         for name, moved in flowing.items():
-            if moved:
-                self.phase[name] += 1
+            self.phase[name] += moved
         self._previous = counters
         return pipeline_svg(stats, flowing=flowing, phase=self.phase)
 
@@ -124,9 +116,8 @@ def _actors(x: float, w: float, color: str, s: Mapping[str, Any]) -> list[str]:
     most = int(p.get("max_in_flight", 0))
     stalled = {str(w.get("index")): w for w in s.get("workers") or () if w.get("stalled")}
     out = []
-    workers = list(in_flight.items())
     # Stalled workers first, so the four rows of a large run still show them.
-    workers.sort(key=lambda item: str(item[0]) not in stalled)
+    workers = sorted(in_flight.items(), key=lambda item: str(item[0]) not in stalled)
     shown = workers if len(workers) <= 5 else workers[:4]
     for row, (idx, n) in enumerate(shown):
         y = BOX_Y + 54 + 21 * row
@@ -246,7 +237,6 @@ def _replay(x: float, w: float, color: str, stats: Mapping[str, Any]) -> list[st
 
 
 def _stages(stats: Mapping[str, Any]) -> list[str]:
-    """Every stage's box with its figures, left to right."""
     p = stats.get("pipeline") or {}
     q = queue_figures(stats)
     parts = [_box(key, title, x, w, color) for key, title, x, w, color in STAGES]
@@ -274,8 +264,7 @@ def _edges(flowing: Mapping[str, bool], phase: Mapping[str, int]) -> list[str]:
 
 
 def _broadcast(stats: Mapping[str, Any], on: bool, phase: int) -> list[str]:
-    """The weight broadcast: an arrow from the learner back to the actors, under the stages,
-    with its counters and the policy lag."""
+    """The weight broadcast back to the actors, with its counters and the policy lag."""
     color = "#218a3b" if on else "#9fc9a9"
     lx = WHERE["learner"][0] + WHERE["learner"][1] / 2
     ax = WHERE["actors"][0] + WHERE["actors"][1] / 2
@@ -314,8 +303,8 @@ def _broadcast(stats: Mapping[str, Any], on: bool, phase: int) -> list[str]:
 def pipeline_svg(stats: Mapping[str, Any], *, flowing: Mapping[str, bool] | None = None,
                  phase: Mapping[str, int] | None = None) -> str:
     """The diagram of one ``Impala.stats()`` snapshot as an ``<svg>`` that scales to the
-    cell's width; missing parts draw as empty stages. ``flowing``: flow name (`FLOWS`) ->
-    whether its arrow moves (None: none does); ``phase``: flow name -> its dash offset step."""
+    cell's width (missing parts draw empty). ``flowing``: flow name (`FLOWS`) -> whether its
+    arrow moves; ``phase``: flow name -> its dash offset step."""
     flowing = flowing or {}
     phase = phase or {}
     parts = [
@@ -336,8 +325,7 @@ def pipeline_svg(stats: Mapping[str, Any], *, flowing: Mapping[str, bool] | None
 
 
 def timing_svg(stats: Mapping[str, Any], width: int = 560) -> str:
-    """The timing breakdown (``stats()["timing_breakdown"]``, mean ms) as horizontal bars, on
-    a round scale above the largest timer (an SVG costs far less than a matplotlib render)."""
+    """The timing breakdown (mean ms) as horizontal bars on a round scale."""
     timing = stats.get("timing_breakdown") or {}
     rows = [(key, label.name, float(timing.get(key) or 0.0)) for key, label in TIMERS.items()
             if key in timing] or [(key, label.name, 0.0) for key, label in TIMERS.items()]
@@ -345,7 +333,6 @@ def timing_svg(stats: Mapping[str, Any], width: int = 560) -> str:
     left, right, row_h, top = 110, 64, 26, 34
     bar_w = width - left - right
     height = top + row_h * len(rows) + 8
-    colors = ("#555555", "#d35400", "#218a3b", "#c0392b", "#8e44ad", "#7f8c8d", "#1f77b4")
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" class="impala-timing" width="{width}" '
              f'height="{height}" viewBox="0 0 {width} {height}" font-family="{FONT}">',
              _text(4, 20, "timing breakdown (mean ms per call)", size=15, weight="bold",
@@ -358,7 +345,7 @@ def timing_svg(stats: Mapping[str, Any], width: int = 560) -> str:
         parts.append(_text(left - 8, y + 16, label, size=14, anchor="end"))
         parts.append(f'<rect x="{left}" y="{y + 3}" width="{bar_w}" height="18" '
                      f'fill="#f0f0f0"/><rect x="{left}" y="{y + 3}" width="{w:.1f}" '
-                     f'height="18" fill="{colors[i % len(colors)]}"/>')
+                     f'height="18" fill="{TIMER_COLORS[i % len(TIMER_COLORS)]}"/>')
         parts.append(_text(left + w + 6, y + 17, fmt_float(value, 3), size=13,
                            anchor="start", cls=f"impala-timer-{key.replace('_', '-')}"))
     parts.append("</svg>")

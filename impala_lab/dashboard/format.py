@@ -1,7 +1,5 @@
-"""How every view of the dashboard writes numbers, so one figure reads the same everywhere.
-
-Anything that is not a finite number (None, NaN: a snapshot before the first step has many)
-shows as ``"–"`` instead of raising. Pure Python (the CLI imports it).
+"""How every view of the dashboard writes numbers; anything that is not a finite number
+(None, NaN) shows as ``"–"``. Pure Python (the CLI imports it).
 """
 
 from __future__ import annotations
@@ -52,8 +50,7 @@ def fraction(part: Any, whole: Any) -> float:
 
 
 def nice_ceil(v: float) -> float:
-    """The smallest 1, 1.5, 2, 2.5, 3, 4, 5, 6 or 8 times a power of ten >= v (a scale that
-    changes in round steps)."""
+    """The smallest 1, 1.5, 2, 2.5, 3, 4, 5, 6 or 8 times a power of ten >= v."""
     if v <= 0 or not math.isfinite(v):
         return 1.0
     exp = math.floor(math.log10(v))

@@ -1,8 +1,5 @@
-"""The frame strip: the last observations of one worker's env (`Impala.latest_frames()`)
-side by side as a PNG, a red gap at each episode's end, under a caption saying whose they are.
-
-A new PNG is encoded only when new frames arrived. Observations that are not images
-(CartPole's four numbers) make no strip: the caption says so.
+"""The frame strip: the last observations of one worker's env (`Impala.latest_frames()`) as a
+PNG (encoded only when new frames arrived), under a caption; non-images get only a caption.
 """
 
 from __future__ import annotations
@@ -30,13 +27,8 @@ def caption_html(frames: Frames | None, reason: str = "") -> str:
 
 
 class FrameStripView:
-    """What the panel shows for a run with ``observation_space`` (None: no panel).
-
-    Attributes:
-      reason: why this env has no strip ("" if it has one).
-      visible: whether the panel is shown at all.
-      encodes: PNGs encoded so far.
-    """
+    """What the panel shows for a run with ``observation_space`` (None: no panel); ``reason``:
+    why there is no strip; ``encodes``: PNGs encoded so far."""
 
     def __init__(self, observation_space: Any) -> None:
         self.visible = observation_space is not None

@@ -1,8 +1,5 @@
-"""What each figure of ``Impala.stats()`` is called, in one table (`LABELS`), so that every
-view names it alike; `QUEUES` and `queue_figures`: the buffers the gauges show.
-
-Pure Python (the CLI imports it).
-"""
+"""What each figure of ``Impala.stats()`` is called (`LABELS`), so that every view names it
+alike; `QUEUES` and `queue_figures`: the buffers the gauges show. Pure Python."""
 
 from __future__ import annotations
 
@@ -14,9 +11,8 @@ from typing import Any
 @dataclass(frozen=True)
 class Label:
     """How one figure is named: its flat stats ``key`` (a ``metrics.csv`` column, or a
-    `queue_figures` name), the dashboard's ``name``, the terminal's ``short`` name, its
-    ``unit`` ("" for a plain number), one line of ``help``, and its plot ``legend`` ("": the
-    name)."""
+    `queue_figures` name), the dashboard's ``name``, the terminal's ``short``, its ``unit``,
+    one line of ``help``, and its plot ``legend`` ("": the name)."""
 
     key: str
     name: str
@@ -95,8 +91,9 @@ def group(prefix: str) -> dict[str, Label]:
     return {key[len(start):]: label for key, label in LABELS.items() if key.startswith(start)}
 
 
-#: ``stats()["timing_breakdown"]`` keys -> labels, in pipeline order.
+#: ``stats()["timing_breakdown"]`` keys -> labels, in pipeline order, and their bars' colours.
 TIMERS: dict[str, Label] = group("timing_breakdown")
+TIMER_COLORS = ("#555555", "#d35400", "#218a3b", "#c0392b", "#8e44ad", "#7f8c8d", "#1f77b4")
 #: The learner's stats of a Box-action run only (a Gaussian policy): key -> label.
 ACTIONS: dict[str, Label] = {key: group("learner")[key]
                              for key in ("action_mean", "action_std")}
@@ -119,8 +116,7 @@ QUEUES: dict[str, Label] = {label.key: label for label in (
 
 
 def queue_figures(stats: Mapping[str, Any]) -> dict[str, tuple[float, float]]:
-    """``(level, capacity)`` of every buffer in `QUEUES`, from ``stats()["pipeline"]``;
-    ``(0, 0)`` for a stage the run does not report."""
+    """``(level, capacity)`` of every buffer in `QUEUES` (0 where the run reports none)."""
     p = stats.get("pipeline") or {}
     in_flight = p.get("in_flight") or {}
     slots = p.get("minibatch_slots") or []

@@ -1,9 +1,6 @@
-"""The policy-lag histogram (``stats()["policy_lag_distribution"]``), as SVG.
-
-Two sets of bars share one lag axis: each new batch's lag when it reached the driver
-(``at_arrival``, dropped ones too) and when the learner trained on it (``at_training``: later
-by the wait in the learner queue and the ring). A dashed line marks ``extra_policy_lag``, a red
-one ``max_policy_lag`` (new batches beyond it are dropped).
+"""The policy-lag histogram (``stats()["policy_lag_distribution"]``) as SVG: each batch's lag
+when it reached the driver (dropped ones too) and when the learner trained on it, on one axis,
+with ``extra_policy_lag`` dashed and ``max_policy_lag`` (the drop limit) red.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""The dashboard's widgets and where each sits; `Dashboard` keeps their values in step.
-
-Core ipywidgets only; the CSS classes (``impala-...``) are what the browser tests and the
-page's style find them by.
-"""
+"""The dashboard's widgets (core ipywidgets) and where each sits; the ``impala-...`` CSS
+classes are what the browser tests and the page's style find them by."""
 
 from __future__ import annotations
 
@@ -22,26 +19,29 @@ def _css(name: str) -> str:
 
 
 def _classed(widget: WidgetT, *classes: str) -> WidgetT:
-    """``widget``, with the CSS classes ``classes`` added."""
     for name in classes:
         widget.add_class(name)
     return widget
 
 
-class DashboardWidgets:
-    """The widgets of a dashboard, built by `_build` (the `Dashboard` subclasses it).
+def _html(css_class: str, **layout: str) -> W.HTML:
+    return _classed(W.HTML(layout=W.Layout(**layout)), css_class)
 
-    The subclass provides the click handlers (``_on_start``, ``_on_pause``, ``_on_stop``,
-    ``_on_knob``), ``_scheduler`` (the plot views and their blank images), ``_frame_view``
-    (whether the run has frames to show) and ``box_actions`` (a Box action space).
-    """
+
+def _row(children: list[W.Widget]) -> W.HBox:
+    """Widgets side by side, wrapping on a narrow page."""
+    return W.HBox(children, layout=W.Layout(flex_flow="row wrap"))
+
+
+class DashboardWidgets:
+    """The widgets of a dashboard, built by `_build`; the `Dashboard` subclass provides the
+    click handlers (``_on_*``), ``_scheduler``, ``_frame_view`` and ``box_actions``."""
 
     _scheduler: Any
     _frame_view: Any
     box_actions: bool
 
     def _build(self) -> None:
-        """Build every widget and lay out the page (once, in the main thread)."""
         status = self._build_status()
         gauges = self._build_gauges()
         controls = self._build_controls()
@@ -54,19 +54,17 @@ class DashboardWidgets:
         ], layout=W.Layout(max_width="980px", padding="6px")), "impala-dashboard")
 
     def _build_status(self) -> list[W.Widget]:
-        """The header, the health badge, the headline cards and the diagram."""
-        self.header = _classed(W.HTML(), "impala-header")
-        self.health = _classed(W.HTML(layout=W.Layout(width="100%")), "impala-health")
+        self.header = _html("impala-header")
+        self.health = _html("impala-health", width="100%")
         self.cards: dict[str, W.HTML] = {
             name: _classed(W.HTML(layout=W.Layout(min_width="124px", margin="0 6px 0 0")),
                            "impala-stat", f"impala-stat-{_css(name)}")
             for name in markup.CARDS if self.box_actions or name not in markup.BOX_CARDS}
-        self.diagram = _classed(W.HTML(layout=W.Layout(width="100%")), "impala-diagram")
-        cards = W.HBox(list(self.cards.values()), layout=W.Layout(flex_flow="row wrap"))
+        self.diagram = _html("impala-diagram", width="100%")
+        cards = _row(list(self.cards.values()))
         return [self.header, self.health, cards, self.diagram]
 
     def _build_gauges(self) -> W.VBox:
-        """A gauge and its figure per queue, and the bottleneck hint."""
         self.gauges: dict[str, W.FloatProgress] = {}
         self.gauge_labels: dict[str, W.HTML] = {}
         rows = []
@@ -74,18 +72,16 @@ class DashboardWidgets:
             bar = _classed(W.FloatProgress(value=0.0, min=0.0, max=1.0,
                                            layout=W.Layout(width="190px", height="22px")),
                            "impala-gauge", f"impala-gauge-{_css(name)}")
-            text = _classed(W.HTML(layout=W.Layout(width="90px")),
-                            f"impala-gauge-{_css(name)}-value")
+            text = _html(f"impala-gauge-{_css(name)}-value", width="90px")
             self.gauges[name], self.gauge_labels[name] = bar, text
             rows.append(W.HBox([W.HTML(markup.gauge_label(label.name),
                                        layout=W.Layout(width="150px")), bar, text]))
-        self.hint = _classed(W.HTML(layout=W.Layout(width="440px")), "impala-bottleneck")
+        self.hint = _html("impala-bottleneck", width="440px")
         return _classed(W.VBox([W.HTML(markup.section_title("queues")), *rows, self.hint],
                                layout=W.Layout(width="450px", margin="0 16px 0 0")),
                         "impala-gauges")
 
     def _build_controls(self) -> W.VBox:
-        """The buttons, a slider per live knob, the message line and the knob log."""
         self.start_button, self.pause_button, self.stop_button = (
             button("start"), button("pause"), button("stop"))
         self.start_button.on_click(lambda _: self._on_start())
@@ -93,8 +89,8 @@ class DashboardWidgets:
         self.stop_button.on_click(lambda _: self._on_stop())
         self._knob_sliders = KnobSliders(self._on_knob)
         self.knobs: dict[str, W.ValueWidget] = self._knob_sliders.sliders
-        self.message = _classed(W.HTML(layout=W.Layout(width="460px")), "impala-message")
-        self.knob_log = _classed(W.HTML(layout=W.Layout(width="460px")), "impala-knob-log")
+        self.message = _html("impala-message", width="460px")
+        self.knob_log = _html("impala-knob-log", width="460px")
         return _classed(W.VBox([W.HTML(markup.section_title("controls")),
                                 W.HBox([self.start_button, self.pause_button,
                                         self.stop_button]),
@@ -110,27 +106,20 @@ class DashboardWidgets:
                                                    margin="4px 4px 4px 0")),
                            "impala-plot", f"impala-plot-{_css(view)}")
             for view in views}
-        self.timing = _classed(W.HTML(layout=W.Layout(width="470px", margin="4px 4px 4px 0")),
-                               "impala-timing")
-        self.lag_histogram = _classed(
-            W.HTML(layout=W.Layout(width="470px", margin="4px 4px 4px 0")),
-            "impala-lag-histogram")
-        learner = _classed(W.HBox([self.plots[v] for v in views if v.startswith("learner.")],
-                                  layout=W.Layout(flex_flow="row wrap")), "impala-plot-learner")
-        return W.VBox([W.HBox([self.plots["throughput"], self.plots["return"]],
-                              layout=W.Layout(flex_flow="row wrap")),
+        self.timing = _html("impala-timing", width="470px", margin="4px 4px 4px 0")
+        self.lag_histogram = _html("impala-lag-histogram", width="470px", margin="4px 4px 4px 0")
+        learner = _classed(_row([self.plots[v] for v in views if v.startswith("learner.")]),
+                           "impala-plot-learner")
+        return W.VBox([_row([self.plots["throughput"], self.plots["return"]]),
                        self._build_frame_strip(),
-                       W.HBox([self.timing, self.plots["queues"]],
-                              layout=W.Layout(flex_flow="row wrap")),
-                       W.HBox([self.lag_histogram,
-                               *([self.plots["actions"]] if "actions" in self.plots else [])],
-                              layout=W.Layout(flex_flow="row wrap")),
+                       _row([self.timing, self.plots["queues"]]),
+                       _row([self.lag_histogram,
+                             *([self.plots["actions"]] if "actions" in self.plots else [])]),
                        learner])
 
     def _build_frame_strip(self) -> W.VBox:
-        """The frame strip's caption and image (the image hidden until frames arrive; the
-        whole panel for a run without an observation space)."""
-        self.frame_caption = _classed(W.HTML(), "impala-frame-strip-caption")
+        """The frame strip's caption and image (hidden until frames arrive)."""
+        self.frame_caption = _html("impala-frame-strip-caption")
         self.frame_strip = _classed(W.Image(value=b"", format="png",
                                             layout=W.Layout(max_width="100%", height="auto",
                                                             display="none")),

@@ -1,7 +1,4 @@
-"""The dashboard's HTML: pure functions of a stats snapshot (tests call them on a dict).
-
-Each returns the ``value`` of one ``ipywidgets.HTML`` of `Dashboard`, with inline CSS only.
-"""
+"""The dashboard's HTML (inline CSS only): pure functions of a stats snapshot."""
 
 from __future__ import annotations
 
@@ -18,36 +15,9 @@ from impala_lab.health_flags import describe_seen
 GREEN, ORANGE, RED, GREY = "#2e9e44", "#e67e22", "#c0392b", "#7f8c8d"
 BLUE = "#1f77b4"
 
-# card name -> (its LABELS key, its figure from a snapshot); the names are CSS classes.
-CARDS: dict[str, tuple[str, Callable[[Mapping[str, Any]], str]]] = {
-    "sample_throughput": ("sample_throughput",
-                          lambda s: f"{fmt_count(s.get('sample_throughput'))}/s"),
-    "train_throughput": ("train_throughput",
-                         lambda s: f"{fmt_count(s.get('train_throughput'))}/s"),
-    "episode_return_mean": ("episode_return_mean",
-                            lambda s: fmt_float(s.get("episode_return_mean"))),
-    "evaluation": ("evaluation", lambda s: eval_figure(s.get("evaluation"))),
-    "num_steps_sampled": ("num_steps_sampled", lambda s: fmt_count(s.get("num_steps_sampled"))),
-    "weights_version": ("weights_version", lambda s: f"v{s.get('weights_version', 0)}"),
-    "policy_lag": ("policy_lag.mean",
-                   lambda s: fmt_float((s.get("policy_lag") or {}).get("mean"), 2)),
-    "policy_lag_at_training": (
-        "policy_lag_at_training.mean",
-        lambda s: fmt_float((s.get("policy_lag_at_training") or {}).get("mean"), 2)),
-    "time_total_s": ("time_total_s", lambda s: f"{s.get('time_total_s', 0.0):,.0f} s"),
-    # a Box-action run's only (`BOX_CARDS`): its Gaussian policy's mean and std
-    "action_mean": ("learner.action_mean",
-                    lambda s: fmt_float((s.get("learner") or {}).get("action_mean"))),
-    "action_std": ("learner.action_std",
-                   lambda s: fmt_float((s.get("learner") or {}).get("action_std"))),
-}
-#: The cards a dashboard shows only for a run whose action space is a Box.
-BOX_CARDS = ("action_mean", "action_std")
-
 
 def box_actions(action_space: Any) -> bool:
-    """Whether a run's action space is a gymnasium ``Box`` (a Gaussian policy, whose learner
-    stats add ``action_mean`` and ``action_std``)."""
+    """Whether a run's action space is a gymnasium ``Box`` (a Gaussian policy)."""
     if action_space is None:
         return False
     from gymnasium import spaces
@@ -62,6 +32,24 @@ def eval_figure(evaluation: Mapping[str, Any] | None) -> str:
     return " / ".join(fmt_float(evaluation[f"episode_return_mean_{mode}"])
                       for mode in ("greedy", "sampled")
                       if f"episode_return_mean_{mode}" in evaluation)
+
+
+# card name (a CSS class) -> (the flat key of its figure and its LABELS key, its format)
+CARDS: dict[str, tuple[str, Callable[[Any], str]]] = {
+    "sample_throughput": ("sample_throughput", lambda v: f"{fmt_count(v)}/s"),
+    "train_throughput": ("train_throughput", lambda v: f"{fmt_count(v)}/s"),
+    "episode_return_mean": ("episode_return_mean", fmt_float),
+    "evaluation": ("evaluation", eval_figure),
+    "num_steps_sampled": ("num_steps_sampled", fmt_count),
+    "weights_version": ("weights_version", lambda v: f"v{v or 0}"),
+    "policy_lag": ("policy_lag.mean", lambda v: fmt_float(v, 2)),
+    "policy_lag_at_training": ("policy_lag_at_training.mean", lambda v: fmt_float(v, 2)),
+    "time_total_s": ("time_total_s", lambda v: f"{v or 0.0:,.0f} s"),
+    "action_mean": ("learner.action_mean", fmt_float),  # BOX_CARDS: a Gaussian policy's
+    "action_std": ("learner.action_std", fmt_float),
+}
+#: The cards a dashboard shows only for a run whose action space is a Box.
+BOX_CARDS = ("action_mean", "action_std")
 
 
 # run state -> (the header's status text, its colour)
@@ -83,18 +71,15 @@ def header_html(title: str, stats: Mapping[str, Any] | None, state: str) -> str:
     """The title, the backend and workers (once known) and the run's state (`STATES`)."""
     label, color = STATES[state]
     p = (stats or {}).get("pipeline") or {}
-    detail = ""
-    if p:
-        detail = (f" · {p.get('backend', '?')} backend · {p.get('num_workers', '?')} "
-                  f"workers")
+    detail = (f" · {p.get('backend', '?')} backend · {p.get('num_workers', '?')} workers"
+              if p else "")
     return (f'<div style="font-size:20px"><b>{title}</b>{detail} '
             f'<span class="impala-status impala-status-{state}" '
             f'style="color:{color};font-weight:bold;margin-left:12px">{label}</span></div>')
 
 
 def health_html(health: Mapping[str, Any] | None) -> str:
-    """An orange badge per active health flag with its sentence, else "ok" (and what the run
-    saw earlier); "" without a health key."""
+    """A badge per active health flag with its sentence, else "ok" (and earlier flags)."""
     if not health:
         return ""
     flags = health.get("flags") or []
@@ -120,9 +105,12 @@ def health_html(health: Mapping[str, Any] | None) -> str:
 def card_html(name: str, stats: Mapping[str, Any]) -> str:
     """One headline card of `CARDS`: its label over its figure."""
     key, figure = CARDS[name]
+    value: Any = stats
+    for part in key.split("."):  # the flat key's value in the nested snapshot
+        value = value.get(part) if isinstance(value, Mapping) else None
     return (f'<div style="line-height:1.15"><div style="font-size:13px;color:#555">'
             f'{LABELS[key].name}</div><div style="font-size:24px;font-weight:bold">'
-            f"{figure(stats)}</div></div>")
+            f"{figure(value)}</div></div>")
 
 
 def gauge_text(name: str, level: float, capacity: float) -> str:
@@ -132,8 +120,7 @@ def gauge_text(name: str, level: float, capacity: float) -> str:
 
 
 def gauge_color(name: str, frac: float) -> str:
-    """The learner queue's gauge: green, orange (nearly full), red (full: the learner is
-    the bottleneck); the others blue."""
+    """The learner queue's gauge: green, orange (nearly full), red (full); the others blue."""
     if name != "learner_queue":
         return BLUE
     return GREEN if frac < 0.75 else (ORANGE if frac < 1 else RED)
@@ -168,8 +155,8 @@ def bottleneck_html(stats: Mapping[str, Any]) -> str:
 
 def message_html(*, error: BaseException | None = None, blocking_train: bool = False,
                  replay_off: bool = False, note: str = "", note_error: bool = False) -> str:
-    """The line under the controls, the first that applies: a background training error,
-    ``train()`` holding the cell, replay off, the last button's or knob's note."""
+    """The line under the controls: a training error, ``train()`` holding the cell, replay
+    off, or the last button's or knob's note (the first that applies)."""
     if error is not None:
         text = (f"background training failed: {type(error).__name__}: {error}. "
                 "impala.wait() raises it with its traceback.")

@@ -1,11 +1,8 @@
-"""Matplotlib figures of a run, from a live run's history or a run directory's ``metrics.csv``.
-
-The views (`VIEWS`; the same in the dashboard, notebooks and the CLI's ``report.png``):
-throughput, return, learner queue and policy lag, the latest timing breakdown, the learner's
-stats, and a Box-action run's policy mean and std. A dotted line marks each knob change.
-
-Figures are plain `Figure` objects on an Agg canvas, never pyplot (no global state: safe in the
-poller thread); in a notebook one shows as the cell's value::
+"""Matplotlib figures of a run (`VIEWS`, the same in the dashboard, notebooks and the CLI's
+``report.png``), from a live run's history or a run directory's ``metrics.csv`` (as float
+columns by flat key); a dotted line marks each knob change. Figures sit on an Agg canvas,
+never pyplot (no global state: safe in the poller thread); in a notebook one shows as the
+cell's value::
 
     from impala_lab.dashboard import plots
     plots.report_figure(plots.read_metrics_csv("runs/cartpole/metrics.csv"))
@@ -13,31 +10,104 @@ poller thread); in a notebook one shows as the cell's value::
 
 from __future__ import annotations
 
+import csv
 import io
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from impala_lab.dashboard.format import nice_ceil
-from impala_lab.dashboard.labels import ACTIONS, EVAL_KEYS, LABELS, TIMERS
-from impala_lab.dashboard.plot_data import (  # noqa: F401  (re-exported: the plots' data)
-    KNOB_KEYS,
-    MAX_POINTS,
-    X_KEY,
-    HasColumns,
-    column,
-    columns,
-    knob_marks,
-    read_metrics_csv,
-)
+from impala_lab.dashboard.format import fmt_knob, nice_ceil
+from impala_lab.dashboard.labels import ACTIONS, EVAL_KEYS, LABELS, TIMER_COLORS, TIMERS
+from impala_lab.knobs import LIVE_KNOBS, cast
 
 TITLE_SIZE, LABEL_SIZE, TICK_SIZE, LEGEND_SIZE = 13, 11, 10, 10  # readable on a projector
+
+
+# ---------------------------------------------------------------------- data (numpy only)
+X_KEY = "time_total_s"
+MAX_POINTS = 600  # points drawn per line: longer runs are decimated evenly
+
+
+def read_metrics_csv(path: str | Path) -> list[dict[str, float]]:
+    """Rows of a ``metrics.csv`` as dicts of floats (cells that are not numbers become NaN)."""
+    with open(path, newline="") as fh:
+        return [{key: _to_float(text) for key, text in raw.items()}
+                for raw in csv.DictReader(fh)]
+
+
+def _to_float(text: str | None) -> float:
+    try:
+        return float(text)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def column(rows: Sequence[Mapping], key: str) -> np.ndarray:
+    """One key over the rows: ``[len(rows)]`` float64, NaN where a row lacks it."""
+    return _as_float([r.get(key) for r in rows])
+
+
+class HasColumns(Protocol):
+    """A source of whole columns by flat key, like `impala_lab.stats.StatsHistory`."""
+
+    def column(self, key: str) -> np.ndarray: ...
+
+
+def columns(source: Sequence[Mapping] | HasColumns, keys: Sequence[str],
+            max_points: int = MAX_POINTS) -> dict[str, np.ndarray]:
+    """``{key: [n] float64}`` (NaN where a row lacks the key) of `keys` and ``time_total_s``,
+    from flat rows or a `StatsHistory`; longer columns are decimated evenly to `max_points`,
+    the last row kept."""
+    keys = list(dict.fromkeys([X_KEY, *keys]))
+    if hasattr(source, "column") and not isinstance(source, Sequence):
+        cols = {}
+        for k in keys:
+            values = source.column(k)
+            cols[k] = values if values.dtype == np.float64 else _as_float(values)
+    else:
+        cols = {k: column(source, k) for k in keys}
+    n = len(cols[X_KEY])
+    if n > max_points:
+        idx = np.unique(np.linspace(0, n - 1, max_points).round().astype(int))
+        cols = {k: v[idx] for k, v in cols.items()}
+    return cols
+
+
+def _as_float(values: Sequence[object]) -> np.ndarray:
+    """Numbers as float64, anything else (None, text, a bool) as NaN."""
+    out = np.full(len(values), np.nan)
+    for i, v in enumerate(values):
+        if isinstance(v, int | float | np.number) and not isinstance(v, bool):
+            out[i] = float(v)
+    return out
+
+
+#: The live knobs' columns in ``metrics.csv`` (and the history's flat rows).
+KNOB_KEYS = tuple(f"knobs.{name}" for name in LIVE_KNOBS)
+
+
+def knob_marks(cols: Mapping[str, np.ndarray]) -> list[tuple[float, str]]:
+    """``(time, "lr=0.001")`` wherever a ``knobs.*`` column changed from the previous row."""
+    t = cols[X_KEY]
+    changes: dict[int, list[str]] = {}
+    for key in KNOB_KEYS:
+        col = cols.get(key)
+        if col is None or len(col) < 2:
+            continue
+        prev, cur = col[:-1], col[1:]
+        for i in np.flatnonzero(np.isfinite(prev) & np.isfinite(cur) & (prev != cur)) + 1:
+            name = key.split(".", 1)[1]
+            changes.setdefault(int(i), []).append(f"{name}={fmt_knob(cast(name, col[i]))}")
+    return [(float(t[i]), ", ".join(labels)) for i, labels in sorted(changes.items())
+            if np.isfinite(t[i])]
+
 
 
 class RunFigure(Figure):
@@ -57,7 +127,7 @@ class RunFigure(Figure):
 def _x_limits(t: np.ndarray, cur: tuple[float, float] | None,
               live: bool) -> tuple[float, float] | None:
     """New x limits once the data leaves the current ones (None: keep them): a live figure's
-    double, rounded (each change costs a full redraw); a static one fits the data."""
+    double, rounded (each change costs a full redraw); a static one's fit the data."""
     t = t[np.isfinite(t)]
     if not len(t):
         return None if cur else (0.0, 60.0 if live else 10.0)
@@ -75,8 +145,7 @@ def _y_limits(values: list[np.ndarray], cur: tuple[float, float] | None,
     """New y limits, or None to keep `cur`. A static figure fits the data; a live one fits
     the 2nd-98th percentile (one spike is clipped instead of squashing the rest) with
     headroom, and changes only when that range leaves them or fills under 30 % of them."""
-    finite = [v[np.isfinite(v)] for v in values]
-    finite = [v for v in finite if len(v)]
+    finite = [v[np.isfinite(v)] for v in values if np.isfinite(v).any()]
     if not finite:
         return None if cur else (0.0, 1.0)
     both = np.concatenate(finite)
@@ -89,10 +158,8 @@ def _y_limits(values: list[np.ndarray], cur: tuple[float, float] | None,
     span = hi - lo
     if span <= 0:  # a constant: give it a span, or it would be refitted on every render
         span = abs(hi) * 0.2 or 1.0
-    if cur is not None:
-        inside = cur[0] <= lo and hi <= cur[1]
-        if inside and span >= 0.3 * (cur[1] - cur[0]):
-            return None
+    if cur is not None and cur[0] <= lo and hi <= cur[1] and span >= 0.3 * (cur[1] - cur[0]):
+        return None
     below, above = (0.15, 0.6) if live else (0.1, 0.08)
     new_lo = floor if floor is not None and lo >= floor else lo - below * span
     return (new_lo, hi + above * span)
@@ -134,18 +201,11 @@ class Series:
     key: str
     color: str
 
-    @property
-    def label(self) -> str:
-        return LABELS[self.key].legend_name
-
 
 class LinePanel:
-    """One axes of lines over time, with knob-change marks.
-
-    ``setup(ax, animated)`` draws the static parts; ``update(cols)`` sets the lines' data
-    and returns True when the static parts changed (limits, knob marks), i.e. when a blitting
-    renderer must redraw the whole figure.
-    """
+    """One axes of lines over time, with knob-change marks. ``setup(ax, animated)`` draws the
+    static parts; ``update(cols)`` sets the lines' data and returns True when the static parts
+    changed (limits, knob marks): a blitting renderer must then redraw the whole figure."""
 
     def __init__(self, title: str, series: Sequence[Series], ylabel: str = "", *,
                  y_floor: float | None = None, legend: bool = True) -> None:
@@ -153,6 +213,8 @@ class LinePanel:
         self.y_floor, self.legend = y_floor, legend
         self.ax: Axes | None = None
         self.lines: list[Any] = []
+        self.live = True
+        self._has_limits = False
         self._marks: list[tuple[float, str]] = []
         self._mark_artists: list[Any] = []
 
@@ -168,8 +230,8 @@ class LinePanel:
         self.ax = ax
         self.live = animated
         _style(ax, self.title, "seconds", self.ylabel)
-        self.lines = [ax.plot([], [], color=s.color, lw=2, label=s.label, animated=animated)[0]
-                      for s in self.series]
+        self.lines = [ax.plot([], [], color=s.color, lw=2, label=LABELS[s.key].legend_name,
+                              animated=animated)[0] for s in self.series]
         if self.legend and len(self.series) > 1:
             # above the axes, never over the lines: a live figure keeps it in the background
             ax.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=len(self.series),
@@ -213,23 +275,18 @@ class LinePanel:
             changed = True
         return changed
 
-    _has_limits = False
-    live = True
-
 
 class TimingPanel:
     """Horizontal bars: the timing breakdown (ms) of the last row that has one."""
 
-    def __init__(self, title: str = "timing breakdown (mean ms)") -> None:
-        self.title = title
-        self.timers = list(TIMERS)
+    def __init__(self) -> None:
         self.ax: Axes | None = None
         self.bars: list[Any] = []
         self.texts: list[Any] = []
 
     @property
     def keys(self) -> list[str]:
-        return [f"timing_breakdown.{k}" for k in self.timers]
+        return [f"timing_breakdown.{k}" for k in TIMERS]
 
     @property
     def artists(self) -> list[Any]:
@@ -237,14 +294,13 @@ class TimingPanel:
 
     def setup(self, ax: Axes, animated: bool) -> None:
         self.ax = ax
-        _style(ax, self.title, "ms", "")
+        _style(ax, "timing breakdown (mean ms)", "ms", "")
         ax.grid(True, axis="x", alpha=0.3)
         ax.grid(False, axis="y")
-        y = np.arange(len(self.timers))
-        colors = ["#555555", "#d35400", "#218a3b", "#c0392b", "#8e44ad", "#7f8c8d", "#1f77b4"]
-        self.bars = list(ax.barh(y, np.zeros(len(y)), color=colors[:len(y)], height=0.6,
+        y = np.arange(len(TIMERS))
+        self.bars = list(ax.barh(y, np.zeros(len(y)), color=TIMER_COLORS[:len(y)], height=0.6,
                                  animated=animated))
-        ax.set_yticks(y, [TIMERS[k].name for k in self.timers], fontsize=LABEL_SIZE)
+        ax.set_yticks(y, [label.name for label in TIMERS.values()], fontsize=LABEL_SIZE)
         ax.invert_yaxis()
         self.texts = [ax.text(0, yi, "", va="center", fontsize=TICK_SIZE, animated=animated)
                       for yi in y]
@@ -328,11 +384,10 @@ MARGINS_PX = {"timing": (96, 16, 30, 44, 0), "learner": (50, 12, 30, 44, 50),
 DEFAULT_MARGINS_PX = (62, 14, 30, 44, 0)
 
 
-def new_figure(view: str, panels: list, animated: bool, figsize: tuple[float, float] | None,
-               dpi: int) -> RunFigure:
+def new_figure(view: str, panels: list, animated: bool) -> RunFigure:
     """A figure of a view with its panels set up, one axes each; `animated` for a live one
     (fixed pixel margins, animated artists)."""
-    size = figsize or SIZES[view]
+    size, dpi = SIZES[view], DPI
     fig = RunFigure(figsize=size, dpi=dpi, facecolor="white",
                     layout=None if animated else "constrained")
     axes = fig.subplots(1, len(panels), squeeze=False).ravel()
@@ -348,12 +403,10 @@ def new_figure(view: str, panels: list, animated: bool, figsize: tuple[float, fl
     return fig
 
 
-def view_figure(view: str, source: Sequence[Mapping] | HasColumns, *,
-                figsize: tuple[float, float] | None = None, dpi: int = DPI) -> RunFigure:
-    """One view (`VIEWS`, or one learner axes: ``learner.losses``, ``.entropy``,
-    ``.grad_norm``, ``.rho``) of rows or a history."""
+def view_figure(view: str, source: Sequence[Mapping] | HasColumns) -> RunFigure:
+    """One view (`VIEWS`, or one learner axes: ``learner.<part>``) of rows or a history."""
     panels = view_panels(view)
-    fig = new_figure(view, panels, False, figsize, dpi)
+    fig = new_figure(view, panels, False)
     cols = columns(source, [k for p in panels for k in p.keys])
     for panel in panels:
         panel.update(cols)
@@ -371,8 +424,7 @@ def report_figure(rows: Sequence[Mapping] | HasColumns, title: str = "") -> RunF
     fig = RunFigure(figsize=(14.5, 10.5), dpi=DPI, facecolor="white", layout="constrained")
     top, bottom = fig.subfigures(2, 1, height_ratios=[2, 1])
     grid = top.subplots(2, 2)
-    actions = has_actions(rows)
-    learner_axes = list(bottom.subplots(1, 5 if actions else 4))
+    learner_axes = list(bottom.subplots(1, 5 if has_actions(rows) else 4))
     placed = [("return", [grid[0, 0]]), ("throughput", [grid[0, 1]]),
               ("queues", [grid[1, 0]]), ("timing", [grid[1, 1]]),
               ("learner", learner_axes[:4]), ("actions", learner_axes[4:])]
@@ -392,8 +444,7 @@ def report_figure(rows: Sequence[Mapping] | HasColumns, title: str = "") -> RunF
 def save_report(rows: Sequence[Mapping] | HasColumns, path: str | Path,
                 title: str = "") -> Path:
     """Write `report_figure` as a PNG and return its path."""
-    fig = report_figure(rows, title)
-    fig.savefig(path, dpi=DPI)
+    report_figure(rows, title).savefig(path, dpi=DPI)
     return Path(path)
 
 

@@ -5,8 +5,7 @@
     writer.close()
 
 Each report writes at step ``num_steps_sampled`` (docs/training.md, "TensorBoard", lists the
-tags). TensorFlow is imported only when a writer is built. A write that fails (a full disk)
-turns the writer off with one warning: summaries are a view of the run, which goes on.
+tags). A write that fails (a full disk) turns the writer off with one warning: the run goes on.
 """
 
 from __future__ import annotations
@@ -32,8 +31,8 @@ logger = logging.getLogger("impala_lab")
 
 def scalar_tags(snapshot: Mapping[str, Any]) -> dict[str, float]:
     """The TensorBoard scalars of a stats snapshot: ``{tag: value}``, nested keys joined
-    with ``/``, the workers as ``workers/<index>/<field>``, booleans as 0/1. Strings, None,
-    other lists and NaN/inf are left out (TensorBoard would draw NaN as a broken line)."""
+    with ``/``, the workers as ``workers/<index>/<field>``, booleans as 0/1; strings, None,
+    other lists and NaN/inf left out."""
     out: dict[str, float] = {}
 
     def walk(value: Any, name: str) -> None:
@@ -59,20 +58,18 @@ def knob_change_text(change: Mapping[str, Any]) -> str:
 
 
 class TensorBoardWriter:
-    """Writes stats snapshots as TensorBoard summaries under `logdir`, flushed at every write
-    so TensorBoard shows a run while it trains; `close` it, or use it as a context manager."""
+    """Writes stats snapshots as TensorBoard summaries under `logdir` (created), flushed at
+    every write; `close` it, or use it as a context manager.
+
+    Args:
+      knob_changes: the run's growing ``Impala.knob_changes``; each write adds the new ones.
+      policy_lags: returns the policy lags of the batches since its previous call
+        (``RunStats.take_policy_lags``); each write draws them as a histogram.
+    """
 
     def __init__(self, logdir: str | os.PathLike, *,
                  knob_changes: Sequence[Mapping[str, Any]] | None = None,
                  policy_lags: Callable[[], Sequence[float]] | None = None) -> None:
-        """Creates the event file writer (and `logdir`).
-
-        Args:
-          logdir: the folder for the event files, e.g. ``runs/NAME/tensorboard``.
-          knob_changes: the run's growing ``Impala.knob_changes``; each write adds the new ones.
-          policy_lags: returns the policy lags of the batches since its previous call
-            (``RunStats.take_policy_lags``); each write draws them as a histogram.
-        """
         try:
             from tensorboard.compat.proto.summary_pb2 import Summary
             from tensorboard.plugins.histogram.summary_v2 import histogram_pb
@@ -96,15 +93,13 @@ class TensorBoardWriter:
 
     @classmethod
     def for_run(cls, run: Any, logdir: str | os.PathLike) -> TensorBoardWriter:
-        """A writer fed by an `Impala` run's knob changes and policy lags (those of batches
-        from before it was built are dropped: its first histogram starts here)."""
+        """A writer fed by an `Impala` run's knob changes and policy lags (from now on)."""
         run.run_stats.take_policy_lags()
         return cls(logdir, knob_changes=run.knob_changes,
                    policy_lags=run.run_stats.take_policy_lags)
 
     def write(self, snapshot: Mapping[str, Any]) -> None:
-        """Writes one report (scalars, new knob changes, lag histogram); nothing after a
-        failed write."""
+        """Writes one report (scalars, new knob changes, lag histogram), unless one failed."""
         if self._closed:
             raise ValueError(f"this TensorBoardWriter ({self.logdir}) is closed")
         if self.failed is not None:

@@ -1,9 +1,6 @@
-"""The dashboard's text view: the same figures as the widgets, for a terminal or a log.
-
-`render` is the panel (at most 100 columns, in the data's order through the pipeline),
-`progress_line` one line for logs; both name the active health flags, and say so when a
-report window brought no sample. `TerminalView` redraws the panel in place in a TTY (the CLI's
-live view), else prints a line per report. Pure Python, so the CLI starts quickly.
+"""The dashboard's text view for a terminal or a log: `render` (the panel, <= 100 columns),
+`progress_line` (one line) and `TerminalView` (the CLI's: the panel redrawn in place in a TTY,
+else a line per report). Pure Python, so the CLI starts quickly.
 """
 
 from __future__ import annotations
@@ -14,15 +11,14 @@ from collections.abc import Mapping
 from typing import Any, TextIO
 
 from impala_lab.dashboard.format import bar, fmt_count, fmt_float, fmt_knob, fraction, is_number
-from impala_lab.dashboard.labels import ACTIONS, LEARNER, QUEUES, TIMERS, queue_figures
+from impala_lab.dashboard.labels import ACTIONS, LEARNER, QUEUES, TIMERS, Label, queue_figures
 from impala_lab.dashboard.markup import eval_figure
 from impala_lab.health_flags import flag_labels
 
 
 # ---------------------------------------------------------------------- the views
 def no_samples_note(s: Mapping[str, Any]) -> str:
-    """What a report window without a sample says: ``NO SAMPLES yet (3.0 s)`` before the
-    first, else ``NO SAMPLES since the last report (12.0 s since the last sample)``."""
+    """What a report window without a sample says, e.g. ``NO SAMPLES yet (3.0 s)``."""
     since = s.get("seconds_since_sample")
     if not s.get("num_steps_sampled"):
         return "NO SAMPLES yet" + (f" ({since:.1f} s)" if is_number(since) else "")
@@ -32,7 +28,7 @@ def no_samples_note(s: Mapping[str, Any]) -> str:
 
 def progress_line(s: Mapping[str, Any], no_samples: bool = False) -> str:
     """One line: time, env steps, return, throughputs, learner queue, policy lag, the latest
-    evaluation (if on), the health flags (if any), and `no_samples_note` if ``no_samples``."""
+    evaluation, the health flags, and `no_samples_note` if ``no_samples``."""
     q = queue_figures(s)["learner_queue"]
     lag = (s.get("policy_lag") or {}).get("mean", math.nan)
     ret = s.get("episode_return_mean", math.nan)
@@ -70,10 +66,15 @@ def _pipeline_line(s: Mapping[str, Any]) -> str:
     return "pipeline    " + " > ".join(stages)
 
 
+def _figures(labels: Mapping[str, Label], values: Mapping[str, Any], digits: int) -> str:
+    """``short value`` of each figure of `labels` that `values` holds."""
+    return "  ".join(f"{label.short} {fmt_float(values[key], digits)}"
+                     for key, label in labels.items() if key in values)
+
+
 def render(s: Mapping[str, Any], title: str = "", no_samples: bool = False) -> str:
-    """The text dashboard (7 lines, <= 100 columns) of one ``Impala.stats()`` snapshot, plus
-    a ``health`` line (with a health key), an ``actions`` line (a Box-action run's) and
-    `no_samples_note` (if ``no_samples``)."""
+    """The text dashboard (7 lines, <= 100 columns) of one ``Impala.stats()`` snapshot, with
+    ``health``, ``actions`` (Box actions) and `no_samples_note` lines where they apply."""
     p = s.get("pipeline") or {}
     lag = s.get("policy_lag") or {}  # at the driver; ``trained``: when the learner trains
     trained = s.get("policy_lag_at_training") or {}
@@ -91,19 +92,14 @@ def render(s: Mapping[str, Any], title: str = "", no_samples: bool = False) -> s
         f"   weights v{s.get('weights_version', 0)}   lag "
         f"{fmt_float(lag.get('mean'), 2)} (max {lag.get('max', '–')}), trained at "
         f"{fmt_float(trained.get('mean'), 2)}",
+        _pipeline_line(s),
+        "timing ms   " + _figures(TIMERS, s.get("timing_breakdown") or {}, 2),
     ]
-    lines.append(_pipeline_line(s))
-    timing = s.get("timing_breakdown") or {}
-    lines.append("timing ms   " + "  ".join(
-        f"{label.short} {fmt_float(timing.get(key), 2)}" for key, label in TIMERS.items()
-        if key in timing))
     learner = s.get("learner") or {}
-    lines.append("learner     " + ("  ".join(
-        f"{label.short} {fmt_float(learner.get(key), 3)}" for key, label in LEARNER.items()
-        if key in learner) if learner else "no learner step yet"))
+    lines.append("learner     " + (_figures(LEARNER, learner, 3) if learner
+                                   else "no learner step yet"))
     if any(key in learner for key in ACTIONS):  # a Box-action run's Gaussian policy
-        lines.append("actions     " + "  ".join(
-            f"{label.short} {fmt_float(learner.get(key), 3)}" for key, label in ACTIONS.items()))
+        lines.append("actions     " + _figures(ACTIONS, learner, 3))
     knobs = s.get("knobs") or {}
     lines.append("knobs       " + " ".join(f"{k}={fmt_knob(v)}" for k, v in knobs.items()))
     health = s.get("health")
@@ -114,13 +110,8 @@ def render(s: Mapping[str, Any], title: str = "", no_samples: bool = False) -> s
 
 
 class TerminalView:
-    """The CLI's live view: redraws `render` in place in a TTY, else one line per report.
-
-    Args:
-      stream: where to write (stdout by default).
-      title: the first line's label, e.g. ``"CartPole-v1 (process, 2 workers)"``.
-      live: redraw in place; None decides by ``stream.isatty()``.
-    """
+    """The CLI's live view on `stream` (stdout): `render` redrawn in place if `live` (None:
+    ``stream.isatty()``), else one line per report."""
 
     def __init__(self, stream: TextIO | None = None, title: str = "",
                  live: bool | None = None) -> None:

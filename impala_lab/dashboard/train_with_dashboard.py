@@ -4,27 +4,21 @@ dashboard keeps moving (its controls disabled: the kernel takes no clicks meanwh
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 
-def train_with_dashboard(run: Any, stop: Mapping[str, float] | Callable[[dict], bool] | None
-                         = None, *, max_seconds: float | None = None,
-                         max_env_steps: int | None = None, report_interval: float = 1.0,
-                         on_report: Callable[[dict], None] | None = None) -> dict[str, Any]:
-    """Train ``run`` (an `Impala`) in this thread while its dashboard shows the progress.
-
-    Arguments and result as in ``Impala.train``; ``on_report`` is called before the
-    dashboard's own report (the terminal view, without a frontend).
-    """
+def train_with_dashboard(run: Any, stop: Any = None, *,
+                         on_report: Callable[[dict], None] | None = None,
+                         **train_args: Any) -> dict[str, Any]:
+    """``run.train(stop, on_report=on_report, **train_args)`` in this thread while its
+    dashboard shows the progress (``on_report`` runs before the dashboard's own)."""
     from impala_lab.dashboard.widgets import Dashboard
 
     board = Dashboard(run)
     board.show(blocking_train=True)  # the kernel takes no clicks until this returns
     try:
         with run.driving_thread():
-            return run.train(stop, max_seconds=max_seconds, max_env_steps=max_env_steps,
-                             report_interval=report_interval,
-                             on_report=board.report_hook(on_report))
+            return run.train(stop, on_report=board.report_hook(on_report), **train_args)
     finally:
         board.train_ended()

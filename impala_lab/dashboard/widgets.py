@@ -5,24 +5,20 @@
     board.show()                      # widgets in this cell; a poller keeps them moving
     impala.start(max_seconds=120)     # trains in the background: the cell returns
 
-The widgets and their places are in `layout`, their HTML in `markup`, sliders and buttons in
-`controls`, the plot schedule in `plot_schedule`; this class keeps them in step with the run.
-A daemon poller reads ``impala.stats()`` at ``poll_hz`` and sets the widgets inside
-``hold_sync()``; it never prints or enters an ``Output`` context (ipykernel routes a thread's
-output badly). ``refresh()`` does one update in the calling thread (step-through cells, tests).
-The dashboard only reads the run and calls ``start/pause/stop/set_knobs``. It holds the run
-weakly, so re-running a cell lets the old run be collected: keep your own reference.
-
-Under a blocking ``train(..., dashboard=True)`` the kernel takes no clicks until the cell
-ends, so the controls stay disabled; use ``start()`` for live controls.
+The widgets are laid out in `layout`, their HTML is `markup`'s; this class keeps them in step
+with the run. A daemon poller reads ``impala.stats()`` at ``poll_hz`` and sets the widgets
+inside ``hold_sync()``, never printing (ipykernel routes a thread's output badly);
+``refresh()`` updates once in the calling thread (step-through cells, tests). The run is held
+weakly: keep your own reference. Under a blocking ``train(..., dashboard=True)`` the kernel
+takes no clicks, so the controls stay disabled; ``start()`` gives live controls.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 import operator
 import threading
+import time
 import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -33,15 +29,13 @@ from impala_lab.dashboard.format import fmt_knob
 from impala_lab.dashboard.frame_strip import FrameStripView
 from impala_lab.dashboard.lag_histogram import lag_histogram_svg
 from impala_lab.dashboard.layout import DashboardWidgets
-from impala_lab.dashboard.plot_schedule import PlotScheduler
+from impala_lab.dashboard.live_plots import PlotScheduler
 from impala_lab.dashboard.plots import BOX_LIVE_VIEWS, LIVE_VIEWS
-from impala_lab.dashboard.poller import Poller
 from impala_lab.dashboard.terminal import TerminalView, render
 
 
 def frontend_available() -> bool:
-    """True inside a Jupyter kernel that can show widgets; False in a plain or terminal
-    Python."""
+    """True inside a Jupyter kernel that can show widgets."""
     try:
         from IPython import get_ipython
     except ImportError:
@@ -52,7 +46,7 @@ def frontend_available() -> bool:
 
 def _check_arguments(impala: Any, poll_hz: float, plot_interval: float,
                      plot_budget: float) -> None:
-    if not (0 <= poll_hz <= 10) or math.isnan(poll_hz):
+    if not 0 <= poll_hz <= 10:  # NaN too
         raise ValueError(f"poll_hz={poll_hz!r} is invalid: use 2-5 updates per second "
                          "(0 disables the poller; then call refresh())")
     if not plot_interval > 0:
@@ -67,8 +61,67 @@ def _check_arguments(impala: Any, poll_hz: float, plot_interval: float,
                             f"{type(impala).__name__} has no {name!r}")
 
 
+class Poller:
+    """A daemon thread that calls ``target.tick()`` every ``1 / hz`` seconds, holding it
+    weakly; a tick that raises is counted (``errors``, ``last_error``) and polling goes on, a
+    tick that returns False ends it. Also counts ``ticks`` and their ``cpu_s``."""
+
+    def __init__(self, hz: float, name: str) -> None:
+        self.interval = 1.0 / hz if hz > 0 else 0.0
+        self.name = name
+        self.ticks = 0
+        self.cpu_s = 0.0
+        self.errors = 0
+        self.last_error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self, target: Any) -> None:
+        """Start polling `target` (held weakly); no-op while running."""
+        if self.running:
+            return
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(weakref.ref(target), self._stop),
+                                        name=self.name, daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 2.0) -> None:
+        """Ask the thread to end and wait for it (unless called from it)."""
+        self._stop.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+
+    def _run(self, ref: weakref.ref, stop: threading.Event) -> None:
+        next_at = time.monotonic()
+        while not stop.is_set():
+            target = ref()
+            if target is None:
+                return
+            cpu = time.thread_time()
+            try:
+                alive = target.tick()
+            except Exception as exc:  # e.g. a torn read while someone steps by hand
+                self.errors += 1
+                self.last_error = exc
+                alive = True
+            self.ticks += 1
+            self.cpu_s += time.thread_time() - cpu
+            del target
+            if not alive:
+                return
+            next_at += self.interval
+            delay = next_at - time.monotonic()
+            if delay < 0:  # fell behind (a slow render): do not try to catch up
+                next_at, delay = time.monotonic(), self.interval / 2
+            stop.wait(delay)
+
+
 def _read_through(path: str, doc: str) -> property:
-    """A read-only property that returns the attribute at `path`, e.g. ``"_poller.ticks"``."""
     return property(operator.attrgetter(path), doc=doc)
 
 
@@ -76,15 +129,12 @@ class Dashboard(DashboardWidgets):
     """The live dashboard of one `Impala` run.
 
     Args:
-      impala: the run (held weakly; keep your own reference).
-      poll_hz: widget updates per second while shown, in (0, 10]; 0 disables the poller
-        (then call ``refresh()`` yourself).
+      poll_hz: widget updates per second while shown, in (0, 10]; 0: call ``refresh()``.
       plot_interval: seconds between two renders of one plot, at least.
       plot_budget: share of one CPU core the plots may use on average, in (0, 1].
       plot_process: draw the poller's plots in a child process (the kernel's GIL stays with
         the run); else, or if it cannot start, in the poller thread.
-      start_kwargs: ``impala.start()``'s arguments for the start button, e.g.
-        ``{"max_seconds": 300}``.
+      start_kwargs: ``impala.start()``'s arguments for the start button.
     """
 
     def __init__(self, impala: Any, *, poll_hz: float = 4.0, plot_interval: float = 1.0,
@@ -93,8 +143,6 @@ class Dashboard(DashboardWidgets):
         _check_arguments(impala, poll_hz, plot_interval, plot_budget)
         self._ref = weakref.ref(impala)
         self.poll_hz = float(poll_hz)
-        self.plot_interval = float(plot_interval)
-        self.plot_budget = float(plot_budget)
         self.start_kwargs = dict(start_kwargs or {})
         config = getattr(impala, "config", None)
         env_id = getattr(config, "env_id", None) or "env"
@@ -107,8 +155,8 @@ class Dashboard(DashboardWidgets):
         self._frame_view = FrameStripView(getattr(impala, "observation_space", None))
         self.box_actions = markup.box_actions(getattr(impala, "action_space", None))
         views = LIVE_VIEWS + (BOX_LIVE_VIEWS if self.box_actions else ())
-        self._scheduler = PlotScheduler(views, interval=self.plot_interval,
-                                        budget=self.plot_budget,
+        self._scheduler = PlotScheduler(views, interval=float(plot_interval),
+                                        budget=float(plot_budget),
                                         use_process=bool(plot_process), show=self._show_plot)
         self._note = ""  # the last message from a button or knob
         self._note_error = False
@@ -138,9 +186,8 @@ class Dashboard(DashboardWidgets):
 
     # ------------------------------------------------------------------ showing
     def show(self, *, blocking_train: bool = False) -> None:
-        """Display the widgets and start the poller; without a frontend, print the text view.
-        ``blocking_train`` (from ``train(dashboard=True)``) disables the controls until
-        ``train_ended()``."""
+        """Display the widgets and start the poller (without a frontend: print the text view).
+        ``blocking_train`` disables the controls until ``train_ended()``."""
         self.blocking_train = blocking_train
         if not frontend_available():
             print(self.text())
@@ -165,8 +212,7 @@ class Dashboard(DashboardWidgets):
 
     def report_hook(self, on_report: Callable[[dict], None] | None = None
                     ) -> Callable[[dict], None]:
-        """``on_report`` for ``train()``: calls `on_report`, and without a frontend also
-        prints the terminal view (redrawn in place in a TTY)."""
+        """``on_report`` for ``train()``: `on_report`, and the text view without a frontend."""
         if not frontend_available() and self._terminal is None:
             self._terminal = TerminalView(title=self.title)
 
@@ -237,9 +283,8 @@ class Dashboard(DashboardWidgets):
     # ------------------------------------------------------------------ updating
     def refresh(self, stats: Mapping[str, Any] | None = None, *, plots: bool = True
                 ) -> dict[str, Any]:
-        """Update every widget now, in the calling thread, from ``stats`` (None: the run's);
-        returns the snapshot shown. ``plots`` redraws every plot with new rows, here or, while
-        the poller's plot process runs, there."""
+        """Update every widget now from ``stats`` (None: the run's); returns the snapshot.
+        ``plots``: redraw every plot with new rows (in the plot process while it runs)."""
         run = self.impala
         if stats is None:
             if run is None:
@@ -279,16 +324,15 @@ class Dashboard(DashboardWidgets):
             self._apply_gauges(s)
             self._apply_knobs(s)
             self._set_buttons(run, state)
+            # run may be None (collected): getattr then gives the default
             self.message.value = markup.message_html(
-                error=getattr(run, "background_error", None) if run is not None else None,
-                blocking_train=self.blocking_train, replay_off=self._replay_off,
-                note=self._note, note_error=self._note_error)
-            changes = (getattr(run, "knob_changes", None) or []) if run is not None else []
-            self.knob_log.value = markup.knob_log_html(changes)
+                error=getattr(run, "background_error", None), blocking_train=self.blocking_train,
+                replay_off=self._replay_off, note=self._note, note_error=self._note_error)
+            self.knob_log.value = markup.knob_log_html(getattr(run, "knob_changes", None) or [])
 
     def _apply_frames(self, run: Any) -> None:
         """The frame strip: a new PNG only when new frames arrived."""
-        latest = getattr(run, "latest_frames", None) if run is not None else None
+        latest = getattr(run, "latest_frames", None)
         png, caption = self._frame_view.update(latest() if latest is not None else None)
         self.frame_caption.value = caption
         if png is not None:

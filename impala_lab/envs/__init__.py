@@ -17,8 +17,7 @@ from impala_lab.envs.atari import is_atari, make_atari
 
 def make_env(env_id: str, **kwargs: Any) -> gym.Env:
     """The env of a registered id, as impala_lab trains on it: ``gymnasium.make(env_id,
-    **kwargs)``, and for Atari's games (ale-py's ids, registered on first use) the paper's
-    preprocessing (`impala_lab.envs.atari.make_atari`). The workers, the driver's probe of the
-    spaces, evaluation and ``impala-lab play`` all make their envs here."""
+    **kwargs)``, with the paper's preprocessing for Atari's games (`make_atari`). Every env
+    of a run (workers, probe, evaluation, ``impala-lab play``) is made here."""
     register_env_family(env_id)
     return make_atari(env_id, **kwargs) if is_atari(env_id) else gym.make(env_id, **kwargs)

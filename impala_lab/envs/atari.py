@@ -1,22 +1,11 @@
 """Atari's games from pixels, preprocessed as the IMPALA paper's agents saw them.
 
-`impala_lab.envs.make_env` applies `preprocess` to every env of the Arcade Learning
-Environment (ale-py, the ``atari`` extra: ``ALE/Pong-v5``, ``ALE/Breakout-v5``, ...), made with
-frame skip 1. The steps are gymnasium's own wrappers:
-
-- `gymnasium.wrappers.AtariPreprocessing`: up to 30 no-op actions at reset, frame skip 4
-  (an action repeated on 4 emulator frames, their rewards summed, the last two frames
-  max-pooled), 84x84 grey frames (OpenCV's resize);
-- `gymnasium.wrappers.FrameStackObservation`: the last 4 frames, uint8 [4, 84, 84];
-- `gymnasium.wrappers.TransformObservation`: the stack channels-last, uint8 [84, 84, 4], the
-  layout the conv trunks take (`impala_lab.model_spec`).
-
-Rewards stay the game's: episode returns are scores. The learner clips what its loss sees
-(``ImpalaConfig.clip_rewards``, 1.0 in the Atari presets). The id keeps its own settings: the
-``-v5`` ids' sticky actions (an action repeats with probability 0.25, Machado et al. 2018,
-which the paper's runs did not have; the ``NoFrameskip-v4`` ids have none) and their limit of
-108,000 emulator frames; losing a life does not end an episode. ``render()`` still gives the
-game's colour frames (210x160), which ``impala-lab play`` writes as a GIF.
+`impala_lab.envs.make_env` applies `preprocess` to every ALE env (ale-py, the ``atari`` extra),
+made with frame skip 1, with gymnasium's own wrappers: `AtariPreprocessing` (up to 30 no-ops
+at reset, frame skip 4 with the last two frames max-pooled, 84x84 grey),
+`FrameStackObservation` (the last 4 frames) and `TransformObservation` (channels-last, uint8
+[84, 84, 4], as the conv trunks take it). Rewards stay the game's (the learner clips them);
+the id keeps its own sticky actions and frame limit (docs/pixels.md).
 """
 
 from __future__ import annotations

@@ -1,19 +1,6 @@
-"""Observations as pictures: which spaces are images, and a strip of frames as one RGB image.
-
-`strip_rgb` draws frames side by side, with a thin separator between two frames (red where the
-episode ended in between):
-
-- boolean image observations [H, W, C] (MinAtar's; uint8 0/1 in batches): each cell in the
-  colour of its last channel that is on, MinAtar's palette (`impala_lab.envs.minatar.to_rgb`);
-- uint8 [H, W, 3] images: as they are; uint8 [H, W, 1]: grey;
-- uint8 [H, W, K], any other K: a stack of K grey frames, newest last (Atari's, K = 4,
-  `impala_lab.envs.atari`), drawn as its newest frame;
-- anything else (CartPole's vector): no strip (`image_kind` is None, `not_image_reason` says
-  why in one line).
-
-Small images are scaled up by whole pixels (`DEFAULT_HEIGHT`), so that a 10x10 grid's cells
-are visible. The driver keeps the frames (`impala_lab.driver.latest_frames`), the dashboard
-draws them; both read this module. Imports numpy only.
+"""Observations as pictures: which spaces are images (`image_kind`), and a strip of frames as
+one RGB image (`strip_rgb`). The driver keeps the frames (`impala_lab.driver.latest_frames`),
+the dashboard draws them. Imports numpy only.
 """
 
 from __future__ import annotations
@@ -36,8 +23,9 @@ _EPISODE_END = np.array([192, 57, 43], np.uint8)  # the dashboard's red
 
 def image_kind(observation_space: Any) -> str | None:
     """How observations of this space are drawn: ``"channels"`` (bool [H, W, C], one
-    channel per kind of object), ``"rgb"`` (uint8 [H, W, 3]), ``"grey"`` (uint8 [H, W, 1]),
-    ``"stack"`` (uint8 [H, W, K], K grey frames, newest last) or None (not an image)."""
+    channel per kind of object: MinAtar's palette), ``"rgb"`` (uint8 [H, W, 3]), ``"grey"``
+    (uint8 [H, W, 1]), ``"stack"`` (uint8 [H, W, K], K grey frames, newest last: Atari's,
+    drawn as its newest) or None (not an image: no strip)."""
     shape = tuple(getattr(observation_space, "shape", None) or ())
     dtype = getattr(observation_space, "dtype", None)
     if len(shape) != 3 or dtype is None:
@@ -66,13 +54,10 @@ class Frames:
     """The latest frames of one env (read-only arrays).
 
     Attributes:
-      obs: [K, *obs_shape], the observations as the batches hold them (uint8 for images),
-        oldest first; K <= `FRAME_STRIP_LENGTH` (fewer until that many arrived).
-      env_steps: int64 [K], the run's env steps sampled (``stats()["num_steps_sampled"]``)
-        once the batch that carried each frame had reached the driver.
-      ends: bool [K], the episode ended at this step (terminated or truncated): the next
-        frame is the first of a new episode.
-      worker_index: the worker whose env this is; column: the env's column in its batches.
+      obs: [K, *obs_shape] as the batches hold them, oldest first; K <= `FRAME_STRIP_LENGTH`.
+      env_steps: int64 [K], the run's env steps sampled when each frame's batch arrived.
+      ends: bool [K], the episode ended at this step (the next frame starts a new one).
+      worker_index, column: the worker whose env this is, and the env's column in its batches.
       kind: `image_kind` of the observations.
       version: counts the batches taken so far (a reader redraws only when it changed).
     """
@@ -92,16 +77,9 @@ def frame_scale(height: int, target: int = DEFAULT_HEIGHT) -> int:
 
 
 def strip_rgb(frames: Frames, *, scale: int | None = None, gap: int = 2) -> np.ndarray:
-    """The frames side by side as one RGB image.
-
-    Args:
-      frames: `Frames` (``kind`` says how to colour them).
-      scale: pixels per observation pixel (None: `frame_scale` of the height).
-      gap: pixels between two frames: grey, or red where the episode ended in between.
-
-    Returns:
-      uint8 [H * scale, K * W * scale + (K - 1) * gap, 3].
-    """
+    """The frames side by side as one RGB image, uint8 [H * scale, K * W * scale +
+    (K - 1) * gap, 3]; `scale` (None: `frame_scale`) pixels per observation pixel, `gap`
+    pixels between frames: grey, or red where the episode ended in between."""
     obs = np.asarray(frames.obs)
     K, H, W = obs.shape[:3]
     s = frame_scale(H) if scale is None else int(scale)

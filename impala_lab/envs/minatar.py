@@ -1,29 +1,10 @@
 """MinAtar's games (Young & Tian 2019) as gymnasium envs that an actor process can afford.
 
-MinAtar (``pip install minatar``, or ``pip install impala_lab[minatar]``) is a miniature
-Atari: five games on a 10x10 grid whose observation is a boolean image [10, 10, C], one
-channel per kind of object (paddle, ball, trail, brick for Breakout). Importing `impala_lab`
-registers the same ids as MinAtar's own ``minatar.gym.register_envs()``::
-
-    gymnasium.make("MinAtar/Breakout-v1")       # v1: the game's minimal action set
-    gymnasium.make("MinAtar/SpaceInvaders-v1")  # v0: all 6 actions
-
-with `MinAtarEnv` as the entry point instead of ``minatar.gym.BaseEnv``, because under
-gymnasium 1.2 the package's own registration misbehaves inside impala_lab:
-
-* importing ``minatar`` registers nothing (``register_envs()`` must be called in every
-  process, workers included), and it imports matplotlib's pyplot, seaborn, pandas and scipy,
-  several times what an actor process needs. `MinAtarEnv` loads only the game's own module
-  (numpy alone) from the installed package;
-* its ``rgb_array`` render is a float64 [10, 10, 3] array, which video and GIF writers
-  (and gymnasium's ``RecordVideo``) reject: here it is uint8 [10 * scale, 10 * scale, 3] in
-  MinAtar's colours (cubehelix, black background), and ``render_fps`` is declared;
-* ``reset(seed=None)`` does not reseed, as gymnasium asks, and nothing else seeds the sticky
-  actions: here ``reset(seed=s)`` seeds the game and its sticky actions from ``s``.
-
-The games keep MinAtar's defaults: sticky actions with probability 0.1 and the difficulty
-ramp. No time limit is added: an episode ends when the game ends (Freeway ends itself after
-2500 frames; the other games end when the agent loses).
+Importing `impala_lab` registers ``MinAtar/<Game>-v0`` (all 6 actions) and ``-v1`` (the
+minimal action set) with `MinAtarEnv`, which loads only the game's own module (numpy), renders
+uint8 frames in MinAtar's colours and seeds the game and its sticky actions from
+``reset(seed=s)``; docs/pixels.md says why MinAtar's own registration is not used. The games
+keep MinAtar's sticky actions (0.1), difficulty ramp and episode ends (no time limit added).
 """
 
 from __future__ import annotations
@@ -43,32 +24,28 @@ __all__ = ["GAMES", "MinAtarEnv", "palette", "register", "to_rgb"]
 GAMES = {"Asterix": "asterix", "Breakout": "breakout", "Freeway": "freeway",
          "Seaquest": "seaquest", "SpaceInvaders": "space_invaders"}
 _NUM_ACTIONS = 6  # all MinAtar games share the full action set (n, l, u, r, d, f)
-_MODULES: dict[str, ModuleType] = {}
 
 
+@functools.cache
 def _game_module(game: str) -> ModuleType:
     """MinAtar's module for ``game``, loaded from the installed package's file without running
     ``minatar/__init__.py`` (which imports pyplot and seaborn)."""
-    if game not in _MODULES:
-        spec = importlib.util.find_spec("minatar")  # finds the package without importing it
-        if spec is None or not spec.submodule_search_locations:
-            raise ModuleNotFoundError(
-                "MinAtar is not installed: pip install minatar (or impala_lab[minatar])")
-        path = pathlib.Path(next(iter(spec.submodule_search_locations)), "environments",
-                            f"{game}.py")
-        module_spec = importlib.util.spec_from_file_location(f"_impala_lab_minatar_{game}", path)
-        module = importlib.util.module_from_spec(module_spec)
-        module_spec.loader.exec_module(module)
-        _MODULES[game] = module
-    return _MODULES[game]
+    spec = importlib.util.find_spec("minatar")  # finds the package without importing it
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError(
+            "MinAtar is not installed: pip install minatar (or impala_lab[minatar])")
+    path = pathlib.Path(next(iter(spec.submodule_search_locations)), "environments",
+                        f"{game}.py")
+    module_spec = importlib.util.spec_from_file_location(f"_impala_lab_minatar_{game}", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module
 
 
 @functools.cache
 def palette(channels: int) -> np.ndarray:
-    """MinAtar's colours: uint8 [channels + 1, 3], black for an empty cell, then channel i's
-    colour (seaborn's ``color_palette("cubehelix", channels)``: matplotlib's cubehelix map at
-    evenly spaced points strictly inside (0, 1)). Computed once per ``channels`` and shared,
-    so read-only."""
+    """MinAtar's colours: uint8 [channels + 1, 3], black for an empty cell, then seaborn's
+    ``color_palette("cubehelix", channels)``. Cached and shared, so read-only."""
     from matplotlib import colormaps  # only when rendering
 
     points = np.linspace(0.0, 1.0, channels + 2)[1:-1]
@@ -79,16 +56,8 @@ def palette(channels: int) -> np.ndarray:
 
 
 def to_rgb(obs: np.ndarray, colours: np.ndarray, scale: int = 1) -> np.ndarray:
-    """An observation as an image: each cell takes the colour of its last channel that is on.
-
-    Args:
-      obs: bool or 0/1 [H, W, C], or [N, H, W, C].
-      colours: uint8 [C + 1, 3] from `palette`.
-      scale: each cell becomes a ``scale`` x ``scale`` block.
-
-    Returns:
-      uint8 [H * scale, W * scale, 3] (or [N, H * scale, W * scale, 3]).
-    """
+    """An observation, bool or 0/1 [(N,) H, W, C], as an image uint8 [(N,) H * scale,
+    W * scale, 3]: each cell takes the colour (`palette`) of its last channel that is on."""
     obs = np.asarray(obs)
     channel_ids = np.arange(1, obs.shape[-1] + 1, dtype=np.int64)
     index = np.max(obs.astype(np.int64) * channel_ids, axis=-1)  # 0 = empty
@@ -104,10 +73,8 @@ class MinAtarEnv(gym.Env):
     Args:
       game: MinAtar's module name ("breakout", "space_invaders", ...).
       use_minimal_action_set: the game's minimal action set (the v1 ids) or all 6 (v0).
-      sticky_action_prob: probability that the previous action repeats (MinAtar's 0.1).
-      difficulty_ramping: MinAtar's difficulty ramp (Asterix, Seaquest, SpaceInvaders).
-      render_mode: None or "rgb_array" (uint8 [10 * render_scale, 10 * render_scale, 3]).
-      render_scale: pixels per cell of a rendered frame.
+      sticky_action_prob: probability that the previous action repeats.
+      render_mode: None or "rgb_array" (uint8, `render_scale` pixels per cell).
     """
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 15}
@@ -157,8 +124,7 @@ class MinAtarEnv(gym.Env):
 
 
 def register() -> None:
-    """Registers ``MinAtar/<Game>-v0`` and ``-v1`` with `MinAtarEnv` (when MinAtar is
-    installed and the id is not registered yet), once per process."""
+    """Registers ``MinAtar/<Game>-v0`` and ``-v1`` if MinAtar is installed."""
     if importlib.util.find_spec("minatar") is None:
         return
     for name, game in GAMES.items():

@@ -1,17 +1,9 @@
 """`StatelessCartPole`: CartPole-v1 without the velocities, a task that needs memory.
 
-The observation keeps the cart's position and the pole's angle and drops the two velocities
-(RLlib's ``StatelessCartPole`` example env): a feed-forward policy sees where the pole is but
-not where it is going, while a recurrent policy (``use_lstm=True``) can infer the velocities
-from consecutive observations. Rewards, termination and the 500-step time limit are
-CartPole-v1's.
-
-Importing `impala_lab` registers it with gymnasium as ``impala_lab/StatelessCartPole-v1``
-(`register`), so worker processes, which import the package, can make it too::
-
-    gymnasium.make("impala_lab/StatelessCartPole-v1")
-
-Imports numpy and gymnasium only (actor processes make it).
+The observation keeps the cart's position and the pole's angle (RLlib's ``StatelessCartPole``):
+a feed-forward policy sees where the pole is, not where it goes; a recurrent one
+(``use_lstm=True``) can infer it. Rewards, ends and the 500-step limit are CartPole-v1's.
+Importing `impala_lab` registers it as ``impala_lab/StatelessCartPole-v1``.
 """
 
 from __future__ import annotations
@@ -51,8 +43,7 @@ class StatelessCartPole(CartPoleEnv):
 
 
 class StatelessCartPoleVector(SameStepCartPole):
-    """B StatelessCartPoles as one vector env (``vector_env=True``): `SameStepCartPole`'s
-    carts, observed without their velocities."""
+    """`SameStepCartPole`'s carts without their velocities (``vector_env=True``)."""
 
     def __init__(self, num_envs: int = 1, max_episode_steps: int = 500,
                  render_mode: str | None = None) -> None:
@@ -77,8 +68,7 @@ class StatelessCartPoleVector(SameStepCartPole):
 
 
 def register() -> None:
-    """Registers ``impala_lab/StatelessCartPole-v1`` (500 steps, like CartPole-v1) with
-    gymnasium, once per process, with its vector env (SAME_STEP) for ``vector_env=True``."""
+    """Registers ``impala_lab/StatelessCartPole-v1`` with its SAME_STEP vector env."""
     if ENV_ID not in gym.registry:
         gym.register(id=ENV_ID, entry_point=StatelessCartPole, max_episode_steps=500,
                      reward_threshold=475.0, vector_entry_point=StatelessCartPoleVector)

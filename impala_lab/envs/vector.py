@@ -1,23 +1,13 @@
-"""Vectorised envs: all of a worker's copies of an env stepped in one numpy call.
+"""Vectorised envs: all of a worker's copies of an env stepped in one numpy call
+(``vector_env=True``, `impala_lab.actor.vector_rollout_worker`), where gymnasium registers a
+``vector_entry_point`` for the id (CartPole-v1's ``CartPoleVectorEnv``).
 
-A rollout worker normally loops over a list of B envs (`impala_lab.actor.rollout_worker`);
-with ``vector_env=True`` it steps one gymnasium ``VectorEnv`` of B copies instead
-(`impala_lab.actor.vector_rollout_worker`). That only pays where the env has a vectorised
-implementation, registered with gymnasium as the id's ``vector_entry_point``: CartPole-v1's
-``CartPoleVectorEnv`` steps B carts with a handful of numpy operations, where B separate
-CartPoles cost B Python calls.
-
-Episode ends. The worker's batches need an env's reset in the same step that ended its
-episode (gymnasium's ``AutoresetMode.SAME_STEP``): the step returns the next episode's first
-observation, and the final one in ``info["final_obs"]`` (masked by ``info["_final_obs"]``),
-which a truncated episode's bootstrap value needs. gymnasium's CartPole vector env resets in
-the step after instead (``NEXT_STEP``: a step whose action is ignored and whose reward is 0),
-which would put a step into the batch that no policy took. `SameStepCartPole` keeps its
-physics and moves the reset into the ending step; `ADAPTERS` maps a NEXT_STEP vector env
-class to such an adapter. A vector env that resets SAME_STEP already is used as it is; any
-other is refused, before a worker starts, by `vector_env_problem`.
-
-Imports numpy and gymnasium only (actor processes make these envs).
+The batches need an ended episode reset in the same step (``AutoresetMode.SAME_STEP``: the
+step returns the next episode's first observation, the final one in ``info["final_obs"]``,
+which a truncated episode's bootstrap needs). gymnasium's CartPole vector env resets in the
+next step instead (NEXT_STEP: a step no policy took); `ADAPTERS` maps such a class to a
+SAME_STEP adapter (`SameStepCartPole`). Any other NEXT_STEP env is refused before a worker
+starts (`vector_env_problem`). Imports numpy and gymnasium only.
 """
 
 from __future__ import annotations
@@ -34,13 +24,9 @@ __all__ = ["ADAPTERS", "SameStepCartPole", "make_vector_env", "vector_env_proble
 
 
 class SameStepCartPole(CartPoleVectorEnv):
-    """gymnasium's ``CartPoleVectorEnv`` with SAME_STEP autoreset.
-
-    The physics, termination, time limit and reset distribution are the parent's (its
-    ``step`` runs unchanged); only the reset of a finished cart happens in the step that
-    finished it: ``obs[i]`` is then the new episode's first observation and
-    ``info["final_obs"][i]`` the last one of the old.
-    """
+    """gymnasium's ``CartPoleVectorEnv`` (its ``step`` unchanged) with SAME_STEP autoreset:
+    a finished cart's ``obs[i]`` is the new episode's first observation and
+    ``info["final_obs"][i]`` the old one's last."""
 
     metadata = {**CartPoleVectorEnv.metadata, "autoreset_mode": AutoresetMode.SAME_STEP}
 
@@ -61,10 +47,9 @@ class SameStepCartPole(CartPoleVectorEnv):
 
     def step(self, action: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray,
                                                  np.ndarray, dict[str, Any]]:
-        # The parent resets the carts flagged in prev_done at the start of its step; none
-        # are flagged, because this class resets them as they finish. (It only reads the
-        # array and then replaces it, so one all-False array serves every step, and the
-        # `done` handed out in info below is never changed afterwards.)
+        # The parent resets the carts flagged in prev_done at the start of its step; none are,
+        # as this class resets them as they finish (the parent replaces the array, so one
+        # all-False array serves every step).
         self.prev_done = self._no_resets
         obs, reward, terminated, truncated, _ = super().step(action)
         done = self.prev_done  # the parent's new array: terminated | truncated
@@ -85,13 +70,8 @@ class SameStepCartPole(CartPoleVectorEnv):
 ADAPTERS: dict[type, type] = {CartPoleVectorEnv: SameStepCartPole}
 
 
-def _vector_entry(env_id: str) -> Any:
-    """The id's registered ``vector_entry_point`` (a class or a "module:attr" string), or
-    None."""
-    return getattr(gym.spec(env_id), "vector_entry_point", None)
-
-
 def _resolve(entry: Any) -> Any:
+    """A ``vector_entry_point`` (a class or a "module:attr" string) as the class."""
     if isinstance(entry, str):
         from gymnasium.envs.registration import load_env_creator
 
@@ -105,13 +85,12 @@ def _autoreset_mode(cls: Any) -> Any:
 
 
 def vector_env_problem(env: Any) -> str | None:
-    """Why ``env`` cannot run with ``vector_env=True`` (a sentence that says the fix), or
-    None if it can."""
+    """Why ``env`` cannot run with ``vector_env=True`` (with the fix), or None."""
     if not isinstance(env, str):
         return ("an env factory has no vectorised implementation; give a registered env id "
                 "whose vector_entry_point gymnasium knows (CartPole-v1 has one), or set "
                 "vector_env=False")
-    entry = _vector_entry(env)
+    entry = getattr(gym.spec(env), "vector_entry_point", None)
     if entry is None:
         return (f"gymnasium has no vectorised implementation of {env!r} (its registration "
                 "names no vector_entry_point; CartPole-v1 has one); set vector_env=False, or "

@@ -1,17 +1,13 @@
 """Checkers for the classroom exercises in ``notebooks/exercises/``.
 
-Each exercise notebook has one cell where the student's code goes between the markers
-(`MARK_START`, `MARK_END`) and a last cell that calls the exercise's checker on the answer. A
-checker runs the answer, then the library's reference, on seeded cases and prints either the
-pass line (``✓ minibatch_get: all 7 cases pass``) or the first case that differs: its inputs,
-where it differs, the expected and the actual value, and a hint. It returns a `CheckResult`
-and never raises for a wrong answer, so a student always sees the message.
+A notebook's student code goes between the markers (`MARK_START`, `MARK_END`); its last cell
+calls the checker, which runs the answer, then the library's reference, on seeded cases and
+prints the pass line or the first case that differs (inputs, where, expected, actual, a hint).
+It returns a `CheckResult` and never raises for a wrong answer.
 
-`EXERCISES` names each exercise's notebook, answer and checker. Each has an optional, harder
-challenge (``<name>_challenge``): the same cases and reference, less scaffolding, and a rule
-(`impala_lab.classroom.exercises.challenges`). Hand-ins are graded with these same specs by
-the instructors' package ``impala_lab_grader`` (docs/grading.md). Importing this package does
-not import TensorFlow.
+`EXERCISES` names each exercise's notebook, answer and checker; each has a harder challenge
+(``<name>_challenge``, `impala_lab.classroom.exercises.challenges`). The instructors' grader
+(``impala_lab_grader``, docs/grading.md) uses these specs. Never imports TensorFlow.
 """
 
 from __future__ import annotations

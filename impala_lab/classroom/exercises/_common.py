@@ -1,9 +1,4 @@
-"""What every exercise checker shares: cases, results, the first difference and its message.
-
-A failed case's message names the case (short inputs), what differs, the expected and the
-actual value, and a hint; a stub's points at the markers to fill in. Nothing here imports
-TensorFlow.
-"""
+"""What every exercise checker shares: cases, results, the first difference and its message."""
 
 from __future__ import annotations
 
@@ -40,10 +35,7 @@ class CheckResult:
     """The outcome of one checker call (truthy when every case passed).
 
     Attributes:
-      exercise: the exercise's name, e.g. ``"minibatch_get"``.
-      passed: every case matched the reference.
       message: what the checker printed: the pass line, or the first case that differs.
-      num_cases: cases in the check.
       failed_case: 1-based number of the first case that differs (None: passed, a stub, or
         flagged before any case ran).
       not_implemented: the answer still raises ``NotImplementedError``.
@@ -71,8 +63,7 @@ class CheckResult:
 
 @dataclass
 class Case:
-    """One seeded case: its inputs in a few words, what to look at when it is the first to
-    fail, and the parameters its exercise's traces are made from."""
+    """One seeded case: its inputs in a few words, a hint, and its traces' parameters."""
 
     description: str
     hint: str
@@ -100,17 +91,14 @@ class AnswerRaised(Exception):
 
 
 class _Verbatim(str):
-    """A value formatted as is (no repr)."""
+    """Text that `Mismatch` shows as is, not as a repr."""
 
 
-def verbatim(text: str) -> Any:
-    """Marks text that `Mismatch` shows as is, not as a repr."""
-    return _Verbatim(text)
+verbatim = _Verbatim
 
 
 def call_answer(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """Calls the student's code; what it raises becomes `AnswerRaised` (a `MemoryError`
-    stays one: the grader reports it as such)."""
+    """Calls the student's code; what it raises (not a MemoryError) becomes `AnswerRaised`."""
     try:
         return fn(*args, **kwargs)
     except (Mismatch, AnswerRaised, MemoryError):
@@ -129,8 +117,7 @@ def _is_student_file(filename: str) -> bool:
 
 
 def _cell_label(filename: str) -> str | None:
-    """``cell [N]`` for code run in IPython (N: the cell's execution count), the cell of a
-    notebook the grader runs, or None."""
+    """``cell [N]`` for code run in IPython, the cell of a notebook the grader runs, or None."""
     m = _CELL_FILENAME.match(filename)
     if m:
         return f"code cell {m['n']} of {m['nb']}"
@@ -154,8 +141,7 @@ def _student_frame(exc: BaseException) -> traceback.FrameSummary | None:
 
 
 def locate(exc: BaseException) -> str:
-    """Where in the student's code `exc` was raised: ``cell [N], line L: `code``` ("" if
-    not there)."""
+    """Where in the student's code `exc` was raised: ``cell [N], line L: `code``` or ""."""
     frame = _student_frame(exc)
     if frame is None:
         return ""
@@ -198,8 +184,7 @@ def not_implemented_message(exercise: str, answer_label: str, fill: str) -> str:
 
 
 def loaded(module: str, *names: str) -> list[Any]:
-    """The objects ``module.name`` (dotted names reach into classes); none while the module
-    is not imported (the answer has not reached it either)."""
+    """The objects ``module.name`` (dotted into classes), if the module is imported."""
     mod = sys.modules.get(module)
     if mod is None:
         return []
@@ -214,8 +199,7 @@ def loaded(module: str, *names: str) -> list[Any]:
 
 
 def same(a: Any, b: Any) -> bool:
-    """``a == b`` as a plain bool, False where the comparison itself fails (an array inside
-    a tuple, an answer's object whose ``__eq__`` raises)."""
+    """``a == b`` as a plain bool, False where the comparison itself raises."""
     try:
         return bool(a == b)
     except Exception:
@@ -225,11 +209,7 @@ def same(a: Any, b: Any) -> bool:
 def first_difference(expected: np.ndarray, actual: np.ndarray, rtol: float,
                      atol: float) -> tuple[int, ...] | None:
     """Index of the first element where `actual` is not close to `expected` (or None).
-
-    Raises:
-      Mismatch: `actual` is not an array of `expected`'s shape (no broadcasting: an empty
-        array must not count as close to everything).
-    """
+    Raises `Mismatch` when the shapes differ (no broadcasting: an empty array is not close)."""
     expected = np.asarray(expected)
     try:
         actual = np.asarray(actual, dtype=np.float64)
@@ -266,8 +246,10 @@ def window(labels: list[str], i: int, back: int, ahead: int, end: str) -> str:
     return ("... " if lo else "") + ", ".join(items) + (" ..." if i + ahead < len(labels) else "")
 
 
-def as_array(value: Any, name: str, shape: tuple[int, ...]) -> np.ndarray:
-    """The answer's output as a float64 array of `shape`, or a `Mismatch` saying why not."""
+def as_array(value: Any, name: str, shape: tuple[int, ...],
+             shape_hint: Callable[[tuple[int, ...]], str] | None = None) -> np.ndarray:
+    """The answer's output as a float64 array of `shape`, or a `Mismatch` saying why not
+    (`shape_hint`: the hint for an array of another shape)."""
     try:
         arr = np.asarray(value, dtype=np.float64)
     except (TypeError, ValueError):
@@ -278,5 +260,6 @@ def as_array(value: Any, name: str, shape: tuple[int, ...]) -> np.ndarray:
     if arr.shape != shape:
         raise Mismatch(f"shape of {name}", verbatim(str(list(shape))),
                        verbatim(str(list(arr.shape))),
+                       shape_hint(arr.shape) if shape_hint else
                        f"{name} must have shape {list(shape)} (time-major [T, B]).")
     return arr

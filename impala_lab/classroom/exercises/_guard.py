@@ -1,5 +1,5 @@
 """An answer while it runs: the library's implementation trapped (`forbid`), and what it raised
-or returned kept as records that travel between processes. Nothing here imports TensorFlow."""
+or returned kept as records that travel between processes."""
 
 from __future__ import annotations
 
@@ -8,15 +8,15 @@ import pickle
 import threading
 import types
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from impala_lab.classroom.exercises._common import AnswerRaised, _where_to_fill, locate
 
 
 class Raised(Exception):
-    """What the answer raised, as a record: its type's name and message, the student's line
-    (`locate`), where to fill in the code (a stub's message) and the library function it
-    called (`ReferenceCalled`; else "")."""
+    """What the answer raised, as a record: type name, message, the student's line
+    (`locate`), where to fill in (a stub's) and the library function it called (or "")."""
 
     def __init__(self, type_name: str, text: str, where: str = "", fill: str = "",
                  reference: str = "") -> None:
@@ -43,25 +43,18 @@ class ReferenceCalled(Exception):
         self.name = name
 
 
+@dataclass(frozen=True)
 class Opaque:
     """An answer's value that cannot leave its process: kept as its repr."""
 
-    def __init__(self, text: str) -> None:
-        self.text = text
+    text: str
 
     def __repr__(self) -> str:
         return self.text
 
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Opaque) and other.text == self.text
-
-    def __hash__(self) -> int:
-        return hash(self.text)
-
 
 def portable(value: Any) -> Any:
-    """`value` itself when it pickles (plain data), else an `Opaque` of its repr, taken
-    once, here: an answer's value that is not data is compared and shown by its text."""
+    """`value` itself when it pickles, else an `Opaque` of its repr (taken once, here)."""
     try:
         pickle.dumps(value)
         return value

@@ -1,6 +1,5 @@
-"""`Spec`: how one exercise is checked; running an answer (`run_answer`, the library's
-implementation trapped) and judging its traces against the reference's (`judge`), which runs
-after it or in another process. Nothing here imports TensorFlow."""
+"""`Spec`: how one exercise is checked; `run_answer` runs an answer with the library trapped,
+`judge` compares its traces with the reference's (here, or in another process)."""
 
 from __future__ import annotations
 
@@ -27,7 +26,7 @@ from impala_lab.classroom.exercises._static import Rule, flag_answer
 @dataclass(frozen=True)
 class Spec:
     """How one exercise is checked, split so that the answer and the reference can run in
-    different processes (the grader) or one after the other (a notebook's check cell).
+    different processes (the grader) or one after the other (a notebook).
 
     Attributes:
       exercise: the exercise's name.
@@ -37,9 +36,8 @@ class Spec:
         It may raise `AnswerRaised` or `Mismatch`.
       reference_trace: the reference's trace of a case (never sees the answer).
       compare: raises `Mismatch` (or the answer's `Raised`) at the first difference.
-      references: the library functions the answer must not call (only those whose modules
-        are loaded: a stub's check must not import TensorFlow).
-      forbidden: names the answer's code must not use (`impala_lab.classroom.exercises._static`).
+      references: the library functions the answer must not call (of loaded modules only).
+      forbidden: names the answer's code must not use (`_static`).
       draw: a fresh case drawn with the given `random.Random` (the grader's), or None.
       rule: a challenge's structural rule, or None.
     """
@@ -57,8 +55,7 @@ class Spec:
 
 @dataclass
 class AnswerReport:
-    """What the answer side found: a flag from the static look, and one trace per case (up
-    to the first that raised)."""
+    """The answer side's findings: a static flag, and a trace per case it got through."""
 
     flagged: str | None
     traces: list[Any]
@@ -66,9 +63,8 @@ class AnswerReport:
 
 def answer_traces(spec: Spec, answer: Any, cases: list[Case], *,
                   on_case: Callable[[int], None] | None = None) -> list[Any]:
-    """One trace per case of the answer, with the references trapped, up to the first case
-    that raised; no reference runs. `on_case`: called with a case's number before it runs
-    (the grader's progress)."""
+    """One trace per case of the answer, references trapped, up to the first case that raised.
+    `on_case`: called with a case's number before it runs (the grader's progress)."""
     traces: list[Any] = []
     with forbid(spec.references()):
         for number, case in enumerate(cases, start=1):
@@ -88,8 +84,7 @@ def answer_traces(spec: Spec, answer: Any, cases: list[Case], *,
 
 
 def run_answer(spec: Spec, answer: Any, *, cases: list[Case] | None = None) -> AnswerReport:
-    """The notebook's look at the answer: the code between its markers (`flag_answer`), then,
-    when nothing is flagged, its traces."""
+    """The notebook's look: the code between the markers, then (if not flagged) traces."""
     flagged = flag_answer(answer, spec.forbidden, spec.rule)
     cases = spec.cases() if cases is None else cases
     return AnswerReport(flagged, [] if flagged else answer_traces(spec, answer, cases))
@@ -161,17 +156,10 @@ def _judge_case(spec: Spec, label: str, case: Case, number: int, n: int,
 
 def judge(spec: Spec, label: str, report: AnswerReport, *, cases: list[Case] | None = None,
           show: bool = True) -> CheckResult:
-    """Compares the answer's traces with the reference's case by case, up to the first
-    difference, and prints and returns the result; never raises. The reference runs only for
-    the cases the answer got through (a stub never loads it).
-
-    Args:
-      spec: the exercise.
-      label: how messages call the answer, e.g. ``"MyMinibatchBuffer.get"``.
-      report: `run_answer`'s report.
-      cases: the cases the report's traces belong to (default: the fixed ones).
-      show: print the message.
-    """
+    """Compares the answer's traces with the reference's up to the first difference, prints
+    (`show`) and returns the result; never raises. The reference runs only for the cases the
+    answer got through (a stub never loads it). `label`: how messages call the answer;
+    `cases`: those of the report's traces (default: the fixed ones)."""
     cases = cases or spec.cases()
     n = len(cases)
     result = None if report.flagged is None else _flagged(spec, label, report.flagged, n)
@@ -181,8 +169,8 @@ def judge(spec: Spec, label: str, report: AnswerReport, *, cases: list[Case] | N
         if number > len(report.traces):
             result = CheckResult(spec.exercise, False, f"{FAIL_MARK} {spec.exercise}: the "
                                  f"answer's run stopped before case {number}", n, number)
-            break
-        result = _judge_case(spec, label, case, number, n, report.traces[number - 1])
+        else:
+            result = _judge_case(spec, label, case, number, n, report.traces[number - 1])
     if result is None:
         result = CheckResult(spec.exercise, True,
                              f"{PASS_MARK} {spec.exercise}: all {n} cases pass", n)
@@ -193,8 +181,7 @@ def judge(spec: Spec, label: str, report: AnswerReport, *, cases: list[Case] | N
 
 def run_check(spec: Spec, answer: Any, *, label: str | None = None,
               show: bool = True) -> CheckResult:
-    """Checks an answer in this process: the answer first, on every case, with the library's
-    implementation trapped; then the reference, so nothing the answer could read holds an
-    expected value. `label`: how messages call the answer (default: its name)."""
+    """Checks an answer in this process: the answer first, on every case, the library
+    trapped; then the reference, so nothing the answer could read holds an expected value."""
     label = label or getattr(answer, "__name__", "the answer")
     return judge(spec, label, run_answer(spec, answer), show=show)

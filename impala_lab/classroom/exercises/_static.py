@@ -1,12 +1,9 @@
 """The rules read on an answer's code: the names it must not use, and a challenge's rule.
 
-A notebook's check cell reads the code between the answer's markers (`flag_answer`) and flags
-a use of the library's implementation of the answer (`Spec.forbidden`) or a break of the
-challenge's `Rule` (a loop, an ``if``, a base class, a name). The instructors' grader reads
-every cell the student wrote with the same `scan`, and adds what only it must stop
-(``impala_lab_grader.static``: code it cannot read, the checker's frames).
-
-A name matches as a variable, an attribute or a part of an imported name
+A notebook's check reads the code between the markers (`flag_answer`) for a use of the
+library's implementation (`Spec.forbidden`) or a break of the challenge's `Rule`; the
+instructors' grader scans every student cell with the same `scan` (``impala_lab_grader
+.static``). A name matches as a variable, an attribute or a part of an imported name
 (``"MinibatchBuffer"``), or only as an attribute (``".step"``).
 """
 
@@ -28,14 +25,12 @@ class Rule:
     """A challenge's structural rule.
 
     Attributes:
-      name: the rule in a few words, e.g. ``"no Python loop"``.
       hint: what the rule catches and the way round it (the message's ``hint:`` line).
       syntax: the nodes that break it, with what to call them (``ast.comprehension``: a
         comprehension with an ``if``).
       names: names that break it (matched as `Spec.forbidden` is), with what they do.
       recursion: a function that calls itself, directly or through others, breaks it.
-      plain_class: the answer must be a ``class NAME:`` statement with no base class,
-        metaclass or decorator.
+      plain_class: the answer must be a class with no base class or metaclass.
     """
 
     name: str
@@ -101,9 +96,8 @@ def table(forbidden: dict[str, str], rule: Rule | None) -> dict[str, tuple[str, 
 
 def scan(tree: ast.AST, names: dict[str, tuple[str, str]], rule: Rule | None = None,
          keys_of: Callable[[ast.AST], list[str]] = keys) -> list[Hit]:
-    """Every use in `tree` of a name of `names` (`table`), as `keys_of` reads a node's names,
-    and of the syntax `rule` forbids, in the order of the text (its recursion is
-    `recursive`'s)."""
+    """Every use in `tree` of a name of `names` (`table`; `keys_of` reads a node's names) and
+    of the syntax `rule` forbids, in the order of the text."""
     syntax = rule.syntax if rule is not None else {}
     hits = []
     for node in ast.walk(tree):
@@ -120,8 +114,7 @@ def scan(tree: ast.AST, names: dict[str, tuple[str, str]], rule: Rule | None = N
 
 
 def recursive(tree: ast.AST) -> list[ast.AST]:
-    """The definitions in `tree` of functions that call themselves, directly or through
-    others (a loop in disguise)."""
+    """The definitions in `tree` of functions that call themselves, directly or not."""
     defs: dict[str, ast.AST] = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
@@ -137,7 +130,7 @@ def recursive(tree: ast.AST) -> list[ast.AST]:
 
 def _cyclic(graph: dict[str, set[str]]) -> set[str]:
     """The nodes of `graph` on a cycle: Tarjan's strongly connected components, iterative and
-    linear in the graph's size (whatever a hand-in defines)."""
+    linear (whatever a hand-in defines)."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -178,8 +171,7 @@ def _cyclic(graph: dict[str, set[str]]) -> set[str]:
 
 
 def describe(hit: Hit, where: str, line: int, rule: Rule | None) -> str:
-    """The flag's text (after the answer's name): what, the code, where; a rule's hint on a
-    line of its own."""
+    """The flag's text: what, the code, where; a rule's hint on a line of its own."""
     what = f"{hit.what} (`{hit.code}`, {where}, line {line})"
     return broken(rule, what) if hit.kind == "rule" and rule is not None else what
 
@@ -235,9 +227,8 @@ def _plain_class(answer: Any, rule: Rule) -> str | None:
 
 def flag_answer(answer: Any, forbidden: dict[str, str], rule: Rule | None) -> str | None:
     """The notebook's look at the code between the answer's markers: the first flagged use
-    (`describe`'s text), the rule's class check, or None (also when the source or the markers
-    cannot be found: the traps of `impala_lab.classroom.exercises._guard.forbid` still
-    apply)."""
+    (`describe`'s text), the rule's class check, or None (also without source or markers:
+    `_guard.forbid`'s traps still apply)."""
     names = table(forbidden, rule)
     for text, filename, first in regions(answer):
         try:

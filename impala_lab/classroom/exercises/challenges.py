@@ -1,11 +1,7 @@
-"""The optional challenges: each exercise again, with less scaffolding and, for some, a rule.
-
-A challenge (``<exercise>_challenge``) has its exercise's cases, reference and comparison,
-and its notebook gives less help (a definition instead of a recursion, words instead of
-code). The rules (`impala_lab.classroom.exercises._static.Rule`): the ring with no base
+"""The optional challenges (``<exercise>_challenge``): each exercise's cases, reference and
+comparison, less scaffolding in the notebook and, for some, a `Rule`: the ring with no base
 class (1), V-trace (3) and the Gaussian (7) with no Python loop, the V-trace loss without the
-library's ``vtrace`` module (5), the LSTM's reset with masks and no ``if`` (6). Nothing here
-imports TensorFlow.
+library's ``vtrace`` module (5), the LSTM's reset with masks and no ``if`` (6).
 """
 
 from __future__ import annotations
@@ -44,8 +40,7 @@ _NO_BASE_CLASS = Rule(
 
 
 class _Served:
-    """The answer's buffer behind ``get()`` only: its state is its own design, so the trace
-    reads none of it (an attribute named like the library's but of another kind is fine)."""
+    """The answer's buffer behind ``get()`` only: its state is its own design."""
 
     def __init__(self, buffer: Any) -> None:
         self._buffer = buffer
@@ -64,7 +59,6 @@ def _ring_show(out: Any, state: dict[str, Any]) -> Any:
 
 
 def _ring_hint(exp_out: Any, out: Any, exp: dict[str, Any], act: dict[str, Any]) -> str:
-    """A hint from what the learner sees (the state is the answer's own design)."""
     if not (isinstance(out, tuple) and len(out) == 2):
         return "get() must return a pair (item, released)."
     if act["items_taken"] > exp["items_taken"]:
@@ -112,7 +106,7 @@ _NO_VTRACE_LOOP = _no_loop(
 
 def _vtrace_compare(case: Case, ref: dict[str, Any], ans: dict[str, Any]) -> None:
     for name in ("vs", "pg_advantages"):
-        bad = ~_finite(ans[name]) & _finite(ref[name])
+        bad = ~np.isfinite(ans[name]) & np.isfinite(ref[name])
         if bad.any():
             t, b = (int(k) for k in np.argwhere(bad)[0])
             raise Mismatch(f"{name}[{t}, {b}] (time step t={t}, column b={b})",
@@ -122,10 +116,6 @@ def _vtrace_compare(case: Case, ref: dict[str, Any], ans: dict[str, Any]) -> Non
                            "= 0). Multiply the factors (np.cumprod) or mask the zeros before "
                            "any log.")
     vtrace_numpy.SPEC.compare(case, ref, ans)
-
-
-def _finite(x: Any) -> Any:
-    return np.isfinite(np.asarray(x, np.float64))
 
 
 # ------------------------------------------------------------------ 5: V-trace in TensorFlow
@@ -210,42 +200,37 @@ SPECS: dict[str, Spec] = {s.exercise: s for s in (
 )}
 
 
-def _check(name: str, answer: Any, show: bool) -> CheckResult:
-    return run_check(SPECS[name], answer, show=show)
-
-
 def check_minibatch_get_challenge(answer_cls: Any, *, show: bool = True) -> CheckResult:
     """Checks a ring buffer written from scratch (``answer_cls(inqueue, size,
     num_sgd_iter)``, no base class, ``get() -> (item, released)``) against the library's."""
-    return _check("minibatch_get_challenge", answer_cls, show)
+    return run_check(SPECS["minibatch_get_challenge"], answer_cls, show=show)
 
 
 def check_replay_mix_challenge(answer: Any, *, show: bool = True) -> CheckResult:
     """Checks ``mix`` (written from the rule in words) as `check_replay_mix` does."""
-    return _check("replay_mix_challenge", answer, show)
+    return run_check(SPECS["replay_mix_challenge"], answer, show=show)
 
 
 def check_vtrace_numpy_challenge(answer: Any, *, show: bool = True) -> CheckResult:
     """Checks a loop-free numpy V-trace as `check_vtrace_numpy` does."""
-    return _check("vtrace_numpy_challenge", answer, show)
+    return run_check(SPECS["vtrace_numpy_challenge"], answer, show=show)
 
 
 def check_driver_step_challenge(answer: Any, *, show: bool = True) -> CheckResult:
     """Checks ``driver_step`` (written from the invariants) as `check_driver_step` does."""
-    return _check("driver_step_challenge", answer, show)
+    return run_check(SPECS["driver_step_challenge"], answer, show=show)
 
 
 def check_vtrace_loss_challenge(answer: Any, *, show: bool = True) -> CheckResult:
-    """Checks a V-trace loss that does not use the library's vtrace module, as
-    `check_vtrace_loss` does."""
-    return _check("vtrace_loss_challenge", answer, show)
+    """Checks a V-trace loss without the library's vtrace module, as `check_vtrace_loss`."""
+    return run_check(SPECS["vtrace_loss_challenge"], answer, show=show)
 
 
 def check_lstm_unroll_challenge(answer: Any, *, show: bool = True) -> CheckResult:
     """Checks an LSTM unroll with a mask reset and no ``if``, as `check_lstm_unroll` does."""
-    return _check("lstm_unroll_challenge", answer, show)
+    return run_check(SPECS["lstm_unroll_challenge"], answer, show=show)
 
 
 def check_diag_gaussian_challenge(answer: Any, *, show: bool = True) -> CheckResult:
     """Checks a loop-free ``logp_and_entropy`` as `check_diag_gaussian` does."""
-    return _check("diag_gaussian_challenge", answer, show)
+    return run_check(SPECS["diag_gaussian_challenge"], answer, show=show)

@@ -1,14 +1,10 @@
 """Exercise 7: the diagonal Gaussian's log-probability and entropy in numpy.
 
-The student writes ``logp_and_entropy(inputs, actions) -> (logp, entropy)``: from the policy
-head's output ``inputs`` [N, 2D] (D means, then D log standard deviations, as
-`impala_lab.actor.distributions.DiagGaussian` reads them) and the actions [N, D], the
-log-probability log pi(a | x) [N] and the entropy H(pi(. | x)) [N] of the Gaussian policy a
-``Box`` action space gets. The checker compares both with ``DiagGaussian.logp`` and
-``DiagGaussian.entropy`` on seeded cases; where the answer differs, it names the usual slip
-(`_SLIPS`) that gives its numbers, and a result of the wrong shape gets a hint from its shape.
-One answer returns both numbers: a notebook holds one pair of markers, and the loss uses
-both. Never imports TensorFlow.
+The student writes ``logp_and_entropy(inputs, actions) -> (logp, entropy)``: from ``inputs``
+[N, 2D] (D means, then D log-stds, as `impala_lab.actor.distributions.DiagGaussian` reads
+them) and the actions [N, D], log pi(a | x) [N] and H(pi(. | x)) [N]. The checker compares
+both with ``DiagGaussian``; where they differ, it names the usual slip (`_SLIPS`) that gives
+the answer's numbers, or reads a hint off a wrong shape. Never imports TensorFlow.
 """
 
 from __future__ import annotations
@@ -23,9 +19,9 @@ from impala_lab.classroom.exercises._common import (
     Case,
     CheckResult,
     Mismatch,
+    as_array,
     call_answer,
     first_difference,
-    format_value,
     loaded,
     named_slip,
     verbatim,
@@ -141,20 +137,6 @@ def _shape_hint(shape: tuple[int, ...], N: int, D: int) -> str:
     return f"The result must have shape [N] = [{N}], one number per row."
 
 
-def _as_vector(value: Any, name: str, N: int, D: int) -> np.ndarray:
-    """The answer's `name` as a float64 array [N], or a `Mismatch` that says why not."""
-    try:
-        arr = np.asarray(value, dtype=np.float64)
-    except (TypeError, ValueError):
-        raise Mismatch(f"type of {name}", verbatim(f"an array of shape [{N}]"),
-                       verbatim(f"{type(value).__name__}: {format_value(value)}"),
-                       f"Return {name} as a numpy array of shape [{N}].") from None
-    if arr.shape != (N,):
-        raise Mismatch(f"shape of {name}", verbatim(f"[{N}]"), verbatim(str(list(arr.shape))),
-                       _shape_hint(arr.shape, N, D))
-    return arr
-
-
 def _answer_trace(answer: Any, case: Case) -> dict[str, np.ndarray]:
     p = case.params
     # copies: an answer that writes into its inputs cannot change the reference's; the far
@@ -164,8 +146,9 @@ def _answer_trace(answer: Any, case: Case) -> dict[str, np.ndarray]:
     if not (isinstance(out, tuple | list) and len(out) == 2):
         raise Mismatch("what logp_and_entropy returns", verbatim("(logp, entropy)"), out,
                        "Return a pair (logp, entropy), two arrays of shape [N].")
-    return {"logp": _as_vector(out[0], "logp", p["N"], p["D"]),
-            "entropy": _as_vector(out[1], "entropy", p["N"], p["D"])}
+    N, D = p["N"], p["D"]
+    return {name: as_array(value, name, (N,), lambda shape: _shape_hint(shape, N, D))
+            for name, value in zip(("logp", "entropy"), out)}
 
 
 def _reference_trace(case: Case) -> dict[str, np.ndarray]:
@@ -176,9 +159,14 @@ def _reference_trace(case: Case) -> dict[str, np.ndarray]:
             "entropy": np.asarray(DiagGaussian.entropy(x["inputs"]), np.float64)}
 
 
+# slip -> what multiplies log_std in z and where log s belongs
+_LOG_STD_FACTORS = {"variance everywhere": (2.0, 2.0), "variance in z": (2.0, 1.0),
+                    "log variance": (1.0, 2.0), "log-std as log-variance": (0.5, 0.5),
+                    "no log s": (1.0, 0.0)}
+
+
 def _variant(inputs: np.ndarray, actions: np.ndarray, slip: str) -> dict[str, np.ndarray]:
-    """Log-prob and entropy with one of the usual slips, in float64 (to name what an answer
-    did); shapes as the slip makes them."""
+    """Log-prob and entropy with one of the usual slips, in float64."""
     x, a = np.asarray(inputs, np.float64), np.asarray(actions, np.float64)
     D = x.shape[-1] // 2
     mean, log_std = x[:, :D], x[:, D:]
@@ -193,19 +181,10 @@ def _variant(inputs: np.ndarray, actions: np.ndarray, slip: str) -> dict[str, np
         a = np.clip(a, -bound, bound)
     with np.errstate(all="ignore"):
         # z = (a - m) * exp(-z_scale); log_term stands where log s belongs
-        z_scale = log_term = log_std
-        if slip == "variance everywhere":
-            z_scale = log_term = 2.0 * log_std
-        elif slip == "variance in z":
-            z_scale = 2.0 * log_std
-        elif slip == "log variance":
-            log_term = 2.0 * log_std
-        elif slip == "log-std as log-variance":
-            z_scale = log_term = 0.5 * log_std
-        elif slip == "std as log-std":
+        z_factor, log_factor = _LOG_STD_FACTORS.get(slip, (1.0, 1.0))
+        z_scale, log_term = z_factor * log_std, log_factor * log_std
+        if slip == "std as log-std":
             z_scale = log_term = np.log(log_std)
-        elif slip == "no log s":
-            log_term = 0.0 * log_std
         z2 = np.square((a - mean) * np.exp(-z_scale))
         z2 = z2 if slip == "z² without 1/2" else 0.5 * z2
         c_logp, c_ent = 0.5 * _LOG_2PI, 0.5 * (1.0 + _LOG_2PI)
@@ -258,12 +237,10 @@ _SLIPS = {
                          "(free_log_std=False), so use inputs[:, D:] whole.",
     "sign flipped": "the sign: log pi(a) = -sum_d (z²/2 + log s + log(2π)/2) and "
                     "H = +sum_d (log s + (1 + log 2π)/2).",
-    "clipped to 1": "the actions clipped before they are scored: the batch holds the "
+    **dict.fromkeys(("clipped to 1", "clipped to 2"),
+                    "the actions clipped before they are scored: the batch holds the "
                     "unclipped draw, and the loss needs its log-prob (the clip is only for "
-                    "env.step).",
-    "clipped to 2": "the actions clipped before they are scored: the batch holds the "
-                    "unclipped draw, and the loss needs its log-prob (the clip is only for "
-                    "env.step).",
+                    "env.step)."),
 }
 
 _NOT_FINITE = ("inf or nan where the reference is finite: this catches exp(log_std) "

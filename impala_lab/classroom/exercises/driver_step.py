@@ -1,16 +1,15 @@
 """Exercise 4: the driver's loop, one turn of RLlib's ``AsyncSamplesOptimizer._step``.
 
 The student writes ``driver_step(driver, timeout) -> (sample_timesteps, train_timesteps)``, a
-drop-in for `impala_lab.driver.driver_loop.DriverLoop.step` on the loop's public interface.
-The checker runs the answer and the library's step on twin `StepDriver`s, whose workers,
-completions and learner a seed scripts, and compares after each step the calls the loop made,
-the counts it returned and its state.
+drop-in for `impala_lab.driver.driver_loop.DriverLoop.step`. The checker runs it and the
+library's step on twin seeded `StepDriver`s and compares each step's calls, counts and state.
 """
 
 from __future__ import annotations
 
 import queue
 import random
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
@@ -33,21 +32,20 @@ from impala_lab.driver.driver_loop import DriverLoop
 from impala_lab.learner.port import UpdateFlag
 
 
+@dataclass(eq=False)
 class FakeWorker:
     """A worker handle: an index, a width B and the weights version it holds."""
 
-    def __init__(self, index: int, num_envs: int) -> None:
-        self.index = index
-        self.num_envs = num_envs
-        self.weights_version = -1
+    index: int
+    num_envs: int
+    weights_version: int = -1
 
     def __repr__(self) -> str:
         return f"worker{self.index}"
 
 
 class FakeLearner:
-    """A `LearnerPort` whose updates the checker scripts between driver steps: ``inqueue``
-    holds the train batches not trained on yet, ``version`` counts the updates."""
+    """A `LearnerPort` whose updates the checker scripts between driver steps."""
 
     def __init__(self) -> None:
         self.inqueue: queue.Queue = queue.Queue()
@@ -94,10 +92,8 @@ def batch_names(batch: Any) -> list[str]:
 
 
 class StepDriver(DriverLoop):
-    """A `DriverLoop` with scripted workers and learner (a `FakeLearner`), a real
-    `ReplayMixer`, and no TensorFlow. The calls a step makes (``completed_samples``: some
-    requests in flight finish; ``put_on_learner_queue``, ``record_sample``, ``broadcast``,
-    ``send_weights_and_request``) are scripted and logged in ``events``."""
+    """A `DriverLoop` with scripted workers and learner, a real `ReplayMixer`, and no
+    TensorFlow; the calls a step makes are scripted and logged in ``events``."""
 
     def __init__(self, params: dict[str, Any]) -> None:
         from impala_lab.driver.replay_mixer import ReplayMixer
@@ -191,14 +187,19 @@ class StepDriver(DriverLoop):
                 "num_sent": self.num_sent}
 
 
+def _params(widths: tuple[int, ...], T: int, train: int, interval: int, rp: float, slots: int,
+            seed: int, steps: int = 0) -> dict[str, Any]:
+    return {"widths": tuple(widths), "T": T, "train": train, "interval": interval, "rp": rp,
+            "slots": slots, "steps": steps, "seed": seed, "in_flight": 2}
+
+
 def make_step_driver(widths: tuple[int, ...] = (1, 1), T: int = 2, train_batch_size: int = 4,
                      broadcast_interval: int = 1, replay_proportion: float = 0.0,
                      replay_buffer_num_slots: int = 0, seed: int = 0) -> StepDriver:
     """A `StepDriver` to try a step on: one worker per entry of `widths` (its B), two requests
     in flight per worker; ``run_learner()`` between steps trains on some queued batches."""
-    return StepDriver({"widths": tuple(widths), "T": T, "train": train_batch_size,
-                       "interval": broadcast_interval, "rp": replay_proportion,
-                       "slots": replay_buffer_num_slots, "seed": seed, "in_flight": 2})
+    return StepDriver(_params(widths, T, train_batch_size, broadcast_interval,
+                              replay_proportion, replay_buffer_num_slots, seed))
 
 
 # name, widths, T, train_batch_size, broadcast_interval, replay, slots, steps, seed, hint
@@ -269,7 +270,7 @@ def _event_hint(expected: str | None, actual: str | None) -> str:
     return "Make the same calls as RLlib's loop, in the same order."
 
 
-def _steps(step: Any, case: Case, answer: bool) -> list[Any]:
+def _steps(step: Any, case: Case, answer: bool = True) -> list[Any]:
     """`step(driver, 0.0)` for the case's steps on a `StepDriver`, the scripted learner
     between them: one record per step (its calls, what it returned, the state after it); a
     `Raised` ends the list."""
@@ -278,8 +279,10 @@ def _steps(step: Any, case: Case, answer: bool) -> list[Any]:
     records: list[Any] = []
     for _ in range(p["steps"]):
         try:
-            out = call_answer(step, driver, 0.0) if answer else step(driver, 0.0)
+            out = call_answer(step, driver, 0.0)
         except AnswerRaised as raised:
+            if not answer:
+                raise raised.exc from None
             records.append(Raised.of(raised))
             break
         if isinstance(out, list):
@@ -289,10 +292,6 @@ def _steps(step: Any, case: Case, answer: bool) -> list[Any]:
         driver.events.clear()
         driver.run_learner()
     return records
-
-
-def _answer_trace(answer: Any, case: Case) -> list[Any]:
-    return _steps(answer, case, answer=True)
 
 
 def _reference_trace(case: Case) -> list[Any]:
@@ -338,9 +337,7 @@ def _case(name: str, widths: tuple[int, ...], T: int, train: int, interval: int,
     desc = (f"{name}: workers of widths {list(widths)}, T={T}, train_batch_size={train}, "
             f"broadcast_interval={interval}, replay_proportion={rp}, 2 requests in flight "
             f"per worker, {steps} steps (seed {seed})")
-    return Case(desc, hint, {"widths": widths, "T": T, "train": train, "interval": interval,
-                             "rp": rp, "slots": slots, "steps": steps, "seed": seed,
-                             "in_flight": 2})
+    return Case(desc, hint, _params(widths, T, train, interval, rp, slots, seed, steps))
 
 
 def draw(rng: random.Random) -> Case:
@@ -354,7 +351,7 @@ def draw(rng: random.Random) -> Case:
                  "order of the calls that the fixed cases miss; follow RLlib's loop.")
 
 
-SPEC = Spec("driver_step", lambda: [_case(*row) for row in _CASES], _answer_trace,
+SPEC = Spec("driver_step", lambda: [_case(*row) for row in _CASES], _steps,
             _reference_trace, _compare,
             lambda: [DriverLoop.step, *loaded("impala_lab.driver.impala", "Impala.step")],
             {"DriverLoop": "the library's DriverLoop.step", "Impala": "the library's Impala",

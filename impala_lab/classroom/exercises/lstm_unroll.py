@@ -1,12 +1,10 @@
 """Exercise 6: the masked LSTM unroll in numpy.
 
 The student writes ``lstm_unroll(xs, state_in, dones, kernel, recurrent_kernel, bias) ->
-(hs, state_out)``: Keras's LSTM cell (gates in the order input, forget, cell, output) over a
-time-major sequence ``xs`` [T, B, F] from ``state_in`` [B, 2, C], zeroing a column's state
-after the step where its episode ended (``dones`` [T, B]), as the actors do and the learner's
-unroll does. The checker compares it with `impala_lab.actor.layers.lstm_sequence` on seeded
-cases; where the answer differs, it names the usual slip (the reset one step late or early,
-no reset, the gates in another order, h and c swapped) that gives the answer's numbers.
+(hs, state_out)``: Keras's LSTM cell (gates input, forget, cell, output) over ``xs``
+[T, B, F] from ``state_in`` [B, 2, C], zeroing a column's state after the step where its
+episode ended (``dones`` [T, B]). The checker compares it with
+`impala_lab.actor.layers.lstm_sequence` and names the usual slip (`_SLIPS`) where they differ.
 """
 
 from __future__ import annotations
@@ -133,10 +131,9 @@ _SLIPS = {
                    "still runs from the carried state; zero the state after it, before step t + 1.",
     "no reset": "the state is never reset: zero column b's (h, c) after each step t where "
                 "dones[t, b] is True.",
-    "gates ifog": "the gates are in the wrong order: Keras's blocks of z are input, forget, "
-                  "cell (tanh), output, i.e. i, f, g, o.",
-    "gates fiog": "the gates are in the wrong order: Keras's blocks of z are input, forget, "
-                  "cell (tanh), output, i.e. i, f, g, o.",
+    **dict.fromkeys(("gates ifog", "gates fiog"),
+                    "the gates are in the wrong order: Keras's blocks of z are input, forget, "
+                    "cell (tanh), output, i.e. i, f, g, o."),
     "h and c swapped": "h and c are swapped: state[:, 0] is h (the output), state[:, 1] is c "
                        "(the cell).",
 }

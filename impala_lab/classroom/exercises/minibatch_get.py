@@ -1,10 +1,8 @@
 """Exercise 1: ``MinibatchBuffer.get``, the learner's ring with a ttl ramp.
 
 The student subclasses `impala_lab.learner.minibatch_buffer.MinibatchBuffer` and writes
-``get()``. The checker calls it on scripted items, then the library's, and compares what the
-learner sees, call by call: the returned ``(item, released)`` and the items taken from the
-queue. The ring's state (``ttl``, ``idx``, ``cur_max_ttl``, ``buffers``) is shown and used for
-the hint, not graded.
+``get()``. The checker compares, call by call on scripted items, what the learner sees: the
+``(item, released)`` returned and the items taken. The ring's state is shown, not graded.
 """
 
 from __future__ import annotations
@@ -86,8 +84,7 @@ def _show(out: Any, state: dict[str, Any]) -> Any:
 
 
 def _diagnose(exp_out: tuple, out: Any, exp: dict[str, Any], act: dict[str, Any]) -> str:
-    """A hint on the first field of the call that differs (a wrong released flag: the ramp
-    first)."""
+    """A hint on the first field of the call that differs (released last)."""
     if not (isinstance(out, tuple) and len(out) == 2):
         return "get() must return a pair (item, released)."
     if act["idx"] != exp["idx"]:  # a slot served twice in a row: items and takes go wrong
@@ -112,7 +109,7 @@ def _diagnose(exp_out: tuple, out: Any, exp: dict[str, Any], act: dict[str, Any]
             "0); then empty the slot (self.buffers[self.idx] = None).")
 
 
-def _serve(buffer_cls: Any, case: Case, answer: bool) -> list[Any]:
+def _serve(buffer_cls: Any, case: Case, answer: bool = True) -> list[Any]:
     """A buffer of `buffer_cls` on scripted items, get() called as often as the case says:
     one (out, state) per call; a `Mismatch` or `Raised` ends the list."""
     size, passes, calls = case.params["size"], case.params["passes"], case.params["calls"]
@@ -140,10 +137,6 @@ def _serve(buffer_cls: Any, case: Case, answer: bool) -> list[Any]:
             raise raised.exc from None
         calls_out.append(Raised.of(raised))
     return calls_out
-
-
-def _answer_trace(answer_cls: Any, case: Case) -> list[Any]:
-    return _serve(answer_cls, case, answer=True)
 
 
 def _reference_trace(case: Case) -> list[Any]:
@@ -185,7 +178,7 @@ def draw(rng: random.Random) -> Case:
                  "order that the fixed cases happen to miss.")
 
 
-SPEC = Spec("minibatch_get", lambda: [_case(*row) for row in _CASES], _answer_trace,
+SPEC = Spec("minibatch_get", lambda: [_case(*row) for row in _CASES], _serve,
             _reference_trace, lambda case, exp, act: compare_calls(exp, act, _show, _diagnose),
             lambda: loaded("impala_lab.learner.minibatch_buffer", "MinibatchBuffer.get"),
             {"MinibatchBuffer": "the library's MinibatchBuffer"}, draw)

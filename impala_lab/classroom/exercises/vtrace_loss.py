@@ -1,14 +1,11 @@
 """Exercise 5: the V-trace loss of `impala_lab.learner.vtrace_policy.VTracePolicy`.
 
 The student writes ``vtrace_loss(target_logits, values, bootstrap_value, batch, config) ->
-(total_loss, policy_loss, vf_loss, entropy)`` from the network's outputs (numpy float32:
-``target_logits`` [T, B, A], ``values`` [T, B], ``bootstrap_value`` [B]), the batch as
-`impala_lab.learner.vtrace_policy.batch_to_tensors` returns it and the run's `ImpalaConfig`;
-all four are sums over the batch. The checker feeds ``VTracePolicy.loss_and_stats`` the same
-outputs and compares the four numbers and the gradient of ``total_loss`` with respect to the
-outputs: the loss must be TensorFlow the learner can differentiate, with the V-trace targets
-held constant. The answer runs first with numpy arrays, so a stub's check does not import
-TensorFlow; then with watched tensors, for the gradient.
+(total_loss, policy_loss, vf_loss, entropy)`` (sums over the batch) from the network's outputs
+(float32 ``target_logits`` [T, B, A], ``values`` [T, B], ``bootstrap_value`` [B]), the batch
+as ``batch_to_tensors`` returns it, and the `ImpalaConfig`. The checker compares the four
+numbers and the gradient of ``total_loss`` with ``VTracePolicy.loss_and_stats``'s. The answer
+runs first on numpy arrays (a stub's check never imports TensorFlow), then on watched tensors.
 """
 
 from __future__ import annotations
@@ -150,14 +147,10 @@ class _Reference:
                                  np.zeros((B, A), np.float32)])
         values = np.concatenate([outputs["values"].reshape(T * B), outputs["bootstrap_value"]])
         logits_t, values_t = tf.constant(logits), tf.constant(values)
-        network = policy.model
-        policy.model = lambda x, **kw: (logits_t, values_t)
-        try:
-            with tf.GradientTape() as tape:
-                tape.watch([logits_t, values_t])
-                total, stats = policy.loss_and_stats(batch)
-        finally:
-            policy.model = network
+        policy.model = lambda x, **kw: (logits_t, values_t)  # this policy's only network
+        with tf.GradientTape() as tape:
+            tape.watch([logits_t, values_t])
+            total, stats = policy.loss_and_stats(batch)
         g_logits, g_values = (g.numpy() for g in tape.gradient(total, [logits_t, values_t]))
         grads = {"target_logits": g_logits[:T * B].reshape(T, B, A),
                  "values": g_values[:T * B].reshape(T, B),

@@ -89,7 +89,6 @@ def _split(out: Any) -> tuple[Any, Any]:
 
 
 def _inputs(case: Case) -> dict[str, Any]:
-    """The case's inputs and clips, as keyword arguments."""
     p = case.params
     return {**make_inputs(p["T"], p["B"], p["scale"], p["ends"], p["seed"]),
             "clip_rho_threshold": p["clip_rho"], "clip_pg_rho_threshold": p["clip_pg"]}
@@ -163,6 +162,5 @@ SPEC = Spec("vtrace_numpy", lambda: [_case(*row) for row in _CASES], _answer_tra
 
 
 def check_vtrace_numpy(answer: Any, *, show: bool = True) -> CheckResult:
-    """Checks a numpy ``vtrace(...) -> (vs, pg_advantages)`` against
-    `impala_lab.learner.vtrace.from_importance_weights_numpy`."""
+    """Checks a numpy ``vtrace(...) -> (vs, pg_advantages)`` against the library's."""
     return run_check(SPEC, answer, show=show)
