@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 from bench import pipeline
-from impala_lab.classroom.seed_stats import wilson_interval
+from bench.seed_summary import wilson_interval
 from impala_lab.stats import jsonable
 
 RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results"

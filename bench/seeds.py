@@ -50,6 +50,7 @@ from typing import Any
 
 import numpy as np
 
+from bench import seed_summary
 from bench.seed_runs import Run, ending, fail, on_signal, plan_runs, run_all
 from impala_lab.classroom import seed_stats
 
@@ -64,7 +65,7 @@ def run_figures(run: Run, metric: str, budget: float, solve_return: float | None
     failed = bool(run.error) or not finite
     return {"seed": run.seed,
             "final": math.nan if failed else finite[-1],
-            "auc": math.nan if failed else seed_stats.area_under_curve(xs, ys, budget),
+            "auc": math.nan if failed else seed_summary.area_under_curve(xs, ys, budget),
             "solved": (not failed and solve_return is not None
                        and max(finite) >= solve_return),
             "error": run.error}
@@ -91,9 +92,9 @@ def analyse(runs: list[Run], metrics: list[str], budget: float, solve_return: fl
             rows = [run_figures(r, metric, budget, solve_return) for r in mine]
             per[name][metric] = {
                 "runs": rows, "failed": sum(bool(r["error"]) for r in rows),
-                "final": seed_stats.summarize([r["final"] for r in rows], rng, solve_return,
+                "final": seed_summary.summarize([r["final"] for r in rows], rng, solve_return,
                                               [r["solved"] for r in rows]),
-                "auc": seed_stats.summarize([r["auc"] for r in rows], rng)}
+                "auc": seed_summary.summarize([r["auc"] for r in rows], rng)}
     return {"settings": per, "between_settings": _between_settings(per, metrics, rng),
             "between_metrics": _between_metrics(per, metrics, rng) if compare_metrics else []}
 
@@ -109,7 +110,7 @@ def _compare(a: list[float], b: list[float], names: tuple[str, str],
     diff, low, high = seed_stats.difference_interval(a, b, rng, paired=paired)
     return {"a": names[0], "b": names[1], "n_a": len(a), "n_b": len(b),
             "iqm_difference": diff, "ci95": [low, high],
-            "verdict": seed_stats.verdict(low, high, names)}
+            "verdict": seed_summary.verdict(low, high, names)}
 
 
 def _between_settings(per: dict[str, Any], metrics: list[str], rng: np.random.Generator

@@ -8,8 +8,7 @@ import math
 
 import pytest
 
-from bench import continuous, peers_mujoco, peers_pendulum, pipeline
-from impala_lab.classroom import seed_stats
+from bench import continuous, peers_mujoco, peers_pendulum, pipeline, seed_summary
 
 
 def test_the_continuous_bench_table_names_seeds_rate_and_interval():
@@ -21,7 +20,7 @@ def test_the_continuous_bench_table_names_seeds_rate_and_interval():
                                      (13, False, None, None, None)]]
     summary = pipeline.summarize_solves(runs, 300.0, solve_limit_s=300.0, after_s=60.0,
                                         stay_floor=continuous.ENVS["Pendulum-v1"][2])
-    summary["solve_rate_ci95"] = [round(x, 3) for x in seed_stats.wilson_interval(2, 3)]
+    summary["solve_rate_ci95"] = [round(x, 3) for x in seed_summary.wilson_interval(2, 3)]
     summary.update(env="Pendulum-v1", target=-250.0)
     row = continuous.markdown([summary]).splitlines()[-1]
     assert row.startswith("| Pendulum-v1 | 11, 12, 13 | -250 within 300 s: 2/3 [0.21, 0.94] |")

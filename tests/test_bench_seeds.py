@@ -1,6 +1,6 @@
-"""bench.seeds and impala_lab.classroom.seed_stats: the interquartile mean and its bootstrap
-interval on known data, curve areas by hand, verdicts, and the runner on a fake run command
-(no TensorFlow)."""
+"""bench.seeds, bench.seed_summary and impala_lab.classroom.seed_stats: the interquartile mean and
+its bootstrap interval on known data, curve areas by hand, verdicts, and the runner on a fake run
+command (no TensorFlow)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench import seed_runs, seeds
+from bench import seed_runs, seed_summary, seeds
 from impala_lab.classroom import seed_stats
 
 FAKE = Path(__file__).parent / "data" / "fake_seed_run.py"
@@ -40,9 +40,9 @@ def test_iqm_cuts_a_quarter_from_each_end():
 @pytest.mark.parametrize("k, n, want", [(5, 5, (0.5655, 1.0)), (0, 5, (0.0, 0.4345)),
                                          (3, 6, (0.1876, 0.8124)), (26, 26, (0.8713, 1.0))])
 def test_the_wilson_interval_matches_the_formula_by_hand(k, n, want):
-    low, high = seed_stats.wilson_interval(k, n)
+    low, high = seed_summary.wilson_interval(k, n)
     assert (low, high) == pytest.approx(want, abs=1e-4)
-    assert seed_stats.wilson_interval(0, 0) == (0.0, 1.0)
+    assert seed_summary.wilson_interval(0, 0) == (0.0, 1.0)
 
 
 def test_the_bootstrap_interval_of_two_values_spans_them():
@@ -73,20 +73,20 @@ def test_a_paired_difference_knows_the_runs_belong_together():
     assert diff == pytest.approx(5.0) and low == pytest.approx(5.0) and high == pytest.approx(5.0)
     _, low_u, high_u = seed_stats.difference_interval(b, a, np.random.default_rng(7))
     assert low_u < 0 < high_u  # unpaired, the spread between runs hides the 5
-    assert seed_stats.verdict(low, high, ("b", "a")) == "b better"
-    assert seed_stats.verdict(-high, -low, ("b", "a")) == "a better"
-    assert seed_stats.verdict(low_u, high_u) == "inconclusive"
+    assert seed_summary.verdict(low, high, ("b", "a")) == "b better"
+    assert seed_summary.verdict(-high, -low, ("b", "a")) == "a better"
+    assert seed_summary.verdict(low_u, high_u) == "inconclusive"
     with pytest.raises(ValueError, match="one value per run on both sides, got 10 and 9"):
         seed_stats.difference_interval(a, b[:9], np.random.default_rng(0), paired=True)
 
 
 def test_the_area_holds_each_report_until_the_next_and_the_last_until_the_budget():
     # 10 over [0, 3), 20 over [3, 4]: (30 + 20) / 4
-    assert seed_stats.area_under_curve([1, 3], [10, 20], 4.0) == pytest.approx(12.5)
+    assert seed_summary.area_under_curve([1, 3], [10, 20], 4.0) == pytest.approx(12.5)
     # NaN reports are skipped; reports past the budget do not count
-    assert seed_stats.area_under_curve([1, 2, 3, 9], [math.nan, 10, 20, 99], 4.0) == \
+    assert seed_summary.area_under_curve([1, 2, 3, 9], [math.nan, 10, 20, 99], 4.0) == \
         pytest.approx((10 * 3 + 20 * 1) / 4)
-    assert math.isnan(seed_stats.area_under_curve([1], [math.nan], 4.0))
+    assert math.isnan(seed_summary.area_under_curve([1], [math.nan], 4.0))
 
 
 def test_commands_get_their_seed_and_out(tmp_path):
