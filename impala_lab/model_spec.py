@@ -1,25 +1,18 @@
 """`ModelSpec`: the policy/value network, described once, and the geometry of its conv trunks.
 
-The actors' numpy model, the learner's Keras model, the memory estimate, ``impala-lab play``
-and the rollout worker all take a `ModelSpec` (``ImpalaConfig.model_spec`` builds one from the
-RLlib-named fields: ``model`` is ``hiddens`` here). `network_layout` says what a spec builds for
-an env's spaces (`NetworkLayout`: the trunk, the heads, every weight's shape and initial gain);
-both models build from it. numpy only: every part of the package may import it.
+The actors' numpy model, the learner's Keras model, the memory estimate and ``impala-lab play``
+take a `ModelSpec` (``ImpalaConfig.model_spec``; the config's ``model`` is ``hiddens`` here);
+`network_layout` says what it builds for an env's spaces, and both models build from that.
+numpy only: every part of the package may import it.
 
-The trunk follows the observation space and ``conv_net``: for rank-1 Box observations
-``hiddens`` dense layers with tanh (RLlib's default fcnet activation; bounded features keep the
-value head tame); for HxWxC images the small CNN of ``conv_filters`` (``"cnn"``: 'valid'
-padding, relu; None picks the layers by the image's size, as RLlib's ``get_filter_config``) or
-the IMPALA paper's deep network (``"impala"``: per width in ``impala_channels`` a conv, a
-max-pool halving the map and two residual blocks), then a flatten and the ``hiddens`` dense
-layers (relu). docs/pixels.md draws both.
-
-uint8 observations are scaled by 1/255 inside the network (MinAtar's boolean images travel as
-uint8 0/1). With ``use_lstm`` an LSTM of C = ``lstm_cell_size`` units follows the trunk, one
-core under both heads (RLlib's LSTM wrapper). Two heads end the network: the action
-distribution's inputs [N, A] (a Discrete space's logits) and a value [N]. With
-``vf_share_layers=False`` (RLlib's default) the value head has a trunk of its own of the same
-sizes, so a value-loss spike cannot wreck the policy's features.
+Trunks (docs/pixels.md draws them): a rank-1 Box gets ``hiddens`` dense tanh layers; HxWxC
+images (uint8 scaled by 1/255 inside) the small CNN of ``conv_filters`` ('valid', relu; None
+picks by image size as RLlib's ``get_filter_config``) or the IMPALA paper's network (per width
+of ``impala_channels`` a conv, a max-pool halving the map, two residual blocks), then
+``hiddens`` relu layers. ``use_lstm`` adds an LSTM of C = ``lstm_cell_size`` units under both
+heads: the distribution's inputs [N, A] and a value [N]. With ``vf_share_layers=False``
+(RLlib's default) the value head has a trunk of its own, so a value-loss spike cannot wreck the
+policy's features.
 
 Weights are a ``list[np.ndarray]`` in Keras's ``get_weights()`` order. With a shared trunk::
 
@@ -31,15 +24,11 @@ Weights are a ``list[np.ndarray]`` in Keras's ``get_weights()`` order. With a sh
           ``stack_s_res_r_conv_0`` and ``_1`` [3, 3, C_s, C_s] (and biases) of residual blocks
           r = 0, 1; then hidden_0/kernel [F, H0], ..., and the heads
 
-With separate trunks every layer is followed by its value twin (Keras orders layers by depth):
-``[conv_0, value_conv_0, ..., hidden_0, value_hidden_0, ..., logits_head, value_head]``. An
-LSTM's weights come between the trunk and the heads, as Keras's ``LSTMCell`` holds them:
-``lstm/kernel [F, 4C], lstm/recurrent_kernel [C, 4C], lstm/bias [4C]``, gates in the order
-(input, forget, cell, output); the state of N envs is one float32 array [N, 2, C] (h, then c).
-
-Initialisation (`NetworkLayout.initial_weights`, which both models load): the gains below on
-orthogonal kernels, zero biases but for the LSTM's forget gate (1, Keras's
-``unit_forget_bias``).
+With separate trunks every layer is followed by its value twin (Keras orders layers by depth).
+An LSTM's weights come between the trunk and the heads: ``lstm/kernel [F, 4C],
+lstm/recurrent_kernel [C, 4C], lstm/bias [4C]``, gates (input, forget, cell, output); the state
+of N envs is float32 [N, 2, C] (h, then c). Initialisation: orthogonal kernels with the gains
+below, zero biases but the LSTM's forget gate (1, Keras's ``unit_forget_bias``).
 """
 
 from __future__ import annotations
@@ -52,11 +41,6 @@ from typing import Any
 import numpy as np
 
 from impala_lab.spaces import action_space_kind, observation_trunk
-
-__all__ = ["ATARI_FILTERS", "CONV_NETS", "IMPALA_CHANNELS", "OBS_NORM_CLIP", "OBS_NORM_EPSILON",
-           "RESIDUAL_BLOCKS", "SMALL_IMAGE_FILTERS", "ModelSpec", "NetworkLayout",
-           "check_spaces", "default_conv_filters", "impala_shapes", "min_image_size",
-           "network_layout", "orthogonal", "small_cnn_shapes"]
 
 CONV_NETS = ("cnn", "impala")
 # (filters, kernel, stride) of the small CNN's layers, 'valid' padding.
