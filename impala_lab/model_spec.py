@@ -65,32 +65,26 @@ RESIDUAL_GAIN = 0.0
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """The architecture of the policy/value network (what every model builder reads).
+    """The architecture of the policy/value network (the module docstring has the trunks).
 
     Attributes:
-      hiddens: sizes of the dense hidden layers, after the conv trunk for images (the
-        config's ``model``); () for none.
-      vf_share_layers: one trunk under the policy and value heads (True), or a value trunk
-        of its own with the same layer sizes (False, RLlib's default). A recurrent model has
-        one core whatever this says.
-      use_lstm: an LSTM of ``lstm_cell_size`` units after the trunk, under both heads.
-      lstm_cell_size: the LSTM's units C (its h and c are each [N, C]); read with use_lstm.
-      conv_net: the conv trunk for images: "cnn" (the small CNN of ``conv_filters``) or
-        "impala" (the IMPALA paper's network of ``impala_channels``).
-      conv_filters: the small CNN's (filters, kernel, stride) layers, 'valid' padding; None
-        picks them by image size (`default_conv_filters`).
+      hiddens: sizes of the dense hidden layers (the config's ``model``); () for none.
+      vf_share_layers: one trunk under both heads (True), or a value trunk of its own (False,
+        RLlib's default); a recurrent model has one core whatever this says.
+      use_lstm, lstm_cell_size: an LSTM of C units after the trunk (h and c each [N, C]).
+      conv_net: the conv trunk for images, "cnn" or "impala".
+      conv_filters: the small CNN's (filters, kernel, stride) layers; None picks them by image
+        size (`default_conv_filters`).
       impala_channels: the widths of the IMPALA network's stacks.
-      free_log_std: a Box space's log standard deviation is a learned vector [D] that no
-        state changes (True: the policy head's third weight ``logits_head/log_std [D]``,
-        zeros at the start), or the head computes it with the mean (False).
+      free_log_std: a Box space's log-std is a learned vector (the policy head's third weight
+        ``logits_head/log_std [D]``, zeros at the start), not computed with the mean.
       normalize_obs: standardise vector observations inside the network with a running mean
         and variance (`impala_lab.learner.obs_normalizer`): the first three weights are then
-        ``obs_filter/mean [D], obs_filter/var [D], obs_filter/count [1]`` (0, 1, 0 at the
-        start), updated by the learner, never by a gradient; they travel with the weights, so
-        actors and learner normalise alike.
+        ``obs_filter/mean [D], obs_filter/var [D], obs_filter/count [1]``, updated by the
+        learner, never by a gradient, and sent to the actors with the weights.
 
-    Lists are stored as tuples (the spec is hashable and pickles to actor processes). A bad
-    value raises ValueError naming the field, the value and the fix.
+    Lists are stored as tuples (hashable, pickled to actor processes). A bad value raises
+    ValueError naming the field, the value and the fix.
     """
 
     hiddens: tuple[int, ...] = (64, 64)
@@ -246,21 +240,13 @@ def check_spaces(observation_space: Any, action_space: Any,
 
 @dataclass(frozen=True)
 class NetworkLayout:
-    """What a `ModelSpec` builds for an env's spaces (`network_layout` makes one).
-
-    Attributes:
-      kind: the trunk, ``"mlp"``, ``"cnn"`` (the small CNN) or ``"impala"``.
-      obs_shape, obs_dtype: one observation's.
-      conv_filters: the small CNN's (filters, kernel, stride) layers; () for other trunks.
-      hiddens, impala_channels, use_lstm, normalize_obs: the spec's.
-      lstm_cell_size: the LSTM's units C, 0 without one.
-      separate_value_trunk: every layer has a value twin right after it in the weights.
-      num_actions: width A of the action distribution's inputs (n logits; 2D for a Box).
-      head_units: units the policy head computes: A, or the D means when the log-std is free.
-      free_log_std: the policy head's third weight is a learned log-std vector [D].
-      shapes, gains: each weight array's shape in ``get_weights()`` order, and its
-        orthogonal-init gain (0 for biases and statistics).
-    """
+    """What a `ModelSpec` builds for an env's spaces (`network_layout` makes one): the trunk
+    ``kind`` (``"mlp"``, ``"cnn"`` or ``"impala"``), the small CNN's ``conv_filters`` (() for
+    other trunks), ``lstm_cell_size`` (0 without an LSTM), whether every layer has a value twin
+    (``separate_value_trunk``), the width A of the distribution's inputs (``num_actions``) and
+    of the policy head (``head_units``: A, or the D means when the log-std is free), and
+    ``shapes`` and ``gains``: each weight's shape in ``get_weights()`` order and its
+    orthogonal-init gain (0 for biases and statistics)."""
 
     kind: str
     obs_shape: tuple[int, ...]
@@ -279,9 +265,8 @@ class NetworkLayout:
     gains: tuple[float, ...]
 
     def initial_weights(self, seed: int | None) -> list[np.ndarray]:
-        """Fresh float32 weights in `shapes` order: orthogonal kernels with their `gains`,
-        zero biases, the LSTM's forget-gate bias 1 (Keras's ``unit_forget_bias``), observation
-        variance 1. The same seed gives the same weights."""
+        """Fresh float32 weights in `shapes` order (the module docstring says how), the
+        observation variance 1; the same seed gives the same weights."""
         rng = np.random.default_rng(seed)
         weights = [np.zeros(shape, np.float32) if len(shape) == 1 else orthogonal(rng, shape, gain)
                    for shape, gain in zip(self.shapes, self.gains, strict=True)]

@@ -1,16 +1,10 @@
 """The output folder of one ``impala-lab train`` run: claimed by a lock, written as it goes.
 
 One run per folder: the run holds an exclusive ``flock`` on ``OUT/.lock`` for its whole life
-(the kernel drops it however the holder dies). A fresh run is refused where an earlier run's
-results or other files are (``--resume`` continues a run, ``--overwrite`` replaces it or writes
-beside the files), and a refused folder is left as it was. The folder stays the run's only
-while its and its lock's inodes are the ones the run locked: one removed or replaced mid-run
-raises `FolderLost` at the next write, and nothing is written at that path again.
-
-Writes cannot tear: JSON files and figures are renamed into place, a ``metrics.csv`` row is
-appended whole or truncated back, and a resumed run's ``metrics.csv`` is repaired on open. A
-failed write (a full disk) is said once, kept in `RunFolder.unwritten` and tried again at the
-next report. docs/reliability.md lists each fault and what happens.
+(the kernel drops it however the holder dies), and the folder stays the run's only while its
+and its lock's inodes are the ones the run locked. Writes cannot tear: files are renamed into
+place, a ``metrics.csv`` row is appended whole or truncated back. docs/reliability.md lists
+each fault and what happens.
 """
 
 from __future__ import annotations
@@ -62,21 +56,16 @@ def _path_error(out: Path, exc: OSError) -> ConfigError:
 
 
 class RunFolder:
-    """Claims ``out`` for one run and writes its files as the run goes.
-
-    Args:
-      out: the folder (created if missing).
-      overwrite: accept a folder of other files, and replace an earlier run's files.
-      resume: the folder holds the run being continued.
+    """Claims ``out`` (created if missing) for one run and writes its files as the run goes;
+    ``overwrite`` accepts a folder of other files and replaces an earlier run's, ``resume``
+    continues the run there. A refused folder is left as it was.
 
     Attributes:
-      unwritten: the files whose latest write failed, with the reason.
+      unwritten: the files whose latest write failed, with the reason (tried again later).
       lost: the folder stopped being this run's (see `FolderLost`).
 
     Raises:
-      ConfigError: ``out`` is a file, a link loop, too long, not writable, held by
-        another run, on a file system without locks, or holds other files or an earlier run
-        (without ``overwrite``); the message names the path and the fix.
+      ConfigError: a folder that cannot be this run's; the message names the path and the fix.
     """
 
     def __init__(self, out: Path, *, overwrite: bool = False, resume: bool = False) -> None:

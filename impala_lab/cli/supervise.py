@@ -1,15 +1,10 @@
 """A watchman for ``impala-lab train --backend ray``: the run trains in a child process.
 
-Ray ends its driver process from C++ when the driver's raylet dies or the cluster's head is
-lost (exit code 1): no ``finally``, ``atexit`` or signal handler of the run gets to say what
-happened, and ``result.json`` would still say ``"running"``. So with Ray the CLI process is a
-watchman that imports neither Ray nor TensorFlow. It runs the same command line as a child
-(marked by `SUPERVISED_ENV`, in a process group of its own), passes a SIGINT, SIGTERM or SIGHUP
-on as SIGINT (Ray's driver dies at once on SIGTERM; a Ctrl-C the run ends cleanly), and ends
-what the child leaves in its group (a dead raylet orphans Ray's agents). A child that ended
-without ending the run gets ``stop_reason`` "error" and an ``error`` naming the lost cluster in
-its ``result.json`` (under the folder's lock), one line on stderr and exit code 1. The child
-gets SIGINT from the kernel if the watchman dies (Linux), so the run still ends cleanly.
+Ray ends its driver from C++ when the driver's raylet dies or the cluster's head is lost: no
+``finally`` of the run gets to say so. So with Ray the CLI process imports neither Ray nor
+TensorFlow: it runs the same command line as a child (in a process group of its own), passes
+signals on as SIGINT (Ray's driver dies at once on SIGTERM), ends what the child leaves in its
+group, and names a lost cluster in ``result.json`` (docs/training.md, docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -51,16 +46,9 @@ def _end_with_parent() -> None:
 
 
 def supervise(argv: list[str], out: Path) -> int:
-    """Runs ``impala-lab <argv>`` as a child and watches it (see the module doc).
-
-    Args:
-      argv: the command line after the program name, e.g. ``["train", "--backend", "ray"]``.
-      out: the run's folder (``--out``, or ``--resume``'s).
-
-    Returns:
-      The child's exit code, 128 + N for a child ended by signal N, or 1 when the child
-      ended without ending the run.
-    """
+    """Runs ``impala-lab <argv>`` (``argv`` after the program name) as a child and watches
+    it; ``out``: the run's folder. Returns the child's exit code, 128 + N for a child ended by
+    signal N, or 1 when the child ended without ending the run."""
     env = {**os.environ, SUPERVISED_ENV: "1"}
     child = subprocess.Popen([sys.executable, "-m", "impala_lab.cli.main", *argv], env=env,
                              process_group=0, preexec_fn=_end_with_parent)

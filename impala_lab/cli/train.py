@@ -1,12 +1,8 @@
-"""``impala-lab train``: train a run with the CLI's limits and write its outputs as it goes.
-
-The run's folder (`impala_lab.cli.run_folder.RunFolder`) gets ``config.json`` and ``run.json``
-(the limits and output flags a plain ``--resume`` keeps) at the start; a ``metrics.csv`` row
-and ``result.json`` (``stop_reason`` "running") at every report; ``checkpoint/`` every
-``--checkpoint-every`` seconds; and at the end the last checkpoint, ``report.png``,
-``policy.gif`` and the final ``result.json``. Signals end a run with its outputs written
-(`impala_lab.cli.endings`). docs/training.md says what each file holds and what a resume keeps;
-docs/reliability.md how each ending and fault goes, with its exit code.
+"""``impala-lab train``: train a run with the CLI's limits and write its outputs as it goes
+(`impala_lab.cli.run_folder.RunFolder`): ``config.json`` and ``run.json`` at the start, a
+``metrics.csv`` row and ``result.json`` at every report, ``checkpoint/`` every
+``--checkpoint-every`` seconds, and at the end ``report.png`` and ``policy.gif`` too.
+docs/training.md says what each file holds; docs/reliability.md how each ending goes.
 """
 from __future__ import annotations
 
@@ -402,25 +398,18 @@ def _save_outputs(impala: Impala, config: ImpalaConfig, folder: RunFolder,
 
 
 def _save_policy_gif(impala: Impala, config: ImpalaConfig, folder: RunFolder) -> None:
-    """One episode of the final policy (at most 300 frames, played by the numpy policy) as
-    ``policy.gif``; MuJoCo's envs are drawn in a process of their own (`play.gif_in_child`),
-    and an env that cannot render (a factory, CartPole without pygame) writes none."""
+    """One episode of the final policy (at most 300 frames) as ``policy.gif``; an env that
+    cannot render (a factory, CartPole without pygame) writes none."""
     if not isinstance(config.env, str):
         return
     from impala_lab.cli import play
 
+    # MuJoCo's frames are drawn in a process of their own, never beside TensorFlow
+    draw = play.gif_in_child if play.renders_with_opengl(config.env) else play.policy_gif
     try:
         weights, _ = impala.policy.get_weights()
-        if play.renders_with_opengl(config.env):  # MuJoCo: not beside TensorFlow (see play.py)
-            folder.write_file("policy.gif", lambda path: play.gif_in_child(
-                config, weights, path, max_frames=300, seed=config.seed))
-            return
-        model = play.policy_model(config, impala.observation_space, impala.action_space)
-        model.set_weights(weights)
-        frames, _ = play.record_episodes(config.env, model, episodes=1, max_frames=300,
-                                         seed=config.seed, clip=config.clip_actions,
-                                         squash=config.squash_actions)
-        folder.write_file("policy.gif", lambda path: play.write_gif(frames, path))
+        folder.write_file("policy.gif", lambda path: draw(config, weights, path, max_frames=300,
+                                                          seed=config.seed))
     except FolderLost:
         raise
     except Exception as exc:  # a GIF must never cost the run's results
