@@ -94,7 +94,13 @@ def memory_estimate(config: MemorySizes, observation_space: Any = None,
     sample = T * B * step_bytes + B * column_bytes
     columns = c.train_batch_columns
     train = columns * T * step_bytes + columns * column_bytes
-    learner_per_step, lstm_weights = _learner_bytes(spec, obs_elements, conv_units, conv_out)
+    # the learner's activations and gradients per env step (docs/reliability.md)
+    trunks = 1 if spec.vf_share_layers or spec.use_lstm else 2
+    learner_per_step = 400 + 8 * trunks * (sum(spec.hiddens) + conv_units) + 12 * obs_elements
+    if spec.use_lstm:
+        learner_per_step += LSTM_STEP_BYTES_PER_UNIT * spec.lstm_cell_size
+    # the LSTM's weights, their gradient and two optimizer slots (float32)
+    lstm_weights = 4 * 4 * _lstm_floats(spec, obs_elements, conv_out)
     parts = {
         "learner queue": c.learner_queue_size * train,
         "batch buffer": 2 * train,  # the samples being gathered and their concatenation
@@ -143,17 +149,6 @@ def weight_count(spec: ModelSpec, obs_elements: int, conv_out: int, num_actions:
     if spec.vf_share_layers or spec.use_lstm:
         return trunk + (head_inputs + 1) * (num_actions + 1)
     return 2 * trunk + (last + 1) * (num_actions + 1)
-
-
-def _learner_bytes(spec: ModelSpec, obs_elements: int, conv_units: int, conv_out: int
-                   ) -> tuple[int, int]:
-    """(bytes per env step of activations and gradients, bytes of the LSTM's weights with
-    their gradient and two optimizer slots)."""
-    trunks = 1 if spec.vf_share_layers or spec.use_lstm else 2
-    per_step = 400 + 8 * trunks * (sum(spec.hiddens) + conv_units) + 12 * obs_elements
-    if spec.use_lstm:
-        per_step += LSTM_STEP_BYTES_PER_UNIT * spec.lstm_cell_size
-    return per_step, 4 * 4 * _lstm_floats(spec, obs_elements, conv_out)
 
 
 def _lstm_floats(spec: ModelSpec, obs_elements: int, conv_out: int) -> int:

@@ -33,6 +33,7 @@ below, zero biases but the LSTM's forget gate (1, Keras's ``unit_forget_bias``).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -296,65 +297,57 @@ def network_layout(spec: ModelSpec, observation_space: Any, action_space: Any) -
     # A recurrent model has one core (trunk and LSTM) under both heads.
     separate = not spec.vf_share_layers and not spec.use_lstm and (
         kind != "mlp" or bool(spec.hiddens))
-    layout = dict(
+    layout = NetworkLayout(
         kind=kind, obs_shape=obs_shape, obs_dtype=np.dtype(observation_space.dtype),
         conv_filters=spec.small_cnn_filters(obs_shape) if kind == "cnn" else (),
         hiddens=spec.hiddens, impala_channels=spec.impala_channels, use_lstm=spec.use_lstm,
         lstm_cell_size=spec.lstm_cell_size if spec.use_lstm else 0,
         separate_value_trunk=separate, num_actions=num_actions,
         head_units=num_actions // 2 if free_log_std else num_actions,
-        free_log_std=free_log_std, normalize_obs=bool(spec.normalize_obs))
-    shapes, gains = _weight_layout(**layout)
-    return NetworkLayout(**layout, shapes=tuple(shapes), gains=tuple(gains))
+        free_log_std=free_log_std, normalize_obs=bool(spec.normalize_obs), shapes=(), gains=())
+    features = obs_shape[0] if kind == "mlp" else spec.trunk_output_units(obs_shape)
+    shapes, gains = _weight_layout(layout, features)
+    return dataclasses.replace(layout, shapes=tuple(shapes), gains=tuple(gains))
 
 
-def _weight_layout(*, kind: str, obs_shape: tuple[int, ...], conv_filters: tuple,
-                   hiddens: tuple[int, ...], impala_channels: tuple[int, ...],
-                   separate_value_trunk: bool, lstm_cell_size: int, head_units: int,
-                   free_log_std: bool, normalize_obs: bool, **_: Any
+def _weight_layout(net: NetworkLayout, features: int
                    ) -> tuple[list[tuple[int, ...]], list[float]]:
     """Weight shapes in ``get_weights()`` order, and each array's init gain (the module
-    docstring has the order)."""
+    docstring has the order); ``features``: what the first dense layer reads."""
     shapes: list[tuple[int, ...]] = []
     gains: list[float] = []
 
     def add(shape: tuple[int, ...], gain: float, bias: int) -> None:
-        copies = 2 if separate_value_trunk else 1  # each layer, then its value twin
+        copies = 2 if net.separate_value_trunk else 1  # each layer, then its value twin
         shapes.extend([shape, (bias,)] * copies)
         gains.extend([gain, 0.0] * copies)
 
-    if normalize_obs:  # obs_filter/mean [D], /var [D], /count [1]
-        shapes += [obs_shape, obs_shape, (1,)]
+    if net.normalize_obs:  # obs_filter/mean [D], /var [D], /count [1]
+        shapes += [net.obs_shape, net.obs_shape, (1,)]
         gains += [0.0, 0.0, 0.0]
-    if kind == "cnn":
-        channels = obs_shape[-1]
-        for filters, kernel, _ in conv_filters:
-            add((kernel, kernel, channels, filters), HIDDEN_GAIN, filters)
-            channels = filters
-        h, w, c = small_cnn_shapes(obs_shape, conv_filters)[-1]
-        features = h * w * c
-    elif kind == "impala":
-        for c_in, c_out in zip((obs_shape[-1], *impala_channels), impala_channels):
+    channels = net.obs_shape[-1]
+    for filters, kernel, _ in net.conv_filters:  # the small CNN's; () for other trunks
+        add((kernel, kernel, channels, filters), HIDDEN_GAIN, filters)
+        channels = filters
+    if net.kind == "impala":
+        for c_in, c_out in zip((channels, *net.impala_channels), net.impala_channels):
             add((3, 3, c_in, c_out), HIDDEN_GAIN, c_out)
             for _ in range(RESIDUAL_BLOCKS):
                 add((3, 3, c_out, c_out), HIDDEN_GAIN, c_out)
                 add((3, 3, c_out, c_out), RESIDUAL_GAIN, c_out)
-        h, w, c = impala_shapes(obs_shape, impala_channels)[-1]
-        features = h * w * c
-    else:
-        features = obs_shape[0]
-    for size in hiddens:
+    for size in net.hiddens:
         add((features, size), HIDDEN_GAIN, size)
         features = size
-    if lstm_cell_size:
-        cell = lstm_cell_size
+    if net.lstm_cell_size:
+        cell = net.lstm_cell_size
         shapes += [(features, 4 * cell), (cell, 4 * cell), (4 * cell,)]
         gains += [LSTM_GAIN, LSTM_GAIN, 0.0]
         features = cell
-    shapes += [(features, head_units), (head_units,)]
+    head = net.head_units
+    shapes += [(features, head), (head,)]
     gains += [POLICY_GAIN, 0.0]
-    if free_log_std:
-        shapes.append((head_units,))  # logits_head/log_std, zeros: std 1
+    if net.free_log_std:
+        shapes.append((head,))  # logits_head/log_std, zeros: std 1
         gains.append(0.0)
     shapes += [(features, 1), (1,)]
     gains += [VALUE_GAIN, 0.0]

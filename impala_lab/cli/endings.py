@@ -1,9 +1,6 @@
-"""How ``impala-lab train`` ends: the signals that end a run, and output streams that fail.
-
-SIGTERM and SIGHUP end a run as Ctrl-C does, with exit code 128 + the signal (`EndingSignals`);
-a signal ignored at the start (``nohup``) stays ignored, and one that comes while the outputs
-are written is noted, not raised. A failing stream (a closed pipe, a full disk, a terminal that
-hung up, one closed before the start) ends the output (`say`, `Output`), never the run.
+"""How ``impala-lab train`` ends: the signals that end a run (`EndingSignals`), and output
+streams that fail (a closed pipe, a full disk, a hung-up terminal), which end the output
+(`say`, `Output`), never the run.
 """
 
 from __future__ import annotations
@@ -21,8 +18,8 @@ STREAM_ERRORS = (OSError, ValueError)
 
 
 class EndingSignals:
-    """SIGTERM and SIGHUP raise KeyboardInterrupt (as Ctrl-C does) until `defer`; the exit code
-    then says which signal ended the run."""
+    """SIGTERM and SIGHUP raise KeyboardInterrupt (as Ctrl-C does) until `defer`, and the exit
+    code says which signal ended the run; a signal ignored at the start (``nohup``) stays so."""
 
     SIGNALS = tuple(s for s in (signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s)
 

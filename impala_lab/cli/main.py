@@ -38,8 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 class _DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Argparse's defaults formatter, without "(default: None)" for options left unset (a
-    config field's help says its own defaults)."""
+    """Argparse's defaults formatter, without "(default: None)" (a field's help says it)."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         if action.default is None:
@@ -197,9 +196,8 @@ COMMANDS = {"train": lambda args: train_command(args, config_from_args(args)),
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The ``impala-lab`` command; ``argv`` None reads ``sys.argv`` (the program itself: the
-    console script or ``python -m``), which also lets the learner import TensorFlow without
-    Keras's optional integrations (`impala_lab.speed.lean_imports`)."""
+    """The ``impala-lab`` command; ``argv`` None reads ``sys.argv`` (the program itself), which
+    also turns on `impala_lab.speed.lean_imports`."""
     open_std_streams()  # `impala-lab train >&-`: no file of the run may take fd 1's place
     if argv is None:
         lean_imports.enable()

@@ -276,14 +276,12 @@ class RunFolder:
         kept = [r for r in rows if csv_number(r.get("num_steps_sampled")) <= max_env_steps]
         self._columns = header
         if whole != data or len(kept) != len(rows):
-            self.check()
             self._replace_metrics(header, kept)
         return kept
 
     def _replace_metrics(self, columns: list[str], rows: list[dict[str, Any]]) -> None:
         data = _csv_text(columns, rows, header=True).encode()
-        if not self.write_file("metrics.csv", lambda p: p.write_bytes(data)):
-            raise OSError(errno.EIO, self.unwritten["metrics.csv"])
+        self._write("metrics.csv", lambda p: p.write_bytes(data))
 
     def note(self, name: str, error: BaseException | None) -> None:
         """Records how a write done elsewhere (the checkpoint) went: ``error`` None if it
