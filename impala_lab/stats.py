@@ -271,25 +271,23 @@ def flatten(nested: Mapping[str, Any], sep: str = ".") -> dict[str, Any]:
 
 class StatsHistory:
     """The last `maxlen` (>= 1) stats snapshots, flattened, for plots over time; ``clock``
-    stamps a row that has no ``time_key`` of its own."""
+    stamps a row that has no ``"time"`` of its own."""
 
-    def __init__(self, maxlen: int = 1000, clock: Clock = time.time,
-                 time_key: str = "time") -> None:
+    def __init__(self, maxlen: int = 1000, clock: Clock = time.time) -> None:
         if maxlen < 1:
             raise ValueError(f"maxlen={maxlen!r} is invalid: the history must keep at least "
                              f"one row; use e.g. maxlen=1000")
         self.maxlen = maxlen
-        self.time_key = time_key
         self._clock = clock
         self._rows: deque[dict[str, Any]] = deque(maxlen=maxlen)
         self._lock = threading.Lock()
 
     def append(self, snapshot: Mapping[str, Any]) -> dict[str, Any]:
-        """Stores and returns a flattened copy of `snapshot`, stamped with `time_key` if it
+        """Stores and returns a flattened copy of `snapshot`, stamped with ``"time"`` if it
         has none."""
         row = flatten(snapshot)
-        if self.time_key not in row:
-            row[self.time_key] = self._clock()
+        if "time" not in row:
+            row["time"] = self._clock()
         with self._lock:
             self._rows.append(row)
         return row

@@ -2,8 +2,8 @@
 
 ``impala-lab play`` and the ``policy.gif`` of ``impala-lab train`` run the actors' numpy policy
 (`impala_lab.actor.numpy_model.NumpyModel`) on the run's weights: no TensorFlow. Frames are the
-env's ``rgb_array`` renders (pygame draws classic control; MuJoCo draws through OpenGL, headless
-where there is no display, see `headless_mujoco_gl`); Pillow writes the GIF.
+env's ``rgb_array`` renders (pygame draws classic control, OpenGL MuJoCo's); Pillow writes the
+GIF.
 """
 
 from __future__ import annotations
@@ -30,23 +30,15 @@ if _HEADLESS:  # SDL would warn as it looks for a display; rgb_array frames need
     os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
 
 
-def headless_mujoco_gl() -> str | None:
-    """The ``MUJOCO_GL`` backend for rgb_array frames without a display: ``"egl"`` where
-    libEGL is installed (Mesa's EGL renders in software, no GPU needed: Debian's libegl1,
-    libopengl0, libegl-mesa0 and libgl1-mesa-dri, which ``make mujoco-deps`` installs), else
-    ``"osmesa"`` where libOSMesa is (Debian's libosmesa6), else None."""
-    if ctypes.util.find_library("EGL"):
-        return "egl"
-    return "osmesa" if ctypes.util.find_library("OSMesa") else None
-
-
 # MuJoCo renders through the OpenGL context MUJOCO_GL names; unset, gymnasium tries GLFW,
-# which needs a display, so every headless frame would fail. Set before any env of this
-# module imports mujoco; a value the user set wins.
+# which needs a display. Headless, pick one before any env of this module imports mujoco (a
+# value the user set wins): Mesa's EGL renders in software, no GPU needed (Debian's libegl1,
+# libopengl0, libegl-mesa0, libgl1-mesa-dri: ``make mujoco-deps``), else OSMesa (libosmesa6).
 if _HEADLESS and "MUJOCO_GL" not in os.environ:
-    _gl = headless_mujoco_gl()
-    if _gl is not None:
-        os.environ["MUJOCO_GL"] = _gl
+    if ctypes.util.find_library("EGL"):
+        os.environ["MUJOCO_GL"] = "egl"
+    elif ctypes.util.find_library("OSMesa"):
+        os.environ["MUJOCO_GL"] = "osmesa"
 
 
 def numpy_policy(config: ImpalaConfig, weights: list[np.ndarray], source: str = "the run"

@@ -121,12 +121,9 @@ class RunFolder:
             raise _path_error(self.out, exc) from None
 
     def _make_folders(self) -> None:
-        missing = []
-        for path in (self.out, *self.out.parents):
+        for path in reversed((self.out, *self.out.parents)):
             if os.path.lexists(path):
-                break
-            missing.append(path)
-        for path in reversed(missing):
+                continue
             try:
                 os.mkdir(path)
             except OSError as exc:
