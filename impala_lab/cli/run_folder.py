@@ -280,14 +280,6 @@ class RunFolder:
         data = _csv_text(columns, rows, header=True).encode()
         self._write("metrics.csv", lambda p: p.write_bytes(data))
 
-    def note(self, name: str, error: BaseException | None) -> None:
-        """Records how a write done elsewhere (the checkpoint) went: ``error`` None if it
-        was written."""
-        if error is None:
-            self.unwritten.pop(name, None)
-        else:
-            self.unwritten[name] = str(getattr(error, "strerror", None) or error)
-
     def _failed(self, name: str, exc: OSError) -> bool:
         if name not in self.unwritten:  # once per failing file, not at every report
             say(f"impala-lab: could not write {self.out / name} ({exc.strerror or exc}); "

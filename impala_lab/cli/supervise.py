@@ -18,13 +18,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from impala_lab.cli.endings import EndingSignals
 from impala_lab.cli.run_folder import RunFolder, read_json
 from impala_lab.errors import ConfigError
 
 #: Set in the child's environment: the child trains instead of watching.
 SUPERVISED_ENV = "IMPALA_LAB_SUPERVISED"
-_FORWARDED = tuple(s for s in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None))
-                   if s)
+_FORWARDED = (signal.SIGINT, *EndingSignals.SIGNALS)
 
 
 def should_supervise(backend: str) -> bool:

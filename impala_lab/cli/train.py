@@ -33,8 +33,9 @@ RUN_FLAGS: dict[str, Any] = {"stop_return": None, "stop_on": "train", "max_secon
 DEFAULT_OUT = "runs/latest"
 
 
-def check_run_args(args: argparse.Namespace) -> None:
-    """The train options that are not config fields: limits, report interval, target."""
+def check_run_args(args: argparse.Namespace, config: ImpalaConfig) -> None:
+    """The train options that are not config fields: limits, report interval, target (and
+    ``--stop-on eval`` needs a config whose evaluations it can watch)."""
     for name in ("max_seconds", "report_interval"):
         value = getattr(args, name)
         if value is not None and not (value > 0 and math.isfinite(value)):
@@ -59,10 +60,6 @@ def check_run_args(args: argparse.Namespace) -> None:
         raise ConfigError(f"--train-after-target={args.train_after_target!r} is invalid "
                           "without --stop-return: it counts from the moment the target is "
                           "reached; add --stop-return RETURN")
-
-
-def check_stop_on(args: argparse.Namespace, config: ImpalaConfig) -> None:
-    """``--stop-on eval`` needs evaluations to watch: a config with evaluation_interval."""
     if args.stop_on == "eval" and not config.evaluation_interval:
         raise ConfigError(
             f"--stop-on=eval is invalid with evaluation_interval="
@@ -95,8 +92,7 @@ def train_command(args: argparse.Namespace, config: ImpalaConfig) -> int:
         out, argv = resume, stored.get("argv")
     flags = {**RUN_FLAGS, **given}
     vars(args).update(flags, out=out or Path(DEFAULT_OUT))
-    check_run_args(args)
-    check_stop_on(args, config)
+    check_run_args(args, config)
     if state is not None:
         _check_left(args, resume, state["counters"])
     if should_supervise(config.backend):
@@ -290,9 +286,9 @@ def _save_checkpoint(impala: Impala, folder: RunFolder) -> None:
     except Exception as exc:  # e.g. a full disk: the metrics and result still count
         if "checkpoint" not in folder.unwritten:
             say(f"impala-lab: could not save the checkpoint: {exc}", err=True)
-        folder.note("checkpoint", exc)
+        folder.unwritten["checkpoint"] = str(getattr(exc, "strerror", None) or exc)
     else:
-        folder.note("checkpoint", None)
+        folder.unwritten.pop("checkpoint", None)
 
 
 def _train(impala: Impala, args: argparse.Namespace, watch: TargetWatch, view: ProgressView,
