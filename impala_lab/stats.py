@@ -199,12 +199,9 @@ class ThroughputMeter:
     def reset(self) -> None:
         """Forgets everything and restarts the clock."""
         with self._lock:
-            now = self._clock()
-            self._start = now
+            self._start = self._interval_start = self._clock()
             self._events: deque[tuple[float, float]] = deque()
-            self._total = 0.0
-            self._interval_start = now
-            self._interval_sum = 0.0
+            self._total = self._interval_sum = 0.0
 
     def add(self, n: float = 1) -> None:
         """Records `n` units arriving now."""

@@ -97,7 +97,7 @@ class Output:
 def open_std_streams() -> None:
     """A standard stream closed before the start (``impala-lab train >&-``) becomes /dev/null:
     else the next file the run opens would get its descriptor (and the progress lines)."""
-    for fd in (0, 1, 2):
+    for fd, name in enumerate(("stdin", "stdout", "stderr")):
         try:
             os.fstat(fd)
         except OSError:
@@ -105,6 +105,5 @@ def open_std_streams() -> None:
             if devnull != fd:
                 os.dup2(devnull, fd)
                 os.close(devnull)
-    for name, fd in (("stdin", 0), ("stdout", 1), ("stderr", 2)):
         if getattr(sys, name) is None:
             setattr(sys, name, open(fd, "r" if fd == 0 else "w", closefd=False))  # noqa: SIM115

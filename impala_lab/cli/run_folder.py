@@ -252,7 +252,8 @@ class RunFolder:
         path = self.out / "metrics.csv"
         try:
             if columns != self._columns or not path.exists():
-                self._replace_metrics(columns, _read_rows(path) + self._pending)
+                earlier = _parse(path.read_text(errors="replace"))[1] if path.exists() else []
+                self._replace_metrics(columns, earlier + self._pending)
             else:
                 _append(path, _csv_text(columns, self._pending, header=False))
         except OSError as exc:
@@ -335,12 +336,6 @@ def _parse(text: str) -> tuple[list[str], list[dict[str, str]]]:
             if len(fields) == len(header):
                 rows.append(dict(zip(header, fields, strict=True)))
     return header, rows
-
-
-def _read_rows(path: Path) -> list[dict[str, str]]:
-    if not path.exists():
-        return []
-    return _parse(path.read_text(errors="replace"))[1]
 
 
 def csv_number(text: str | None) -> float:
