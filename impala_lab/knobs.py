@@ -1,8 +1,6 @@
-"""Live knobs: the config fields a run may change between two driver steps, in one table.
-
-``Impala.set_knobs``, the driver, the dashboard's sliders, the plots' ``knobs.*`` columns and
-the docs all read `KNOBS`: a new knob is one `Knob` here (with an ``apply`` hook if storing the
-config value is not enough). ``ImpalaConfig`` validates a knob's value like any other field.
+"""Live knobs: the config fields a run may change between two driver steps, in one table that
+``Impala.set_knobs``, the dashboard's sliders, the plots and the docs all read: a new knob is
+one `Knob` here. ``ImpalaConfig`` validates a knob's value like any other field.
 """
 
 from __future__ import annotations

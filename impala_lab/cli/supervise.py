@@ -34,9 +34,8 @@ def should_supervise(backend: str) -> bool:
 
 def _end_with_parent() -> None:
     """In the child, before it runs: SIGINT when the watchman dies (Linux's
-    PR_SET_PDEATHSIG), which ends the run cleanly; elsewhere nothing."""
-    # Every ending comes as SIGINT, so the child must not inherit an ignored one (a shell's
-    # background job ignores it).
+    PR_SET_PDEATHSIG), which ends the run cleanly. Every ending comes as SIGINT, so the child
+    must not inherit an ignored one (a shell's background job ignores it)."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     with contextlib.suppress(Exception):
         import ctypes
