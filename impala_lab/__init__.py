@@ -1,8 +1,7 @@
 """impala_lab: IMPALA as Ray RLlib's AsyncSamplesOptimizer built it, for learning and experiments.
 
-RLlib's AsyncSamplesOptimizer (``rllib/optimizers/async_samples_optimizer.py`` in Ray's
-0.x releases, with its ``aso_*`` helpers) is what this package re-creates; where a docstring
-says "RLlib's", it means that file and the IMPALA agent around it.
+"RLlib's" in a docstring means Ray 0.x's ``rllib/optimizers/async_samples_optimizer.py`` (with
+its ``aso_*`` helpers) and the IMPALA agent around it, which this package re-creates.
 
     from impala_lab import Impala, ImpalaConfig
     with Impala(ImpalaConfig(env="CartPole-v1")) as run:

@@ -322,6 +322,14 @@ class StatsHistory:
         return len(self._rows)
 
 
+def csv_number(text: str | None) -> float:
+    """A metrics.csv field as a number; NaN where it is empty or not one."""
+    try:
+        return float(text or "nan")
+    except ValueError:
+        return math.nan
+
+
 def jsonable(value: Any) -> Any:
     """A stats snapshot made JSON-ready: NaN/inf become null, numpy scalars plain numbers."""
     if isinstance(value, dict):

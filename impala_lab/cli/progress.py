@@ -14,12 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from impala_lab.cli.run_folder import csv_number
 from impala_lab.dashboard.format import is_number
 from impala_lab.dashboard.terminal import TerminalView
 from impala_lab.driver.health import RETURN_MIN_EPISODES
 from impala_lab.health_flags import describe_seen
-from impala_lab.stats import process_start
+from impala_lab.stats import csv_number, process_start
 
 BAR_WIDTH = 30
 

@@ -15,7 +15,6 @@ import errno
 import fcntl
 import io
 import json
-import math
 import os
 import shutil
 import stat
@@ -25,7 +24,7 @@ from typing import Any
 
 from impala_lab.cli.endings import say
 from impala_lab.errors import ConfigError, ImpalaError
-from impala_lab.stats import jsonable
+from impala_lab.stats import csv_number, jsonable
 
 LOCK_NAME = ".lock"
 # An earlier run's results: a fresh run is refused where one of them is.
@@ -336,11 +335,3 @@ def _parse(text: str) -> tuple[list[str], list[dict[str, str]]]:
             if len(fields) == len(header):
                 rows.append(dict(zip(header, fields, strict=True)))
     return header, rows
-
-
-def csv_number(text: str | None) -> float:
-    """A metrics.csv field as a number; NaN where it is empty or not one."""
-    try:
-        return float(text or "nan")
-    except ValueError:
-        return math.nan

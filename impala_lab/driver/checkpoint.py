@@ -1,11 +1,10 @@
 """Checkpoint files: a directory of state.json, weights.npz and optimizer.npz.
 
-`Impala.save` and `Impala.restore` gather and apply a run's state; the files are written and
-read here. `write_checkpoint` never touches the previous checkpoint's files: it writes and
-fsyncs them in ``<path>.tmp-<pid>-<random>/``, renames ``path`` to ``<path>.prev``, renames the
-new directory to ``path``, then removes ``<path>.prev``. A kill at any moment leaves the old
-or the new checkpoint (only ``<path>.prev`` between the renames: `read_checkpoint` reads it,
-with a warning); a full disk leaves ``path`` as it was. docs/reliability.md lists each fault.
+`write_checkpoint` never touches the previous checkpoint's files: it writes and fsyncs them
+in ``<path>.tmp-<pid>-<random>/``, renames ``path`` to ``<path>.prev``, the new directory to
+``path``, then removes ``<path>.prev``. A kill at any moment leaves the old or the new
+checkpoint (between the renames only ``<path>.prev``, which `read_checkpoint` reads with a
+warning); docs/reliability.md lists each fault.
 
 Arrays are .npz without pickle or compression; state.json carries their sha256, shapes and
 dtypes. Each ``.npy`` header is checked against both before any array is loaded (a small file

@@ -2,13 +2,10 @@
 
 Each figure the run measures is held against a threshold (the constants below); what crosses
 one is named by a flag (docs/training.md, "Learning health", says when each is raised and
-clears). A loss or gradient spike counts only while the mean return has stayed low for
-`SPIKE_CONFIRM_S`: near the top a healthy run's value loss has a tiny median, so one failed
-episode spikes it harmlessly, whereas a spike that wrecks the policy takes the return down. A
-pipeline flag must hold for `PIPELINE_PERSIST_S`: on a shared machine a healthy learner may wait
-a report or two. `HealthMonitor.check` returns ``stats()["health"]``: ``status`` ("ok" or
-"warning"), the active ``flags`` (``code``, ``message``, ``since_s``), every code ``seen``
-(``first_s``, ``last_s``, ``times``, its first ``message``) and ``num_updates_skipped``.
+clears, and what ``stats()["health"]`` holds). A loss or gradient spike counts only while the
+mean return has stayed low for `SPIKE_CONFIRM_S` (near the top one failed episode spikes a
+healthy value loss harmlessly); a pipeline flag must hold for `PIPELINE_PERSIST_S` (on a shared
+machine a healthy learner may wait a report or two).
 """
 
 from __future__ import annotations

@@ -17,10 +17,8 @@ arithmetic by construction. With ``momentum == 0`` there is no momentum slot to 
 kernel's ``mom`` goes to a buffer that is not an optimizer variable.
 
 `SingleReplicaGradients` (mixed into `TF1RMSprop` and `Adam`) skips Keras's all-reduce of the
-gradients outside a ``tf.distribute`` strategy (the multi-GPU learner sums its towers itself):
-with one replica it is the identity, but a ``tf.custom_gradient`` whose gradient function
-TensorFlow registers globally, keeping every traced train step's graph alive
-(`tests/test_worker_faults.py`).
+gradients (the multi-GPU learner sums its towers itself): with one replica it is the identity,
+but Keras's is a globally registered ``tf.custom_gradient`` that kept every traced graph alive.
 """
 
 from __future__ import annotations
