@@ -8,6 +8,7 @@ module never imports it (no import circle).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from pathlib import Path
@@ -125,10 +126,8 @@ def _action_sizes(action_space: Any) -> tuple[int, int]:
     Box's 2D and 4D (float32); None: 2 and 8."""
     if action_space is None:
         return 2, 8
-    try:  # a Discrete's n (other spaces have none, or a shaped one)
+    with contextlib.suppress(AttributeError, TypeError, ValueError):  # a Discrete's n
         return int(action_space.n), 8
-    except (AttributeError, TypeError, ValueError):
-        pass
     size = math.prod(int(d) for d in getattr(action_space, "shape", None) or (1,))
     return 2 * size, 4 * size
 
@@ -276,14 +275,11 @@ def available_memory_bytes(root: str = "/") -> int | None:
     """MemAvailable (/proc/meminfo, else psutil), capped by `cgroup_memory_left`; None if it
     cannot be read. ``root``: where /proc and /sys are (tests pass a fake tree)."""
     available = None
-    try:
-        with open(Path(root, "proc/meminfo")) as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    available = int(line.split()[1]) * 1024
-                    break
-    except (OSError, ValueError, IndexError):
-        pass
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path(root, "proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                available = int(line.split()[1]) * 1024
+                break
     if available is None:
         try:
             import psutil
@@ -339,13 +335,11 @@ def _read_int(path: Path) -> int | None:
 
 
 def _stat_value(path: Path, key: str) -> int:
-    try:
+    with contextlib.suppress(OSError):
         for line in path.read_text().splitlines():
             name, _, value = line.partition(" ")
             if name == key and value.strip().isdigit():
                 return int(value)
-    except OSError:
-        pass
     return 0
 
 
