@@ -297,10 +297,7 @@ class StatsHistory:
     def keys(self) -> list[str]:
         """Every key seen in the kept rows, in order of first appearance."""
         with self._lock:
-            seen: dict[str, None] = {}
-            for r in self._rows:
-                seen.update(dict.fromkeys(r))
-            return list(seen)
+            return list(dict.fromkeys(key for r in self._rows for key in r))
 
     def column(self, key: str) -> np.ndarray:
         """One key's values over the kept rows, oldest first: float64 [len(self)], NaN where
