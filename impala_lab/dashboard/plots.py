@@ -102,7 +102,6 @@ def knob_marks(cols: Mapping[str, np.ndarray]) -> list[tuple[float, str]]:
             if np.isfinite(t[i])]
 
 
-
 class RunFigure(Figure):
     """A `Figure` on an Agg canvas that shows itself in a notebook (``_repr_png_``)."""
 
