@@ -188,9 +188,7 @@ class HealthMonitor:
 
     def _raise_flags(self, flags: dict[str, str], now: float) -> list[dict[str, Any]]:
         """The health dict's ``flags``: the gone ones cleared, the new ones noted in ``seen``."""
-        for code in list(self._active):
-            if code not in flags:
-                del self._active[code]
+        self._active = {code: since for code, since in self._active.items() if code in flags}
         out = []
         for code, message in flags.items():
             new = code not in self._active
@@ -277,9 +275,7 @@ class HealthMonitor:
             return recent[0][0] if recent else now
         if code == "updates_skipped":
             return self._last_skip_s
-        if code in self._pipeline_since:
-            return self._pipeline_since[code]
-        return now
+        return self._pipeline_since.get(code, now)
 
     def _hold_back_pipeline(self, flags: dict[str, str], now: float) -> None:
         """Drop a pipeline flag whose condition has not yet held `PIPELINE_PERSIST_S`."""
