@@ -151,11 +151,8 @@ def _fsync_dir(path: Path) -> None:
 
 
 def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
     with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def read_checkpoint(path: str | os.PathLike, *, fallback_to_prev: bool = False
@@ -166,8 +163,7 @@ def read_checkpoint(path: str | os.PathLike, *, fallback_to_prev: bool = False
     reads ``<path>.prev``, with a warning; ``fallback_to_prev=True`` also reads it when
     ``path`` cannot be read (by default that error is raised).
     """
-    _, state, weights, opt_state = read_checkpoint_at(path, fallback_to_prev=fallback_to_prev)
-    return state, weights, opt_state
+    return read_checkpoint_at(path, fallback_to_prev=fallback_to_prev)[1:]
 
 
 def read_checkpoint_at(path: str | os.PathLike, *, fallback_to_prev: bool = False
