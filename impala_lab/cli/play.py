@@ -21,6 +21,7 @@ import numpy as np
 from impala_lab.actor.numpy_model import NumpyModel
 from impala_lab.config import ImpalaConfig
 from impala_lab.config_checks import env_package_hint
+from impala_lab.driver.evaluation import evaluation_model as policy_model  # numpy, no weights
 from impala_lab.envs import make_env
 
 _HEADLESS = not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
@@ -62,12 +63,6 @@ def numpy_policy(config: ImpalaConfig, weights: list[np.ndarray], source: str = 
         env.close()
     model.set_weights(weights)
     return model
-
-
-def policy_model(config: ImpalaConfig, observation_space: Any, action_space: Any
-                 ) -> NumpyModel:
-    """The numpy network that ``config`` trains, for these spaces (no weights loaded)."""
-    return NumpyModel(observation_space, action_space, config.model_spec)
 
 
 def record_episodes(env_id: str, model: NumpyModel, episodes: int = 1, max_frames: int = 500,
