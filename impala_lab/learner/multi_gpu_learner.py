@@ -45,6 +45,7 @@ import queue
 import threading
 import time
 import traceback
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -120,6 +121,7 @@ def combine_tower_stats(tower_stats: list[dict[str, tf.Tensor]]) -> dict[str, tf
 
 
 # ---------------------------------------------------------------------- data buffers
+@dataclass(eq=False)
 class DataBuffer:
     """One device-resident slot: a train batch, split by columns, staged part i on device i.
 
@@ -133,17 +135,12 @@ class DataBuffer:
         served since the latest load.
     """
 
-    def __init__(self, index: int) -> None:
-        self.index = index
-        self.parts: tuple[dict[str, tf.Tensor], ...] | None = None
-        self.batch: SampleBatch | None = None
-        self.state = "idle"
-        self.num_loads = 0
-        self.num_uses = 0
-
-    def __repr__(self) -> str:
-        return (f"DataBuffer({self.index}, {self.state}, loads={self.num_loads}, "
-                f"uses={self.num_uses})")
+    index: int
+    parts: tuple[dict[str, tf.Tensor], ...] | None = field(default=None, repr=False)
+    batch: SampleBatch | None = field(default=None, repr=False)
+    state: str = "idle"
+    num_loads: int = 0
+    num_uses: int = 0
 
 
 # ---------------------------------------------------------------------- the learner
