@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from impala_lab.dashboard.format import is_number
+from impala_lab.dashboard.format import fraction, is_number
 from impala_lab.dashboard.terminal import TerminalView
 from impala_lab.driver.health import RETURN_MIN_EPISODES
 from impala_lab.health_flags import describe_seen
@@ -41,17 +41,12 @@ class Progress:
     label: str
 
 
-def _clip(x: float) -> float:
-    return min(max(x, 0.0), 1.0)
-
-
 def return_progress(mean: Any, target: float, low: float | None) -> Progress:
     """The mean return's way from ``low`` (the lowest mean seen; None: none yet) to ``target``."""
     if not is_number(mean):
         return Progress(0.0, f"mean return – / {target:g}")
     start = mean if low is None else min(low, mean)
-    frac = 1.0 if mean >= target else (
-        _clip((mean - start) / (target - start)) if target > start else 0.0)
+    frac = 1.0 if mean >= target else fraction(mean - start, target - start)
     return Progress(frac, f"mean return {mean:.1f} / {target:g}")
 
 
@@ -67,10 +62,10 @@ def goal_progress(stats: Mapping[str, Any], goal: StopGoal, seconds: float,
                                           low_return))
     if goal.max_env_steps is not None:
         steps = stats.get("num_steps_sampled") or 0
-        candidates.append(Progress(_clip(steps / goal.max_env_steps),
+        candidates.append(Progress(fraction(steps, goal.max_env_steps),
                                    f"env steps {steps:,} / {goal.max_env_steps:,}"))
     if goal.max_seconds is not None:
-        candidates.append(Progress(_clip(seconds / goal.max_seconds),
+        candidates.append(Progress(fraction(seconds, goal.max_seconds),
                                    f"time {seconds:.0f} / {goal.max_seconds:g} s"))
     # max() keeps the first of equal fractions: the return, then steps, then time.
     return max(candidates, key=lambda p: p.fraction, default=None)
