@@ -21,6 +21,7 @@ import numpy as np
 from impala_lab.actor.numpy_model import NumpyModel
 from impala_lab.config import ImpalaConfig
 from impala_lab.config_checks import env_package_hint
+from impala_lab.driver.build import probe_spaces
 from impala_lab.driver.evaluation import evaluation_model as policy_model  # numpy, no weights
 from impala_lab.envs import make_env
 
@@ -51,16 +52,13 @@ def numpy_policy(config: ImpalaConfig, weights: list[np.ndarray], source: str = 
         install are named).
     """
     try:
-        env = make_env(config.env)
+        spaces = probe_spaces(config.env)
     except Exception as exc:  # e.g. a MuJoCo env without mujoco: name the package to install
         hint = env_package_hint(config.env)
         raise ValueError(f"{source}: its env {config.env!r} cannot be made "
                          f"({type(exc).__name__}: {exc}){'; ' + hint if hint else ''}"
                          ) from None
-    try:
-        model = policy_model(config, env.observation_space, env.action_space)
-    finally:
-        env.close()
+    model = policy_model(config, *spaces)
     model.set_weights(weights)
     return model
 
