@@ -87,9 +87,8 @@ class TF1RMSprop(SingleReplicaGradients, keras.optimizers.Optimizer):
             return
         super().build(var_list)
         self._mean_squares = self.add_optimizer_variables(var_list, "rms", initializer="ones")
-        self._momentums = []
-        if self.momentum > 0:
-            self._momentums = self.add_optimizer_variables(var_list, "momentum")
+        self._momentums = (self.add_optimizer_variables(var_list, "momentum")
+                           if self.momentum > 0 else [])
         # The kernel's mom without a momentum slot, set out of reach of Keras's variable
         # tracking and TensorFlow's checkpoint tracking.
         with tf.init_scope():  # eagerly, even when Keras builds inside a traced function
@@ -110,6 +109,5 @@ class TF1RMSprop(SingleReplicaGradients, keras.optimizers.Optimizer):
             grad=tf.cast(tf.convert_to_tensor(gradient), dtype))
 
     def get_config(self) -> dict:
-        config = super().get_config()
-        config.update({"rho": self.rho, "momentum": self.momentum, "epsilon": self.epsilon})
-        return config
+        return {**super().get_config(), "rho": self.rho, "momentum": self.momentum,
+                "epsilon": self.epsilon}
