@@ -36,8 +36,7 @@ def frontend_available() -> bool:
         from IPython import get_ipython
     except ImportError:
         return False
-    shell = get_ipython()
-    return shell is not None and getattr(shell, "kernel", None) is not None
+    return getattr(get_ipython(), "kernel", None) is not None
 
 
 def _check_arguments(impala: Any, poll_hz: float, plot_interval: float,

@@ -68,9 +68,8 @@ PIPELINE_CODES = ("learner_starved", "learner_overfed")
 
 def stalled_after_s(sample_timeout_s: float | None) -> float:
     """Seconds without a sample after which a worker is marked stalled."""
-    if sample_timeout_s is None:
-        return WORKER_STALLED_S
-    return WORKER_STALLED_FRACTION * sample_timeout_s
+    return (WORKER_STALLED_S if sample_timeout_s is None
+            else WORKER_STALLED_FRACTION * sample_timeout_s)
 
 
 def _num(x: float) -> str:
