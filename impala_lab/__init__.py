@@ -1,36 +1,21 @@
 """impala_lab: IMPALA as Ray RLlib's AsyncSamplesOptimizer built it, for learning and experiments.
 
-RLlib's AsyncSamplesOptimizer (``rllib/optimizers/async_samples_optimizer.py`` in Ray's
-0.x releases, with its ``aso_*`` helpers) is what this package re-creates; where a docstring
-says "RLlib's", it means that file and the IMPALA agent around it.
+"RLlib's" in a docstring means Ray 0.x's ``rllib/optimizers/async_samples_optimizer.py`` (with
+its ``aso_*`` helpers) and the IMPALA agent around it, which this package re-creates.
 
     from impala_lab import Impala, ImpalaConfig
     with Impala(ImpalaConfig(env="CartPole-v1")) as run:
         run.train(stop={"episode_return_mean": 195})
 
-The folders are the diagram's boxes: ``actor/`` (envs stepped by a numpy policy),
-``driver/`` (the loop between actors and learner), ``learner/`` (V-trace and the threads that
-train), ``backends/`` (where workers live), ``envs/``, ``dashboard/``, ``classroom/`` and
-``cli/``; the top holds the shared vocabulary (config, batch, errors, stats). Reading order,
-following one batch through the pipeline:
+The folders are the diagram's boxes (``actor/``, ``driver/``, ``learner/``, ``backends/``,
+``envs/``, ``dashboard/``, ``classroom/``, ``cli/``); the top holds the shared vocabulary.
+docs/map.md gives the reading path, one batch's way through the pipeline.
 
-1. `DriverLoop.step` (``driver/driver_loop.py``): one turn of the driver loop (collect samples,
-   feed the learner, broadcast).
-2. `RolloutWorker.sample` (``actor/rollout_worker.py``): an actor steps its envs with a numpy
-   copy of the policy.
-3. `LearnerThread.step` (``learner/learner_thread.py``): the learner takes a train batch from
-   its queue and trains on it.
-4. `VTracePolicy.loss_and_stats` (``learner/vtrace_policy.py``): the V-trace actor-critic loss.
-5. `vtrace.from_importance_weights` (``learner/vtrace.py``): the targets and advantages.
-
-Importing the package is cheap: TensorFlow is imported only by ``learner/`` and what
-uses it, never by what actor processes import. Importing it sets TensorFlow's environment
-defaults before TensorFlow loads (a value you set first wins): the Keras backend, and C++ logs
-at warnings and above (TensorFlow still notes at its first import that oneDNN's CPU kernels
-are on: they make the conv nets' train steps several times faster). tf.function's retracing
-warnings are filtered out (the notebooks call V-trace on many shapes on purpose). It registers
-the package's memory task with gymnasium, ``impala_lab/StatelessCartPole-v1``, and, when
-MinAtar is installed, its games (``MinAtar/Breakout-v1`` ...; `impala_lab.envs.minatar`).
+Importing the package is cheap (TensorFlow is imported only by ``learner/`` and what uses it).
+It sets TensorFlow's environment defaults before TensorFlow loads (a value you set first
+wins): the Keras backend, and C++ logs at warnings and above; tf.function's retracing warnings
+are filtered out (the notebooks call V-trace on many shapes on purpose). It registers
+``impala_lab/StatelessCartPole-v1`` with gymnasium and, when MinAtar is installed, its games.
 """
 
 from __future__ import annotations
@@ -81,8 +66,6 @@ __all__ = ["ConfigError", "ImpalaConfig", "ImpalaError", "LearnerError", "ModelS
 if TYPE_CHECKING:  # pragma: no cover
     from impala_lab.driver.impala import Impala  # noqa: F401
     from impala_lab.driver.lifetime import shutdown_all  # noqa: F401
-
-
 
 
 def __getattr__(name: str) -> Any:

@@ -19,14 +19,12 @@ class ConfigError(ValueError):
 
 
 class StageError(ImpalaError):
-    """An exception raised inside a pipeline stage (a worker, the learner, a loader thread).
-
+    """An exception raised inside a pipeline stage (a worker, the learner, a loader thread):
     ``str(err)`` is ``"<stage> failed: <details>"``, then the original traceback if any.
 
     Attributes:
       stage: which stage raised, e.g. ``"learner thread"`` or ``"worker 1 (env CartPole-v1)"``.
-      message: the first line of the stage's own message, e.g. ``"RuntimeError: boom"``.
-      details: the stage's whole message (``message`` and any lines after it).
+      message, details: the first line of the stage's own message, and all of it.
       remote_traceback: the original traceback, formatted where the exception happened.
     """
 
@@ -45,12 +43,8 @@ class StageError(ImpalaError):
 
 
 class WorkerError(StageError):
-    """A rollout worker raised (its env, or the worker itself), or its process died.
-
-    Attributes:
-      worker_index: the worker's index in the run.
-      env_id: the env the worker was stepping.
-    """
+    """A rollout worker raised (its env, or the worker itself), or its process died; it
+    names the ``worker_index`` and the ``env_id`` the worker was stepping."""
 
     def __init__(self, worker_index: int, env_id: str, message: str,
                  remote_traceback: str = "") -> None:

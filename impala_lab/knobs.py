@@ -1,8 +1,6 @@
-"""Live knobs: the config fields a run may change between two driver steps, in one table.
-
-``Impala.set_knobs``, the driver, the dashboard's sliders, the plots' ``knobs.*`` columns and
-the docs all read `KNOBS`: a new knob is one `Knob` here (with an ``apply`` hook if storing the
-config value is not enough). ``ImpalaConfig`` validates a knob's value like any other field.
+"""Live knobs: the config fields a run may change between two driver steps, in one table that
+``Impala.set_knobs``, the dashboard's sliders, the plots and the docs all read: a new knob is
+one `Knob` here. ``ImpalaConfig`` validates a knob's value like any other field.
 """
 
 from __future__ import annotations
@@ -14,19 +12,11 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Knob:
-    """One live knob.
-
-    Attributes:
-      name: the config field.
-      kind: "int" or "float"; a dashboard value is cast to it before ``set_knobs``.
-      low, high: the dashboard slider's range (the config's validation may allow more).
-      step: the slider's step; for a ``log`` slider, the step of the exponent.
-      log: a log-scale slider (base 10; ``low``/``high`` are then the values, not exponents).
-      help: one line for tooltips and tables.
-      readout: the slider's number format, e.g. ".2f"; "" keeps the widget's own.
-      apply: how a running pipeline takes the new value, ``apply(run, value)``; None when
-        storing it in ``run.config`` is all it takes (the driver reads the config each step).
-    """
+    """One live knob: the config field ``name``, its ``kind`` ("int" or "float": a dashboard
+    value is cast to it), the slider's range ``low``-``high`` (validation may allow more),
+    ``step`` (of the exponent for a base-10 ``log`` slider) and number format ``readout`` ("":
+    the widget's own), a ``help`` line, and ``apply(run, value)``: how a running pipeline takes
+    the value (None: storing it in ``run.config`` is all it takes)."""
 
     name: str
     kind: str

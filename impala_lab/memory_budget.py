@@ -1,17 +1,14 @@
 """How many bytes a config's data needs, and whether that fits: a config is refused before any
 process starts rather than dying of an out-of-memory error in the middle of a run.
 
-`memory_estimate` adds up the parts that grow with the config's sizes and the fixed costs;
-`check_memory` compares the total with ``max_memory_gb`` (None: half of
-`available_memory_bytes`, which reads the process's memory cgroups), names the fields to lower,
-and with the process backend checks the weights' blocks against ``/dev/shm``. Validation calls
-it without an env (one float per observation, a lower bound), ``Impala`` again with the env's
-spaces. The config is read through `MemorySizes`, so this module never imports it (no import
-circle).
+Validation calls `check_memory` without an env (one float per observation, a lower bound),
+``Impala`` again with the env's spaces. The config is read through `MemorySizes`, so this
+module never imports it (no import circle).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from pathlib import Path
@@ -77,16 +74,11 @@ def memory_estimate(config: MemorySizes, observation_space: Any = None,
                     action_space: Any = None) -> dict[str, int]:
     """Bytes ``config`` needs for its data, by part (`PART_FIELDS`; ``"total"`` their sum).
 
-    ``observation_space``: its ``shape`` and ``dtype``; None counts one float32 per observation
-    (a lower bound: validation makes no env). ``action_space``: a Discrete's n logits and an
-    int64 action per step, a Box's 2D inputs and D float32 actions; None counts 2 actions.
-
-    The learner's working set is its tensor copy of a batch plus, per env step, activations
-    and gradients: 8 bytes per hidden or conv unit per trunk, 12 per observation element and
-    400 for the loss (docs/reliability.md says how well that held). With ``use_lstm`` (C =
-    ``lstm_cell_size``) every batch also carries ``state_in`` (float32 [B, 2, C]), the working
-    set gains `LSTM_STEP_BYTES_PER_UNIT` per env step and unit of C and 4 copies of the LSTM's
-    weights (gradient and two optimizer slots); its trunk is one MLP under both heads.
+    ``observation_space`` None counts one float32 per observation (a lower bound: validation
+    makes no env); ``action_space`` None counts 2 distribution inputs. The learner's working
+    set is its copy of a batch plus activations and gradients per env step (docs/reliability.md
+    gives the bytes and how well they held); with ``use_lstm`` also ``state_in`` (float32
+    [B, 2, C]) per column and 4 copies of the LSTM's weights.
     """
     c, spec = config, config.model_spec
     obs_elements, obs_itemsize, conv_units, conv_out = _observation_sizes(spec,
@@ -103,7 +95,13 @@ def memory_estimate(config: MemorySizes, observation_space: Any = None,
     sample = T * B * step_bytes + B * column_bytes
     columns = c.train_batch_columns
     train = columns * T * step_bytes + columns * column_bytes
-    learner_per_step, lstm_weights = _learner_bytes(spec, obs_elements, conv_units, conv_out)
+    # the learner's activations and gradients per env step (docs/reliability.md)
+    trunks = 1 if spec.vf_share_layers or spec.use_lstm else 2
+    learner_per_step = 400 + 8 * trunks * (sum(spec.hiddens) + conv_units) + 12 * obs_elements
+    if spec.use_lstm:
+        learner_per_step += LSTM_STEP_BYTES_PER_UNIT * spec.lstm_cell_size
+    # the LSTM's weights, their gradient and two optimizer slots (float32)
+    lstm_weights = 4 * 4 * _lstm_floats(spec, obs_elements, conv_out)
     parts = {
         "learner queue": c.learner_queue_size * train,
         "batch buffer": 2 * train,  # the samples being gathered and their concatenation
@@ -124,22 +122,19 @@ def memory_estimate(config: MemorySizes, observation_space: Any = None,
 
 
 def _action_sizes(action_space: Any) -> tuple[int, int]:
-    """(distribution inputs per step, bytes of one action): a Discrete's n logits and an
-    int64 index; a Box's 2D inputs (mean, log-std) and D float32 numbers; None: 2 and 8."""
+    """(distribution inputs per step, bytes of one action): a Discrete's n and 8 (int64); a
+    Box's 2D and 4D (float32); None: 2 and 8."""
     if action_space is None:
         return 2, 8
-    try:  # a Discrete's n (other spaces have none, or a shaped one)
+    with contextlib.suppress(AttributeError, TypeError, ValueError):  # a Discrete's n
         return int(action_space.n), 8
-    except (AttributeError, TypeError, ValueError):
-        pass
     size = math.prod(int(d) for d in getattr(action_space, "shape", None) or (1,))
     return 2 * size, 4 * size
 
 
 def weight_count(spec: ModelSpec, obs_elements: int, conv_out: int, num_actions: int) -> int:
-    """Floats of the policy and value trunks and heads (the LSTM's are counted apart): each
-    dense layer's kernel and bias, the conv trunk's output as the MLP's input when there is
-    one (its own filters are few and left out)."""
+    """Floats of the dense trunks and heads (the LSTM's and the few conv filters' are left
+    out), on the conv trunk's output where there is one."""
     def mlp(inputs: int) -> tuple[int, int]:
         total = 0
         for units in spec.hiddens:
@@ -155,20 +150,8 @@ def weight_count(spec: ModelSpec, obs_elements: int, conv_out: int, num_actions:
     return 2 * trunk + (last + 1) * (num_actions + 1)
 
 
-def _learner_bytes(spec: ModelSpec, obs_elements: int, conv_units: int, conv_out: int
-                   ) -> tuple[int, int]:
-    """(bytes per env step of the learner's activations and gradients, bytes of the LSTM's
-    weights with their gradient and two optimizer slots; 0 without an LSTM)."""
-    trunks = 1 if spec.vf_share_layers or spec.use_lstm else 2
-    per_step = 400 + 8 * trunks * (sum(spec.hiddens) + conv_units) + 12 * obs_elements
-    if spec.use_lstm:
-        per_step += LSTM_STEP_BYTES_PER_UNIT * spec.lstm_cell_size
-    return per_step, 4 * 4 * _lstm_floats(spec, obs_elements, conv_out)
-
-
 def _lstm_floats(spec: ModelSpec, obs_elements: int, conv_out: int) -> int:
-    """Floats of the spec's LSTM (0 without one), whose input is the trunk's last layer (or
-    the conv stack's, or the observation)."""
+    """Floats of the spec's LSTM (0 without one), on the trunk's last features."""
     if not spec.use_lstm:
         return 0
     features = spec.hiddens[-1] if spec.hiddens else conv_out or obs_elements
@@ -176,8 +159,8 @@ def _lstm_floats(spec: ModelSpec, obs_elements: int, conv_out: int) -> int:
 
 
 def _observation_sizes(spec: ModelSpec, observation_space: Any) -> tuple[int, int, int, int]:
-    """(elements, bytes per element, conv activations, conv trunk output units) of one
-    observation; without a space one float32 element and no conv trunk (a lower bound)."""
+    """(elements, bytes per element, conv activations, conv output units) of one observation;
+    without a space one float32 element and no conv trunk."""
     shape = getattr(observation_space, "shape", None)
     if shape is None:
         return 1, 4, 0, 0
@@ -198,9 +181,8 @@ def lstm_weight_count(features: int, cell_size: int) -> int:
 
 def check_memory(config: MemorySizes, observation_space: Any = None,
                  action_space: Any = None) -> None:
-    """Raise `ConfigError` if `memory_estimate` exceeds the limit (``max_memory_gb``, or
-    half of the available memory; the error names the fields of the largest parts), or if
-    the weights blocks do not fit in /dev/shm (`check_shared_memory`)."""
+    """Raise `ConfigError` naming the fields of the largest parts if `memory_estimate`
+    exceeds ``max_memory_gb`` (None: half the available memory); then `check_shared_memory`."""
     parts = memory_estimate(config, observation_space, action_space)
     total = parts.pop("total")
     if config.max_memory_gb is not None:
@@ -290,19 +272,14 @@ def _growth(config: MemorySizes, name: str) -> float:
 
 
 def available_memory_bytes(root: str = "/") -> int | None:
-    """Memory available to new allocations: MemAvailable from /proc/meminfo (psutil where
-    there is no /proc), capped by what the memory cgroups of this process still allow
-    (`cgroup_memory_left`); None if it cannot be read. ``root``: where /proc and /sys are
-    (tests pass a fake tree)."""
+    """MemAvailable (/proc/meminfo, else psutil), capped by `cgroup_memory_left`; None if it
+    cannot be read. ``root``: where /proc and /sys are (tests pass a fake tree)."""
     available = None
-    try:
-        with open(Path(root, "proc/meminfo")) as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    available = int(line.split()[1]) * 1024
-                    break
-    except (OSError, ValueError, IndexError):
-        pass
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path(root, "proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                available = int(line.split()[1]) * 1024
+                break
     if available is None:
         try:
             import psutil
@@ -322,9 +299,8 @@ _CGROUP_FILES = {"v2": ("sys/fs/cgroup", "memory.max", "memory.current", "inacti
 
 
 def cgroup_memory_left(root: str = "/") -> int | None:
-    """Bytes the memory cgroups of this process still allow: for its own group (from
-    /proc/self/cgroup, v2 or v1) and each one above it, the limit less the usage that the
-    kernel cannot reclaim; the least of them. None: no group sets a limit."""
+    """The least, over this process's memory cgroup (v2 or v1) and those above it, of the
+    limit less the usage the kernel cannot reclaim; None: no group sets a limit."""
     try:
         lines = Path(root, "proc/self/cgroup").read_text().splitlines()
     except OSError:
@@ -359,13 +335,11 @@ def _read_int(path: Path) -> int | None:
 
 
 def _stat_value(path: Path, key: str) -> int:
-    try:
+    with contextlib.suppress(OSError):
         for line in path.read_text().splitlines():
             name, _, value = line.partition(" ")
             if name == key and value.strip().isdigit():
                 return int(value)
-    except OSError:
-        pass
     return 0
 
 

@@ -1,25 +1,18 @@
 """`ModelSpec`: the policy/value network, described once, and the geometry of its conv trunks.
 
-The actors' numpy model, the learner's Keras model, the memory estimate, ``impala-lab play``
-and the rollout worker all take a `ModelSpec` (``ImpalaConfig.model_spec`` builds one from the
-RLlib-named fields: ``model`` is ``hiddens`` here). `network_layout` says what a spec builds for
-an env's spaces (`NetworkLayout`: the trunk, the heads, every weight's shape and initial gain);
-both models build from it. numpy only: every part of the package may import it.
+The actors' numpy model, the learner's Keras model, the memory estimate and ``impala-lab play``
+take a `ModelSpec` (``ImpalaConfig.model_spec``; the config's ``model`` is ``hiddens`` here);
+`network_layout` says what it builds for an env's spaces, and both models build from that.
+numpy only: every part of the package may import it.
 
-The trunk follows the observation space and ``conv_net``: for rank-1 Box observations
-``hiddens`` dense layers with tanh (RLlib's default fcnet activation; bounded features keep the
-value head tame); for HxWxC images the small CNN of ``conv_filters`` (``"cnn"``: 'valid'
-padding, relu; None picks the layers by the image's size, as RLlib's ``get_filter_config``) or
-the IMPALA paper's deep network (``"impala"``: per width in ``impala_channels`` a conv, a
-max-pool halving the map and two residual blocks), then a flatten and the ``hiddens`` dense
-layers (relu). docs/pixels.md draws both.
-
-uint8 observations are scaled by 1/255 inside the network (MinAtar's boolean images travel as
-uint8 0/1). With ``use_lstm`` an LSTM of C = ``lstm_cell_size`` units follows the trunk, one
-core under both heads (RLlib's LSTM wrapper). Two heads end the network: the action
-distribution's inputs [N, A] (a Discrete space's logits) and a value [N]. With
-``vf_share_layers=False`` (RLlib's default) the value head has a trunk of its own of the same
-sizes, so a value-loss spike cannot wreck the policy's features.
+Trunks (docs/pixels.md draws them): a rank-1 Box gets ``hiddens`` dense tanh layers; HxWxC
+images (uint8 scaled by 1/255 inside) the small CNN of ``conv_filters`` ('valid', relu; None
+picks by image size as RLlib's ``get_filter_config``) or the IMPALA paper's network (per width
+of ``impala_channels`` a conv, a max-pool halving the map, two residual blocks), then
+``hiddens`` relu layers. ``use_lstm`` adds an LSTM of C = ``lstm_cell_size`` units under both
+heads: the distribution's inputs [N, A] and a value [N]. With ``vf_share_layers=False``
+(RLlib's default) the value head has a trunk of its own, so a value-loss spike cannot wreck the
+policy's features.
 
 Weights are a ``list[np.ndarray]`` in Keras's ``get_weights()`` order. With a shared trunk::
 
@@ -31,19 +24,16 @@ Weights are a ``list[np.ndarray]`` in Keras's ``get_weights()`` order. With a sh
           ``stack_s_res_r_conv_0`` and ``_1`` [3, 3, C_s, C_s] (and biases) of residual blocks
           r = 0, 1; then hidden_0/kernel [F, H0], ..., and the heads
 
-With separate trunks every layer is followed by its value twin (Keras orders layers by depth):
-``[conv_0, value_conv_0, ..., hidden_0, value_hidden_0, ..., logits_head, value_head]``. An
-LSTM's weights come between the trunk and the heads, as Keras's ``LSTMCell`` holds them:
-``lstm/kernel [F, 4C], lstm/recurrent_kernel [C, 4C], lstm/bias [4C]``, gates in the order
-(input, forget, cell, output); the state of N envs is one float32 array [N, 2, C] (h, then c).
-
-Initialisation (`NetworkLayout.initial_weights`, which both models load): the gains below on
-orthogonal kernels, zero biases but for the LSTM's forget gate (1, Keras's
-``unit_forget_bias``).
+With separate trunks every layer is followed by its value twin (Keras orders layers by depth).
+An LSTM's weights come between the trunk and the heads: ``lstm/kernel [F, 4C],
+lstm/recurrent_kernel [C, 4C], lstm/bias [4C]``, gates (input, forget, cell, output); the state
+of N envs is float32 [N, 2, C] (h, then c). Initialisation: orthogonal kernels with the gains
+below, zero biases but the LSTM's forget gate (1, Keras's ``unit_forget_bias``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -52,11 +42,6 @@ from typing import Any
 import numpy as np
 
 from impala_lab.spaces import action_space_kind, observation_trunk
-
-__all__ = ["ATARI_FILTERS", "CONV_NETS", "IMPALA_CHANNELS", "OBS_NORM_CLIP", "OBS_NORM_EPSILON",
-           "RESIDUAL_BLOCKS", "SMALL_IMAGE_FILTERS", "ModelSpec", "NetworkLayout",
-           "check_spaces", "default_conv_filters", "impala_shapes", "min_image_size",
-           "network_layout", "orthogonal", "small_cnn_shapes"]
 
 CONV_NETS = ("cnn", "impala")
 # (filters, kernel, stride) of the small CNN's layers, 'valid' padding.
@@ -81,32 +66,26 @@ RESIDUAL_GAIN = 0.0
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """The architecture of the policy/value network (what every model builder reads).
+    """The architecture of the policy/value network (the module docstring has the trunks).
 
     Attributes:
-      hiddens: sizes of the dense hidden layers, after the conv trunk for images (the
-        config's ``model``); () for none.
-      vf_share_layers: one trunk under the policy and value heads (True), or a value trunk
-        of its own with the same layer sizes (False, RLlib's default). A recurrent model has
-        one core whatever this says.
-      use_lstm: an LSTM of ``lstm_cell_size`` units after the trunk, under both heads.
-      lstm_cell_size: the LSTM's units C (its h and c are each [N, C]); read with use_lstm.
-      conv_net: the conv trunk for images: "cnn" (the small CNN of ``conv_filters``) or
-        "impala" (the IMPALA paper's network of ``impala_channels``).
-      conv_filters: the small CNN's (filters, kernel, stride) layers, 'valid' padding; None
-        picks them by image size (`default_conv_filters`).
+      hiddens: sizes of the dense hidden layers (the config's ``model``); () for none.
+      vf_share_layers: one trunk under both heads (True), or a value trunk of its own (False,
+        RLlib's default); a recurrent model has one core whatever this says.
+      use_lstm, lstm_cell_size: an LSTM of C units after the trunk (h and c each [N, C]).
+      conv_net: the conv trunk for images, "cnn" or "impala".
+      conv_filters: the small CNN's (filters, kernel, stride) layers; None picks them by image
+        size (`default_conv_filters`).
       impala_channels: the widths of the IMPALA network's stacks.
-      free_log_std: a Box space's log standard deviation is a learned vector [D] that no
-        state changes (True: the policy head's third weight ``logits_head/log_std [D]``,
-        zeros at the start), or the head computes it with the mean (False).
+      free_log_std: a Box space's log-std is a learned vector (the policy head's third weight
+        ``logits_head/log_std [D]``, zeros at the start), not computed with the mean.
       normalize_obs: standardise vector observations inside the network with a running mean
         and variance (`impala_lab.learner.obs_normalizer`): the first three weights are then
-        ``obs_filter/mean [D], obs_filter/var [D], obs_filter/count [1]`` (0, 1, 0 at the
-        start), updated by the learner, never by a gradient; they travel with the weights, so
-        actors and learner normalise alike.
+        ``obs_filter/mean [D], obs_filter/var [D], obs_filter/count [1]``, updated by the
+        learner, never by a gradient, and sent to the actors with the weights.
 
-    Lists are stored as tuples (the spec is hashable and pickles to actor processes). A bad
-    value raises ValueError naming the field, the value and the fix.
+    Lists are stored as tuples (hashable, pickled to actor processes). A bad value raises
+    ValueError naming the field, the value and the fix.
     """
 
     hiddens: tuple[int, ...] = (64, 64)
@@ -262,21 +241,13 @@ def check_spaces(observation_space: Any, action_space: Any,
 
 @dataclass(frozen=True)
 class NetworkLayout:
-    """What a `ModelSpec` builds for an env's spaces (`network_layout` makes one).
-
-    Attributes:
-      kind: the trunk, ``"mlp"``, ``"cnn"`` (the small CNN) or ``"impala"``.
-      obs_shape, obs_dtype: one observation's.
-      conv_filters: the small CNN's (filters, kernel, stride) layers; () for other trunks.
-      hiddens, impala_channels, use_lstm, normalize_obs: the spec's.
-      lstm_cell_size: the LSTM's units C, 0 without one.
-      separate_value_trunk: every layer has a value twin right after it in the weights.
-      num_actions: width A of the action distribution's inputs (n logits; 2D for a Box).
-      head_units: units the policy head computes: A, or the D means when the log-std is free.
-      free_log_std: the policy head's third weight is a learned log-std vector [D].
-      shapes, gains: each weight array's shape in ``get_weights()`` order, and its
-        orthogonal-init gain (0 for biases and statistics).
-    """
+    """What a `ModelSpec` builds for an env's spaces (`network_layout` makes one): the trunk
+    ``kind`` (``"mlp"``, ``"cnn"`` or ``"impala"``), the small CNN's ``conv_filters`` (() for
+    other trunks), ``lstm_cell_size`` (0 without an LSTM), whether every layer has a value twin
+    (``separate_value_trunk``), the width A of the distribution's inputs (``num_actions``) and
+    of the policy head (``head_units``: A, or the D means when the log-std is free), and
+    ``shapes`` and ``gains``: each weight's shape in ``get_weights()`` order and its
+    orthogonal-init gain (0 for biases and statistics)."""
 
     kind: str
     obs_shape: tuple[int, ...]
@@ -295,9 +266,8 @@ class NetworkLayout:
     gains: tuple[float, ...]
 
     def initial_weights(self, seed: int | None) -> list[np.ndarray]:
-        """Fresh float32 weights in `shapes` order: orthogonal kernels with their `gains`,
-        zero biases, the LSTM's forget-gate bias 1 (Keras's ``unit_forget_bias``), observation
-        variance 1. The same seed gives the same weights."""
+        """Fresh float32 weights in `shapes` order (the module docstring says how), the
+        observation variance 1; the same seed gives the same weights."""
         rng = np.random.default_rng(seed)
         weights = [np.zeros(shape, np.float32) if len(shape) == 1 else orthogonal(rng, shape, gain)
                    for shape, gain in zip(self.shapes, self.gains, strict=True)]
@@ -327,65 +297,57 @@ def network_layout(spec: ModelSpec, observation_space: Any, action_space: Any) -
     # A recurrent model has one core (trunk and LSTM) under both heads.
     separate = not spec.vf_share_layers and not spec.use_lstm and (
         kind != "mlp" or bool(spec.hiddens))
-    layout = dict(
+    layout = NetworkLayout(
         kind=kind, obs_shape=obs_shape, obs_dtype=np.dtype(observation_space.dtype),
         conv_filters=spec.small_cnn_filters(obs_shape) if kind == "cnn" else (),
         hiddens=spec.hiddens, impala_channels=spec.impala_channels, use_lstm=spec.use_lstm,
         lstm_cell_size=spec.lstm_cell_size if spec.use_lstm else 0,
         separate_value_trunk=separate, num_actions=num_actions,
         head_units=num_actions // 2 if free_log_std else num_actions,
-        free_log_std=free_log_std, normalize_obs=bool(spec.normalize_obs))
-    shapes, gains = _weight_layout(**layout)
-    return NetworkLayout(**layout, shapes=tuple(shapes), gains=tuple(gains))
+        free_log_std=free_log_std, normalize_obs=bool(spec.normalize_obs), shapes=(), gains=())
+    features = obs_shape[0] if kind == "mlp" else spec.trunk_output_units(obs_shape)
+    shapes, gains = _weight_layout(layout, features)
+    return dataclasses.replace(layout, shapes=tuple(shapes), gains=tuple(gains))
 
 
-def _weight_layout(*, kind: str, obs_shape: tuple[int, ...], conv_filters: tuple,
-                   hiddens: tuple[int, ...], impala_channels: tuple[int, ...],
-                   separate_value_trunk: bool, lstm_cell_size: int, head_units: int,
-                   free_log_std: bool, normalize_obs: bool, **_: Any
+def _weight_layout(net: NetworkLayout, features: int
                    ) -> tuple[list[tuple[int, ...]], list[float]]:
     """Weight shapes in ``get_weights()`` order, and each array's init gain (the module
-    docstring has the order)."""
+    docstring has the order); ``features``: what the first dense layer reads."""
     shapes: list[tuple[int, ...]] = []
     gains: list[float] = []
 
     def add(shape: tuple[int, ...], gain: float, bias: int) -> None:
-        copies = 2 if separate_value_trunk else 1  # each layer, then its value twin
+        copies = 2 if net.separate_value_trunk else 1  # each layer, then its value twin
         shapes.extend([shape, (bias,)] * copies)
         gains.extend([gain, 0.0] * copies)
 
-    if normalize_obs:  # obs_filter/mean [D], /var [D], /count [1]
-        shapes += [obs_shape, obs_shape, (1,)]
+    if net.normalize_obs:  # obs_filter/mean [D], /var [D], /count [1]
+        shapes += [net.obs_shape, net.obs_shape, (1,)]
         gains += [0.0, 0.0, 0.0]
-    if kind == "cnn":
-        channels = obs_shape[-1]
-        for filters, kernel, _ in conv_filters:
-            add((kernel, kernel, channels, filters), HIDDEN_GAIN, filters)
-            channels = filters
-        h, w, c = small_cnn_shapes(obs_shape, conv_filters)[-1]
-        features = h * w * c
-    elif kind == "impala":
-        for c_in, c_out in zip((obs_shape[-1], *impala_channels), impala_channels):
+    channels = net.obs_shape[-1]
+    for filters, kernel, _ in net.conv_filters:  # the small CNN's; () for other trunks
+        add((kernel, kernel, channels, filters), HIDDEN_GAIN, filters)
+        channels = filters
+    if net.kind == "impala":
+        for c_in, c_out in zip((channels, *net.impala_channels), net.impala_channels):
             add((3, 3, c_in, c_out), HIDDEN_GAIN, c_out)
             for _ in range(RESIDUAL_BLOCKS):
                 add((3, 3, c_out, c_out), HIDDEN_GAIN, c_out)
                 add((3, 3, c_out, c_out), RESIDUAL_GAIN, c_out)
-        h, w, c = impala_shapes(obs_shape, impala_channels)[-1]
-        features = h * w * c
-    else:
-        features = obs_shape[0]
-    for size in hiddens:
+    for size in net.hiddens:
         add((features, size), HIDDEN_GAIN, size)
         features = size
-    if lstm_cell_size:
-        cell = lstm_cell_size
+    if net.lstm_cell_size:
+        cell = net.lstm_cell_size
         shapes += [(features, 4 * cell), (cell, 4 * cell), (4 * cell,)]
         gains += [LSTM_GAIN, LSTM_GAIN, 0.0]
         features = cell
-    shapes += [(features, head_units), (head_units,)]
+    head = net.head_units
+    shapes += [(features, head), (head,)]
     gains += [POLICY_GAIN, 0.0]
-    if free_log_std:
-        shapes.append((head_units,))  # logits_head/log_std, zeros: std 1
+    if net.free_log_std:
+        shapes.append((head,))  # logits_head/log_std, zeros: std 1
         gains.append(0.0)
     shapes += [(features, 1), (1,)]
     gains += [VALUE_GAIN, 0.0]

@@ -1,10 +1,7 @@
-"""Piecewise-linear schedules over env steps (``lr_schedule``: RLlib's, the IMPALA paper's
-linearly annealed learning rate).
-
-A schedule is a list of ``(env_steps, value)`` points with strictly increasing env steps,
-interpolated linearly between them and flat outside (RLlib's ``PiecewiseSchedule`` with the
-last value as its ``outside_value``): ``((0, 0.003), (2_000_000, 0.0))`` anneals from 0.003 to
-0 over 2M env steps and stays at 0.
+"""Piecewise-linear schedules over env steps (``lr_schedule``: the IMPALA paper's linearly
+annealed learning rate): ``(env_steps, value)`` points, strictly increasing env steps,
+interpolated between them and flat outside (RLlib's ``PiecewiseSchedule``, the last value its
+``outside_value``): ``((0, 0.003), (2_000_000, 0.0))`` anneals to 0 over 2M env steps.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
-"""The spaces a policy can take: which observations get which network, which action spaces get
-which action distribution.
-
-Actors and learner must answer these questions alike, so both start from `observation_trunk`
-and `action_space_kind` (`impala_lab.model_spec.check_spaces` asks both). Each action space
-kind names its distribution, whose math lives twice under that ``name``: in numpy for the
-actors (`impala_lab.actor.distributions`), in TensorFlow for the learner
-(`impala_lab.learner.distributions`). `DiscreteActions`: a softmax over n logits, actions
-int64 [T, B] in a batch; `BoxActions`: a float ``Box`` flattened to D numbers, a diagonal
-Gaussian on D means then D log standard deviations, actions float32 [T, B, D]. A new kind is
-one class here, one row in `ACTION_SPACES` and its two distribution twins.
+"""The spaces a policy can take: which observations get which trunk (`observation_trunk`), which
+action spaces get which action distribution (`action_space_kind`); actors and learner both ask
+here. Each kind's distribution lives twice under its ``name``: numpy for the actors
+(`impala_lab.actor.distributions`), TensorFlow for the learner
+(`impala_lab.learner.distributions`). A new kind is one class here, one row in
+`ACTION_SPACES` and its two distribution twins.
 """
 
 from __future__ import annotations
@@ -25,7 +20,8 @@ __all__ = ["ACTION_SPACES", "BoxActions", "DiscreteActions", "action_space_kind"
 
 
 class DiscreteActions:
-    """``Discrete(n)`` starting at 0: actions are indices, the policy's inputs n logits."""
+    """``Discrete(n)`` starting at 0: the policy's inputs are n logits of a softmax, a batch's
+    actions int64 [T, B]."""
 
     #: the distribution's name (the numpy and TensorFlow twins carry it too)
     name = "categorical"
@@ -56,7 +52,8 @@ class DiscreteActions:
 
 
 class BoxActions:
-    """A float ``Box``, flattened to D numbers: inputs are [2D] = (means, log-stds)."""
+    """A float ``Box``, flattened to D numbers: a diagonal Gaussian on inputs [2D] = (means,
+    log-stds), a batch's actions float32 [T, B, D]."""
 
     name = "diag_gaussian"
     action_dtype = np.dtype(np.float32)

@@ -1,12 +1,9 @@
 """The pipeline's measuring instruments, after RLlib's ``TimerStat`` and ``WindowStat``:
 timers, windowed statistics, throughput meters and a bounded history for plots.
 
-The learner thread writes into them while the driver (and the dashboard's poller) reads, so
-each mutable instrument holds a small lock. No TensorFlow: actor processes import this module.
-An empty instrument gives ``0.0``, never NaN, with a ``count`` of 0 saying there was no data:
-the values stay JSON-friendly, plottable and safe to ``round()``. `process_start` lets
-start-up figures (the CLI's seconds to a target, ``stats()["startup"]``) count the
-interpreter's and TensorFlow's start too.
+The learner thread writes while the driver reads, so each instrument holds a small lock. An
+empty one gives ``0.0``, never NaN (its ``count`` of 0 says there was no data), so values stay
+JSON-friendly. No TensorFlow: actor processes import this module.
 """
 
 from __future__ import annotations
@@ -53,15 +50,13 @@ def _mean(values: deque[float]) -> float:
 
 
 class TimerStat:
-    """Durations of a repeated operation, in seconds, like RLlib's ``TimerStat``: a context
-    manager around the operation (``with timer: learn_on_batch(batch)``), or `push` durations
-    measured elsewhere. Each thread keeps its own start time, so two threads may time with one
-    `TimerStat` at once; nesting it inside itself in one thread is an error. ``clock``: seconds
-    now (tests inject a fake one).
+    """Durations of a repeated operation, in seconds, like RLlib's ``TimerStat``: ``with
+    timer: learn_on_batch(batch)``, or `push` durations measured elsewhere. Each thread keeps
+    its own start time; nesting a timer inside itself in one thread is an error. ``clock``:
+    seconds now (tests inject a fake one).
 
     Attributes:
-      window_size: how many recent durations (>= 1) the windowed figures (`mean`, `median`,
-        `max`, `mean_throughput`) look at.
+      window_size: how many recent durations (>= 1) the windowed figures look at.
       count, total: operations timed and seconds spent in them since creation (or `reset`).
     """
 
@@ -157,8 +152,7 @@ class TimerStat:
 
 class WindowStat:
     """Mean, std, min and max of the last `n` (>= 1) pushed numbers, like RLlib's
-    ``WindowStat``; e.g. the learner queue's size after each learner step. The keys are plain
-    (``"mean"``, not ``"size_mean"``); `name` says what was measured (e.g. ``"size"``)."""
+    ``WindowStat``; the keys are plain (``"mean"``), `name` says what was measured."""
 
     def __init__(self, name: str, n: int) -> None:
         if n < 1:
@@ -189,10 +183,9 @@ class WindowStat:
 
 class ThroughputMeter:
     """Counts units (env steps, batches) and says how fast they arrive: `rate()` over the
-    last ``window_s`` seconds (the live gauge), `mean_rate` since creation (or `reset`), and
-    `pop_interval_rate()` since its previous call (RLlib's ``get_mean_stats_and_reset``:
-    ``sample_throughput`` in stats()). It keeps one entry per `add` inside the window: add per
-    batch, not per step. ``clock``: seconds now; tests inject a fake one."""
+    last ``window_s`` seconds, `mean_rate` since creation (or `reset`), `pop_interval_rate()`
+    since its previous call (RLlib's ``get_mean_stats_and_reset``). It keeps an entry per
+    `add` in the window: add per batch, not per step. ``clock``: seconds now (tests fake it)."""
 
     def __init__(self, window_s: float = 10.0, clock: Clock = time.monotonic) -> None:
         if not (window_s > 0 and math.isfinite(window_s)):
@@ -206,12 +199,9 @@ class ThroughputMeter:
     def reset(self) -> None:
         """Forgets everything and restarts the clock."""
         with self._lock:
-            now = self._clock()
-            self._start = now
+            self._start = self._interval_start = self._clock()
             self._events: deque[tuple[float, float]] = deque()
-            self._total = 0.0
-            self._interval_start = now
-            self._interval_sum = 0.0
+            self._total = self._interval_sum = 0.0
 
     def add(self, n: float = 1) -> None:
         """Records `n` units arriving now."""
@@ -266,7 +256,7 @@ class ThroughputMeter:
 
 def flatten(nested: Mapping[str, Any], sep: str = ".") -> dict[str, Any]:
     """Nested dicts in one level, keys joined with `sep` and made ``str``: ``{"t": {"ms":
-    5.0}, "n": 1}`` becomes ``{"t.ms": 5.0, "n": 1}``; other values are kept as they are."""
+    5.0}, "n": 1}`` becomes ``{"t.ms": 5.0, "n": 1}``."""
     out: dict[str, Any] = {}
     for key, value in nested.items():
         if isinstance(value, Mapping):
@@ -277,27 +267,24 @@ def flatten(nested: Mapping[str, Any], sep: str = ".") -> dict[str, Any]:
 
 
 class StatsHistory:
-    """The last `maxlen` (>= 1) stats snapshots, flattened, for plots over time: the driver
-    appends ``Impala.stats()``, the dashboard reads columns (``history.column("time")``).
-    ``clock`` stamps a row that has no ``time_key`` of its own."""
+    """The last `maxlen` (>= 1) stats snapshots, flattened, for plots over time; ``clock``
+    stamps a row that has no ``"time"`` of its own."""
 
-    def __init__(self, maxlen: int = 1000, clock: Clock = time.time,
-                 time_key: str = "time") -> None:
+    def __init__(self, maxlen: int = 1000, clock: Clock = time.time) -> None:
         if maxlen < 1:
             raise ValueError(f"maxlen={maxlen!r} is invalid: the history must keep at least "
                              f"one row; use e.g. maxlen=1000")
         self.maxlen = maxlen
-        self.time_key = time_key
         self._clock = clock
         self._rows: deque[dict[str, Any]] = deque(maxlen=maxlen)
         self._lock = threading.Lock()
 
     def append(self, snapshot: Mapping[str, Any]) -> dict[str, Any]:
-        """Stores and returns a flattened copy of `snapshot`, stamped with `time_key` if it
+        """Stores and returns a flattened copy of `snapshot`, stamped with ``"time"`` if it
         has none."""
         row = flatten(snapshot)
-        if self.time_key not in row:
-            row[self.time_key] = self._clock()
+        if "time" not in row:
+            row["time"] = self._clock()
         with self._lock:
             self._rows.append(row)
         return row
@@ -310,10 +297,7 @@ class StatsHistory:
     def keys(self) -> list[str]:
         """Every key seen in the kept rows, in order of first appearance."""
         with self._lock:
-            seen: dict[str, None] = {}
-            for r in self._rows:
-                seen.update(dict.fromkeys(r))
-            return list(seen)
+            return list(dict.fromkeys(key for r in self._rows for key in r))
 
     def column(self, key: str) -> np.ndarray:
         """One key's values over the kept rows, oldest first: float64 [len(self)], NaN where
@@ -333,6 +317,14 @@ class StatsHistory:
 
     def __len__(self) -> int:
         return len(self._rows)
+
+
+def csv_number(text: str | None) -> float:
+    """A metrics.csv field as a number; NaN where it is empty or not one."""
+    try:
+        return float(text or "nan")
+    except ValueError:
+        return math.nan
 
 
 def jsonable(value: Any) -> Any:

@@ -98,10 +98,8 @@ def pid_exists(pid: int) -> bool:
         return True
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError, ValueError):  # gone, or no such pid can exist
         return False
     except PermissionError:
         return True  # exists, another user's
-    except (OverflowError, ValueError):
-        return False  # no such pid can exist
     return True

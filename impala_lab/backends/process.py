@@ -208,9 +208,7 @@ class ProcessBackend(Backend):
             end_process_group(h.pid)  # what its env started, if anything is left
             h.finish_stop()
         with self.lock:
-            for h in handles:
-                if h in self.handles:
-                    self.handles.remove(h)
+            self.handles = [h for h in self.handles if h not in handles]
 
     def shutdown(self) -> None:
         """Stops every worker (in parallel) and unlinks every weights block; idempotent."""

@@ -7,12 +7,10 @@ on a worker's pipe, whatever the size of the weights (``bench/transport.py`` mea
 
 `WeightBlocks` releases a block once it is not the latest broadcast and every worker told to
 use it has answered a later request or ended; two released blocks are kept for reuse (a new
-block costs page faults), the rest unlinked. Blocks are named ``il<driver pid>_<random>_<n>``.
-A killed driver's blocks go with its ``multiprocess`` resource tracker; a killed process group
-takes the tracker too, so each new `WeightBlocks` first unlinks this user's stale blocks
-(`remove_stale_blocks`). Ownership is a ``flock`` on ``<prefix>lock``, held for the owner's
-life, not a pid: containers sharing ``/dev/shm`` do not see each other's pids, but do see each
-other's locks. Blocks without a lock file (an older impala_lab) fall back to the pid check.
+block costs page faults). Blocks are named ``il<driver pid>_<random>_<n>`` and owned through a
+``flock`` on ``<prefix>lock`` (containers sharing ``/dev/shm`` see each other's locks, not
+pids); each new `WeightBlocks` first unlinks this user's stale blocks (`remove_stale_blocks`:
+a killed process group takes its resource tracker along). docs/reliability.md has the faults.
 """
 
 from __future__ import annotations

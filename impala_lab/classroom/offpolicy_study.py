@@ -10,12 +10,9 @@ and with replay; its figure E.1 varies the lag. This runs the same grid on a sma
 
 The actors act ``extra_policy_lag`` updates behind, so the corrections matter on a task that
 is otherwise almost on-policy. A study directory holds ``study.json`` (settings, seeds drawn
-at random) and a JSON record per run: an interrupted study continues. docs/off_policy.md.
-
-What it found: each cell gives the IQM over seeds and its bootstrap 95% interval (`seed_stats`,
-fixed seed) of the final return (the paper's table 2) and `run_mean`. A claim "agrees" when
-the interval of a difference of IQMs lies on the claim's side of 0, "differs" on the other,
-else "inconclusive".
+at random) and a JSON record per run: an interrupted study continues. Each cell is the IQM
+over seeds with its bootstrap 95% interval; a claim "agrees" when the interval of a difference
+lies on its side of 0, "differs" on the other, else "inconclusive" (docs/off_policy.md).
 """
 
 from __future__ import annotations

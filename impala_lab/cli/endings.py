@@ -1,9 +1,6 @@
-"""How ``impala-lab train`` ends: the signals that end a run, and output streams that fail.
-
-SIGTERM and SIGHUP end a run as Ctrl-C does, with exit code 128 + the signal (`EndingSignals`);
-a signal ignored at the start (``nohup``) stays ignored, and one that comes while the outputs
-are written is noted, not raised. A failing stream (a closed pipe, a full disk, a terminal that
-hung up, one closed before the start) ends the output (`say`, `Output`), never the run.
+"""How ``impala-lab train`` ends: the signals that end a run (`EndingSignals`), and output
+streams that fail (a closed pipe, a full disk, a hung-up terminal), which end the output
+(`say`, `Output`), never the run.
 """
 
 from __future__ import annotations
@@ -21,8 +18,8 @@ STREAM_ERRORS = (OSError, ValueError)
 
 
 class EndingSignals:
-    """SIGTERM and SIGHUP raise KeyboardInterrupt (as Ctrl-C does) until `defer`; the exit code
-    then says which signal ended the run."""
+    """SIGTERM and SIGHUP raise KeyboardInterrupt (as Ctrl-C does) until `defer`, and the exit
+    code says which signal ended the run; a signal ignored at the start (``nohup``) stays so."""
 
     SIGNALS = tuple(s for s in (signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s)
 
@@ -100,7 +97,7 @@ class Output:
 def open_std_streams() -> None:
     """A standard stream closed before the start (``impala-lab train >&-``) becomes /dev/null:
     else the next file the run opens would get its descriptor (and the progress lines)."""
-    for fd in (0, 1, 2):
+    for fd, name in enumerate(("stdin", "stdout", "stderr")):
         try:
             os.fstat(fd)
         except OSError:
@@ -108,6 +105,5 @@ def open_std_streams() -> None:
             if devnull != fd:
                 os.dup2(devnull, fd)
                 os.close(devnull)
-    for name, fd in (("stdin", 0), ("stdout", 1), ("stderr", 2)):
         if getattr(sys, name) is None:
             setattr(sys, name, open(fd, "r" if fd == 0 else "w", closefd=False))  # noqa: SIM115

@@ -32,14 +32,29 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _add_train_parser(sub)
     sub.add_parser("config", help="print the config table (markdown)")
-    _add_notebooks_parser(sub)
-    _add_play_parser(sub)
+    course = sub.add_parser("notebooks", help="copy the lecture notebooks, the exercises, the "
+                            "notation table and IMPALA in one file into DIR, to run them "
+                            "outside this repository")
+    course.add_argument("dir", type=Path, metavar="DIR", help="destination folder")
+    course.add_argument("--solutions", action="store_true", help="copy the solutions too")
+    course.add_argument("--force", action="store_true", help="overwrite files already there")
+    play = sub.add_parser("play", help="render episodes of a trained policy as a GIF",
+                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    play.add_argument("--checkpoint", type=Path, required=True,
+                      help="a checkpoint directory (train's OUT/checkpoint)")
+    play.add_argument("--episodes", type=int, default=1, help="episodes to play")
+    play.add_argument("--out", type=Path, default=Path("play.gif"), help="the GIF to write")
+    play.add_argument("--max-frames", type=int, default=2000,
+                      help="frames at most over all episodes")
+    play.add_argument("--seed", type=int, default=None, help="env and action seed")
+    play.add_argument("--greedy", action="store_true",
+                      help="the most likely action instead of a sampled one")
+    play.add_argument("--fps", type=float, default=15.0, help="frames per second of the GIF")
     return parser
 
 
 class _DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Argparse's defaults formatter, without "(default: None)" for options left unset (a
-    config field's help says its own defaults)."""
+    """Argparse's defaults formatter, without "(default: None)" (a field's help says it)."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         if action.default is None:
@@ -104,30 +119,6 @@ def _add_train_parser(sub: Any) -> None:
             "--" + name.replace("_", "-"), dest=name, default=None,
             metavar=field_kind(name).upper().rstrip("?"),
             help=f"{field_help(name)} (default: {default!r}{where})", **extra)
-
-
-def _add_notebooks_parser(sub: Any) -> None:
-    course = sub.add_parser("notebooks", help="copy the lecture notebooks, the exercises, the "
-                            "notation table and IMPALA in one file into DIR, to run them "
-                            "outside this repository")
-    course.add_argument("dir", type=Path, metavar="DIR", help="destination folder")
-    course.add_argument("--solutions", action="store_true", help="copy the solutions too")
-    course.add_argument("--force", action="store_true", help="overwrite files already there")
-
-
-def _add_play_parser(sub: Any) -> None:
-    play = sub.add_parser("play", help="render episodes of a trained policy as a GIF",
-                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    play.add_argument("--checkpoint", type=Path, required=True,
-                      help="a checkpoint directory (train's OUT/checkpoint)")
-    play.add_argument("--episodes", type=int, default=1, help="episodes to play")
-    play.add_argument("--out", type=Path, default=Path("play.gif"), help="the GIF to write")
-    play.add_argument("--max-frames", type=int, default=2000,
-                      help="frames at most over all episodes")
-    play.add_argument("--seed", type=int, default=None, help="env and action seed")
-    play.add_argument("--greedy", action="store_true",
-                      help="the most likely action instead of a sampled one")
-    play.add_argument("--fps", type=float, default=15.0, help="frames per second of the GIF")
 
 
 def config_from_args(args: argparse.Namespace) -> ImpalaConfig:
@@ -197,9 +188,8 @@ COMMANDS = {"train": lambda args: train_command(args, config_from_args(args)),
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The ``impala-lab`` command; ``argv`` None reads ``sys.argv`` (the program itself: the
-    console script or ``python -m``), which also lets the learner import TensorFlow without
-    Keras's optional integrations (`impala_lab.speed.lean_imports`)."""
+    """The ``impala-lab`` command; ``argv`` None reads ``sys.argv`` (the program itself), which
+    also turns on `impala_lab.speed.lean_imports`."""
     open_std_streams()  # `impala-lab train >&-`: no file of the run may take fd 1's place
     if argv is None:
         lean_imports.enable()

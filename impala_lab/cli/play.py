@@ -1,16 +1,9 @@
 """Watch a trained policy: episodes rendered frame by frame, written as an animated GIF.
 
-`impala-lab play --checkpoint DIR --episodes N --out FILE.gif` and the GIF that
-``impala-lab train`` leaves next to ``report.png`` both run the actors' numpy policy
-(`impala_lab.actor.numpy_model.NumpyModel`) on the checkpoint's weights: no TensorFlow, so a GIF of
-a
-MinAtar game costs well under a second. Frames are the env's ``rgb_array`` renders (MinAtar's
-colours for its games, `impala_lab.envs.minatar`; gymnasium's classic-control envs such as
-CartPole draw theirs with pygame, a base dependency; MuJoCo's, the ``mujoco`` extra, through an
-OpenGL context: without a display this module picks a headless one, see `headless_mujoco_gl`);
-GIFs are written with Pillow, which matplotlib already depends on.
-
-Imports numpy and gymnasium only (Pillow when writing).
+``impala-lab play`` and the ``policy.gif`` of ``impala-lab train`` run the actors' numpy policy
+(`impala_lab.actor.numpy_model.NumpyModel`) on the run's weights: no TensorFlow. Frames are the
+env's ``rgb_array`` renders (pygame draws classic control, OpenGL MuJoCo's); Pillow writes the
+GIF.
 """
 
 from __future__ import annotations
@@ -28,98 +21,58 @@ import numpy as np
 from impala_lab.actor.numpy_model import NumpyModel
 from impala_lab.config import ImpalaConfig
 from impala_lab.config_checks import env_package_hint
+from impala_lab.driver.build import probe_spaces
+from impala_lab.driver.evaluation import evaluation_model as policy_model  # numpy, no weights
 from impala_lab.envs import make_env
 
+_HEADLESS = not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
 # pygame (gymnasium's classic-control renderer) greets on import; the run's output stays quiet.
 os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")
-# Without a display SDL prints "XDG_RUNTIME_DIR is invalid" as it looks for one; rgb_array
-# frames need none, and a window could not open there anyway.
-if not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
+if _HEADLESS:  # SDL would warn as it looks for a display; rgb_array frames need none
     os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
 
 
-def headless_mujoco_gl() -> str | None:
-    """The ``MUJOCO_GL`` backend for rgb_array frames without a display: ``"egl"`` where
-    libEGL is installed (Mesa's EGL renders in software, no GPU needed: Debian's libegl1,
-    libopengl0, libegl-mesa0 and libgl1-mesa-dri, which ``make mujoco-deps`` installs), else
-    ``"osmesa"`` where libOSMesa is (Debian's libosmesa6), else None."""
+# MuJoCo renders through the OpenGL context MUJOCO_GL names; unset, gymnasium tries GLFW,
+# which needs a display. Headless, pick one before any env of this module imports mujoco (a
+# value the user set wins): Mesa's EGL renders in software, no GPU needed (Debian's libegl1,
+# libopengl0, libegl-mesa0, libgl1-mesa-dri: ``make mujoco-deps``), else OSMesa (libosmesa6).
+if _HEADLESS and "MUJOCO_GL" not in os.environ:
     if ctypes.util.find_library("EGL"):
-        return "egl"
-    return "osmesa" if ctypes.util.find_library("OSMesa") else None
+        os.environ["MUJOCO_GL"] = "egl"
+    elif ctypes.util.find_library("OSMesa"):
+        os.environ["MUJOCO_GL"] = "osmesa"
 
 
-# MuJoCo's envs render through the OpenGL context that MUJOCO_GL names, read when gymnasium
-# makes its renderer. Unset, gymnasium tries GLFW first, which needs a display: headless (a
-# server, CI, a notebook on a remote kernel) every frame fails with "an OpenGL platform
-# library has not been loaded". So without a display, and only when the user did not set it,
-# pick a headless backend here, before any env of this module imports mujoco.
-if "MUJOCO_GL" not in os.environ and not (os.environ.get("DISPLAY")
-                                          or os.environ.get("WAYLAND_DISPLAY")):
-    _gl = headless_mujoco_gl()
-    if _gl is not None:
-        os.environ["MUJOCO_GL"] = _gl
-
-__all__ = ["load_policy", "policy_model", "record_episodes", "write_gif", "play_checkpoint",
-           "headless_mujoco_gl", "renders_with_opengl", "gif_in_child"]
-
-
-def load_policy(checkpoint: str | Path) -> tuple[ImpalaConfig, NumpyModel]:
-    """The config and the numpy policy of a checkpoint (`Impala.save`'s directory).
+def numpy_policy(config: ImpalaConfig, weights: list[np.ndarray], source: str = "the run"
+                 ) -> NumpyModel:
+    """The numpy policy of ``config`` with ``weights``, for the spaces of its env.
 
     Raises:
-      ValueError: the checkpoint's env is a factory (only its name was saved) or cannot be
-        made; FileNotFoundError / ValueError from `read_checkpoint` for a bad directory.
+      ValueError: the env cannot be made (``source``, e.g. the checkpoint, and the package to
+        install are named).
     """
-    from impala_lab.driver.checkpoint import read_checkpoint
-
-    state, weights, _ = read_checkpoint(checkpoint)
-    config = ImpalaConfig.from_dict(state["config"]) if not str(
-        state["config"].get("env", "")).startswith("factory:") else None
-    if config is None:
-        raise ValueError(f"{checkpoint}: its env was a factory ({state['config']['env']}), "
-                         "which a checkpoint does not keep; play needs a registered env id")
     try:
-        env = make_env(config.env)
+        spaces = probe_spaces(config.env)
     except Exception as exc:  # e.g. a MuJoCo env without mujoco: name the package to install
         hint = env_package_hint(config.env)
-        raise ValueError(f"{checkpoint}: its env {config.env!r} cannot be made "
+        raise ValueError(f"{source}: its env {config.env!r} cannot be made "
                          f"({type(exc).__name__}: {exc}){'; ' + hint if hint else ''}"
                          ) from None
-    try:
-        model = policy_model(config, env.observation_space, env.action_space)
-    finally:
-        env.close()
+    model = policy_model(config, *spaces)
     model.set_weights(weights)
-    return config, model
-
-
-def policy_model(config: ImpalaConfig, observation_space: Any, action_space: Any
-                 ) -> NumpyModel:
-    """The numpy network that ``config`` trains, for these spaces (no weights loaded)."""
-    return NumpyModel(observation_space, action_space, config.model_spec)
+    return model
 
 
 def record_episodes(env_id: str, model: NumpyModel, episodes: int = 1, max_frames: int = 500,
                     seed: int | None = None, greedy: bool = False, *, clip: bool = True,
                     squash: bool = False) -> tuple[list[np.ndarray], list[float]]:
-    """Plays ``episodes`` episodes with ``model`` and renders every step.
+    """Plays ``episodes`` episodes of ``env_id`` with ``model`` (fewer if ``max_frames``, over
+    all episodes, is reached first) and renders every step; ``seed`` seeds the first reset and
+    the action sampling, ``greedy`` takes the most likely action, ``clip`` and ``squash`` are
+    the run's ``clip_actions`` and ``squash_actions``.
 
-    Args:
-      env_id: a registered env id whose env renders ``rgb_array``.
-      model: a `NumpyModel` with weights for this env's spaces.
-      episodes: episodes to play (fewer if ``max_frames`` is reached first).
-      max_frames: frames at most, over all episodes (the first frame of each included).
-      seed: seeds the first reset and the action sampling; None = random.
-      greedy: take the most likely action instead of sampling (the policy as trained samples).
-      clip, squash: how a Box action meets its bounds (the run's ``clip_actions`` and
-        ``squash_actions``).
-
-    Returns:
-      (frames, returns): uint8 frames [H, W, 3] in order, and the return of each episode
-      played to its end.
-
-    Raises:
-      ValueError: the env cannot render rgb_array frames (the message says why).
+    Returns (uint8 frames [H, W, 3] in order, the return of each episode played to its end);
+    ValueError (saying why) if the env cannot render rgb_array frames.
     """
     try:
         with warnings.catch_warnings():  # said below as the error, not as gymnasium's warning
@@ -201,12 +154,9 @@ def write_gif(frames: Sequence[np.ndarray], path: str | Path, fps: float = 15.0,
 
 
 def renders_with_opengl(env_id: str) -> bool:
-    """Whether a registered env draws its frames through OpenGL (MuJoCo's envs).
-
-    Such frames cannot be drawn in a process that has loaded TensorFlow: Mesa's software
-    renderer and TensorFlow each bring LLVM, and making MuJoCo's rendering context beside both
-    crashes the process (a segmentation fault with tensorflow-cpu 2.21 and Mesa 22.3 EGL).
-    `gif_in_child` draws them in a process of their own instead."""
+    """Whether a registered env draws its frames through OpenGL (MuJoCo's envs): never in a
+    process that has loaded TensorFlow (Mesa's software renderer and TensorFlow each bring
+    LLVM, and the process crashes), so `gif_in_child` draws them in a process of their own."""
     try:
         entry = gym.spec(env_id).entry_point
     except Exception:  # not registered: a factory, or an id gymnasium does not know
@@ -214,34 +164,36 @@ def renders_with_opengl(env_id: str) -> bool:
     return "mujoco" in str(entry)
 
 
+def policy_gif(config: ImpalaConfig, weights: list[np.ndarray], path: str | Path,
+               episodes: int = 1, max_frames: int = 300, seed: int | None = None,
+               greedy: bool = False, fps: float = 15.0, source: str = "the run"
+               ) -> tuple[list[float], int]:
+    """`record_episodes` of `numpy_policy` (the run's ``clip_actions`` and ``squash_actions``)
+    written to ``path`` as a GIF; returns (the returns of the episodes played to their end,
+    the number of frames)."""
+    model = numpy_policy(config, weights, source)
+    frames, returns = record_episodes(config.env, model, episodes, max_frames, seed, greedy,
+                                      clip=config.clip_actions, squash=config.squash_actions)
+    write_gif(frames, path, fps)
+    return returns, len(frames)
+
+
 def _gif_child(conn: Any, config: dict, weights: list, path: str, max_frames: int,
                seed: int | None) -> None:
     """`gif_in_child`'s process: numpy and gymnasium only, never TensorFlow."""
     try:
-        cfg = ImpalaConfig.from_dict(config)
-        env = make_env(cfg.env)
-        try:
-            model = policy_model(cfg, env.observation_space, env.action_space)
-        finally:
-            env.close()
-        model.set_weights(weights)
-        frames, returns = record_episodes(cfg.env, model, 1, max_frames, seed,
-                                          clip=cfg.clip_actions, squash=cfg.squash_actions)
-        write_gif(frames, path)
-        conn.send((None, returns, len(frames)))
+        returns, frames = policy_gif(ImpalaConfig.from_dict(config), weights, path,
+                                     max_frames=max_frames, seed=seed)
+        conn.send((None, returns, frames))
     except Exception as exc:
         conn.send((str(exc), [], 0))
 
 
 def gif_in_child(config: ImpalaConfig, weights: list, path: str | Path, max_frames: int = 300,
                  seed: int | None = None, timeout: float = 300.0) -> tuple[list[float], int]:
-    """One episode of the policy with ``weights`` as a GIF at ``path``, drawn in a spawned
-    process (see `renders_with_opengl`); returns (the episode's return if it ended, frames).
-
-    Raises:
-      ValueError: the env cannot render (the child's message), or the child crashed or
-        outlived ``timeout``.
-    """
+    """`policy_gif` of one episode, drawn in a spawned process (see `renders_with_opengl`);
+    ValueError if the env cannot render (the child's message), or the child crashed or
+    outlived ``timeout``."""
     import multiprocessing
 
     ctx = multiprocessing.get_context("spawn")  # never fork a process that holds TensorFlow
@@ -272,9 +224,20 @@ def gif_in_child(config: ImpalaConfig, weights: list, path: str | Path, max_fram
 def play_checkpoint(checkpoint: str | Path, out: str | Path, episodes: int = 1,
                     max_frames: int = 2000, seed: int | None = None, greedy: bool = False,
                     fps: float = 15.0) -> tuple[Path, list[float], int]:
-    """`record_episodes` with a checkpoint's policy, written to ``out`` as a GIF; returns
-    (the GIF's path, the episodes' returns, the number of frames)."""
-    config, model = load_policy(checkpoint)
-    frames, returns = record_episodes(config.env, model, episodes, max_frames, seed, greedy,
-                                      clip=config.clip_actions, squash=config.squash_actions)
-    return write_gif(frames, out, fps), returns, len(frames)
+    """`policy_gif` of a checkpoint (`Impala.save`'s directory) written to ``out``; returns
+    (the GIF's path, the episodes' returns, the number of frames).
+
+    Raises:
+      ValueError: the checkpoint's env is a factory (only its name was saved) or cannot be
+        made; FileNotFoundError / ValueError from `read_checkpoint` for a bad directory.
+    """
+    from impala_lab.driver.checkpoint import read_checkpoint
+
+    state, weights, _ = read_checkpoint(checkpoint)
+    if str(state["config"].get("env", "")).startswith("factory:"):
+        raise ValueError(f"{checkpoint}: its env was a factory ({state['config']['env']}), "
+                         "which a checkpoint does not keep; play needs a registered env id")
+    config = ImpalaConfig.from_dict(state["config"])
+    returns, frames = policy_gif(config, weights, out, episodes, max_frames, seed, greedy, fps,
+                                 source=str(checkpoint))
+    return Path(out), returns, frames

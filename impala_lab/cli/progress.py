@@ -1,15 +1,7 @@
-"""The ``impala-lab train`` progress view: a bar towards the stop condition over the live panel.
-
-In a terminal each report redraws, in place, a bar line over the text dashboard::
-
-    progress [##############················]  47%  env steps 28,200 / 60,000   12.4 s
-
-The bar follows whichever limit is furthest along (the first reached ends the run): the mean
-return towards ``--stop-return`` (from the lowest mean seen, so negative returns work too),
-the env steps towards ``--max-env-steps`` or the seconds towards ``--max-seconds``. Elsewhere
-(a log, a pipe, CI) each report is the dashboard's one progress line. `TargetWatch` follows
-``--stop-return`` over the reports (of a resumed run too), and `final_line` is the one line a
-run ends with. Pure Python: the CLI imports it before TensorFlow.
+"""The ``impala-lab train`` progress view: a bar towards the stop condition over the live panel
+(in a terminal; elsewhere each report is the dashboard's one progress line). `TargetWatch`
+follows ``--stop-return`` over the reports, and `final_line` is the one line a run ends with.
+Pure Python: the CLI imports it before TensorFlow.
 """
 
 from __future__ import annotations
@@ -22,12 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from impala_lab.cli.run_folder import csv_number
-from impala_lab.dashboard.format import is_number
+from impala_lab.dashboard.format import fraction, is_number
 from impala_lab.dashboard.terminal import TerminalView
 from impala_lab.driver.health import RETURN_MIN_EPISODES
 from impala_lab.health_flags import describe_seen
-from impala_lab.stats import process_start
+from impala_lab.stats import csv_number, process_start
 
 BAR_WIDTH = 30
 
@@ -50,35 +41,31 @@ class Progress:
     label: str
 
 
-def _clip(x: float) -> float:
-    return min(max(x, 0.0), 1.0)
-
-
 def return_progress(mean: Any, target: float, low: float | None) -> Progress:
     """The mean return's way from ``low`` (the lowest mean seen; None: none yet) to ``target``."""
     if not is_number(mean):
         return Progress(0.0, f"mean return – / {target:g}")
     start = mean if low is None else min(low, mean)
-    frac = 1.0 if mean >= target else (
-        _clip((mean - start) / (target - start)) if target > start else 0.0)
+    frac = 1.0 if mean >= target else fraction(mean - start, target - start)
     return Progress(frac, f"mean return {mean:.1f} / {target:g}")
 
 
 def goal_progress(stats: Mapping[str, Any], goal: StopGoal, seconds: float,
                   low_return: float | None = None) -> Progress | None:
-    """The progress towards the limit of ``goal`` that is furthest along (None: no limit) of
-    an ``Impala.stats()`` snapshot, ``seconds`` after ``train`` started; the return's bar
-    starts at ``low_return``, the lowest mean return seen so far."""
+    """The progress of an ``Impala.stats()`` snapshot, ``seconds`` after ``train`` started,
+    towards the limit of ``goal`` that is furthest along (the first reached ends the run; None:
+    no limit); the return's bar starts at ``low_return``, the lowest mean seen so far (so
+    negative returns work too)."""
     candidates = []
     if goal.stop_return is not None:
         candidates.append(return_progress(stats.get("episode_return_mean"), goal.stop_return,
                                           low_return))
     if goal.max_env_steps is not None:
         steps = stats.get("num_steps_sampled") or 0
-        candidates.append(Progress(_clip(steps / goal.max_env_steps),
+        candidates.append(Progress(fraction(steps, goal.max_env_steps),
                                    f"env steps {steps:,} / {goal.max_env_steps:,}"))
     if goal.max_seconds is not None:
-        candidates.append(Progress(_clip(seconds / goal.max_seconds),
+        candidates.append(Progress(fraction(seconds, goal.max_seconds),
                                    f"time {seconds:.0f} / {goal.max_seconds:g} s"))
     # max() keeps the first of equal fractions: the return, then steps, then time.
     return max(candidates, key=lambda p: p.fraction, default=None)
@@ -96,9 +83,8 @@ def bar_line(progress: Progress | None, seconds: float, width: int = BAR_WIDTH) 
 
 
 class ProgressView(TerminalView):
-    """The CLI's live view: `TerminalView` (``stream``, ``title``, ``live``: None decides by
-    ``stream.isatty()``) with the bar towards ``goal`` over its panel; ``clock``: monotonic
-    seconds (tests pass a fake one)."""
+    """`TerminalView` (``live`` None: ``stream.isatty()``) with the bar towards ``goal`` over
+    its panel; ``clock``: monotonic seconds (tests pass a fake one)."""
 
     def __init__(self, goal: StopGoal, stream: TextIO | None = None, title: str = "",
                  live: bool | None = None, clock: Callable[[], float] = time.monotonic) -> None:
@@ -137,8 +123,8 @@ def evaluation_return(s: Mapping[str, Any]) -> float:
 
 class TargetWatch:
     """Watches the reports for ``--stop-return``: when it was first reached (seconds from
-    process start, env steps, and on the monotonic clock), the mean returns reported from then
-    on, and the best trailing mean of the whole run."""
+    process start, env steps, monotonic ``at``), the returns reported from then on, and the
+    best trailing mean of the whole run."""
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.stop_return: float | None = args.stop_return
@@ -221,9 +207,7 @@ def final_line(result: dict[str, Any], args: argparse.Namespace, out: Path,
                interrupted: bool = False, unwritten: Mapping[str, str] | None = None) -> str:
     """The one line ``train`` ends with: was the target reached, and if not, what the health
     monitor saw; where the results are, or which could not be written (``unwritten``: file
-    -> reason). E.g. ``impala-lab: did NOT reach mean return 475 within 300 s (best trailing
-    mean 382.1, last 9.3); health monitor saw: value-loss spike at 40 s (3 times); results in
-    runs/demo/``."""
+    -> reason)."""
     final = result["final"]
     seen = describe_seen(result.get("health"))
     last = final.get("episode_return_mean", math.nan)

@@ -1,16 +1,10 @@
 """The output folder of one ``impala-lab train`` run: claimed by a lock, written as it goes.
 
 One run per folder: the run holds an exclusive ``flock`` on ``OUT/.lock`` for its whole life
-(the kernel drops it however the holder dies). A fresh run is refused where an earlier run's
-results or other files are (``--resume`` continues a run, ``--overwrite`` replaces it or writes
-beside the files), and a refused folder is left as it was. The folder stays the run's only
-while its and its lock's inodes are the ones the run locked: one removed or replaced mid-run
-raises `FolderLost` at the next write, and nothing is written at that path again.
-
-Writes cannot tear: JSON files and figures are renamed into place, a ``metrics.csv`` row is
-appended whole or truncated back, and a resumed run's ``metrics.csv`` is repaired on open. A
-failed write (a full disk) is said once, kept in `RunFolder.unwritten` and tried again at the
-next report. docs/reliability.md lists each fault and what happens.
+(the kernel drops it however the holder dies), and the folder stays the run's only while its
+and its lock's inodes are the ones the run locked. Writes cannot tear: files are renamed into
+place, a ``metrics.csv`` row is appended whole or truncated back. docs/reliability.md lists
+each fault and what happens.
 """
 
 from __future__ import annotations
@@ -21,7 +15,6 @@ import errno
 import fcntl
 import io
 import json
-import math
 import os
 import shutil
 import stat
@@ -31,7 +24,7 @@ from typing import Any
 
 from impala_lab.cli.endings import say
 from impala_lab.errors import ConfigError, ImpalaError
-from impala_lab.stats import jsonable
+from impala_lab.stats import csv_number, jsonable
 
 LOCK_NAME = ".lock"
 # An earlier run's results: a fresh run is refused where one of them is.
@@ -62,21 +55,16 @@ def _path_error(out: Path, exc: OSError) -> ConfigError:
 
 
 class RunFolder:
-    """Claims ``out`` for one run and writes its files as the run goes.
-
-    Args:
-      out: the folder (created if missing).
-      overwrite: accept a folder of other files, and replace an earlier run's files.
-      resume: the folder holds the run being continued.
+    """Claims ``out`` (created if missing) for one run and writes its files as the run goes;
+    ``overwrite`` accepts a folder of other files and replaces an earlier run's, ``resume``
+    continues the run there. A refused folder is left as it was.
 
     Attributes:
-      unwritten: the files whose latest write failed, with the reason.
+      unwritten: the files whose latest write failed, with the reason (tried again later).
       lost: the folder stopped being this run's (see `FolderLost`).
 
     Raises:
-      ConfigError: ``out`` is a file, a link loop, too long, not writable, held by
-        another run, on a file system without locks, or holds other files or an earlier run
-        (without ``overwrite``); the message names the path and the fix.
+      ConfigError: a folder that cannot be this run's; the message names the path and the fix.
     """
 
     def __init__(self, out: Path, *, overwrite: bool = False, resume: bool = False) -> None:
@@ -132,12 +120,9 @@ class RunFolder:
             raise _path_error(self.out, exc) from None
 
     def _make_folders(self) -> None:
-        missing = []
-        for path in (self.out, *self.out.parents):
+        for path in reversed((self.out, *self.out.parents)):
             if os.path.lexists(path):
-                break
-            missing.append(path)
-        for path in reversed(missing):
+                continue
             try:
                 os.mkdir(path)
             except OSError as exc:
@@ -266,7 +251,8 @@ class RunFolder:
         path = self.out / "metrics.csv"
         try:
             if columns != self._columns or not path.exists():
-                self._replace_metrics(columns, _read_rows(path) + self._pending)
+                earlier = _parse(path.read_text(errors="replace"))[1] if path.exists() else []
+                self._replace_metrics(columns, earlier + self._pending)
             else:
                 _append(path, _csv_text(columns, self._pending, header=False))
         except OSError as exc:
@@ -287,22 +273,12 @@ class RunFolder:
         kept = [r for r in rows if csv_number(r.get("num_steps_sampled")) <= max_env_steps]
         self._columns = header
         if whole != data or len(kept) != len(rows):
-            self.check()
             self._replace_metrics(header, kept)
         return kept
 
     def _replace_metrics(self, columns: list[str], rows: list[dict[str, Any]]) -> None:
         data = _csv_text(columns, rows, header=True).encode()
-        if not self.write_file("metrics.csv", lambda p: p.write_bytes(data)):
-            raise OSError(errno.EIO, self.unwritten["metrics.csv"])
-
-    def note(self, name: str, error: BaseException | None) -> None:
-        """Records how a write done elsewhere (the checkpoint) went: ``error`` None if it
-        was written."""
-        if error is None:
-            self.unwritten.pop(name, None)
-        else:
-            self.unwritten[name] = str(getattr(error, "strerror", None) or error)
+        self._write("metrics.csv", lambda p: p.write_bytes(data))
 
     def _failed(self, name: str, exc: OSError) -> bool:
         if name not in self.unwritten:  # once per failing file, not at every report
@@ -359,17 +335,3 @@ def _parse(text: str) -> tuple[list[str], list[dict[str, str]]]:
             if len(fields) == len(header):
                 rows.append(dict(zip(header, fields, strict=True)))
     return header, rows
-
-
-def _read_rows(path: Path) -> list[dict[str, str]]:
-    if not path.exists():
-        return []
-    return _parse(path.read_text(errors="replace"))[1]
-
-
-def csv_number(text: str | None) -> float:
-    """A metrics.csv field as a number; NaN where it is empty or not one."""
-    try:
-        return float(text or "nan")
-    except ValueError:
-        return math.nan

@@ -1,15 +1,10 @@
 """A watchman for ``impala-lab train --backend ray``: the run trains in a child process.
 
-Ray ends its driver process from C++ when the driver's raylet dies or the cluster's head is
-lost (exit code 1): no ``finally``, ``atexit`` or signal handler of the run gets to say what
-happened, and ``result.json`` would still say ``"running"``. So with Ray the CLI process is a
-watchman that imports neither Ray nor TensorFlow. It runs the same command line as a child
-(marked by `SUPERVISED_ENV`, in a process group of its own), passes a SIGINT, SIGTERM or SIGHUP
-on as SIGINT (Ray's driver dies at once on SIGTERM; a Ctrl-C the run ends cleanly), and ends
-what the child leaves in its group (a dead raylet orphans Ray's agents). A child that ended
-without ending the run gets ``stop_reason`` "error" and an ``error`` naming the lost cluster in
-its ``result.json`` (under the folder's lock), one line on stderr and exit code 1. The child
-gets SIGINT from the kernel if the watchman dies (Linux), so the run still ends cleanly.
+Ray ends its driver from C++ when the driver's raylet dies or the cluster's head is lost: no
+``finally`` of the run gets to say so. So with Ray the CLI process imports neither Ray nor
+TensorFlow: it runs the same command line as a child (in a process group of its own), passes
+signals on as SIGINT (Ray's driver dies at once on SIGTERM), ends what the child leaves in its
+group, and names a lost cluster in ``result.json`` (docs/training.md, docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -23,13 +18,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from impala_lab.cli.endings import EndingSignals
 from impala_lab.cli.run_folder import RunFolder, read_json
 from impala_lab.errors import ConfigError
 
 #: Set in the child's environment: the child trains instead of watching.
 SUPERVISED_ENV = "IMPALA_LAB_SUPERVISED"
-_FORWARDED = tuple(s for s in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None))
-                   if s)
+_FORWARDED = (signal.SIGINT, *EndingSignals.SIGNALS)
 
 
 def should_supervise(backend: str) -> bool:
@@ -39,9 +34,8 @@ def should_supervise(backend: str) -> bool:
 
 def _end_with_parent() -> None:
     """In the child, before it runs: SIGINT when the watchman dies (Linux's
-    PR_SET_PDEATHSIG), which ends the run cleanly; elsewhere nothing."""
-    # Every ending comes as SIGINT, so the child must not inherit an ignored one (a shell's
-    # background job ignores it).
+    PR_SET_PDEATHSIG), which ends the run cleanly. Every ending comes as SIGINT, so the child
+    must not inherit an ignored one (a shell's background job ignores it)."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     with contextlib.suppress(Exception):
         import ctypes
@@ -51,16 +45,9 @@ def _end_with_parent() -> None:
 
 
 def supervise(argv: list[str], out: Path) -> int:
-    """Runs ``impala-lab <argv>`` as a child and watches it (see the module doc).
-
-    Args:
-      argv: the command line after the program name, e.g. ``["train", "--backend", "ray"]``.
-      out: the run's folder (``--out``, or ``--resume``'s).
-
-    Returns:
-      The child's exit code, 128 + N for a child ended by signal N, or 1 when the child
-      ended without ending the run.
-    """
+    """Runs ``impala-lab <argv>`` (``argv`` after the program name) as a child and watches
+    it; ``out``: the run's folder. Returns the child's exit code, 128 + N for a child ended by
+    signal N, or 1 when the child ended without ending the run."""
     env = {**os.environ, SUPERVISED_ENV: "1"}
     child = subprocess.Popen([sys.executable, "-m", "impala_lab.cli.main", *argv], env=env,
                              process_group=0, preexec_fn=_end_with_parent)

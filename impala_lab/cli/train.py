@@ -1,12 +1,8 @@
-"""``impala-lab train``: train a run with the CLI's limits and write its outputs as it goes.
-
-The run's folder (`impala_lab.cli.run_folder.RunFolder`) gets ``config.json`` and ``run.json``
-(the limits and output flags a plain ``--resume`` keeps) at the start; a ``metrics.csv`` row
-and ``result.json`` (``stop_reason`` "running") at every report; ``checkpoint/`` every
-``--checkpoint-every`` seconds; and at the end the last checkpoint, ``report.png``,
-``policy.gif`` and the final ``result.json``. Signals end a run with its outputs written
-(`impala_lab.cli.endings`). docs/training.md says what each file holds and what a resume keeps;
-docs/reliability.md how each ending and fault goes, with its exit code.
+"""``impala-lab train``: train a run with the CLI's limits and write its outputs as it goes
+(`impala_lab.cli.run_folder.RunFolder`): ``config.json`` and ``run.json`` at the start, a
+``metrics.csv`` row and ``result.json`` at every report, ``checkpoint/`` every
+``--checkpoint-every`` seconds, and at the end ``report.png`` and ``policy.gif`` too.
+docs/training.md says what each file holds; docs/reliability.md how each ending goes.
 """
 from __future__ import annotations
 
@@ -37,8 +33,9 @@ RUN_FLAGS: dict[str, Any] = {"stop_return": None, "stop_on": "train", "max_secon
 DEFAULT_OUT = "runs/latest"
 
 
-def check_run_args(args: argparse.Namespace) -> None:
-    """The train options that are not config fields: limits, report interval, target."""
+def check_run_args(args: argparse.Namespace, config: ImpalaConfig) -> None:
+    """The train options that are not config fields: limits, report interval, target (and
+    ``--stop-on eval`` needs a config whose evaluations it can watch)."""
     for name in ("max_seconds", "report_interval"):
         value = getattr(args, name)
         if value is not None and not (value > 0 and math.isfinite(value)):
@@ -63,10 +60,6 @@ def check_run_args(args: argparse.Namespace) -> None:
         raise ConfigError(f"--train-after-target={args.train_after_target!r} is invalid "
                           "without --stop-return: it counts from the moment the target is "
                           "reached; add --stop-return RETURN")
-
-
-def check_stop_on(args: argparse.Namespace, config: ImpalaConfig) -> None:
-    """``--stop-on eval`` needs evaluations to watch: a config with evaluation_interval."""
     if args.stop_on == "eval" and not config.evaluation_interval:
         raise ConfigError(
             f"--stop-on=eval is invalid with evaluation_interval="
@@ -75,17 +68,15 @@ def check_stop_on(args: argparse.Namespace, config: ImpalaConfig) -> None:
 
 
 def train_command(args: argparse.Namespace, config: ImpalaConfig) -> int:
-    """``impala-lab train``: train ``config`` (built from ``args`` by
-    `impala_lab.cli.main.config_from_args`; with ``--resume`` the checkpoint's, with the
-    overrides given) until a limit, writing the outputs as it goes; the exit code: 0, 1 (an
-    error, no sample at all, or outputs that could not be written), or 128 + the signal that
-    ended it (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP)."""
+    """``impala-lab train``: train ``config`` (with ``--resume`` the checkpoint's, with the
+    overrides given) until a limit; the exit code: 0, 1 (an error, no sample at all, or
+    outputs that could not be written), or 128 + the signal that ended it."""
     resume, out = _folder_arg(args, "resume"), _folder_arg(args, "out")
     given = {k: getattr(args, k) for k in RUN_FLAGS if getattr(args, k, None) is not None}
-    state, argv = None, getattr(args, "argv", None)
+    state, argv = None, args.argv
     if resume is not None:
         for flag, name in (("--out", "out"), ("--overwrite", "overwrite")):
-            if getattr(args, name, None):
+            if getattr(args, name):
                 raise ConfigError(f"{flag} cannot go with --resume: a resumed run writes into "
                                   f"its own folder ({resume}); drop {flag}")
         from impala_lab.driver.checkpoint import restored_config
@@ -101,14 +92,12 @@ def train_command(args: argparse.Namespace, config: ImpalaConfig) -> int:
         out, argv = resume, stored.get("argv")
     flags = {**RUN_FLAGS, **given}
     vars(args).update(flags, out=out or Path(DEFAULT_OUT))
-    check_run_args(args)
-    check_stop_on(args, config)
+    check_run_args(args, config)
     if state is not None:
         _check_left(args, resume, state["counters"])
-    if should_supervise(config.backend) and getattr(args, "argv", None) is not None:
+    if should_supervise(config.backend):
         return supervise(args.argv, args.out)
-    folder = RunFolder(args.out, overwrite=getattr(args, "overwrite", False),
-                       resume=resume is not None)
+    folder = RunFolder(args.out, overwrite=args.overwrite, resume=resume is not None)
     folder.write_first({"config.json": config.to_dict(), "run.json": {**flags, "argv": argv}})
     try:
         return _run_in(folder, args, config, state)
@@ -128,7 +117,7 @@ def _a_flag(name: str, value: Any) -> bool:
 
 
 def _folder_arg(args: argparse.Namespace, name: str) -> Path | None:
-    value = getattr(args, name, None)
+    value = getattr(args, name)
     if value is not None and not str(value).strip():
         raise ConfigError(f"--{name}={str(value)!r} is invalid: give a folder for this run's "
                           "files, e.g. --out runs/cartpole")
@@ -247,12 +236,11 @@ def metrics_row(s: dict[str, Any]) -> dict[str, Any]:
 def _train_and_save(impala: Impala, config: ImpalaConfig, args: argparse.Namespace,
                     folder: RunFolder, watch: TargetWatch, limit: float | None,
                     ending: EndingSignals) -> tuple[dict[str, Any], ImpalaError | None]:
-    """Train until a limit, an interrupt or an error, writing metrics, result and checkpoints
-    as it goes, then every output; returns ``result.json``'s dict and the error that ended
-    the run (None if none did). ``limit``: the seconds this process may train."""
+    """Train for at most ``limit`` seconds, writing the outputs as it goes and at the end;
+    returns ``result.json``'s dict and the error that ended the run (None if none did)."""
     view = ProgressView(StopGoal(args.stop_return, args.max_env_steps, limit),
                         title=f"{config.env_id} ({config.backend}, {config.num_workers} workers)")
-    output = Output(not getattr(args, "quiet", False))
+    output = Output(not args.quiet)
     last_save = [time.monotonic()]
 
     def on_report(s: dict) -> None:
@@ -298,18 +286,17 @@ def _save_checkpoint(impala: Impala, folder: RunFolder) -> None:
     except Exception as exc:  # e.g. a full disk: the metrics and result still count
         if "checkpoint" not in folder.unwritten:
             say(f"impala-lab: could not save the checkpoint: {exc}", err=True)
-        folder.note("checkpoint", exc)
+        folder.unwritten["checkpoint"] = str(getattr(exc, "strerror", None) or exc)
     else:
-        folder.note("checkpoint", None)
+        folder.unwritten.pop("checkpoint", None)
 
 
 def _train(impala: Impala, args: argparse.Namespace, watch: TargetWatch, view: ProgressView,
            on_report: Callable[[dict], None], limit: float | None
            ) -> tuple[dict[str, Any], ImpalaError | None]:
-    """``impala.train`` with the CLI's limits; returns the final stats and the error that
-    ended the run: an interrupt or a run-time error ends it with the last stats
-    (``stop_reason`` "interrupted" or "error"), and a run that got no sample at all is an
-    error too (its ``stop_reason`` stays the limit it reached)."""
+    """``impala.train`` with the CLI's limits; returns the final stats (``stop_reason``
+    "interrupted" or "error" after an interrupt or a run-time error) and the error that ended
+    the run, which a run that got no sample at all has too."""
     sampled_before = impala.num_steps_sampled
     error: ImpalaError | None = None
     view.begin()
@@ -336,9 +323,9 @@ def _train(impala: Impala, args: argparse.Namespace, watch: TargetWatch, view: P
 
 def _final_evaluation(impala: Impala, final: dict[str, Any], seconds_left: float | None
                       ) -> tuple[dict[str, Any], ImpalaError | None, str]:
-    """The final weights evaluated once more within ``seconds_left`` (None: the evaluator's
-    own deadline), into the final stats: (final stats, the evaluation's error, what became
-    of it). With no time left, the latest evaluation stands (its error too)."""
+    """(final stats, error, what became of it) of the final weights evaluated once more
+    within ``seconds_left`` (None: the evaluator's deadline); with no time left the latest
+    evaluation stands."""
     if seconds_left is not None and seconds_left <= 0:
         failed = impala.evaluator.error
         return (final, ImpalaError(f"evaluation failed: {failed}") if failed else None,
@@ -377,9 +364,8 @@ def _result(watch: TargetWatch, args: argparse.Namespace, final: dict[str, Any],
 
 def _save_outputs(impala: Impala, config: ImpalaConfig, folder: RunFolder,
                   result: dict[str, Any], rows: list[dict[str, Any]]) -> FolderLost | None:
-    """``metrics.csv``'s last rows, the checkpoint, ``policy.gif``, ``report.png``, then
-    ``result.json`` with the names of those that could not be written (each said on stderr
-    too). Returns the `FolderLost` that stopped them, if the folder is not the run's."""
+    """The last rows, checkpoint, ``policy.gif`` and ``report.png``, then ``result.json``
+    naming those that could not be written; returns the `FolderLost` that stopped them."""
     try:
         folder.append_metrics(rows)
         _save_checkpoint(impala, folder)
@@ -402,25 +388,18 @@ def _save_outputs(impala: Impala, config: ImpalaConfig, folder: RunFolder,
 
 
 def _save_policy_gif(impala: Impala, config: ImpalaConfig, folder: RunFolder) -> None:
-    """One episode of the final policy (at most 300 frames, played by the numpy policy) as
-    ``policy.gif``; MuJoCo's envs are drawn in a process of their own (`play.gif_in_child`),
-    and an env that cannot render (a factory, CartPole without pygame) writes none."""
+    """One episode of the final policy (at most 300 frames) as ``policy.gif``; an env that
+    cannot render (a factory, CartPole without pygame) writes none."""
     if not isinstance(config.env, str):
         return
     from impala_lab.cli import play
 
+    # MuJoCo's frames are drawn in a process of their own, never beside TensorFlow
+    draw = play.gif_in_child if play.renders_with_opengl(config.env) else play.policy_gif
     try:
         weights, _ = impala.policy.get_weights()
-        if play.renders_with_opengl(config.env):  # MuJoCo: not beside TensorFlow (see play.py)
-            folder.write_file("policy.gif", lambda path: play.gif_in_child(
-                config, weights, path, max_frames=300, seed=config.seed))
-            return
-        model = play.policy_model(config, impala.observation_space, impala.action_space)
-        model.set_weights(weights)
-        frames, _ = play.record_episodes(config.env, model, episodes=1, max_frames=300,
-                                         seed=config.seed, clip=config.clip_actions,
-                                         squash=config.squash_actions)
-        folder.write_file("policy.gif", lambda path: play.write_gif(frames, path))
+        folder.write_file("policy.gif", lambda path: draw(config, weights, path, max_frames=300,
+                                                          seed=config.seed))
     except FolderLost:
         raise
     except Exception as exc:  # a GIF must never cost the run's results

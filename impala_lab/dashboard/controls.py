@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import threading
 from collections.abc import Callable, Mapping
@@ -23,16 +22,13 @@ BUTTONS = {
 }
 
 
-def _default(name: str) -> Any:
-    return next(f.default for f in dataclasses.fields(ImpalaConfig) if f.name == name)
-
-
 def knob_widget(name: str) -> W.ValueWidget:
     """The slider of the live knob `name`, starting at the config's default."""
     knob = KNOBS[name]
     common: dict[str, Any] = dict(
-        value=_default(name), continuous_update=False, style={"description_width": "140px"},
-        layout=W.Layout(width="460px"), description=name, description_allow_html=False)
+        value=getattr(ImpalaConfig, name), continuous_update=False,
+        style={"description_width": "140px"}, layout=W.Layout(width="460px"), description=name,
+        description_allow_html=False)
     if knob.readout:
         common["readout_format"] = knob.readout
     if knob.kind == "int":

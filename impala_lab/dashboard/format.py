@@ -37,9 +37,7 @@ def fmt_float(value: Any, digits: int = 3) -> str:
 
 def fmt_knob(value: Any) -> str:
     """Knob values as a person types them: ``0.0005`` -> ``"0.0005"``, ``2`` -> ``"2"``."""
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    return str(value)
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
 
 
 def fraction(part: Any, whole: Any) -> float:

@@ -18,8 +18,6 @@ BLUE = "#1f77b4"
 
 def box_actions(action_space: Any) -> bool:
     """Whether a run's action space is a gymnasium ``Box`` (a Gaussian policy)."""
-    if action_space is None:
-        return False
     from gymnasium import spaces
 
     return isinstance(action_space, spaces.Box)

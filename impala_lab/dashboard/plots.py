@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import csv
 import io
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +25,7 @@ from matplotlib.figure import Figure
 from impala_lab.dashboard.format import fmt_knob, nice_ceil
 from impala_lab.dashboard.labels import ACTIONS, EVAL_KEYS, LABELS, TIMER_COLORS, TIMERS
 from impala_lab.knobs import LIVE_KNOBS, cast
+from impala_lab.stats import csv_number
 
 TITLE_SIZE, LABEL_SIZE, TICK_SIZE, LEGEND_SIZE = 13, 11, 10, 10  # readable on a projector
 
@@ -38,15 +38,8 @@ MAX_POINTS = 600  # points drawn per line: longer runs are decimated evenly
 def read_metrics_csv(path: str | Path) -> list[dict[str, float]]:
     """Rows of a ``metrics.csv`` as dicts of floats (cells that are not numbers become NaN)."""
     with open(path, newline="") as fh:
-        return [{key: _to_float(text) for key, text in raw.items()}
+        return [{key: csv_number(text) for key, text in raw.items()}
                 for raw in csv.DictReader(fh)]
-
-
-def _to_float(text: str | None) -> float:
-    try:
-        return float(text)
-    except (TypeError, ValueError):
-        return math.nan
 
 
 def column(rows: Sequence[Mapping], key: str) -> np.ndarray:
@@ -107,7 +100,6 @@ def knob_marks(cols: Mapping[str, np.ndarray]) -> list[tuple[float, str]]:
             changes.setdefault(int(i), []).append(f"{name}={fmt_knob(cast(name, col[i]))}")
     return [(float(t[i]), ", ".join(labels)) for i, labels in sorted(changes.items())
             if np.isfinite(t[i])]
-
 
 
 class RunFigure(Figure):

@@ -1,9 +1,5 @@
-"""`Dashboard`: the live notebook view of one `Impala` run, with core ipywidgets only.
-
-    impala = Impala(env="CartPole-v1", backend="inline")
-    board = Dashboard(impala)
-    board.show()                      # widgets in this cell; a poller keeps them moving
-    impala.start(max_seconds=120)     # trains in the background: the cell returns
+"""`Dashboard`: the live notebook view of one `Impala` run, with core ipywidgets only (the
+package's docstring shows its use).
 
 The widgets are laid out in `layout`, their HTML is `markup`'s; this class keeps them in step
 with the run. A daemon poller reads ``impala.stats()`` at ``poll_hz`` and sets the widgets
@@ -40,8 +36,7 @@ def frontend_available() -> bool:
         from IPython import get_ipython
     except ImportError:
         return False
-    shell = get_ipython()
-    return shell is not None and getattr(shell, "kernel", None) is not None
+    return getattr(get_ipython(), "kernel", None) is not None
 
 
 def _check_arguments(impala: Any, poll_hz: float, plot_interval: float,

@@ -1,11 +1,10 @@
 """Checkpoint files: a directory of state.json, weights.npz and optimizer.npz.
 
-`Impala.save` and `Impala.restore` gather and apply a run's state; the files are written and
-read here. `write_checkpoint` never touches the previous checkpoint's files: it writes and
-fsyncs them in ``<path>.tmp-<pid>-<random>/``, renames ``path`` to ``<path>.prev``, renames the
-new directory to ``path``, then removes ``<path>.prev``. A kill at any moment leaves the old
-or the new checkpoint (only ``<path>.prev`` between the renames: `read_checkpoint` reads it,
-with a warning); a full disk leaves ``path`` as it was. docs/reliability.md lists each fault.
+`write_checkpoint` never touches the previous checkpoint's files: it writes and fsyncs them
+in ``<path>.tmp-<pid>-<random>/``, renames ``path`` to ``<path>.prev``, the new directory to
+``path``, then removes ``<path>.prev``. A kill at any moment leaves the old or the new
+checkpoint (between the renames only ``<path>.prev``, which `read_checkpoint` reads with a
+warning); docs/reliability.md lists each fault.
 
 Arrays are .npz without pickle or compression; state.json carries their sha256, shapes and
 dtypes. Each ``.npy`` header is checked against both before any array is loaded (a small file
@@ -152,11 +151,8 @@ def _fsync_dir(path: Path) -> None:
 
 
 def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
     with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def read_checkpoint(path: str | os.PathLike, *, fallback_to_prev: bool = False
@@ -167,8 +163,7 @@ def read_checkpoint(path: str | os.PathLike, *, fallback_to_prev: bool = False
     reads ``<path>.prev``, with a warning; ``fallback_to_prev=True`` also reads it when
     ``path`` cannot be read (by default that error is raised).
     """
-    _, state, weights, opt_state = read_checkpoint_at(path, fallback_to_prev=fallback_to_prev)
-    return state, weights, opt_state
+    return read_checkpoint_at(path, fallback_to_prev=fallback_to_prev)[1:]
 
 
 def read_checkpoint_at(path: str | os.PathLike, *, fallback_to_prev: bool = False

@@ -2,13 +2,10 @@
 
 Each figure the run measures is held against a threshold (the constants below); what crosses
 one is named by a flag (docs/training.md, "Learning health", says when each is raised and
-clears). A loss or gradient spike counts only while the mean return has stayed low for
-`SPIKE_CONFIRM_S`: near the top a healthy run's value loss has a tiny median, so one failed
-episode spikes it harmlessly, whereas a spike that wrecks the policy takes the return down. A
-pipeline flag must hold for `PIPELINE_PERSIST_S`: on a shared machine a healthy learner may wait
-a report or two. `HealthMonitor.check` returns ``stats()["health"]``: ``status`` ("ok" or
-"warning"), the active ``flags`` (``code``, ``message``, ``since_s``), every code ``seen``
-(``first_s``, ``last_s``, ``times``, its first ``message``) and ``num_updates_skipped``.
+clears, and what ``stats()["health"]`` holds). A loss or gradient spike counts only while the
+mean return has stayed low for `SPIKE_CONFIRM_S` (near the top one failed episode spikes a
+healthy value loss harmlessly); a pipeline flag must hold for `PIPELINE_PERSIST_S` (on a shared
+machine a healthy learner may wait a report or two).
 """
 
 from __future__ import annotations
@@ -71,9 +68,8 @@ PIPELINE_CODES = ("learner_starved", "learner_overfed")
 
 def stalled_after_s(sample_timeout_s: float | None) -> float:
     """Seconds without a sample after which a worker is marked stalled."""
-    if sample_timeout_s is None:
-        return WORKER_STALLED_S
-    return WORKER_STALLED_FRACTION * sample_timeout_s
+    return (WORKER_STALLED_S if sample_timeout_s is None
+            else WORKER_STALLED_FRACTION * sample_timeout_s)
 
 
 def _num(x: float) -> str:
@@ -191,9 +187,7 @@ class HealthMonitor:
 
     def _raise_flags(self, flags: dict[str, str], now: float) -> list[dict[str, Any]]:
         """The health dict's ``flags``: the gone ones cleared, the new ones noted in ``seen``."""
-        for code in list(self._active):
-            if code not in flags:
-                del self._active[code]
+        self._active = {code: since for code, since in self._active.items() if code in flags}
         out = []
         for code, message in flags.items():
             new = code not in self._active
@@ -280,9 +274,7 @@ class HealthMonitor:
             return recent[0][0] if recent else now
         if code == "updates_skipped":
             return self._last_skip_s
-        if code in self._pipeline_since:
-            return self._pipeline_since[code]
-        return now
+        return self._pipeline_since.get(code, now)
 
     def _hold_back_pipeline(self, flags: dict[str, str], now: float) -> None:
         """Drop a pipeline flag whose condition has not yet held `PIPELINE_PERSIST_S`."""

@@ -1,10 +1,8 @@
 """`Impala`: the driver (RLlib's ``AsyncSamplesOptimizer``): the loop, train, stats, checkpoints.
 
-`Impala` builds the parts and runs them: the `DriverLoop` (one turn of RLlib's loop per
-``step()``), the `Actors` (backend, task pool, `WorkerSupervisor`), the `RunStats`
-(``stats()``), the learner thread, the replay mixer and the `Evaluator`. ``train()`` repeats
-the turn until a stop condition, ``start()`` in a background thread; ``save()``/``restore()``
-keep a run in a checkpoint; `impala_lab.driver.lifetime` ends runs.
+`Impala` builds the parts (`DriverLoop`, `Actors`, `RunStats`, the learner thread, the replay
+mixer, the `Evaluator`) and runs them: ``step()`` is one turn of RLlib's loop, ``train()``
+repeats it until a stop condition, ``start()`` in a background thread.
 """
 
 from __future__ import annotations

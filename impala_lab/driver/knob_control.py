@@ -17,10 +17,6 @@ __all__ = ["KnobControl"]
 LR_STEP = 0.002
 
 
-def _knob_lines() -> str:
-    return "\n".join(f"          {k.name} ({k.kind}): {k.help}" for k in KNOBS.values())
-
-
 class KnobControl:
     """Live knobs and the lr schedule of an `Impala` run (which sets ``config``, ``policy``,
     ``learner``, ``loop``, ``supervisor``, ``knob_changes``, ``_pending_knobs`` and
@@ -54,7 +50,8 @@ class KnobControl:
             self._apply_pending_knobs()
 
     if set_knobs.__doc__:  # None under python -OO
-        set_knobs.__doc__ = set_knobs.__doc__.format(knobs=_knob_lines())
+        set_knobs.__doc__ = set_knobs.__doc__.format(knobs="\n".join(
+            f"          {k.name} ({k.kind}): {k.help}" for k in KNOBS.values()))
 
     def _apply_pending_knobs(self) -> None:
         """Apply the queued knob changes, and the schedule's rate for the env steps so far."""

@@ -18,13 +18,11 @@ The value loss, the entropy and the targets ``v`` (V-trace with the learner's cu
 policy) are IMPALA's (`impala_lab.learner.vtrace_policy`); sums over the batch's steps (RLlib's
 APPO takes means: the same gradient divided by T * B).
 
-The reference policy is the behaviour policy ``mu`` itself, whose distribution inputs every
-batch carries: no target network, and it stays fixed over all the passes of a batch. That is
-RLlib's surrogate with its target network equal to the actors' weights (its extra factor
-``clip(mu / pi_target, 0, 2)`` is then 1), so ``Ahat_t`` is V-trace's advantage without its
-clipped weight: the ratio already weights each step, and the clip bounds it. V-trace's
-targets run with ``pi`` (RLlib's with the target network's), so the value function learns
-``pi``'s values.
+The reference policy is the behaviour policy ``mu`` that every batch carries, fixed over all
+its passes: RLlib's surrogate with its target network equal to the actors' weights (its factor
+``clip(mu / pi_target, 0, 2)`` is then 1). ``Ahat_t`` is V-trace's advantage without its
+clipped weight, since the ratio weights each step itself; the targets run with ``pi`` (RLlib's
+with the target network), so the value function learns ``pi``'s values.
 
 ``use_kl_loss`` adds RLlib's KL penalty toward ``mu``, its coefficient adapted after every
 update (`adapt_kl_coeff`).

@@ -1,7 +1,6 @@
-"""The learner's Keras network: the network a `impala_lab.model_spec.ModelSpec` describes (that
-module's docstring has the layers, the weight order and the initialisation), the same as the
-actors' numpy model. `build_keras_model` builds it with the layout's initial weights;
-`keras_forward` runs it eagerly. Keras is imported inside the functions (a cheap import).
+"""The learner's Keras network: the one a `impala_lab.model_spec.ModelSpec` describes (layers,
+weight order, initialisation), the same as the actors' numpy model. `build_keras_model` builds
+it with the layout's initial weights; `keras_forward` runs it eagerly.
 
 A recurrent model (``use_lstm=True``) is one time step: (obs [N, *obs_shape], state_in
 [N, 2, C]) -> (logits [N, A], value [N], state_out [N, 2, C]), a Keras ``LSTMCell`` "lstm" on

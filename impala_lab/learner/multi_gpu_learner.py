@@ -22,30 +22,21 @@ being trained on). Devices are ``/gpu:i``; ``fake_gpus=True`` splits the CPU int
 ``num_gpus`` logical devices ``/cpu:i``, so the design runs on a laptop; ``num_gpus`` 0 uses
 ``/cpu:0``.
 
-Explicit towers, not ``tf.distribute.MirroredStrategy``: one ``tf.function`` loops over the
-devices, calls the ordinary ``VTracePolicy.compute_gradients`` under ``tf.device(d)`` on the
-tensors staged there, and ``VTracePolicy.apply_gradients`` once. The policy is reused
-unchanged (model, variables, optimizer slots, checkpoints, live knobs), and the split, the
-all-reduce and the staging stay visible instead of hidden behind ``strategy.run``.
+Explicit towers, not ``tf.distribute.MirroredStrategy``: one ``tf.function`` calls the
+ordinary ``VTracePolicy.compute_gradients`` under ``tf.device(d)`` per device and
+``apply_gradients`` once, so the policy is reused unchanged and the split, the all-reduce and
+the staging stay visible.
 
-Gradients are summed. The loss is a *sum* over T x B steps and V-trace runs along T within a
-column, so the columns are independent and the whole batch's gradient is the sum of the
-towers'. RLlib's towers took the mean, which scales the gradient by 1/num_gpus: Adam does not
-see that, but the global-norm clip and RMSProp's epsilon do. Summed, the gradient equals the
-single-device one up to float32 rounding, and the clip acts once, on the sum. Stats combine
-likewise: ``total_loss``, ``policy_loss`` and ``vf_loss`` are added; per-step means are
-averaged (exact over equal parts; ``vf_explained_var`` only approximately).
+Gradients are summed, not averaged as RLlib's towers did: the loss is a sum over T x B steps
+and V-trace runs within a column, so the batch's gradient is the sum of the towers' and equals
+the single-device one up to float32 rounding (the global-norm clip and RMSProp's epsilon would
+see a mean's 1/num_gpus). ``total_loss``, ``policy_loss`` and ``vf_loss`` add up; per-step
+means are averaged (``vf_explained_var`` only approximately).
 
-Release before the step (as RLlib): a buffer's last pass returns it to the idle queue before
-its gradients are computed, so a loader stages the next batch while the towers run; safe,
-since a staged part is immutable tensors the step keeps references to.
-
-One loader thread by default (``num_loader_threads``): staging is a few device copies that
-overlap the learner step, and one loader keeps arrival order (oldest data first, low policy
-lag). Timers (RLlib's): ``learner_dequeue_time_ms`` and ``learner_load_time_ms`` (loader 0
-waiting on the inqueue, staging), ``learner_load_wait_time_ms`` (the learner waiting for a
-ready buffer), ``learner_grad_time_ms`` (the tower step). A loader's exception is raised in
-the driver (and in ``step()``) as a `LearnerError` whose stage is ``"loader thread N"``.
+A buffer's last pass returns it to the idle queue before its step (as RLlib), so a loader
+stages the next batch while the towers run: a staged part is immutable tensors. One loader
+thread by default keeps arrival order (oldest data first, low policy lag). A loader's
+exception reaches the driver as a `LearnerError` whose stage is ``"loader thread N"``.
 """
 
 from __future__ import annotations
@@ -54,6 +45,7 @@ import queue
 import threading
 import time
 import traceback
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -129,6 +121,7 @@ def combine_tower_stats(tower_stats: list[dict[str, tf.Tensor]]) -> dict[str, tf
 
 
 # ---------------------------------------------------------------------- data buffers
+@dataclass(eq=False)
 class DataBuffer:
     """One device-resident slot: a train batch, split by columns, staged part i on device i.
 
@@ -142,17 +135,12 @@ class DataBuffer:
         served since the latest load.
     """
 
-    def __init__(self, index: int) -> None:
-        self.index = index
-        self.parts: tuple[dict[str, tf.Tensor], ...] | None = None
-        self.batch: SampleBatch | None = None
-        self.state = "idle"
-        self.num_loads = 0
-        self.num_uses = 0
-
-    def __repr__(self) -> str:
-        return (f"DataBuffer({self.index}, {self.state}, loads={self.num_loads}, "
-                f"uses={self.num_uses})")
+    index: int
+    parts: tuple[dict[str, tf.Tensor], ...] | None = field(default=None, repr=False)
+    batch: SampleBatch | None = field(default=None, repr=False)
+    state: str = "idle"
+    num_loads: int = 0
+    num_uses: int = 0
 
 
 # ---------------------------------------------------------------------- the learner

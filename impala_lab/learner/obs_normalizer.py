@@ -1,9 +1,9 @@
 """Observation normalisation: a running mean and variance inside the network.
 
-Continuous-control observations come in units that differ by orders of magnitude. With
-``normalize_obs=True`` the network's first layer, `ObsNormalizer`, standardises each
-observation dimension with the statistics of what the learner has trained on so far (SB3's
-``VecNormalize``, RLlib's ``MeanStdFilter``).
+With ``normalize_obs=True`` the network's first layer, `ObsNormalizer`, standardises each
+observation dimension (continuous control mixes units orders of magnitude apart) with the
+statistics of what the learner has trained on so far (SB3's ``VecNormalize``, RLlib's
+``MeanStdFilter``).
 
 The statistics are three non-trainable weights of the model, ``obs_filter/mean [D]``,
 ``obs_filter/var [D]`` and ``obs_filter/count [1]``, first in ``get_weights()`` order. So the

@@ -17,10 +17,8 @@ arithmetic by construction. With ``momentum == 0`` there is no momentum slot to 
 kernel's ``mom`` goes to a buffer that is not an optimizer variable.
 
 `SingleReplicaGradients` (mixed into `TF1RMSprop` and `Adam`) skips Keras's all-reduce of the
-gradients outside a ``tf.distribute`` strategy (the multi-GPU learner sums its towers itself):
-with one replica it is the identity, but a ``tf.custom_gradient`` whose gradient function
-TensorFlow registers globally, keeping every traced train step's graph alive
-(`tests/test_worker_faults.py`).
+gradients (the multi-GPU learner sums its towers itself): with one replica it is the identity,
+but Keras's is a globally registered ``tf.custom_gradient`` that kept every traced graph alive.
 """
 
 from __future__ import annotations
@@ -89,9 +87,8 @@ class TF1RMSprop(SingleReplicaGradients, keras.optimizers.Optimizer):
             return
         super().build(var_list)
         self._mean_squares = self.add_optimizer_variables(var_list, "rms", initializer="ones")
-        self._momentums = []
-        if self.momentum > 0:
-            self._momentums = self.add_optimizer_variables(var_list, "momentum")
+        self._momentums = (self.add_optimizer_variables(var_list, "momentum")
+                           if self.momentum > 0 else [])
         # The kernel's mom without a momentum slot, set out of reach of Keras's variable
         # tracking and TensorFlow's checkpoint tracking.
         with tf.init_scope():  # eagerly, even when Keras builds inside a traced function
@@ -112,6 +109,5 @@ class TF1RMSprop(SingleReplicaGradients, keras.optimizers.Optimizer):
             grad=tf.cast(tf.convert_to_tensor(gradient), dtype))
 
     def get_config(self) -> dict:
-        config = super().get_config()
-        config.update({"rho": self.rho, "momentum": self.momentum, "epsilon": self.epsilon})
-        return config
+        return {**super().get_config(), "rho": self.rho, "momentum": self.momentum,
+                "epsilon": self.epsilon}

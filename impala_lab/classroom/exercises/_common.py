@@ -111,9 +111,7 @@ def _is_student_file(filename: str) -> bool:
     if filename.startswith("<"):
         return not filename.startswith("<frozen")
     real = os.path.realpath(filename)
-    if real.startswith(_PACKAGE_DIR + os.sep):
-        return False
-    return not any(real.startswith(d + os.sep) for d in _LIB_DIRS)
+    return not any(real.startswith(d + os.sep) for d in (_PACKAGE_DIR, *_LIB_DIRS))
 
 
 def _cell_label(filename: str) -> str | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -39,18 +40,11 @@ _NO_BASE_CLASS = Rule(
     "base, and your own __init__ and get().", plain_class=True)
 
 
-class _Served:
-    """The answer's buffer behind ``get()`` only: its state is its own design."""
-
-    def __init__(self, buffer: Any) -> None:
-        self._buffer = buffer
-
-    def get(self) -> Any:
-        return self._buffer.get()
-
-
 def _ring_answer_trace(answer_cls: Any, case: Case) -> list[Any]:
-    build = lambda *args: _Served(answer_cls(*args))  # noqa: E731
+    def build(*args: Any) -> SimpleNamespace:  # get() only: its state is its own design
+        buffer = answer_cls(*args)
+        return SimpleNamespace(get=lambda: buffer.get())
+
     return minibatch_get._serve(build, case, answer=True)
 
 
