@@ -3,9 +3,10 @@
 On a small model TensorFlow's generic paths cost more than the work itself: a
 ``tf.function`` call matches its arguments against the traced signatures every time, and
 ``model.get_weights()`` reads one variable at a time. Here each train-step signature is traced
-once (``get_concrete_function``) and its graph called directly, and one traced op reads every
-weight into a flat float32 vector split into views. Both return exactly what the plain calls
-return (tests hold them equal).
+once (``get_concrete_function``) and its graph called directly, and the same graph reads every
+weight into one flat float32 vector after the update. That vector is the snapshot the driver
+broadcasts: `get_weights` takes it without the lock, so a broadcast never waits for the
+learner's next step. Results equal the plain calls' (tests hold them equal).
 """
 
 from __future__ import annotations
@@ -21,18 +22,25 @@ __all__ = ["CompiledPolicy"]
 
 
 class CompiledPolicy(VTracePolicy):
-    """A `VTracePolicy` (same arguments, same results) with the two fast paths above."""
+    """A `VTracePolicy` (same arguments, same results) with the fast paths above."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._graphs: dict[tuple, Any] = {}  # input signature -> its traced train step
-        weights = self.model.weights
-        self._shapes = [tuple(int(d) for d in w.shape) for w in weights]
-        self._flat_read = None
-        if all(w.dtype == "float32" for w in weights):
-            self._flat_read = tf.function(
-                lambda: tf.concat([tf.reshape(w, [-1]) for w in self.model.weights], axis=0),
-                autograph=False)
+        self._shapes = [tuple(int(d) for d in w.shape) for w in self.model.weights]
+        self._flat = all(w.dtype == "float32" for w in self.model.weights)
+        self._flat_read = tf.function(self._read_flat, autograph=False)
+        self._step_and_read = tf.function(
+            lambda tensors: (self._train_step_impl(tensors), self._read_flat()),
+            autograph=False)
+        self._stepped: tf.Tensor | None = None  # the weights the last step left
+        self._snapshot: tuple[tf.Tensor, int] | None = None  # ... with their version
+
+    def _read_flat(self) -> tf.Tensor:
+        """All of ``model.weights`` as one float32 vector [num_params], in their order."""
+        if not self._flat:
+            return tf.zeros([0])
+        return tf.concat([tf.reshape(w, [-1]) for w in self.model.weights], axis=0)
 
     def run_train_step(self, tensors: dict[str, tf.Tensor]) -> tf.Tensor:
         # final_obs has one row per truncated step: one graph serves any number of rows.
@@ -41,13 +49,33 @@ class CompiledPolicy(VTracePolicy):
         step = self._graphs.get(signature)
         if step is None:
             specs = {k: tf.TensorSpec(shape, dtype) for k, shape, dtype in signature}
-            step = self._graphs[signature] = self._train_step.get_concrete_function(specs)
-        return step(tensors)
+            step = self._graphs[signature] = self._step_and_read.get_concrete_function(specs)
+        packed, self._stepped = step(tensors)
+        return packed
+
+    def count_update(self, stats: dict[str, float]) -> bool:
+        landed = super().count_update(stats)
+        # Only a step of run_train_step leaves weights read after it (not the towers').
+        stepped, self._stepped = self._stepped, None
+        self._snapshot = (stepped, self.version) if stepped is not None and self._flat else None
+        return landed
+
+    def get_weights(self) -> tuple[list[np.ndarray], int]:
+        snapshot = self._snapshot  # one read: a step in flight leaves the last one valid
+        if snapshot is not None and snapshot[1] == self.version:
+            return self._split(snapshot[0].numpy()), snapshot[1]
+        return super().get_weights()
+
+    def set_weights(self, weights: list[np.ndarray], version: int | None = None) -> None:
+        self._snapshot = None
+        super().set_weights(weights, version)
 
     def read_weights(self) -> list[np.ndarray]:
-        if self._flat_read is None:
+        if not self._flat:
             return super().read_weights()
-        flat = self._flat_read().numpy()
+        return self._split(self._flat_read().numpy())
+
+    def _split(self, flat: np.ndarray) -> list[np.ndarray]:
         out, offset = [], 0
         for shape in self._shapes:
             size = int(np.prod(shape, dtype=np.int64))
