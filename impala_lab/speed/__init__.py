@@ -4,10 +4,10 @@ The reading path (docs/map.md) holds IMPALA alone; the measures here change how 
 computation runs, never what it computes, each kept for a measured gain (docs/performance.md).
 ``IMPALA_LAB_PLAIN=1`` turns them off (`enabled`).
 
-- `compiled_policy.CompiledPolicy`: the train step called as a traced graph, the weights read
-  in one op.
-- `lean_imports.lean_imports`: under the ``impala-lab`` command, the TensorFlow import without
-  the optional modules Keras imports where installed.
+- `compiled_policy.CompiledPolicy`: the step as a traced graph (saves 0.25 s to 475) that reads
+  the weights it leaves, broadcast without the learner's lock (0.72 s, 7ab927f's snapshot).
+- `lean_imports.lean_imports`: the ``impala-lab`` command's TensorFlow import without Keras's
+  optional modules (saves 0.84 s of the first train step, 1.16 s to 475).
 """
 
 from __future__ import annotations
