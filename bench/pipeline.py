@@ -90,7 +90,8 @@ class RssSampler:
             hwm = proc_status_kb(pid, "VmHWM") or 0
             total += rss
             self.peak_kb[pid] = max(self.peak_kb.get(pid, 0), rss, hwm)
-        self.peak_total_kb = max(self.peak_total_kb, total)
+        # A process's high-water mark may fall between ticks; the total then was at least it.
+        self.peak_total_kb = max(self.peak_total_kb, total, *self.peak_kb.values())
 
     def _loop(self) -> None:
         while not self._stop.wait(self._interval):

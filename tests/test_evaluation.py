@@ -145,7 +145,9 @@ def test_a_run_reports_evaluations_of_its_learners_weights():
         seen = run.stats()["evaluation"]
         assert seen["num_evaluations"] >= 1
         assert 0 <= seen["weights_version"] <= run.policy.version
-        # a synchronous evaluation plays the learner's weights of this moment
+        # a synchronous evaluation plays the learner's weights of this moment (the learner
+        # thread, still training on queued batches after train(), is stopped first)
+        run.learner.stop()
         result = run.evaluator.evaluate()
         weights, version = run.policy.get_weights()
         assert result["weights_version"] == version
