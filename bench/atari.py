@@ -105,10 +105,8 @@ def actor_timings(env_id: str) -> dict[str, float]:
             "e = sys.argv[1]; t = {'env_step_us': env_step_us(e)}; "
             "t.update({f'forward_b{b}_us_per_frame': forward_us_per_frame(e, b) "
             "for b in (8, 16, 32)}); print(json.dumps(t))")
-    env = {**os.environ, **ACTOR_THREAD_ENV, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    out = subprocess.run([sys.executable, "-c", code, env_id], cwd=HERE.parent, env=env,
-                         capture_output=True, text=True, check=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    return pipeline.json_from_child(code, env_id,
+                                    env={**ACTOR_THREAD_ENV, "TF_CPP_MIN_LOG_LEVEL": "3"})
 
 
 def learner_timings(env_id: str, threads: int, seconds: float = 10.0) -> dict[str, Any]:
@@ -117,11 +115,8 @@ def learner_timings(env_id: str, threads: int, seconds: float = 10.0) -> dict[st
     code = ("import json, sys; from bench.atari import _learner_child; "
             "print(json.dumps(_learner_child(sys.argv[1], int(sys.argv[2]), "
             "float(sys.argv[3]))))")
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    out = subprocess.run([sys.executable, "-c", code, env_id, str(threads), str(seconds)],
-                         cwd=HERE.parent, env=env, capture_output=True, text=True,
-                         check=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    return pipeline.json_from_child(code, env_id, str(threads), str(seconds),
+                                    env={"TF_CPP_MIN_LOG_LEVEL": "3"})
 
 
 def _learner_child(env_id: str, threads: int, seconds: float) -> dict[str, Any]:

@@ -115,10 +115,8 @@ def actor_timings(env_id: str) -> dict[str, float]:
             "e = sys.argv[1]; t = {'env_step_us': env_step_us(e)}; "
             "t.update({f'forward_{n}_b{b}_us_per_step': forward_us_per_step(e, n, b) "
             "for n in ('cnn', 'impala') for b in (8, 16)}); print(json.dumps(t))")
-    env = {**os.environ, **ACTOR_THREAD_ENV, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    out = subprocess.run([sys.executable, "-c", code, env_id], cwd=HERE.parent, env=env,
-                         capture_output=True, text=True, check=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    return pipeline.json_from_child(code, env_id,
+                                    env={**ACTOR_THREAD_ENV, "TF_CPP_MIN_LOG_LEVEL": "3"})
 
 
 def _cpu_seconds(pid: int) -> float:

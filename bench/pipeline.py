@@ -53,6 +53,16 @@ def tuned_config(**overrides: Any) -> Any:
 
 
 # ---------------------------------------------------------------------- memory
+def json_from_child(code: str, *args: str, env: dict[str, str] | None = None) -> Any:
+    """Runs ``python -c code args...`` from the repository with ``env`` added to this
+    process's environment; the JSON its last line of stdout prints (a failure raises
+    ``CalledProcessError``). Timings taken apart from the bench's own process."""
+    out = subprocess.run([sys.executable, "-c", code, *args], cwd=REPO,
+                         env={**os.environ, **(env or {})}, capture_output=True, text=True,
+                         check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
 def proc_status_kb(pid: int, field: str) -> int | None:
     """A kB field of /proc/PID/status (e.g. ``VmRSS``); None if the process is gone."""
     try:
