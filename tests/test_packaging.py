@@ -75,8 +75,8 @@ def test_pyproject_declares_package_script_and_python() -> None:
     assert mujoco == {"mujoco", "imageio", "packaging"}
     dev = {canonicalize_name(Requirement(r).name): Requirement(r)
            for r in project["optional-dependencies"]["dev"]}
-    assert {"pytest", "pytest-timeout", "ruff", "hypothesis", "nbclient", "nbformat",
-            "ipykernel", "jupyterlab", "playwright", "voila"} <= set(dev)
+    assert {"pytest", "pytest-timeout", "pytest-xdist", "ruff", "hypothesis", "nbclient",
+            "nbformat", "ipykernel", "jupyterlab", "playwright", "voila"} <= set(dev)
     assert str(dev["playwright"].specifier) == "==1.65.*"
     atari = {canonicalize_name(Requirement(r).name)
              for r in project["optional-dependencies"]["atari"]}
@@ -155,8 +155,10 @@ def test_make_targets_run_the_documented_commands(tmp_path: Path) -> None:
     grader = next(i for i, line in enumerate(lines) if line.endswith("install --progress-bar "
                                                                     "off -e ./grader"))
     ruff = lines.index(f"{tmp_path}/venv/bin/ruff check .")
-    pytest_line = lines.index(f"{tmp_path}/venv/bin/python -m pytest")
+    pytest_line = lines.index(f"{tmp_path}/venv/bin/python -m pytest -n 2 --dist worksteal ")
     assert install < grader < ruff < pytest_line
+    one = _make("-n", venv, "TEST_WORKERS=0", "PYTEST_ARGS=-k vtrace", "test").stdout.splitlines()
+    assert f"{tmp_path}/venv/bin/python -m pytest -n 0 --dist worksteal -k vtrace" in one
     assert "apt-get install" in test.stdout  # browser-deps runs first
     assert "mujoco-deps:" in test.stdout  # and mujoco-deps: EGL for MuJoCo's frames
 
