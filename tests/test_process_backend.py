@@ -78,7 +78,7 @@ def test_weight_blocks_are_reused_and_released(pair):
             h.set_weights(ref)
         batches = results(backend, [h.sample() for h in handles])
         assert [b.policy_versions[0] for b in batches] == [v, v]
-    in_use, free = backend.shared_blocks()
+    in_use, free = backend.blocks.names()
     assert in_use == [ref.name]  # every worker answered after reading it: only the latest
     assert len(free) <= 2
     assert len(seen) <= 3, f"blocks are reused, not created per broadcast: {sorted(seen)}"
@@ -156,12 +156,19 @@ def _environ_of(pid: int) -> dict[str, str]:
     return dict(e.decode().split("=", 1) for e in entries if b"=" in e)
 
 
-def test_workers_start_with_one_blas_thread(pair):
-    _, handles = pair
-    for h in handles:
-        env = _environ_of(h.pid)
-        for name, value in ACTOR_THREAD_ENV.items():
-            assert env.get(name) == os.environ.get(name, value), name
+def test_workers_start_with_one_blas_thread(monkeypatch):
+    # set here, not inherited: the user's own value wins, the others are 1
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    for name in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+    backend = ProcessBackend(config(num_workers=1))
+    try:
+        env = _environ_of(backend.make_worker(0).pid)
+    finally:
+        backend.shutdown()
+    assert {name: env.get(name) for name in ACTOR_THREAD_ENV} == {
+        "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "3", "MKL_NUM_THREADS": "1"}
+    assert "OPENBLAS_NUM_THREADS" not in os.environ  # the driver's own is restored
 
 
 def test_single_threaded_blas_keeps_what_the_user_set_and_restores(monkeypatch):
@@ -291,7 +298,7 @@ def test_env_error_reaches_the_driver_with_the_worker_traceback():
         assert f3.done()
         with pytest.raises(WorkerError):
             f3.result()
-        assert backend.shared_blocks()[0] == [ref.name]
+        assert backend.blocks.names()[0] == [ref.name]
     finally:
         backend.shutdown()
     assert shm_names(backend.blocks.prefix) == set()

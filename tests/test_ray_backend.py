@@ -88,6 +88,16 @@ def test_local_ray_listens_on_loopback_only(ray_backend):
     assert os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER") is None  # restored
 
 
+def test_the_backend_knows_its_raylets_socket_and_the_raylet_answers(ray_backend):
+    import socket
+
+    [node] = ray.nodes()
+    assert ray_backend.raylet_socket == node["RayletSocketName"]
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.connect(ray_backend.raylet_socket)
+    ray_backend.check_raylet("an actor died")  # the raylet answers: the worker error stands
+
+
 def test_weights_are_put_once_and_stop_worker_ends_the_actor_process(ray_backend):
     # Sampling itself is the contract of every backend (test_backends.py).
     handles = [ray_backend.make_worker(i) for i in range(2)]

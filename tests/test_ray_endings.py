@@ -146,9 +146,7 @@ def test_check_raylet_tells_a_dead_raylet_from_a_live_one(tmp_path):
     from impala_lab.errors import ClusterLostError
 
     path = str(tmp_path / "raylet")
-    node = types.SimpleNamespace(raylet_socket_name=path)
-    fake = types.SimpleNamespace(_ray=types.SimpleNamespace(_private=types.SimpleNamespace(
-        worker=types.SimpleNamespace(global_worker=types.SimpleNamespace(node=node)))))
+    fake = types.SimpleNamespace(raylet_socket=path)
     RayBackend.check_raylet(fake, "no socket file: cannot tell")  # no error
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
         server.bind(path)

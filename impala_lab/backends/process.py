@@ -138,10 +138,6 @@ class ProcessBackend(Backend):
             raise RuntimeError("this ProcessBackend was shut down; create a new one")
         return self.blocks.put(weights, version)
 
-    def shared_blocks(self) -> tuple[list[str], list[str]]:
-        """Names of this backend's shared-memory blocks: ``(in use, kept for reuse)``."""
-        return self.blocks.names()
-
     def wait(self, futures: Sequence[Any], timeout: float | None) -> list:
         """The task pool's ``wait_fn``: blocks on the workers' pipes (no polling).
 

@@ -160,6 +160,13 @@ class RayWorkerHandle(WorkerHandle):
         return f"worker {self.index} (Ray actor, env {self.env_id})"
 
 
+def raylet_socket(ray: Any) -> str | None:
+    """This driver's raylet's socket path in Ray's node table (None if it is not there)."""
+    node_id = ray.get_runtime_context().get_node_id()
+    return next((node.get("RayletSocketName") for node in ray.nodes()
+                 if node.get("NodeID") == node_id), None)
+
+
 class RayBackend(Backend):
     """Rollout workers as Ray actors (see the module docstring); ``ray_init_kwargs`` override
     `init_kwargs` for a Ray this backend starts. Without Ray installed: ImportError."""
@@ -191,6 +198,7 @@ class RayBackend(Backend):
             if initialized_here:
                 ray.shutdown()  # leaves a joined cluster running
             raise
+        self.raylet_socket = raylet_socket(ray)
         self.cpus_per_actor = max(0.01, min(1.0, int(1e4 * cpus / config.num_workers) / 1e4))
         self._actor_class = ray.remote(num_cpus=self.cpus_per_actor,
                                        scheduling_strategy="SPREAD")(RolloutActor)
@@ -209,8 +217,7 @@ class RayBackend(Backend):
             from ray.job_config import JobConfig
 
             # The actors import impala_lab: find it where the driver found it, installed or not.
-            package_parent = os.path.dirname(os.path.dirname(os.path.dirname(
-                os.path.abspath(__file__))))
+            package_parent = os.path.abspath(os.path.join(__file__, "..", "..", ".."))
             # "local": a new Ray even where a `ray start` cluster runs on this machine, which
             # ray.init() without an address would join (and then refuse num_cpus).
             kwargs.update(address="local", num_cpus=os.cpu_count() or 1,
@@ -259,9 +266,8 @@ class RayBackend(Backend):
 
     def check_raylet(self, why: str) -> None:
         """Raises `ClusterLostError` (quoting ``why``, Ray's report of an actor's death) when
-        this driver's raylet refuses its socket: no actor can be replaced."""
-        node = getattr(self._ray._private.worker.global_worker, "node", None)
-        path = getattr(node, "raylet_socket_name", None)
+        this driver's raylet refuses the socket it had at the start: no actor can be replaced."""
+        path = self.raylet_socket
         if not isinstance(path, str) or not os.path.exists(path):
             return  # cannot tell (another platform, another Ray): the worker error stands
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
