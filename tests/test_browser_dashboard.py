@@ -328,9 +328,19 @@ def test_quickstart_runs_all_in_normal_mode(tmp_path):
         run_all(page)
         deadline = time.monotonic() + 240
         cells = page.evaluate(CELLS_JS)
+        # Under load JupyterLab may start a second kernel as the page opens and shut the first
+        # down with the queued cells (seen once on two pytest workers: '[1]:' then '[ ]:' to
+        # the end, the kernel idle): nothing queued and cells unrun for 3 polls in a row is a
+        # lost Run All, which a user would repeat, and so does the test, at most twice.
+        lost_polls, retries = 0, 2
         while not all(re.fullmatch(r"\[\d+\]:", p) for p in cells["prompts"]):
             if cells["errors"] or time.monotonic() > deadline:
                 break
+            idle = "[*]:" not in cells["prompts"] and "[ ]:" in cells["prompts"]
+            lost_polls = lost_polls + 1 if idle else 0
+            if lost_polls >= 3 and retries:
+                retries, lost_polls = retries - 1, 0
+                run_all(page)
             time.sleep(1.0)
             cells = page.evaluate(CELLS_JS)
         ARTIFACTS.mkdir(exist_ok=True)
