@@ -40,7 +40,7 @@ QUICKSTART = REPO / "notebooks" / "00_quickstart.ipynb"
 ARTIFACTS = REPO / "test-artifacts"
 CHROMIUM = Path("/usr/bin/chromium")
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.slow, pytest.mark.alone, pytest.mark.timeout(240)]
 
 # Read in the page: what the dashboard shows right now.
 SNAPSHOT_JS = """() => {
@@ -242,6 +242,10 @@ def accept_dialogs(page) -> None:
         if not dialog.count() or not dialog.first.is_visible():
             return
         print("accepting JupyterLab's dialog:", dialog.first.inner_text()[:200])
+        choice = dialog.first.locator("select")
+        if choice.count():  # Select Kernel: the notebook's own, never the "No Kernel" default
+            labels = choice.first.locator("option").all_inner_texts()
+            choice.first.select_option(label=next(t for t in labels if t.startswith("Python")))
         dialog.first.locator(".jp-mod-accept").first.click()
         time.sleep(0.5)
 

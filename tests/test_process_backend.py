@@ -163,7 +163,11 @@ def test_workers_start_with_one_blas_thread(monkeypatch):
         monkeypatch.delenv(name, raising=False)
     backend = ProcessBackend(config(num_workers=1))
     try:
-        env = _environ_of(backend.make_worker(0).pid)
+        worker = backend.make_worker(0)
+        # Until the child has exec'd Python, /proc shows the environment the driver itself
+        # was started with; a worker that has answered a request has long been past that.
+        results(backend, [worker.sample()])
+        env = _environ_of(worker.pid)
     finally:
         backend.shutdown()
     assert {name: env.get(name) for name in ACTOR_THREAD_ENV} == {
