@@ -46,6 +46,33 @@ def assert_a_cartpole_gif(path: Path) -> None:
     assert np.abs(frames[0] - frames[1]).sum() > 0
 
 
+def test_write_gif_keeps_the_episodes_colours_and_scales_wide_frames(tmp_path):
+    import numpy as np
+    from PIL import Image
+
+    from impala_lab.cli.play import write_gif
+
+    # 40 frames of 640x20: a black square moving over a background whose colour changes every
+    # 10 frames (a colour shown for an eighth of the episode or more is in the palette exactly)
+    colours = [(200, 30, 30), (30, 200, 30), (30, 30, 200), (250, 250, 250)]
+    frames = []
+    for k in range(40):
+        frame = np.empty((20, 640, 3), np.uint8)
+        frame[:] = colours[k // 10]
+        frame[:, 10 * k:10 * k + 10] = 0
+        frames.append(frame)
+    write_gif(frames, tmp_path / "a.gif", fps=10)
+    with Image.open(tmp_path / "a.gif") as gif:
+        assert gif.size == (320, 10) and gif.n_frames == 40 and gif.info["duration"] == 100
+        for k in range(gif.n_frames):
+            gif.seek(k)
+            image = np.asarray(gif.convert("RGB"))
+            assert tuple(image[5, 300]) == colours[k // 10], k
+            assert (image[:, 5 * k:5 * k + 5] == 0).all(), k
+    with pytest.raises(ValueError, match="no frames to write"):
+        write_gif([], tmp_path / "b.gif")
+
+
 def test_a_short_run_writes_config_metrics_result_report_and_checkpoint(tmp_path):
     out = tmp_path / "run"
     proc = run_cli("train", "--backend", "inline", "--num-envs-per-worker", "4",

@@ -53,3 +53,21 @@ def test_plain_mode_builds_the_reading_paths_policy(monkeypatch):
     assert speed.enabled() and type(make_learner(config, *spaces)[0]) is CompiledPolicy
     monkeypatch.setenv("IMPALA_LAB_PLAIN", "1")
     assert not speed.enabled() and type(make_learner(config, *spaces)[0]) is VTracePolicy
+
+
+def test_the_command_freezes_the_collector_as_it_returns_unless_plain(monkeypatch, capsys):
+    from impala_lab.cli.main import main
+    from impala_lab.speed import lean_imports
+
+    frozen = []
+    monkeypatch.setattr(speed.gc, "freeze", lambda: frozen.append(True))
+    monkeypatch.setattr(lean_imports, "enable", lambda: None)  # keep this process's imports
+    monkeypatch.setattr("sys.argv", ["impala-lab", "config"])
+    monkeypatch.delenv("IMPALA_LAB_PLAIN", raising=False)
+    assert main() == 0 and frozen == [True]
+    monkeypatch.setattr("sys.argv", ["impala-lab", "train", "--num-workers", "-1"])
+    assert main() == 2 and frozen == [True, True]  # a refused command exits quickly too
+    assert main(["config"]) == 0 and frozen == [True, True]  # a caller's own main(argv): never
+    monkeypatch.setenv("IMPALA_LAB_PLAIN", "1")
+    assert main() == 2 and frozen == [True, True]
+    assert capsys.readouterr().err.count("num_workers=-1 is invalid") == 2

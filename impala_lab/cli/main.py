@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from impala_lab import speed
 from impala_lab.cli.endings import open_std_streams, say
 from impala_lab.cli.train import resume_overrides, train_command
 from impala_lab.config import GROUPS, ImpalaConfig, field_group, field_help, field_kind, field_names
@@ -189,7 +190,7 @@ COMMANDS = {"train": lambda args: train_command(args, config_from_args(args)),
 
 def main(argv: list[str] | None = None) -> int:
     """The ``impala-lab`` command; ``argv`` None reads ``sys.argv`` (the program itself), which
-    also turns on `impala_lab.speed.lean_imports`."""
+    also turns on `impala_lab.speed.lean_imports` and `impala_lab.speed.freeze_before_exit`."""
     open_std_streams()  # `impala-lab train >&-`: no file of the run may take fd 1's place
     if argv is None:
         lean_imports.enable()
@@ -203,6 +204,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         say(f"impala-lab: error: {exc}", err=True)
         return 2
+    finally:
+        if argv is None:
+            speed.freeze_before_exit()
 
 
 def _unknown_options(parser: argparse.ArgumentParser, args: argparse.Namespace,

@@ -134,7 +134,8 @@ def _frame(env: gym.Env) -> np.ndarray:
 def write_gif(frames: Sequence[np.ndarray], path: str | Path, fps: float = 15.0,
               max_width: int = 320) -> Path:
     """Writes uint8 frames [H, W, 3] as a looping GIF, each frame 1/fps s; frames wider than
-    ``max_width`` are scaled down (nearest neighbour, so MinAtar's cells stay sharp)."""
+    ``max_width`` are scaled down (nearest neighbour, so MinAtar's cells stay sharp). Frames
+    that hold at most 256 colours in all share one exact palette (`_with_one_palette`)."""
     from PIL import Image
 
     if not frames:
@@ -146,11 +147,34 @@ def write_gif(frames: Sequence[np.ndarray], path: str | Path, fps: float = 15.0,
             image = image.resize((max_width, round(image.height * max_width / image.width)),
                                  Image.Resampling.NEAREST)
         images.append(image)
+    images = _with_one_palette(images) or images
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     images[0].save(path, save_all=True, append_images=images[1:], loop=0,
                    duration=round(1000 / fps), optimize=False)
     return path
+
+
+def _with_one_palette(images: list) -> list | None:
+    """RGB images as 'P' images over one exact palette of all their colours; None if they hold
+    more than 256 (Pillow then picks a palette for each frame, which costs far more)."""
+    from PIL import Image
+
+    codes = [a[..., 0] << 16 | a[..., 1] << 8 | a[..., 2]  # [H, W] of 24-bit colours
+             for a in (np.asarray(image).astype(np.uint32) for image in images)]
+    seen = np.zeros(1 << 24, bool)
+    for frame in codes:
+        seen[frame] = True
+    colours = np.flatnonzero(seen)
+    if len(colours) > 256:
+        return None
+    index = np.zeros(1 << 24, np.uint8)
+    index[colours] = np.arange(len(colours))
+    palette = np.stack([colours >> 16, colours >> 8 & 255, colours & 255], -1).astype(np.uint8)
+    shared = [Image.fromarray(index[frame]) for frame in codes]
+    for image in shared:
+        image.putpalette(palette.tobytes())
+    return shared
 
 
 def renders_with_opengl(env_id: str) -> bool:
