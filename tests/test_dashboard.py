@@ -655,13 +655,11 @@ def test_report_from_a_metrics_csv(tmp_path):
     assert read[12]["knobs.lr"] == 0.001 and read[0]["sample_throughput"] == 1000.0
     out = plots.save_report(read, tmp_path / "report.png", title="test")
     assert png_size(out.read_bytes()) == (1160, 840)
-    fig = plots.figures_from_run_dir(tmp_path)
+    fig = plots.report_figure(read, title="test")
     assert png_size(fig._repr_png_())[0] > 0
     labels = [t.get_text() for ax in fig.axes for t in ax.texts]
     assert "num_sgd_iter=3, lr=0.001" in labels
     assert png_size(plots.view_figure("timing", read)._repr_png_()) == (470, 230)
-    with pytest.raises(FileNotFoundError, match=r"no metrics\.csv here"):
-        plots.figures_from_run_dir(tmp_path / "missing")
     with pytest.raises(ValueError, match="view='nope' is unknown"):
         plots.view_figure("nope", read)
 

@@ -1,8 +1,7 @@
 """Weights blocks left in /dev/shm by a driver killed with its whole process group.
 
-Each new `ProcessBackend` unlinks this user's ``il<pid>_*`` blocks whose driver is gone (or
-whose pid now belongs to a process that started after the block was written), and leaves
-live drivers' blocks alone.
+Each new `ProcessBackend` unlinks this user's ``il<pid>_*`` blocks whose owner's lock file
+nobody holds any more, and leaves live drivers' blocks, and blocks without a lock file, alone.
 """
 
 from __future__ import annotations
@@ -12,7 +11,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -94,33 +92,20 @@ def test_blocks_of_a_driver_killed_with_its_process_group_go_when_a_backend_star
             (SHM / name).unlink(missing_ok=True)
 
 
-def test_only_blocks_whose_driver_is_gone_are_removed():
-    live = subprocess.Popen(["sleep", "60"])
-    reused = subprocess.Popen(["sleep", "60"])
+def test_blocks_without_a_lock_file_and_other_names_are_left_alone():
+    # whatever their pid says: without the owner's lock file they are not this module's
     gone = dead_pid()
-    made = {
-        "stale": SHM / f"il{gone}_a1b2c3_0",
-        "live": SHM / f"il{live.pid}_a1b2c3_0",
-        "reused": SHM / f"il{reused.pid}_a1b2c3_0",  # written an hour before its pid started
-        "other name": SHM / f"il{gone}_not_a_block",
-        "ours": SHM / f"il{os.getpid()}_a1b2c3_7",
-    }
+    made = [SHM / f"il{gone}_a1b2c3_0", SHM / f"il{gone}_not_a_block",
+            SHM / f"il{os.getpid()}_a1b2c3_7"]
+    unheld = [SHM / f"il{gone}_d4e5f6_0", SHM / f"il{gone}_d4e5f6_lock"]
     try:
-        for path in made.values():
+        for path in [*made, *unheld]:
             path.write_bytes(b"\0" * 64)
-        hour_ago = time.time() - 3600
-        os.utime(made["reused"], (hour_ago, hour_ago))
         start_backend()
-        assert not made["stale"].exists()
-        assert not made["reused"].exists()
-        assert made["live"].exists()
-        assert made["other name"].exists()
-        assert made["ours"].exists()
+        assert [p for p in made if not p.exists()] == []
+        assert [p for p in unheld if p.exists()] == []  # a lock nobody holds: stale
     finally:
-        for proc in (live, reused):
-            proc.kill()
-            proc.wait()
-        for path in made.values():
+        for path in [*made, *unheld]:
             path.unlink(missing_ok=True)
 
 

@@ -28,8 +28,6 @@ from dataclasses import dataclass
 import numpy as np
 from multiprocess import resource_tracker, shared_memory
 
-from impala_lab.backends.base import pid_exists
-
 __all__ = ["BlockGoneError", "SharedWeights", "SharedWeightsReader", "WeightBlocks",
            "read_shared_weights", "remove_stale_blocks", "weights_layout",
            "write_shared_weights"]
@@ -42,9 +40,7 @@ _BLOCK_NAME = re.compile(r"il(\d+)(_[0-9a-f]{6}_)\d+")  # ``WeightBlocks.prefix`
 _SHM_DIR = "/dev/shm"
 _LOCK_SUFFIX = "lock"  # ``<prefix>lock``: the owner's lock file, beside its blocks
 _LOCK_NAME = re.compile(r"il(\d+)(_[0-9a-f]{6}_)lock")
-# A driver pid counts as reused only if its process started this long after the block was
-# last written (clock readings from /proc differ by about a second).
-_PID_REUSE_MARGIN_S = 60.0
+
 
 class BlockGoneError(RuntimeError):
     """A weights block named in a broadcast is no longer in shared memory."""
@@ -280,11 +276,10 @@ class WeightBlocks:
 def remove_stale_blocks(shm_dir: str = _SHM_DIR) -> list[str]:
     """Unlink the weights blocks of drivers that are gone; returns the names removed.
 
-    Blocks are grouped by prefix ``il<pid>_<random>_``. With a lock file ``<prefix>lock``
-    they are stale exactly when nobody holds its ``flock``, whatever PID namespace the owner
-    ran in. Without one (an older impala_lab) they are stale when process ``pid`` is gone (or
-    a zombie) or started over a minute after the block was last written (pid reused). Other
-    users' blocks and other names are left alone; without ``/dev/shm`` there is nothing to do.
+    Blocks are grouped by prefix ``il<pid>_<random>_`` and are stale exactly when nobody holds
+    the ``flock`` of their lock file ``<prefix>lock``, whatever PID namespace the owner ran in.
+    Blocks without a lock file, other users' blocks and other names are left alone; without
+    ``/dev/shm`` there is nothing to do.
     """
     try:
         names = os.listdir(shm_dir)
@@ -311,10 +306,7 @@ def _owner_gone(lock_path: str, blocks: list[str], shm_dir: str) -> Iterator[boo
     owner cannot come back between the check and the unlink); removes a dead owner's lock."""
     try:
         fd = os.open(lock_path, os.O_RDONLY)
-    except FileNotFoundError:  # no lock file: an older impala_lab's blocks, judged by pid
-        yield bool(blocks) and _legacy_blocks_stale(blocks, shm_dir)
-        return
-    except OSError:
+    except OSError:  # no lock file: not blocks this module owns
         yield False
         return
     try:
@@ -331,16 +323,6 @@ def _owner_gone(lock_path: str, blocks: list[str], shm_dir: str) -> Iterator[boo
             os.unlink(lock_path)
     finally:
         os.close(fd)
-
-
-def _legacy_blocks_stale(blocks: list[str], shm_dir: str) -> bool:
-    """Blocks without a lock file: stale when their pid is gone or was reused."""
-    try:
-        stat = os.stat(os.path.join(shm_dir, blocks[0]))
-    except OSError:
-        return False
-    pid = int(_BLOCK_NAME.fullmatch(blocks[0]).group(1))
-    return stat.st_uid == os.getuid() and not _block_owner_alive(pid, stat.st_mtime)
 
 
 def _unlink_paths(shm_dir: str, names: list[str]) -> list[str]:
@@ -378,24 +360,6 @@ def _exists(name: str, shm_dir: str = _SHM_DIR) -> bool:
     """Whether a block of this name can still be opened (always True where blocks are not
     files in ``shm_dir``)."""
     return not os.path.isdir(shm_dir) or os.path.exists(os.path.join(shm_dir, name))
-
-
-def _block_owner_alive(pid: int, block_mtime: float) -> bool:
-    if pid == os.getpid():
-        return True
-    if not pid_exists(pid):
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            fields = fh.read().rsplit(")", 1)[1].split()
-        if fields[0] in ("Z", "X"):  # ended, not yet reaped
-            return False
-        with open("/proc/stat") as fh:
-            boot = next(float(line.split()[1]) for line in fh if line.startswith("btime "))
-        started = boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
-        return True  # cannot tell: keep the block
-    return started <= block_mtime + _PID_REUSE_MARGIN_S
 
 
 def _unlink(memory: shared_memory.SharedMemory) -> None:

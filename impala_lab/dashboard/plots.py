@@ -439,11 +439,3 @@ def save_report(rows: Sequence[Mapping] | HasColumns, path: str | Path,
     report_figure(rows, title).savefig(path, dpi=DPI)
     return Path(path)
 
-
-def figures_from_run_dir(run_dir: str | Path) -> RunFigure:
-    """`report_figure` of a run directory written by ``impala-lab train``."""
-    path = Path(run_dir) / "metrics.csv"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no metrics.csv here; pass the --out directory of "
-                                "an impala-lab train run")
-    return report_figure(read_metrics_csv(path), title=Path(run_dir).name)
