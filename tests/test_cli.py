@@ -53,7 +53,7 @@ def test_write_gif_keeps_the_episodes_colours_and_scales_wide_frames(tmp_path):
     from impala_lab.cli.play import write_gif
 
     # 40 frames of 640x20: a black square moving over a background whose colour changes every
-    # 10 frames (a colour shown for an eighth of the episode or more is in the palette exactly)
+    # 10 frames; five colours in all, so the shared palette holds each of them exactly
     colours = [(200, 30, 30), (30, 200, 30), (30, 30, 200), (250, 250, 250)]
     frames = []
     for k in range(40):
