@@ -294,16 +294,17 @@ def remove_stale_blocks(shm_dir: str = _SHM_DIR) -> list[str]:
     for prefix, members in groups.items():
         lock_name = prefix + _LOCK_SUFFIX
         blocks = [n for n in members if n != lock_name]
-        with _owner_gone(os.path.join(shm_dir, lock_name), blocks, shm_dir) as gone:
+        with _owner_gone(os.path.join(shm_dir, lock_name)) as gone:
             if gone:
                 removed += _unlink_paths(shm_dir, blocks)
     return sorted(removed)
 
 
 @contextlib.contextmanager
-def _owner_gone(lock_path: str, blocks: list[str], shm_dir: str) -> Iterator[bool]:
-    """Yields whether the owner of ``blocks`` is gone, holding its lock meanwhile (so the
-    owner cannot come back between the check and the unlink); removes a dead owner's lock."""
+def _owner_gone(lock_path: str) -> Iterator[bool]:
+    """Yields whether the owner of the blocks beside ``lock_path`` is gone, holding its lock
+    meanwhile (so the owner cannot come back between the check and the unlink); removes a
+    dead owner's lock."""
     try:
         fd = os.open(lock_path, os.O_RDONLY)
     except OSError:  # no lock file: not blocks this module owns
