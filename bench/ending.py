@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from bench.seed_summary import median_difference
+
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "docs" / "results"
 BOOTSTRAP = 5000
@@ -104,11 +106,9 @@ def exit_pairs(pairs: int) -> list[tuple[float, float]]:
 
 def summarize(pairs: list[tuple[float, float]], rng: np.random.Generator) -> dict[str, Any]:
     before, after = (np.array(side, np.float64) for side in zip(*pairs, strict=True))
-    diff = before - after
-    resampled = np.median(rng.choice(diff, (BOOTSTRAP, len(diff))), axis=1)
-    return {"n": len(diff), "before": float(np.median(before)),
-            "after": float(np.median(after)), "saves": float(np.median(diff)),
-            "interval": [float(v) for v in np.percentile(resampled, [2.5, 97.5])]}
+    saves, interval = median_difference(before - after, rng, BOOTSTRAP)
+    return {"n": len(before), "before": float(np.median(before)),
+            "after": float(np.median(after)), "saves": saves, "interval": interval}
 
 
 def markdown(summaries: dict[str, dict[str, Any]]) -> str:

@@ -1,7 +1,7 @@
 """Summaries of one figure over a bench's runs: the verdict of a difference's interval, the area
-under a learning curve, a figure's IQM with its interval, median, worst and best, and the
-Wilson interval of a solve rate. The IQM and its bootstrap are the course's
-(`impala_lab.classroom.seed_stats`); these serve only the benches.
+under a learning curve, a figure's IQM with its interval, median, worst and best, the median of
+paired differences with its interval, and the Wilson interval of a solve rate. The IQM and its
+bootstrap are the course's (`impala_lab.classroom.seed_stats`); these serve only the benches.
 """
 
 from __future__ import annotations
@@ -53,6 +53,13 @@ def summarize(values: Sequence[float], rng: np.random.Generator,
         out["solved"] = int(sum(bool(s) for s in solved))
         out["solve_return"] = solve_return
     return out
+
+
+def median_difference(diff: np.ndarray, rng: np.random.Generator, draws: int = 5000
+                      ) -> tuple[float, list[float]]:
+    """The median of paired differences [n] and its percentile-bootstrap 95% interval."""
+    resampled = np.median(rng.choice(diff, (draws, len(diff))), axis=1)
+    return float(np.median(diff)), [float(v) for v in np.percentile(resampled, [2.5, 97.5])]
 
 
 def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:

@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from bench.seed_summary import median_difference
+
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "docs" / "results"
 FIGURES = ("first_train_s", "seconds_to_target", "exit_s")
@@ -63,11 +65,9 @@ def summarize(pairs: list[tuple[dict, dict]], rng: np.random.Generator) -> dict[
         both = [(d[figure], p[figure]) for d, p in pairs
                 if d[figure] is not None and p[figure] is not None]
         door, plain = (np.array(side, np.float64) for side in zip(*both, strict=True))
-        diff = plain - door
-        resampled = np.median(rng.choice(diff, (BOOTSTRAP, len(diff))), axis=1)
+        saves, interval = median_difference(plain - door, rng, BOOTSTRAP)
         out[figure] = {"n": len(both), "door": float(np.median(door)),
-                       "plain": float(np.median(plain)), "saves": float(np.median(diff)),
-                       "interval": [float(v) for v in np.percentile(resampled, [2.5, 97.5])]}
+                       "plain": float(np.median(plain)), "saves": saves, "interval": interval}
     return out
 
 
