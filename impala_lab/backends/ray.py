@@ -4,7 +4,7 @@ The same `RolloutWorker` in a Ray actor. A broadcast is one ``ray.put`` of ``(we
 version)`` whose object ref every ``set_weights`` passes; Ray runs one caller's tasks on an
 actor in order, so ``set_weights`` applies before the next ``sample``. ``config.ray_address``
 joins that cluster (never shut down here); a Ray already initialized is used as it is;
-otherwise a private local Ray starts on loopback and ends with `RayBackend.shutdown` (see
+otherwise a private local Ray starts and ends with `RayBackend.shutdown` (see
 `impala_lab.backends.ray_cluster`). In a Jupyter kernel the actors' output stays in Ray's log
 files. Each actor asks for ``min(1, free CPUs / num_workers)`` CPUs, spread over the nodes;
 docs/training.md, "A Ray cluster", has the cluster's setup.
@@ -221,7 +221,7 @@ class RayBackend(Backend):
             # "local": a new Ray even where a `ray start` cluster runs on this machine, which
             # ray.init() without an address would join (and then refuse num_cpus).
             kwargs.update(address="local", num_cpus=os.cpu_count() or 1,
-                          include_dashboard=False, _node_ip_address="127.0.0.1",
+                          include_dashboard=False,
                           job_config=JobConfig(code_search_path=[package_parent]))
         kwargs.update(overrides or {})
         return kwargs

@@ -1,13 +1,12 @@
 """Joining a Ray cluster or starting a private one, for `impala_lab.backends.ray`: `join_cluster`
 probes the address first (`probe`) and turns Ray's failures into a `ConfigError` naming the
-address and the fix, `start_local` starts a private Ray on loopback, and `free_cpus` waits a
+address and the fix, `start_local` starts a private Ray, and `free_cpus` waits a
 little for a cluster with no free CPU, then says so.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import socket
 import time
 from collections.abc import Callable
@@ -16,36 +15,20 @@ from typing import Any
 from impala_lab.config import ImpalaConfig
 from impala_lab.errors import ConfigError
 
-_LOCAL_ONLY_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 JOIN_PROBE_TIMEOUT_S = 5.0  # a TCP connect to ``ray_address`` before ray.init tries it
 FREE_CPU_WAIT_S = 10.0  # how long a cluster with no free CPU may take to free one
 
 
 def start_local(ray: Any, kwargs: dict[str, Any]) -> None:
-    """``ray.init(**kwargs)`` of a private local Ray in Ray's local-only mode
-    (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, inherited by its processes: they bind to loopback,
-    where Ray 2.x on Linux would otherwise use the machine's primary address). The driver's
-    setting is restored after; Ray's notice about token authentication is silenced meanwhile."""
-    # Ray reads the switch into this private constant at import; no public option does this.
-    from ray._private import ray_constants
-
-    saved_env = os.environ.get(_LOCAL_ONLY_ENV)
-    saved_flag = getattr(ray_constants, "ENABLE_RAY_CLUSTER", None)
+    """``ray.init(**kwargs)`` of a private local Ray, with Ray's notice about token
+    authentication silenced meanwhile. Its servers listen where Ray's own default puts them on
+    this system (on Linux the machine's main address; docs/training.md says more)."""
     token_log = logging.getLogger("ray._private.authentication.authentication_token_setup")
     saved_level = token_log.level
-    os.environ[_LOCAL_ONLY_ENV] = "0"
-    if saved_flag is not None:
-        ray_constants.ENABLE_RAY_CLUSTER = False
     token_log.setLevel(logging.ERROR)
     try:
         ray.init(**kwargs)
     finally:
-        if saved_env is None:
-            os.environ.pop(_LOCAL_ONLY_ENV, None)
-        else:
-            os.environ[_LOCAL_ONLY_ENV] = saved_env
-        if saved_flag is not None:
-            ray_constants.ENABLE_RAY_CLUSTER = saved_flag
         token_log.setLevel(saved_level)
 
 
