@@ -4,8 +4,10 @@
 made with frame skip 1, with gymnasium's own wrappers: `AtariPreprocessing` (up to 30 no-ops
 at reset, frame skip 4 with the last two frames max-pooled, 84x84 grey),
 `FrameStackObservation` (the last 4 frames) and `TransformObservation` (channels-last, uint8
-[84, 84, 4], as the conv trunks take it). Rewards stay the game's (the learner clips them);
-the id keeps its own sticky actions and frame limit (docs/pixels.md).
+[84, 84, 4], as the conv trunks take it). Rewards stay the game's (the learner clips them).
+Sticky actions are off, as in the paper's and RLlib's Atari runs (ALE's v5 ids repeat the
+previous action with probability 0.25 by default); the id keeps its frame limit
+(docs/pixels.md).
 """
 
 from __future__ import annotations
@@ -45,11 +47,13 @@ def preprocess(env: gym.Env, noop_max: int = 30, frame_skip: int = 4, screen_siz
 
 
 def make_atari(env_id: str, **kwargs: Any) -> gym.Env:
-    """``gymnasium.make(env_id, frameskip=1, obs_type="grayscale", **kwargs)``, then
-    `preprocess`. The wrapper reads the emulator's screen itself and discards the base env's
-    observation, so that one is the cheapest the env offers: grey is a third of RGB's copy."""
+    """``gymnasium.make(env_id, frameskip=1, obs_type="grayscale",
+    repeat_action_probability=0.0, **kwargs)``, then `preprocess`. The wrapper reads the
+    emulator's screen itself and discards the base env's observation, so that one is the
+    cheapest the env offers: grey is a third of RGB's copy."""
     import ale_py
 
     ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)  # no banner from every worker
     kwargs.setdefault("obs_type", "grayscale")
+    kwargs.setdefault("repeat_action_probability", 0.0)
     return preprocess(gym.make(env_id, frameskip=1, **kwargs))
