@@ -78,7 +78,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("MPLBACKEND", "Agg")
 
-from bench import pipeline
+from bench import machine, pipeline, solves
 from bench.report import (  # noqa: F401  (re-exported: tests and callers use them here)
     MEDIAN_S_TARGET,
     _procs,
@@ -141,18 +141,18 @@ def _target(name: str, value: float | None, op: str, limit: float, unit: str = "
 
 def solve_check(seeds: list[int], step: Any, log: Any, max_s: float, after_s: float | None,
                 limit_s: float, load_procs: int = 0) -> dict[str, Any] | None:
-    """`pipeline.time_to_solve` for each seed, a fresh process each, with ``load_procs``
-    spinning processes beside them all; `pipeline.summarize_solves` of the runs (None if
+    """`solves.time_to_solve` for each seed, a fresh process each, with ``load_procs``
+    spinning processes beside them all; `solves.summarize_solves` of the runs (None if
     none ran)."""
     runs = []
     beside = f", {_procs(load_procs)} beside" if load_procs else ""
-    with pipeline.busy_processes(load_procs) if load_procs else contextlib.nullcontext():
+    with machine.busy_processes(load_procs) if load_procs else contextlib.nullcontext():
         for i, seed in enumerate(seeds):
             load = os.getloadavg()[0]
             r = step(f"time to solve, seed {seed} ({i + 1}/{len(seeds)}, cap {max_s:g} s"
                      + ("" if after_s is None else f", {after_s:g} s more after 475")
                      + f"{beside}; load {load:.2f})",
-                     lambda seed=seed: pipeline.time_to_solve(
+                     lambda seed=seed: solves.time_to_solve(
                          seed, max_s, train_after_target=after_s, solve_limit_s=limit_s))
             if r:
                 runs.append({**r, "load_at_start": round(load, 2)})
@@ -160,7 +160,7 @@ def solve_check(seeds: list[int], step: Any, log: Any, max_s: float, after_s: fl
         load_end = list(os.getloadavg())
     if not runs:
         return None
-    summary = pipeline.summarize_solves(runs, max_s, solve_limit_s=limit_s, after_s=after_s)
+    summary = solves.summarize_solves(runs, max_s, solve_limit_s=limit_s, after_s=after_s)
     summary.update(load_procs=load_procs, loadavg_at_end=load_end)
     return summary
 
@@ -210,7 +210,7 @@ def run_benchmarks(names: list[str], quick: bool, log: Any = print,
     ``load_procs``: busy processes beside the loaded solve check; ``recurrent_seeds``: how
     many seeds the memory task draws (5, or 1 with ``quick``)."""
     d = {k: v[1 if quick else 0] for k, v in DURATIONS.items()}
-    results: dict[str, Any] = {"machine": pipeline.machine_info(), "quick": quick,
+    results: dict[str, Any] = {"machine": machine.machine_info(), "quick": quick,
                                "durations": d, "benchmarks": {}, "targets": [], "errors": {}}
     bench = results["benchmarks"]
     targets = results["targets"]
@@ -260,7 +260,7 @@ def run_benchmarks(names: list[str], quick: bool, log: Any = print,
                                        round(r["ratio"], 3), ">=", 0.8))
 
     if "solve" in names or "solve_loaded" in names:
-        seeds = pipeline.draw_seeds(solve_seeds or SOLVE_SEEDS[quick])
+        seeds = solves.draw_seeds(solve_seeds or SOLVE_SEEDS[quick])
         results["solve_seeds"] = seeds
         log(f"[bench] solve: {len(seeds)} seeds drawn at random for this run: "
             f"{', '.join(map(str, seeds))}", flush=True)
@@ -311,7 +311,7 @@ def run_benchmarks(names: list[str], quick: bool, log: Any = print,
     if "recurrent" in names:
         from bench import recurrent
 
-        seeds = pipeline.draw_seeds(recurrent_seeds or RECURRENT_SEEDS[quick])
+        seeds = solves.draw_seeds(recurrent_seeds or RECURRENT_SEEDS[quick])
         results["recurrent_seeds"] = seeds
         log(f"[bench] recurrent: {len(seeds)} seeds drawn at random for this run: "
             f"{', '.join(map(str, seeds))}", flush=True)

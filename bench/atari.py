@@ -42,7 +42,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("MPLBACKEND", "Agg")
 
-from bench import pipeline
+from bench import machine, pipeline, solves
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE.parent / "docs" / "results"
@@ -154,7 +154,7 @@ def _learner_child(env_id: str, threads: int, seconds: float) -> dict[str, Any]:
 
 def timings(env_id: str, log: Any = print) -> dict[str, Any]:
     load_before = os.getloadavg()
-    out: dict[str, Any] = {"env": env_id, "machine": pipeline.machine_info(),
+    out: dict[str, Any] = {"env": env_id, "machine": machine.machine_info(),
                            **{k: [round(x, 1) for x in v]
                               for k, v in actor_timings(env_id).items()}}
     out["learner"] = [learner_timings(env_id, n) for n in (1, 2)]
@@ -247,7 +247,7 @@ def _commit() -> str:
 
 def runs(env_id: str, seeds: int, minutes: float, extra: tuple[str, ...],
          path: Path = RUNS_FILE, log: Any = print) -> list[dict[str, Any]]:
-    drawn = pipeline.draw_seeds(seeds)
+    drawn = solves.draw_seeds(seeds)
     log(f"[atari] {env_id}: seeds drawn at random for this run: {drawn}", flush=True)
     done = []
     for seed in drawn:

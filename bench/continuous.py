@@ -32,7 +32,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-from bench import pipeline
+from bench import solves
 from bench.seed_summary import wilson_interval
 from impala_lab.stats import jsonable
 
@@ -56,7 +56,7 @@ def run(seeds: list[int], max_s: float, after_s: float, env: str, log: Any = pri
     target, _, floor, _ = ENVS[env]
     runs = []
     for i, seed in enumerate(seeds):
-        r = pipeline.time_to_solve(seed, max_s, target, ("--env", env),
+        r = solves.time_to_solve(seed, max_s, target, ("--env", env),
                                    train_after_target=after_s, solve_limit_s=max_s)
         runs.append(r)
         what = (f"reached {target:g} in {r['seconds_to_target']:.1f} s, "
@@ -66,7 +66,7 @@ def run(seeds: list[int], max_s: float, after_s: float, env: str, log: Any = pri
                 f"{r['best_return_mean']})")
         log(f"  {env} seed {seed} ({i + 1}/{len(seeds)}): {what}; wall {r['wall_s']:.1f} s",
             flush=True)
-    summary = pipeline.summarize_solves(runs, max_s, solve_limit_s=max_s, after_s=after_s,
+    summary = solves.summarize_solves(runs, max_s, solve_limit_s=max_s, after_s=after_s,
                                         stay_floor=floor)
     low, high = wilson_interval(summary["num_solved"], summary["num_runs"])
     summary["solve_rate_ci95"] = [round(low, 3), round(high, 3)]
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     summaries = []
     for env in envs:
         _, limit, _, num_seeds = ENVS[env]
-        seeds = pipeline.draw_seeds(args.seeds or num_seeds)
+        seeds = solves.draw_seeds(args.seeds or num_seeds)
         max_s = args.max_seconds or limit
         print(f"[bench.continuous] {env}: {len(seeds)} seeds drawn at random for this run: "
               f"{', '.join(map(str, seeds))}", flush=True)

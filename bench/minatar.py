@@ -52,7 +52,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("MPLBACKEND", "Agg")
 
-from bench import pipeline
+from bench import machine, pipeline, solves
 from bench.soak import child_pids
 from impala_lab.stats import jsonable
 
@@ -194,8 +194,8 @@ def learner_samples_per_s(env_id: str, conv_net: str, seconds: float = 8.0) -> d
 
 
 def solve_run(env_id: str, target: float, seed: int) -> dict[str, Any]:
-    """One tuned run to ``target`` in a fresh process (`bench.pipeline.time_to_solve`)."""
-    r = pipeline.time_to_solve(seed, MAX_SECONDS, target, ("--env", env_id),
+    """One tuned run to ``target`` in a fresh process (`bench.solves.time_to_solve`)."""
+    r = solves.time_to_solve(seed, MAX_SECONDS, target, ("--env", env_id),
                                solve_limit_s=MAX_SECONDS)
     return r
 
@@ -203,7 +203,7 @@ def solve_run(env_id: str, target: float, seed: int) -> dict[str, Any]:
 def impala_run(env_id: str, target: float, seed: int) -> dict[str, Any]:
     """The tuned preset with the IMPALA network for `IMPALA_SECONDS` (it stops early only if
     it reaches ``target``): its frames/s end to end and the return it reached."""
-    r = pipeline.time_to_solve(seed, IMPALA_SECONDS, target,
+    r = solves.time_to_solve(seed, IMPALA_SECONDS, target,
                                ("--env", env_id, "--conv-net", "impala"))
     steps, secs = r["final_env_steps"], r.get("wall_s")
     r["frames_per_s"] = round(steps / secs, 1) if steps and secs else None
@@ -214,7 +214,7 @@ def run(seeds: int, skip_solve: bool, log: Any = print,
         games: dict[str, float] | None = None, solve_only: bool = False) -> dict[str, Any]:
     """Every measurement per game; ``solve_only`` keeps the solve runs alone (no timings,
     no CPU share, no IMPALA-network run), ``skip_solve`` drops them."""
-    results: dict[str, Any] = {"machine": pipeline.machine_info(), "games": {}, "targets": []}
+    results: dict[str, Any] = {"machine": machine.machine_info(), "games": {}, "targets": []}
     for env_id, target in (games or GAMES).items():
         game: dict[str, Any] = {"stop_return": target}
         if not solve_only:
@@ -259,7 +259,7 @@ def _solve_runs(env_id: str, target: float, seeds: int, game: dict[str, Any],
                 results: dict[str, Any], log: Any, impala: bool) -> None:
     """The tuned runs to ``target`` on seeds drawn at random (and, with ``impala``, one
     IMPALA-network run), into ``game``; their target row into ``results``."""
-    drawn = pipeline.draw_seeds(seeds)
+    drawn = solves.draw_seeds(seeds)
     log(f"[minatar]   solve: seeds drawn at random for this run: {drawn}", flush=True)
     runs = []
     for seed in drawn:
@@ -279,7 +279,7 @@ def _solve_runs(env_id: str, target: float, seeds: int, game: dict[str, Any],
                                "ok": game["solve"]["num_solved"] == len(runs)})
     if not impala:
         return
-    game["impala_run"] = impala_run(env_id, target, pipeline.draw_seeds(1)[0])
+    game["impala_run"] = impala_run(env_id, target, solves.draw_seeds(1)[0])
     r = game["impala_run"]
     log(f"[minatar]   IMPALA network, seed {r['seed']}, {IMPALA_SECONDS:g} s: "
         f"{r['frames_per_s']} frames/s, final mean {r['final_return_mean']}", flush=True)
@@ -302,12 +302,12 @@ def markdown(results: dict[str, Any]) -> str:
             f"{g['forward_impala_b16_us_per_step']} µs | "
             f"{g['learner_cnn']['samples_per_s']:,.0f}, "
             f"{g['learner_impala']['samples_per_s']:,.0f} | {cores} |")
-    solves = [(e, g["solve"]) for e, g in results["games"].items() if "solve" in g]
-    if solves:
+    solved_games = [(e, g["solve"]) for e, g in results["games"].items() if "solve" in g]
+    if solved_games:
         lines += ["", "| game | target | seed | reached | seconds to target | env steps to "
                   "target | final mean | frames/s end to end |",
                   "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-        for env_id, s in solves:
+        for env_id, s in solved_games:
             target = results["games"][env_id]["stop_return"]
             for r in s["runs"]:
                 lines.append(f"| {env_id} | {target:g} | {r['seed']} | {r['solved']} | "

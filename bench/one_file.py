@@ -16,11 +16,11 @@ machine touch both):
             and the progress lines print (`read_run`); with ``OPENBLAS_NUM_THREADS=1``, as
             the library's actor processes have it
   library   ``impala-lab train --env CartPole-v1 --stop-return 475 --max-seconds M --seed S``
-            (the README's command: the tuned preset; `pipeline.time_to_solve`)
+            (the README's command: the tuned preset; `solves.time_to_solve`)
 
 and reports for each its solve rate (a trailing-100 mean of 475 within M seconds of the
 process start), the median and the worst seconds and env steps to 475; a seed that never got
-there counts as infinitely slow (`pipeline.summarize_solves`), so no figure hides a miss.
+there counts as infinitely slow (`solves.summarize_solves`), so no figure hides a miss.
 
 The one-file version checks the target every 0.05 s, the library every 0.1 s
 (``Impala.train`` checks its stop condition between reports too). Both count from the
@@ -48,7 +48,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-from bench import pipeline
+from bench import pipeline, solves
 from impala_lab.stats import jsonable
 
 HERE = Path(__file__).resolve().parent
@@ -88,7 +88,7 @@ def read_run(lines: Iterable[str], clock: Callable[[], float], launched: float) 
 def one_file_run(seed: int, max_s: float, stop_return: float = STOP_RETURN,
                  script: Path = ONE_FILE) -> dict[str, Any]:
     """One run of the one-file IMPALA in a fresh process, timed from outside; a dict with the
-    keys of `pipeline.time_to_solve` that `pipeline.summarize_solves` reads."""
+    keys of `solves.time_to_solve` that `solves.summarize_solves` reads."""
     cmd = [sys.executable, str(script), "--env", pipeline.ENV, "--stop-return",
            str(stop_return), "--max-seconds", str(max_s), "--seed", str(seed),
            "--log-interval", "5"]
@@ -121,7 +121,7 @@ def compare(seeds: list[int], max_s: float, log: Any = print,
     """Both sides on every seed, alternating which goes first; their summaries."""
     runners = runners or {
         "one_file": lambda seed: one_file_run(seed, max_s),
-        "library": lambda seed: pipeline.time_to_solve(seed, max_s, STOP_RETURN,
+        "library": lambda seed: solves.time_to_solve(seed, max_s, STOP_RETURN,
                                                        solve_limit_s=max_s)}
     runs: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
     for i, seed in enumerate(seeds):
@@ -136,7 +136,7 @@ def compare(seeds: list[int], max_s: float, log: Any = print,
                 f" load {load:.2f})", flush=True)
     return {"seeds": seeds, "max_seconds": max_s, "stop_return": STOP_RETURN,
             "loadavg_at_end": list(os.getloadavg()),
-            **{side: pipeline.summarize_solves(runs[side], max_s, solve_limit_s=max_s)
+            **{side: solves.summarize_solves(runs[side], max_s, solve_limit_s=max_s)
                for side in SIDES}}
 
 
@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.seeds < 1:
         parser.error(f"--seeds={args.seeds}: it must be >= 1")
-    seeds = pipeline.draw_seeds(args.seeds)
+    seeds = solves.draw_seeds(args.seeds)
     print(f"one_file vs library, CartPole-v1 to 475, seeds drawn at random: {seeds} "
           f"(load {os.getloadavg()[0]:.2f})", flush=True)
     result = compare(seeds, args.max_seconds)

@@ -14,7 +14,7 @@ decayed linearly from 1e-3 and 0.2 to 0 over 1e5 steps, MlpPolicy defaults), run
 The algorithm and its settings are the same both ways; only where the envs step and how many
 threads torch may use differ. Each seed, drawn at random per run and printed, gets one run of
 each PPO variant and one ``impala-lab train --env CartPole-v1 --stop-return 475`` run
-(`pipeline.time_to_solve`), each in a fresh process, in an order that rotates from seed to
+(`solves.time_to_solve`), each in a fresh process, in an order that rotates from seed to
 seed. All report the seconds from their process's start (the clock is read at the top of the
 program, before torch or TensorFlow is imported) and the env steps until the mean return of
 the last 100 episodes reaches 475. The summary gives, per system, n, the solve rate, the
@@ -399,23 +399,23 @@ def run(num_seeds: int, max_seconds: float, out: Path = HERE, rebuild: bool = Fa
     """Builds (or reuses) the venv, runs each PPO variant and impala_lab on ``num_seeds``
     random seeds, in rotating order, and writes peers_results.json and .md under ``out``."""
     sys.path.insert(0, str(REPO))
-    from bench import pipeline
+    from bench import machine, solves
     from impala_lab.stats import jsonable
 
     t_all = time.perf_counter()
     venv = ensure_venv(rebuild=rebuild, log=log)
-    seeds = pipeline.draw_seeds(num_seeds)
+    seeds = solves.draw_seeds(num_seeds)
     log(f"bench.peers: seeds drawn at random for this run: {', '.join(map(str, seeds))}",
         flush=True)
-    machine = pipeline.machine_info()
+    machine_facts = machine.machine_info()
     systems = (*variants, "impala_lab")
     results: dict[str, Any] = {
-        "machine": machine, "venv": venv, "seeds": seeds, "max_seconds": max_seconds,
+        "machine": machine_facts, "venv": venv, "seeds": seeds, "max_seconds": max_seconds,
         "stop_return": STOP_RETURN, "ppo_settings": PPO_SETTINGS,
         "ppo_variants": {k: PPO_VARIANTS[k] for k in variants}, "runs": [], "errors": {},
-        "loadavg": {"start": machine["loadavg_at_start"]}}
+        "loadavg": {"start": machine_facts["loadavg_at_start"]}}
     runners = {**{v: (lambda s, v=v: run_ppo(s, max_seconds, v)) for v in variants},
-               "impala_lab": lambda s: pipeline.time_to_solve(s, max_seconds, STOP_RETURN)}
+               "impala_lab": lambda s: solves.time_to_solve(s, max_seconds, STOP_RETURN)}
     for i, seed in enumerate(seeds):
         results["runs"].append(_run_seed(seed, run_order(systems, i), runners, results, log))
     results["summary"] = summarize(results["runs"], systems)

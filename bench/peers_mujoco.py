@@ -353,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(ppo_worker(envs[0], args.ppo_worker, args.budget)), flush=True)
         return 0
     sys.path.insert(0, str(peers.REPO))
-    from bench import pipeline
+    from bench import solves
 
     venv = peers.ensure_venv()
     extra = peers.ensure_extra(peers.VENV, "mujoco")
@@ -369,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     pairs = 0
     for env_id in envs:
         if env_id not in results["seeds"]:
-            results["seeds"][env_id] = pipeline.draw_seeds(args.seeds)
+            results["seeds"][env_id] = solves.draw_seeds(args.seeds)
             results["runs"][env_id] = []
         seeds = results["seeds"][env_id]
         print(f"bench.peers_mujoco: {env_id}: seeds drawn at random for this bench: "

@@ -140,18 +140,18 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(ppo_worker(args.ppo_worker, args.max_seconds)), flush=True)
         return 0
     sys.path.insert(0, str(peers.REPO))
-    from bench import pipeline
+    from bench import solves
     from impala_lab.stats import jsonable
 
     venv = peers.ensure_venv()
-    seeds = pipeline.draw_seeds(args.seeds)
+    seeds = solves.draw_seeds(args.seeds)
     print(f"bench.peers_pendulum: seeds drawn at random for this run: "
           f"{', '.join(map(str, seeds))}", flush=True)
     results: dict[str, Any] = {"seeds": seeds, "max_seconds": args.max_seconds,
                                "stop_return": STOP_RETURN, "ppo_settings": PPO_SETTINGS,
                                "venv": venv, "runs": [], "errors": {}}
     runners = {"ppo_zoo": lambda s: run_ppo(s, args.max_seconds),
-               "impala_lab": lambda s: pipeline.time_to_solve(
+               "impala_lab": lambda s: solves.time_to_solve(
                    s, args.max_seconds, STOP_RETURN, ("--env", ENV))}
     args.out.mkdir(parents=True, exist_ok=True)
     for i, seed in enumerate(seeds):

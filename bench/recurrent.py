@@ -7,7 +7,7 @@
     learner_rates(seconds, ...)    learn_on_batch samples/s, LSTM against MLP
 
 Each run is ``impala-lab train --env impala_lab/StatelessCartPole-v1 --stop-return 350
---max-seconds S --seed S`` in a fresh process (`pipeline.time_to_solve`), with ``--use-lstm
+--max-seconds S --seed S`` in a fresh process (`solves.time_to_solve`), with ``--use-lstm
 true`` or ``false``; both take the env's tuned preset. The speed figures alternate their two
 sides window by window in one process, so that drifts of the machine touch both.
 """
@@ -18,7 +18,7 @@ import statistics
 import time
 from typing import Any
 
-from bench import pipeline
+from bench import pipeline, solves
 
 ENV = "impala_lab/StatelessCartPole-v1"
 STOP_RETURN = 350.0  # RLlib's tuned target for StatelessCartPole
@@ -29,14 +29,14 @@ def memory_task(seeds: list[int], max_s: float, log: Any = print) -> dict[str, A
 
     Returns:
       ``{"lstm": summary, "feed_forward": {"runs", "best_return_mean" (median, worst,
-      best over seeds)}, "max_s"}``; ``summary`` is `pipeline.summarize_solves`'s (solve
+      best over seeds)}, "max_s"}``; ``summary`` is `solves.summarize_solves`'s (solve
       rate, median and worst seconds and env steps to 350, a seed that never got there
       counting as infinitely slow).
     """
     lstm_runs, ff_runs = [], []
     for i, seed in enumerate(seeds):
         for use_lstm, runs in ((True, lstm_runs), (False, ff_runs)):
-            r = pipeline.time_to_solve(
+            r = solves.time_to_solve(
                 seed, max_s, STOP_RETURN, ("--env", ENV, "--use-lstm", str(use_lstm).lower()),
                 solve_limit_s=max_s)
             runs.append(r)
@@ -49,7 +49,7 @@ def memory_task(seeds: list[int], max_s: float, log: Any = print) -> dict[str, A
                 flush=True)
     best = [r["best_return_mean"] for r in ff_runs if r["best_return_mean"] is not None]
     return {"max_s": max_s, "stop_return": STOP_RETURN,
-            "lstm": pipeline.summarize_solves(lstm_runs, max_s, solve_limit_s=max_s),
+            "lstm": solves.summarize_solves(lstm_runs, max_s, solve_limit_s=max_s),
             "feed_forward": {
                 "runs": ff_runs, "num_reached": sum(r["reached"] for r in ff_runs),
                 "median_best_return_mean": statistics.median(best) if best else None,

@@ -37,7 +37,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-from bench import pipeline
+from bench import pipeline, solves
 from bench.peers import median_interval
 
 RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results"
@@ -112,7 +112,7 @@ def solve(seeds: list[int], vector_envs: int, max_seconds: float, log: Any) -> d
     runs: dict[str, list[dict[str, Any]]] = {p: [] for p in PATHS}
     for k, seed in enumerate(seeds):
         for p in (PATHS if k % 2 == 0 else PATHS[::-1]):
-            r = pipeline.time_to_solve(seed, max_seconds, extra_args=extra[p])
+            r = solves.time_to_solve(seed, max_seconds, extra_args=extra[p])
             runs[p].append(r)
             log(f"[bench.vector_envs] solve, seed {seed}, {p}: "
                 + (f"475 at {r['seconds_to_target']:.1f} s, {r['env_steps_to_target']:,} env "
@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     def log(msg: str) -> None:
         print(msg, flush=True)
 
-    seeds = pipeline.draw_seeds(n_seeds)
+    seeds = solves.draw_seeds(n_seeds)
     log(f"[bench.vector_envs] solve seeds drawn at random for this run: "
         f"{', '.join(map(str, seeds))}")
     t0 = time.perf_counter()

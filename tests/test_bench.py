@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from bench import __main__ as bench_main
-from bench import pipeline
+from bench import machine, pipeline, solves
 from tests.waiting import wait_for
 
 
@@ -85,13 +85,13 @@ def test_summarize_solves_counts_an_unsolved_seed_as_a_failure():
              "env_steps_to_target": None},
             {"seed": 2, "solved": True, "wall_s": 60.0, "seconds_to_target": 50.0,
              "env_steps_to_target": 400_000}]
-    s = pipeline.summarize_solves(runs, 100.0)
+    s = solves.summarize_solves(runs, 100.0)
     assert (s["num_solved"], s["median_s"], s["min_s"], s["max_s"]) == (2, 50.0, 40.0, None)
     # The unsolved seed's env steps count as infinite too: the median is the larger solved one.
     assert (s["median_env_steps"], s["max_env_steps"], s["median_wall_s"]) == (
         400_000, None, 60.0)
     assert s["solve_rate"] == pytest.approx(2 / 3, abs=1e-4)
-    assert pipeline.summarize_solves(runs[1:2] * 2 + runs[:1], 100.0)["median_s"] is None
+    assert solves.summarize_solves(runs[1:2] * 2 + runs[:1], 100.0)["median_s"] is None
     # Without a window after the target, "stayed" is not measured.
     assert s["num_stayed"] == 0 and s["lowest_after_target"] is None
     assert [r["stayed"] for r in s["runs"]] == [None, None, None]
@@ -104,7 +104,7 @@ def test_summarize_solves_rate_median_worst_and_stays_solved():
             _run(33, 25.0, 1_400_000, low=390.0),  # solved, then fell below 400
             _run(44, 75.0, 3_000_000, low=470.0),  # reached 475 after the 60 s limit
             _run(55, None, wall=130.0)]  # never reached it
-    s = pipeline.summarize_solves(runs, 120.0, solve_limit_s=60.0, after_s=60.0)
+    s = solves.summarize_solves(runs, 120.0, solve_limit_s=60.0, after_s=60.0)
     assert (s["num_runs"], s["num_solved"], s["num_reached"], s["solve_rate"]) == (5, 3, 4, 0.6)
     assert s["seeds"] == [11, 22, 33, 44, 55]
     # Seconds and env steps: the late seed with its time, the unreached one as infinite.
@@ -114,7 +114,7 @@ def test_summarize_solves_rate_median_worst_and_stays_solved():
     assert [r["stayed"] for r in s["runs"]] == [True, True, False, None, None]
     assert (s["num_stayed"], s["lowest_after_target"]) == (2, 390.0)
     # Every seed reached: the worst is a number.
-    s2 = pipeline.summarize_solves(runs[:4], 120.0, solve_limit_s=60.0, after_s=60.0)
+    s2 = solves.summarize_solves(runs[:4], 120.0, solve_limit_s=60.0, after_s=60.0)
     assert (s2["max_s"], s2["max_env_steps"], s2["median_s"]) == (75.0, 3_000_000, 21.5)
     assert s2["median_env_steps"] == 1_150_000
 
@@ -122,14 +122,14 @@ def test_summarize_solves_rate_median_worst_and_stays_solved():
 def test_stays_solved_needs_the_whole_window_after_the_target():
     full = _run(1, 10.0, 500_000, low=450.0, after=59.2)  # within one report interval
     short = _run(2, 11.0, 500_000, low=450.0, after=30.0)  # the run's cap came first
-    s = pipeline.summarize_solves([full, short], 120.0, solve_limit_s=60.0, after_s=60.0)
+    s = solves.summarize_solves([full, short], 120.0, solve_limit_s=60.0, after_s=60.0)
     assert [r["stayed"] for r in s["runs"]] == [True, False]
     assert s["num_stayed"] == 1
     assert s["lowest_after_target"] is None  # an incomplete window fails the target
     row = bench_main.solve_targets({**s, "load_procs": 0})[-1]
     assert row["value"] is None and not row["passed"] and "(1/2 solved seeds stayed" in row["name"]
     # No seed solved: nothing to stay, and the target fails rather than passing vacuously.
-    none = pipeline.summarize_solves([_run(3, None)], 120.0, solve_limit_s=60.0, after_s=60.0)
+    none = solves.summarize_solves([_run(3, None)], 120.0, solve_limit_s=60.0, after_s=60.0)
     assert none["lowest_after_target"] is None and none["solve_rate"] == 0.0
 
 
@@ -137,7 +137,7 @@ def test_solve_targets_pass_exactly_at_their_goals():
     # Median of 20 = the mean of the 10th and 11th: 6.0 s and 400,000 env steps exactly.
     runs = [_run(i, 5.0 if i < 10 else 7.0, 300_000 if i < 10 else 500_000, low=420.0)
             for i in range(20)]
-    s = pipeline.summarize_solves(runs, 120.0, solve_limit_s=60.0, after_s=60.0)
+    s = solves.summarize_solves(runs, 120.0, solve_limit_s=60.0, after_s=60.0)
     rows = bench_main.solve_targets({**s, "load_procs": 0})
     assert [(t["name"], t["value"], t["op"], t["target"], t["passed"]) for t in rows] == [
         ("solve: seeds reaching 475 within 60 s (20/20)", 1.0, ">=", 1.0, True),
@@ -146,12 +146,12 @@ def test_solve_targets_pass_exactly_at_their_goals():
         ("solve: lowest mean in the 60 s after 475 (20/20 solved seeds stayed >= 400)",
          420.0, ">=", 400.0, True)]
     # One seed that never solves fails the quiet solve rate (every seed must).
-    missed = pipeline.summarize_solves([*runs[:19], _run(99, None)], 120.0,
+    missed = solves.summarize_solves([*runs[:19], _run(99, None)], 120.0,
                                        solve_limit_s=60.0, after_s=60.0)
     row = bench_main.solve_targets({**missed, "load_procs": 0})[0]
     assert (row["value"], row["passed"]) == (0.95, False)
     # With a busy process beside, 19 of 20 is enough, 18 is not.
-    loaded = pipeline.summarize_solves([*runs[:18], _run(98, 70.0, 5), _run(99, None)], 60.0,
+    loaded = solves.summarize_solves([*runs[:18], _run(98, 70.0, 5), _run(99, None)], 60.0,
                                        solve_limit_s=60.0)
     (row,) = bench_main.solve_targets({**loaded, "load_procs": 1})
     assert row["name"] == ("solve, 1 busy process beside: seeds reaching 475 within 60 s "
@@ -162,10 +162,10 @@ def test_solve_targets_pass_exactly_at_their_goals():
 def test_draw_seeds_are_distinct_and_random_per_run():
     import random
 
-    a, b = pipeline.draw_seeds(20), pipeline.draw_seeds(20)
-    assert len(set(a)) == 20 and all(0 <= x < pipeline.SEED_RANGE for x in a)
+    a, b = solves.draw_seeds(20), solves.draw_seeds(20)
+    assert len(set(a)) == 20 and all(0 <= x < solves.SEED_RANGE for x in a)
     assert a != b  # 1 chance in ~1e80 of a false failure
-    assert pipeline.draw_seeds(5, random.Random(7)) == pipeline.draw_seeds(5, random.Random(7))
+    assert solves.draw_seeds(5, random.Random(7)) == solves.draw_seeds(5, random.Random(7))
 
 
 def _proc_stat(pid: int) -> list[str] | None:
@@ -183,7 +183,7 @@ def _cpu_ticks(pid: int) -> int:
 
 
 def test_busy_processes_spin_beside_the_block_and_end_with_it():
-    with pipeline.busy_processes(2) as pids:
+    with machine.busy_processes(2) as pids:
         assert len(pids) == 2
         # Spinning: each uses CPU time (a tenth of a second of it), and is never ended or
         # stopped (running, or runnable and just scheduled out).
@@ -213,8 +213,8 @@ def test_main_solve_prints_the_random_seeds_and_writes_the_solve_table(tmp_path,
         def __exit__(self, *exc):
             loads.append("ended")
 
-    monkeypatch.setattr(pipeline, "time_to_solve", fake_time_to_solve)
-    monkeypatch.setattr(pipeline, "busy_processes", FakeLoad)
+    monkeypatch.setattr(solves, "time_to_solve", fake_time_to_solve)
+    monkeypatch.setattr(machine, "busy_processes", FakeLoad)
     code = bench_main.main(["--only", "solve,solve_loaded", "--solve-seeds", "3",
                             "--load-procs", "2", "--out", str(tmp_path)])
     assert code == 0
@@ -248,7 +248,7 @@ def test_solve_seeds_must_be_positive(capsys):
 
 
 def test_time_to_solve_reports_an_unsolved_capped_run():
-    r = pipeline.time_to_solve(seed=0, max_seconds=1.0, extra_args=("--num-workers", "1"))
+    r = solves.time_to_solve(seed=0, max_seconds=1.0, extra_args=("--num-workers", "1"))
     assert r["solved"] is False and r["seconds_to_target"] is None
     assert r["stop_reason"] == "max_seconds"
     assert _positive(r["wall_s"]) and r["final_env_steps"] > 0
@@ -539,7 +539,7 @@ def test_memory_task_runs_both_policies_on_each_seed_and_counts_a_miss_as_a_fail
                 "env_steps_to_target": 1_000_000 * seed if reached else None,
                 "best_return_mean": 350.0 if reached else 40.0 + seed}
 
-    monkeypatch.setattr(pipeline, "time_to_solve", fake)
+    monkeypatch.setattr(solves, "time_to_solve", fake)
     lines = []
     r = recurrent.memory_task([1, 2, 3], 300.0, log=lambda *a, **k: lines.append(a[0]))
     env = ("--env", "impala_lab/StatelessCartPole-v1")

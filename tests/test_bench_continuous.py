@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from bench import continuous, peers_mujoco, peers_pendulum, pipeline, seed_summary
+from bench import continuous, peers_mujoco, peers_pendulum, seed_summary, solves
 
 
 def test_the_continuous_bench_table_names_seeds_rate_and_interval():
@@ -18,7 +18,7 @@ def test_the_continuous_bench_table_names_seeds_rate_and_interval():
             for s, ok, t, e, low in [(11, True, 40.0, 3_000_000, -230.0),
                                      (12, True, 55.0, 4_000_000, -420.0),
                                      (13, False, None, None, None)]]
-    summary = pipeline.summarize_solves(runs, 300.0, solve_limit_s=300.0, after_s=60.0,
+    summary = solves.summarize_solves(runs, 300.0, solve_limit_s=300.0, after_s=60.0,
                                         stay_floor=continuous.ENVS["Pendulum-v1"][2])
     summary["solve_rate_ci95"] = [round(x, 3) for x in seed_summary.wilson_interval(2, 3)]
     summary.update(env="Pendulum-v1", target=-250.0)

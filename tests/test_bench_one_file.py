@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from bench import one_file
+from bench import one_file, solves
 
 
 def fake_run(seed: int, secs: float | None) -> dict:
@@ -95,7 +95,7 @@ def test_bench_only_one_file_draws_random_seeds_and_writes_its_results(tmp_path,
         runs = {side: [fake_run(s, 5.0 + i) for i, s in enumerate(seeds)]
                 for side in one_file.SIDES}
         return {"seeds": seeds, "max_seconds": max_s, "stop_return": 475.0,
-                **{side: one_file.pipeline.summarize_solves(runs[side], max_s,
+                **{side: solves.summarize_solves(runs[side], max_s,
                                                             solve_limit_s=max_s)
                    for side in one_file.SIDES}}
 

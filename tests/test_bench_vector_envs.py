@@ -35,7 +35,7 @@ def test_the_solve_verdict_follows_the_intervals(monkeypatch, per_env, vector, e
     def fake(seed, max_seconds, extra_args=()):
         return {**next(runs["vector" if extra_args else "per-env"]), "seed": seed}
 
-    monkeypatch.setattr(vector_envs.pipeline, "time_to_solve", fake)
+    monkeypatch.setattr(vector_envs.solves, "time_to_solve", fake)
     out = vector_envs.solve([1, 2, 3, 4, 5], 32, 60.0, log=lambda m: None)
     assert out["verdict"] == expected
     assert out["vector"]["n"] == 5
