@@ -197,6 +197,7 @@ def one_run(env_id: str, seed: int, minutes: float, extra: tuple[str, ...] = ()
             ) -> dict[str, Any]:
     """``impala-lab train --env ENV --max-seconds`` for ``minutes`` in a fresh process."""
     load_before = os.getloadavg()
+    commit = _commit()  # the code that trains, not what HEAD is when the hour ends
     with tempfile.TemporaryDirectory(prefix="bench-atari-") as tmp:
         cmd = [sys.executable, "-m", "impala_lab.cli.main", "train", "--env", env_id,
                "--max-seconds", str(minutes * 60.0), "--seed", str(seed), "--quiet",
@@ -236,7 +237,7 @@ def one_run(env_id: str, seed: int, minutes: float, extra: tuple[str, ...] = ()
             "env_frames_per_s": round(FRAME_SKIP * steps / wall, 1),
             "health": result.get("health"),
             "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
-            "commit": _commit(), "curve": curve[::max(1, len(curve) // 400)]}
+            "commit": commit, "curve": curve[::max(1, len(curve) // 400)]}
 
 
 def _commit() -> str:
