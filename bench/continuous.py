@@ -57,7 +57,7 @@ def run(seeds: list[int], max_s: float, after_s: float, env: str, log: Any = pri
     runs = []
     for i, seed in enumerate(seeds):
         r = solves.time_to_solve(seed, max_s, target, ("--env", env),
-                                   train_after_target=after_s, solve_limit_s=max_s)
+                                 train_after_target=after_s, solve_limit_s=max_s)
         runs.append(r)
         what = (f"reached {target:g} in {r['seconds_to_target']:.1f} s, "
                 f"{r['env_steps_to_target']:,} env steps; lowest trailing mean in the "
@@ -67,7 +67,7 @@ def run(seeds: list[int], max_s: float, after_s: float, env: str, log: Any = pri
         log(f"  {env} seed {seed} ({i + 1}/{len(seeds)}): {what}; wall {r['wall_s']:.1f} s",
             flush=True)
     summary = solves.summarize_solves(runs, max_s, solve_limit_s=max_s, after_s=after_s,
-                                        stay_floor=floor)
+                                      stay_floor=floor)
     low, high = wilson_interval(summary["num_solved"], summary["num_runs"])
     summary["solve_rate_ci95"] = [round(low, 3), round(high, 3)]
     summary.update(env=env, target=target)

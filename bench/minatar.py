@@ -196,7 +196,7 @@ def learner_samples_per_s(env_id: str, conv_net: str, seconds: float = 8.0) -> d
 def solve_run(env_id: str, target: float, seed: int) -> dict[str, Any]:
     """One tuned run to ``target`` in a fresh process (`bench.solves.time_to_solve`)."""
     r = solves.time_to_solve(seed, MAX_SECONDS, target, ("--env", env_id),
-                               solve_limit_s=MAX_SECONDS)
+                             solve_limit_s=MAX_SECONDS)
     return r
 
 
@@ -204,7 +204,7 @@ def impala_run(env_id: str, target: float, seed: int) -> dict[str, Any]:
     """The tuned preset with the IMPALA network for `IMPALA_SECONDS` (it stops early only if
     it reaches ``target``): its frames/s end to end and the return it reached."""
     r = solves.time_to_solve(seed, IMPALA_SECONDS, target,
-                               ("--env", env_id, "--conv-net", "impala"))
+                             ("--env", env_id, "--conv-net", "impala"))
     steps, secs = r["final_env_steps"], r.get("wall_s")
     r["frames_per_s"] = round(steps / secs, 1) if steps and secs else None
     return r

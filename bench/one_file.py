@@ -122,7 +122,7 @@ def compare(seeds: list[int], max_s: float, log: Any = print,
     runners = runners or {
         "one_file": lambda seed: one_file_run(seed, max_s),
         "library": lambda seed: solves.time_to_solve(seed, max_s, STOP_RETURN,
-                                                       solve_limit_s=max_s)}
+                                                     solve_limit_s=max_s)}
     runs: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
     for i, seed in enumerate(seeds):
         for side in (SIDES if i % 2 == 0 else SIDES[::-1]):

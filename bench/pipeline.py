@@ -403,6 +403,3 @@ def learner_side_by_side(num_sgd_iter: int = 4, rounds: int = 3, seconds: float 
             "seconds_per_window": seconds,
             "ratio": round(statistics.median(trained) / statistics.median(ceilings), 4),
             "round_ratios": [round(f / c, 4) for f, c in zip(trained, ceilings)]}
-
-
-# ---------------------------------------------------------------------- 3. time to solve

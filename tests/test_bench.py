@@ -147,12 +147,12 @@ def test_solve_targets_pass_exactly_at_their_goals():
          420.0, ">=", 400.0, True)]
     # One seed that never solves fails the quiet solve rate (every seed must).
     missed = solves.summarize_solves([*runs[:19], _run(99, None)], 120.0,
-                                       solve_limit_s=60.0, after_s=60.0)
+                                     solve_limit_s=60.0, after_s=60.0)
     row = bench_main.solve_targets({**missed, "load_procs": 0})[0]
     assert (row["value"], row["passed"]) == (0.95, False)
     # With a busy process beside, 19 of 20 is enough, 18 is not.
     loaded = solves.summarize_solves([*runs[:18], _run(98, 70.0, 5), _run(99, None)], 60.0,
-                                       solve_limit_s=60.0)
+                                     solve_limit_s=60.0)
     (row,) = bench_main.solve_targets({**loaded, "load_procs": 1})
     assert row["name"] == ("solve, 1 busy process beside: seeds reaching 475 within 60 s "
                            "(18/20)")

@@ -19,7 +19,7 @@ def test_the_continuous_bench_table_names_seeds_rate_and_interval():
                                      (12, True, 55.0, 4_000_000, -420.0),
                                      (13, False, None, None, None)]]
     summary = solves.summarize_solves(runs, 300.0, solve_limit_s=300.0, after_s=60.0,
-                                        stay_floor=continuous.ENVS["Pendulum-v1"][2])
+                                      stay_floor=continuous.ENVS["Pendulum-v1"][2])
     summary["solve_rate_ci95"] = [round(x, 3) for x in seed_summary.wilson_interval(2, 3)]
     summary.update(env="Pendulum-v1", target=-250.0)
     row = continuous.markdown([summary]).splitlines()[-1]

@@ -96,7 +96,7 @@ def test_bench_only_one_file_draws_random_seeds_and_writes_its_results(tmp_path,
                 for side in one_file.SIDES}
         return {"seeds": seeds, "max_seconds": max_s, "stop_return": 475.0,
                 **{side: solves.summarize_solves(runs[side], max_s,
-                                                            solve_limit_s=max_s)
+                                                 solve_limit_s=max_s)
                    for side in one_file.SIDES}}
 
     monkeypatch.setattr(one_file, "compare", fake_compare)
