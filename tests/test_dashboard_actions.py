@@ -22,7 +22,7 @@ from impala_lab.dashboard.format import fmt_float
 from impala_lab.dashboard.tensorboard import TensorBoardWriter, scalar_tags
 from impala_lab.dashboard.widgets import Dashboard
 from impala_lab.stats import flatten
-from tests.test_dashboard import STATS, FakeRun, png_size, visible
+from tests.dashboard_fakes import STATS, FakeRun, png_size, visible
 
 BOX = gym.spaces.Box(-2.0, 2.0, (1,), np.float32)
 BOX_STATS = copy.deepcopy(STATS)

@@ -415,7 +415,7 @@ OK_AFTER = {"status": "ok", "flags": [], "num_updates_skipped": 0,
 
 
 def test_the_progress_line_and_the_panel_show_active_flags():
-    from tests.test_dashboard import STATS
+    from tests.dashboard_fakes import STATS
 
     plain = terminal.progress_line(STATS)
     ok = terminal.progress_line({**STATS, "health": OK_AFTER})
@@ -433,7 +433,7 @@ def test_the_progress_line_and_the_panel_show_active_flags():
 
 def test_the_dashboard_shows_a_warning_badge_per_flag_with_its_sentence():
     from impala_lab.dashboard.widgets import Dashboard
-    from tests.test_dashboard import STATS, FakeRun, visible
+    from tests.dashboard_fakes import STATS, FakeRun, visible
 
     run = FakeRun({**copy.deepcopy(STATS), "health": WARNING})
     board = Dashboard(run, poll_hz=0)
