@@ -1,9 +1,10 @@
-"""What the backend tests share: a small config, the model the workers act with, and a wait
-for futures through ``backend.wait`` (as the task pool waits)."""
+"""What the backend tests share: a small config, the model the workers act with, a wait for
+futures through ``backend.wait`` (as the task pool waits), and the weights blocks in /dev/shm."""
 
 from __future__ import annotations
 
 import functools
+import os
 import time
 from typing import Any
 
@@ -41,3 +42,8 @@ def results(backend: Any, futures: list, timeout: float = 60.0) -> list:
         for f in backend.wait(pending, 1.0):
             pending.remove(f)
     return [f.result() for f in futures]
+
+
+def shm_names(prefix: str) -> set[str]:
+    """The weights blocks in /dev/shm (and the owner's lock file, while one is there)."""
+    return {n for n in os.listdir("/dev/shm") if n.startswith(prefix)}
