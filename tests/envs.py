@@ -7,10 +7,12 @@ processes can unpickle them.
 
 Every env refuses ``step()`` after its episode ended until ``reset()`` is called, so a
 worker with an autoreset bug fails loudly instead of recording a bogus transition.
+`factory_cycle` makes one factory of several, for a worker whose envs differ.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from collections.abc import Callable
@@ -272,3 +274,17 @@ class ImageEnv(gym.Env):
         self._done = self.t >= self.length
         reward = 1.0 if action == self.rewarded_action else 0.0
         return self._obs(action), reward, self._done, False, {}
+
+
+def factory_cycle(*makers):
+    """A zero-argument factory returning makers[0](), makers[1](), ... in turn, and a list
+    of the envs built (so tests can inspect them)."""
+    it = itertools.cycle(makers)
+    built = []
+
+    def make():
+        env = next(it)()
+        built.append(env)
+        return env
+
+    return make, built
