@@ -102,6 +102,21 @@ def test_the_link_check_sees_a_broken_link() -> None:
     assert relative_links(text) == ["docs/nowhere.md", "docs/results/results.png"]
 
 
+TEST_REFERENCE = re.compile(r"`(?:tests/)?(test_\w+\.py)(?:::(test_\w+))?")
+
+
+def test_every_named_test_exists_in_the_file_the_page_names() -> None:
+    """The reliability and instructor pages cite tests as `file.py::name`; a test moved to
+    another file (or renamed) must take its citations with it."""
+    stale = []
+    for page in markdown_pages():
+        for module, name in TEST_REFERENCE.findall(page.read_text(encoding="utf-8")):
+            path = ROOT / "tests" / module
+            if not path.exists() or (name and f"def {name}(" not in path.read_text()):
+                stale.append(f"{page.relative_to(ROOT)}: {module}::{name}")
+    assert not stale, f"pages cite tests that are not where they say: {stale}"
+
+
 def test_the_readme_links_every_students_page() -> None:
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     for name in build_site.guide_names():
