@@ -24,6 +24,10 @@ import pytest
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TF's C++ info lines out of the log
 os.environ["MPLBACKEND"] = "Agg"  # tests never open a window
 
+# pytest explains a failed assert only in test modules and the modules named here: the
+# helpers that hold asserts several test files share.
+pytest.register_assert_rewrite("tests.exercise_helpers", "tests.dashboard_fakes")
+
 
 def pytest_configure(config) -> None:
     config.addinivalue_line(
