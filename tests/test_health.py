@@ -71,8 +71,9 @@ def test_a_collapsed_entropy_is_flagged_while_the_return_is_low_and_clears_after
     assert flag["message"] == (
         "entropy collapsed: the policy's mean entropy over the last 20 learner steps is "
         "1.00e-04 nats, below 0.0693 (10% of the maximum 0.693), while the mean return 9.3 is "
-        "below 50% of the best so far (480); a near-deterministic policy that does badly no "
-        "longer explores (raise entropy_coeff or lower lr)")
+        "below 440, 50% of the way back from the best trailing mean so far (480) to the first "
+        "(400); a near-deterministic policy that does badly no longer explores (raise "
+        "entropy_coeff or lower lr)")
     clock.t = 45.0
     assert only_flag(m.check(episode_return_mean=9.4, episode_return_count=100))["since_s"] == 41
     # Entropy comes back (e.g. entropy_coeff raised from the dashboard): the flag clears.
@@ -91,6 +92,22 @@ def test_a_policy_collapsed_from_the_start_is_caught_against_the_random_policys_
     steps(m, 20, entropy=0.0)
     assert codes(m.check(episode_return_mean=9.3, episode_return_count=100)) == [
         "entropy_collapsed"]
+
+
+def test_negative_returns_are_judged_against_the_rise_from_the_first_mean():
+    # Pong's tuning run (seed 8486) was flagged at its best, -1.09, when "low" meant below
+    # half the best: half of a negative best lies above it.
+    m, _ = monitor(num_actions=6)
+    steps(m, 20, entropy=1.7)
+    m.check(episode_return_mean=-20.4, episode_return_count=100)
+    steps(m, 20, entropy=0.15)  # below 10% of ln 6
+    assert m.check(episode_return_mean=-1.09, episode_return_count=100)["flags"] == []
+    assert m.low_return_mark == pytest.approx(-10.745)
+    assert m.check(episode_return_mean=-10.0, episode_return_count=100)["flags"] == []
+    flag = only_flag(m.check(episode_return_mean=-11.0, episode_return_count=100))
+    assert flag["code"] == "entropy_collapsed"
+    assert "the mean return -11 is below -10.7, 50% of the way back from the best trailing " \
+           "mean so far (-1.09) to the first (-20.4)" in flag["message"]
 
 
 def test_entropy_is_not_judged_on_too_few_episodes_or_steps():
@@ -122,9 +139,10 @@ def test_a_value_loss_spike_against_the_recent_median_is_flagged_then_held_then_
         "code": "value_loss_spike", "since_s": 40.0,
         "message": "value-loss spike: a spike in the last 30 s, the largest vf_loss=3.20e+06 "
                    "at 40.0 s, 3,200x the median 1,000 of the previous 100 learner steps "
-                   "(threshold 20x), while the mean return has stayed below 50% of the best so "
-                   "far for 11 s; large value losses can wreck the policy (lower lr or "
-                   "vf_loss_coeff, or grad_clip)"}
+                   "(threshold 20x), while the mean return has stayed below 400, 50% of the "
+                   "way back from the best trailing mean so far (400) to the first (400) for "
+                   "11 s; large value losses can wreck the policy (lower lr or vf_loss_coeff, "
+                   "or grad_clip)"}
     clock.t = 69.0
     assert codes(m.check(episode_return_mean=150.0, episode_return_count=100)) == [
         "value_loss_spike"]  # held for SPIKE_HOLD_S
@@ -173,12 +191,14 @@ def test_a_healthy_run_near_the_top_with_one_failed_episode_raises_no_spike():
     does fall within SPIKE_HOLD_S, the spike is raised with its own time."""
     m, clock = monitor()
     steps(m, 100, vf_loss=6.0, grad_gnorm=26.0)
+    assert m.check(episode_return_mean=22.0, episode_return_count=100)["flags"] == []  # first
     assert m.check(episode_return_mean=498.0, episode_return_count=100)["flags"] == []
     clock.t = 60.0
     steps(m, 3, vf_loss=58_645.0, grad_gnorm=2_156.0)
     steps(m, 50, vf_loss=6.0, grad_gnorm=26.0)
-    # 251: above half of 498; 240: below, but for less than SPIKE_CONFIRM_S; 480: back up
-    for t, ret in ((60.5, 493.0), (65.0, 251.0), (66.0, 240.0), (75.9, 240.0), (76.0, 480.0),
+    # 261: above the mark, halfway from 498 back to 22 (260); 240: below, but for less than
+    # SPIKE_CONFIRM_S; 480: back up
+    for t, ret in ((60.5, 493.0), (65.0, 261.0), (66.0, 240.0), (75.9, 240.0), (76.0, 480.0),
                    (78.0, 240.0), (87.9, 240.0)):
         clock.t = t
         h = m.check(episode_return_mean=ret, episode_return_count=100)

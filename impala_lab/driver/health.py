@@ -28,7 +28,9 @@ from impala_lab.health_flags import flag_labels as flag_labels
 ENTROPY_COLLAPSE_FRACTION = 0.1
 #: ... as the mean of this many learner steps (one step's entropy is noisy).
 ENTROPY_WINDOW = 20
-#: The return is "low" below this fraction of the best trailing mean return seen so far.
+#: The return is "low" once it has given back this fraction of its rise from the first
+#: trailing mean to the best so far (a fraction of the best alone fails for negative
+#: returns: Pong's or Pendulum's would always be "low").
 LOW_RETURN_FRACTION = 0.5
 #: Episodes a trailing mean needs before it counts (for the best, and for "low").
 RETURN_MIN_EPISODES = 20
@@ -133,6 +135,7 @@ class HealthMonitor:
         self._entropy: deque[float] = deque(maxlen=ENTROPY_WINDOW)
         self.num_learner_steps = 0
         self.best_return_mean = -math.inf
+        self.first_return_mean = math.nan  # the first trailing mean that counts
         self._low_since = math.nan  # when the mean return last went low (nan: it is not)
         self._active: dict[str, float] = {}  # code -> since_s
         self._pipeline_since: dict[str, float] = {}  # code -> when its condition began
@@ -211,17 +214,33 @@ class HealthMonitor:
                 f"or lower lr or grad_clip")
 
     def _low_return(self, ret: float, count: int, now: float) -> bool | None:
-        """Whether the mean return is below `LOW_RETURN_FRACTION` of the best so far (updating
-        the best and when it went low); None while too few episodes ended."""
+        """Whether the mean return is below `low_return_mark` (updating the first and best
+        means and when it went low); None while too few episodes ended."""
         if not (count >= RETURN_MIN_EPISODES and math.isfinite(ret)):
             return None
+        if math.isnan(self.first_return_mean):
+            self.first_return_mean = float(ret)
         self.best_return_mean = max(self.best_return_mean, float(ret))
-        low = bool(ret < LOW_RETURN_FRACTION * self.best_return_mean)
+        low = bool(ret < self.low_return_mark)
         if not low:
             self._low_since = math.nan
         elif math.isnan(self._low_since):
             self._low_since = now
         return low
+
+    @property
+    def low_return_mark(self) -> float:
+        """The return below which a run counts as doing badly: `LOW_RETURN_FRACTION` of the
+        way back from the best trailing mean so far to the first one (CartPole from 22 to
+        480: 251; Pong from -20.4 to -1: -10.7). A run that never rose is low below its
+        first mean."""
+        first, best = self.first_return_mean, self.best_return_mean
+        return best - LOW_RETURN_FRACTION * (best - first)
+
+    def _low_words(self) -> str:
+        return (f"below {_num(self.low_return_mark)}, {LOW_RETURN_FRACTION:.0%} of the way back "
+                f"from the best trailing mean so far ({_num(self.best_return_mean)}) to the "
+                f"first ({_num(self.first_return_mean)})")
 
     def _check_entropy(self, flags: dict[str, str], ret: float, low: bool | None) -> None:
         if low is None or len(self._entropy) < ENTROPY_WINDOW or self.max_entropy <= 0:
@@ -233,9 +252,8 @@ class HealthMonitor:
                 f"entropy collapsed: the policy's mean entropy over the last {ENTROPY_WINDOW} "
                 f"learner steps is {_num(entropy)} nats, below {_num(limit)} "
                 f"({ENTROPY_COLLAPSE_FRACTION:.0%} of the maximum {_num(self.max_entropy)}), "
-                f"while the mean return {_num(ret)} is below {LOW_RETURN_FRACTION:.0%} of the "
-                f"best so far ({_num(self.best_return_mean)}); a near-deterministic policy that "
-                f"does badly no longer explores (raise entropy_coeff or lower lr)")
+                f"while the mean return {_num(ret)} is {self._low_words()}; a near-deterministic "
+                f"policy that does badly no longer explores (raise entropy_coeff or lower lr)")
 
     def _check_spikes(self, flags: dict[str, str], now: float, low: bool | None) -> None:
         """Raise each spike flag with spikes in the last `SPIKE_HOLD_S` seconds while the
@@ -259,8 +277,8 @@ class HealthMonitor:
         name = "value losses" if code == "value_loss_spike" else "gradient norms"
         key = SPIKE_STATS[code]
         times = f"{len(recent)} spikes" if len(recent) > 1 else "a spike"
-        fell = (f"while the mean return has stayed below {LOW_RETURN_FRACTION:.0%} of the "
-                f"best so far for {now - self._low_since:.0f} s" if low
+        fell = (f"while the mean return has stayed {self._low_words()} for "
+                f"{now - self._low_since:.0f} s" if low
                 else "before enough episodes ended to judge the return")
         return (f"{LABELS[code]}: {times} in the last {SPIKE_HOLD_S:.0f} s, the largest "
                 f"{key}={_num(value)} at {t:.1f} s, {_num(value / median)}x the median "
