@@ -250,7 +250,8 @@ def test_a_short_breakout_run_learns_to_predict_its_returns():
     # 80k agent steps (about a minute on 2 free cores): too few to move Breakout's score
     # from a random policy's, enough for the critic, which starts knowing nothing (explained
     # variance 0), to explain a fair share of the returns' variance (0.3-0.5 at 64k steps on
-    # three seeds tried).
+    # three seeds tried). With the preset's two passes per batch the first reports may already
+    # read 0.1-0.2, so the end is compared with them, not with a fixed start.
     from impala_lab import Impala
 
     explained = []
@@ -263,5 +264,5 @@ def test_a_short_breakout_run_learns_to_predict_its_returns():
     with Impala(ImpalaConfig.tuned("ALE/Breakout-v5", seed=5)) as run:
         run.train(max_env_steps=80_000, on_report=on_report)
         assert run.stats()["episodes_total"] >= 20
-    assert len(explained) >= 8 and np.mean(explained[:3]) < 0.1, explained
-    assert np.mean(explained[-5:]) > 0.2, explained
+    assert len(explained) >= 8 and np.mean(explained[:3]) < 0.25, explained
+    assert np.mean(explained[-5:]) > max(0.2, np.mean(explained[:3]) + 0.1), explained
