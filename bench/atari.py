@@ -193,9 +193,10 @@ def minutes_to(curve: list[tuple[float, int, float]], target: float) -> float | 
     return None if hit is None else round(hit / 60.0, 1)
 
 
-def one_run(env_id: str, seed: int, minutes: float, extra: tuple[str, ...] = ()
-            ) -> dict[str, Any]:
-    """``impala-lab train --env ENV --max-seconds`` for ``minutes`` in a fresh process."""
+def one_run(env_id: str, seed: int, minutes: float, extra: tuple[str, ...] = (),
+            gif_dir: Path | None = RESULTS) -> dict[str, Any]:
+    """``impala-lab train --env ENV --max-seconds`` for ``minutes`` in a fresh process; the
+    GIF of the trained policy goes to ``gif_dir`` (None: nowhere, as for tuning runs)."""
     load_before = os.getloadavg()
     commit = _commit()  # the code that trains, not what HEAD is when the hour ends
     with tempfile.TemporaryDirectory(prefix="bench-atari-") as tmp:
@@ -214,9 +215,9 @@ def one_run(env_id: str, seed: int, minutes: float, extra: tuple[str, ...] = ()
         rows = read_curve(Path(tmp) / "metrics.csv", 0.0)
         config = json.loads((Path(tmp) / "config.json").read_text())
         gif = Path(tmp) / "policy.gif"
-        if gif.is_file():
+        if gif_dir is not None and gif.is_file():
             name = f"atari_{env_id.split('/')[-1].split('-')[0].lower()}_{seed}.gif"
-            (RESULTS / name).write_bytes(gif.read_bytes())
+            (gif_dir / name).write_bytes(gif.read_bytes())
     steps = result["final"]["num_steps_sampled"]
     # The driver's clock starts after the interpreter and TensorFlow: shift the curve by
     # what the process's wall time adds, so that minutes count from the process's start.
@@ -252,7 +253,7 @@ def runs(env_id: str, seeds: int, minutes: float, extra: tuple[str, ...],
     log(f"[atari] {env_id}: seeds drawn at random for this run: {drawn}", flush=True)
     done = []
     for seed in drawn:
-        r = one_run(env_id, seed, minutes, extra)
+        r = one_run(env_id, seed, minutes, extra, gif_dir=RESULTS if path == RUNS_FILE else None)
         RESULTS.mkdir(parents=True, exist_ok=True)
         with path.open("a") as f:  # saved as each run ends
             f.write(json.dumps(r) + "\n")

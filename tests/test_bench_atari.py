@@ -40,3 +40,20 @@ def test_the_table_says_not_reached_and_names_the_papers_scores():
     assert ("| ALE/Pong-v5 | 7 | -20.1 / -12 / 2.5 / 17 | not reached | 6.40M | 1,778 | "
             "7,111 | 1.5, 2.2 |") in text
     assert "| ALE/Pong-v5 | 20.4 | 20.98 |" in text
+
+
+def test_only_the_report_runs_leave_a_gif_in_the_results(tmp_path, monkeypatch):
+    calls = []
+
+    def fake_run(env_id, seed, minutes, extra, gif_dir):
+        calls.append(gif_dir)
+        return {"return_at_minutes": {}, "minutes_to_target": None, "agent_steps_per_s": 1.0}
+
+    monkeypatch.setattr(atari, "one_run", fake_run)
+    monkeypatch.setattr(atari, "RESULTS", tmp_path)
+    monkeypatch.setattr(atari, "RUNS_FILE", tmp_path / "atari_runs.jsonl")
+    quiet = lambda *a, **k: None  # noqa: E731
+    atari.runs("ALE/Pong-v5", 1, 1.0, (), path=tmp_path / "atari_runs.jsonl", log=quiet)
+    atari.runs("ALE/Pong-v5", 1, 1.0, (), path=tmp_path / "tuning.jsonl", log=quiet)
+    assert calls == [tmp_path, None]
+    assert len((tmp_path / "tuning.jsonl").read_text().splitlines()) == 1
