@@ -302,10 +302,11 @@ def plot(all_runs: list[dict[str, Any]], path: Path) -> None:
         for r in (r for r in all_runs if r["env"] == env_id):
             t = [p[0] / 60.0 for p in r["curve"]]
             ax.plot(t, [p[2] for p in r["curve"]], label=f"seed {r['seed']}")
-        for name, score in PAPER.get(env_id, {}).items():
+        paper = sorted(PAPER.get(env_id, {}).items(), key=lambda item: item[1])
+        for i, (name, score) in enumerate(paper):  # the top label above its line, others below
             ax.axhline(score, ls=":", color="grey")
             ax.annotate(f"paper, {name}, 200M frames", (0, score), fontsize=7,
-                        va="bottom", color="grey")
+                        va="bottom" if i == len(paper) - 1 else "top", color="grey")
         if env_id in TARGETS:
             ax.axhline(TARGETS[env_id], ls="--", color="tab:red", lw=0.8)
         ax.set(title=env_id, xlabel="minutes from process start",
