@@ -51,11 +51,10 @@ TUNED_PRESETS: dict[str, dict[str, Any]] = {
     # Atari from pixels (84x84x4 grey frames, `impala_lab.envs.atari`): the paper's shallow
     # network (conv 16 8x8 stride 4, conv 32 4x4 stride 2, 256 units) on one trunk, so the
     # actors run one forward per step; rewards clipped to [-1, 1] in the loss, as the paper's;
-    # unrolls of 20. Samples cost more than updates here, so RLlib's Pong recipe for APPO takes
-    # more from each: batches of one worker sample, each trained twice from a ring of 4,
-    # clip 0.3 and vf_loss_coeff 1.0. The entropy bonus is torchbeast's (0.0006 on losses
-    # summed over the batch): the paper's 0.01 held the policy near uniform for millions of
-    # steps (docs/pixels.md).
+    # unrolls of 20. Samples cost more than updates, so RLlib's APPO recipe for Pong takes more
+    # from each: one worker sample a batch, trained twice from a ring of 4, clip 0.3,
+    # vf_loss_coeff 1.0. The entropy bonus is torchbeast's (0.0006 on summed losses): the
+    # paper's 0.01 held the policy near uniform for millions of steps (docs/pixels.md).
     **{env: {"num_workers": 2, "num_envs_per_worker": 16, "sample_batch_size": 20,
              "train_batch_size": 320, "loss": "appo", "num_sgd_iter": 2,
              "minibatch_buffer_size": 4, "clip_param": 0.3, "vf_loss_coeff": 1.0,

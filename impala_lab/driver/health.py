@@ -28,9 +28,8 @@ from impala_lab.health_flags import flag_labels as flag_labels
 ENTROPY_COLLAPSE_FRACTION = 0.1
 #: ... as the mean of this many learner steps (one step's entropy is noisy).
 ENTROPY_WINDOW = 20
-#: The return is "low" once it has given back this fraction of its rise from the first
-#: trailing mean to the best so far (a fraction of the best alone fails for negative
-#: returns: Pong's or Pendulum's would always be "low").
+#: The return is "low" below the mark this fraction of the way back from the best trailing
+#: mean so far to the first (a fraction of the best alone made every negative return low).
 LOW_RETURN_FRACTION = 0.5
 #: Episodes a trailing mean needs before it counts (for the best, and for "low").
 RETURN_MIN_EPISODES = 20
@@ -136,6 +135,7 @@ class HealthMonitor:
         self.num_learner_steps = 0
         self.best_return_mean = -math.inf
         self.first_return_mean = math.nan  # the first trailing mean that counts
+        self.low_return_mark = math.nan  # below it the run does badly (LOW_RETURN_FRACTION)
         self._low_since = math.nan  # when the mean return last went low (nan: it is not)
         self._active: dict[str, float] = {}  # code -> since_s
         self._pipeline_since: dict[str, float] = {}  # code -> when its condition began
@@ -220,22 +220,14 @@ class HealthMonitor:
             return None
         if math.isnan(self.first_return_mean):
             self.first_return_mean = float(ret)
-        self.best_return_mean = max(self.best_return_mean, float(ret))
+        best = self.best_return_mean = max(self.best_return_mean, float(ret))
+        self.low_return_mark = best - LOW_RETURN_FRACTION * (best - self.first_return_mean)
         low = bool(ret < self.low_return_mark)
         if not low:
             self._low_since = math.nan
         elif math.isnan(self._low_since):
             self._low_since = now
         return low
-
-    @property
-    def low_return_mark(self) -> float:
-        """The return below which a run counts as doing badly: `LOW_RETURN_FRACTION` of the
-        way back from the best trailing mean so far to the first one (CartPole from 22 to
-        480: 251; Pong from -20.4 to -1: -10.7). A run that never rose is low below its
-        first mean."""
-        first, best = self.first_return_mean, self.best_return_mean
-        return best - LOW_RETURN_FRACTION * (best - first)
 
     def _low_words(self) -> str:
         return (f"below {_num(self.low_return_mark)}, {LOW_RETURN_FRACTION:.0%} of the way back "
