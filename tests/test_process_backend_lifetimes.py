@@ -52,8 +52,7 @@ PARENT_SCRIPT = textwrap.dedent("""
     import functools, os, sys, time
     sys.path.insert(0, {root!r})
     from impala_lab.backends.process import ProcessBackend
-    from impala_lab.config import ImpalaConfig
-    from impala_lab.actor.numpy_model import NumpyModel
+    from tests.backend_helpers import config, model_for
     from tests.envs import SlowEnv
 
     mode, inside = {mode!r}, {inside!r}
@@ -65,12 +64,9 @@ PARENT_SCRIPT = textwrap.dedent("""
     # mode "sleep": every sample hangs (an hour per step), so a worker is deaf to its pipe
     delay = 0.0 if mode != "sleep" else 3600.0
     env = functools.partial(SlowEnv, delay_s=delay, length=3, sleep=sleep_inside)
-    backend = ProcessBackend(ImpalaConfig(env=env, num_workers=2, num_envs_per_worker=2,
-                                          sample_batch_size=5, model=(8,), seed=0))
+    backend = ProcessBackend(config(env))
     handles = [backend.make_worker(i) for i in range(2)]
-    e = env()
-    weights = NumpyModel(e.observation_space, e.action_space,
-                         backend.config.model_spec).initial_weights(0)
+    weights = model_for(env).initial_weights(0)
     for h in handles:
         h.info().result()  # the worker is up
     for v in range(3):
@@ -140,18 +136,14 @@ THREAD_SCRIPT = textwrap.dedent("""
     import functools, os, sys, threading, time
     sys.path.insert(0, {root!r})
     from impala_lab.backends.process import ProcessBackend
-    from impala_lab.config import ImpalaConfig
     from impala_lab.errors import WorkerError
-    from impala_lab.actor.numpy_model import NumpyModel
+    from tests.backend_helpers import config, model_for
     from tests.envs import FixedLengthEnv
 
     env = functools.partial(FixedLengthEnv, length=3)
-    backend = ProcessBackend(ImpalaConfig(env=env, num_workers=2, num_envs_per_worker=2,
-                                          sample_batch_size=5, model=(8,), seed=0))
+    backend = ProcessBackend(config(env))
     handles = [backend.make_worker(i) for i in range(2)]
-    e = env()
-    weights = NumpyModel(e.observation_space, e.action_space,
-                         backend.config.model_spec).initial_weights(0)
+    weights = model_for(env).initial_weights(0)
     done = [0]
 
     def drive():  # a driver loop in a daemon thread, as Impala.start() runs one
