@@ -27,6 +27,7 @@ from impala_lab.config import ImpalaConfig
 from impala_lab.learner import vtrace as lib_vtrace
 from impala_lab.learner.vtrace_policy import VTracePolicy, batch_to_tensors
 from tests.leaks import alive, children_of, wait_gone
+from tests.signals import default_sigint
 
 REPO = Path(__file__).resolve().parents[1]
 FILE = REPO / "examples" / "impala_in_one_file.py"
@@ -267,7 +268,7 @@ def start_run(*args: str) -> subprocess.Popen:
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     return subprocess.Popen([sys.executable, str(FILE), "--log-interval", "1", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=env, cwd=REPO)
+                            env=env, cwd=REPO, preexec_fn=default_sigint)
 
 
 def wait_for_progress(proc: subprocess.Popen, lines: list[str]) -> list[int]:

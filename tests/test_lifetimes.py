@@ -19,6 +19,7 @@ import pytest
 import impala_lab
 from impala_lab import Impala, ImpalaConfig
 from tests.leaks import alive, children_of, wait_gone
+from tests.signals import default_sigint
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -63,14 +64,6 @@ def test_shutdown_all_ends_every_run():
     assert wait_gone(pids) == []
 
 
-def _default_sigint() -> None:
-    """In a child before exec: Ctrl-C's and the hang-up's defaults, which a shell that started
-    this test run in the background (SIGINT ignored) or under nohup (SIGHUP ignored) would
-    otherwise leave out: the CLI keeps a signal it was started with ignored."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    signal.signal(signal.SIGHUP, signal.SIG_DFL)
-
-
 def test_keyboard_interrupt_in_train_ends_the_run_and_its_workers():
     run = Impala(ImpalaConfig(backend="process", seed=5))
     pids = run.backend.worker_pids()
@@ -100,7 +93,7 @@ def test_cli_interrupt_ends_within_10_s_with_results_and_checkpoint(tmp_path, si
         [sys.executable, "-m", "impala_lab.cli", "train", "--max-seconds", "300",
          "--report-interval", "0.5", "--out", str(out)],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        preexec_fn=_default_sigint)
+        preexec_fn=default_sigint)
     try:
         for line in proc.stdout:  # wait until training reports sampled env steps
             match = re.search(r"steps\s+([\d,]+)", line)

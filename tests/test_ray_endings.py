@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from bench.soak import live_processes
+from tests.signals import default_sigint
 
 pytest.importorskip("ray")
 
@@ -36,14 +37,10 @@ FIRST_REPORT_TIMEOUT_S = 120.0
 END_TIMEOUT_S = 60.0
 
 
-def _default_sigint() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def start(out: Path) -> subprocess.Popen:
     """A Ray run into ``out``, returned once its first report is written."""
     proc = subprocess.Popen([*CLI, "--out", str(out)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, preexec_fn=_default_sigint)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint)
     deadline = time.monotonic() + FIRST_REPORT_TIMEOUT_S
     while not (out / "result.json").exists():
         if proc.poll() is not None or time.monotonic() > deadline:
