@@ -55,7 +55,7 @@ TUNED_PRESETS: dict[str, dict[str, Any]] = {
     # from each: one worker sample a batch, trained twice from a ring of 4, clip 0.3,
     # vf_loss_coeff 1.0. The entropy bonus, 0.003 on summed losses, lies between the paper's
     # 0.01 (the policy near uniform for millions of steps) and torchbeast's 0.0006 (it
-    # collapsed mid-run); a queue of 4 keeps the policy lag short (docs/pixels.md).
+    # collapsed mid-run); a queue of 4, as the learner keeps it full anyway (docs/pixels.md).
     **{env: {"num_workers": 2, "num_envs_per_worker": 16, "sample_batch_size": 20,
              "train_batch_size": 320, "loss": "appo", "num_sgd_iter": 2,
              "minibatch_buffer_size": 4, "clip_param": 0.3, "vf_loss_coeff": 1.0,
