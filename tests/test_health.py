@@ -339,7 +339,8 @@ def test_an_overfed_learner_is_flagged_with_the_policy_lag_and_clears():
         "message": "learner overfed: the learner queue held 15.5 of 16 batches on average and "
                    "the driver waited on it 70% of the time, policy lag 14.2 updates; the "
                    "learner is the bottleneck and batches grow stale while they wait (lower "
-                   "learner_queue_size or num_sgd_iter, or use fewer workers)"}
+                   "num_sgd_iter, minibatch_buffer_size or learner_queue_size, or use "
+                   "fewer workers)"}
     assert m.check(**{**overfed, "driver_blocked_fraction": 0.3})["flags"] == []
     clock.t = 18.0
     h = m.check(**{**overfed, "learner_queue": {"mean": 8.0, "count": 50}})

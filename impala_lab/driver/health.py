@@ -315,8 +315,8 @@ class HealthMonitor:
             flags["learner_overfed"] = (
                 f"learner overfed: the learner queue held {mean:.1f} of {size} batches on "
                 f"average and the driver waited on it {blocked:.0%} of the time{lag_text}; "
-                f"the learner is the bottleneck and batches grow stale while they wait "
-                f"(lower learner_queue_size or num_sgd_iter, or use fewer workers)")
+                f"the learner is the bottleneck and batches grow stale while they wait (lower "
+                f"num_sgd_iter, minibatch_buffer_size or learner_queue_size, or use fewer workers)")
 
     @staticmethod
     def _check_sampling(flags: dict[str, str], seconds: float,
