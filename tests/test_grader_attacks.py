@@ -29,7 +29,7 @@ from impala_lab.classroom.exercises._spec import AnswerReport, Spec, judge
 from impala_lab_grader import grade, sandbox
 from impala_lab_grader.__main__ import main as cli_main
 from impala_lab_grader.cgroup import Cgroup
-from tests.test_grader import (
+from tests.grader_helpers import (
     MODES,
     SOLUTIONS,
     add_cell,
@@ -46,12 +46,6 @@ NEIGHBOUR = str(SOLUTIONS / EXERCISES["minibatch_get"].notebook)
 NEIGHBOUR_PASSES = "✓ minibatch_get: all 9 cases pass"
 isolated = pytest.mark.skipif(not bwrap_ok(), reason=f"no sandbox: {sandbox.bwrap_problem()}")
 pytestmark = pytest.mark.timeout(300)
-
-
-@pytest.fixture
-def no_static(monkeypatch):
-    """The grader without its static look (what runs is then the sandbox's to hold)."""
-    monkeypatch.setattr(grade, "static_verdict", lambda *args: None)
 
 
 # (mode, cgroups): the unsandboxed child with a cgroup adds nothing to the sandboxed one

@@ -32,7 +32,7 @@ from impala_lab_grader.channel import (
 from impala_lab_grader.grade import grade_notebook
 from impala_lab_grader.notebook import source, tags
 from impala_lab_grader.static import static_verdict
-from tests.test_grader import SOLUTIONS, STUBS, add_cell, bwrap_ok, notebook, with_region
+from tests.grader_helpers import SOLUTIONS, STUBS, add_cell, bwrap_ok, notebook, with_region
 
 ARGS = ("log_rhos, discounts, rewards, values, bootstrap_value, clip_rho_threshold, "
         "clip_pg_rho_threshold")

@@ -26,7 +26,7 @@ import pytest
 import impala_lab
 from impala_lab.classroom.exercises import EXERCISES
 from impala_lab_grader import world
-from tests.test_grader import SOLUTIONS, add_cell, bwrap_ok, notebook
+from tests.grader_helpers import SOLUTIONS, add_cell, bwrap_ok, notebook
 
 ROOT = Path(__file__).resolve().parent.parent
 EX1 = EXERCISES["minibatch_get"].notebook
