@@ -21,7 +21,9 @@ run       ``impala-lab train --env ENV --max-seconds 3600 --seed S`` (the tuned 
           and env frames (4 per agent step) per second end to end (over the process's wall
           time), the load average before and after, and the curve.
 report    ``docs/results/atari_results.md`` and ``docs/results/atari_curves.png`` from the
-          saved runs, with the IMPALA paper's scores (table C.1) beside them.
+          saved runs, with each env's summary over its seeds (the return at 60 minutes and
+          the minutes to its target: solve rate, median, worst) and the IMPALA paper's
+          scores (table C.1) beside them.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import os
 import subprocess
 import sys
@@ -36,6 +39,7 @@ import tempfile
 import time
 import timeit
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -285,12 +289,37 @@ def markdown(all_runs: list[dict[str, Any]]) -> str:
             f"{r['agent_steps'] / 1e6:.2f}M | {r['agent_steps_per_s']:,.0f} | "
             f"{r['env_frames_per_s']:,.0f} | {r['loadavg_before'][0]:.1f}, "
             f"{r['loadavg_after'][0]:.1f} |")
+    lines += ["", *summary(all_runs)]
     lines += ["", "The IMPALA paper (table C.1, after 200M env frames):", "",
               "| env | " + " | ".join(next(iter(PAPER.values()))) + " |",
               "| --- | --- | --- |"]
     for env_id, scores in PAPER.items():
         lines.append(f"| {env_id} | " + " | ".join(f"{v:g}" for v in scores.values()) + " |")
     return "\n".join(lines)
+
+
+def summary(all_runs: list[dict[str, Any]]) -> list[str]:
+    """One line per env over its seeds: the return at 60 minutes (median, worst) and, where
+    the env has a target, how many seeds reached it and the minutes to it (median, worst; a
+    seed that never reached it counts as slower than every seed that did)."""
+    lines = []
+    for env_id in dict.fromkeys(r["env"] for r in all_runs):
+        own = [r for r in all_runs if r["env"] == env_id]
+        at_60 = [r["return_at_minutes"].get("60") for r in own]
+        at_60 = [x for x in at_60 if x is not None]
+        text = f"- {env_id}, {len(own)} seed{'s' * (len(own) > 1)}:"
+        if at_60:
+            text += f" return at 60 min median {median(at_60):g}, worst {min(at_60):g}"
+        target = own[0]["target"]
+        if target is not None:
+            minutes = [r["minutes_to_target"] for r in own]
+            reached = [m for m in minutes if m is not None]
+            mid = median(reached + [math.inf] * (len(minutes) - len(reached)))
+            text += (f"; {target:+g} reached on {len(reached)}/{len(own)}, minutes to it "
+                     f"median {'not reached' if math.isinf(mid) else f'{mid:g}'}, worst "
+                     f"{'not reached' if len(reached) < len(own) else f'{max(reached):g}'}")
+        lines.append(text)
+    return lines
 
 
 def plot(all_runs: list[dict[str, Any]], path: Path) -> None:

@@ -42,6 +42,29 @@ def test_the_table_says_not_reached_and_names_the_papers_scores():
     assert "| ALE/Pong-v5 | 20.4 | 20.98 |" in text
 
 
+def test_the_summary_gives_the_solve_rate_the_median_and_the_worst_seed():
+    def run(env, at_60, to):
+        return {"env": env, "seed": 1, "return_at_minutes": {"60": at_60},
+                "minutes_to_target": to, "target": 18.0 if env == "ALE/Pong-v5" else None,
+                "agent_steps": 1, "agent_steps_per_s": 1.0, "env_frames_per_s": 4.0,
+                "loadavg_before": [1.0], "loadavg_after": [1.0]}
+
+    pong = [run("ALE/Pong-v5", 18.96, 47.9), run("ALE/Pong-v5", 18.86, 57.8)]
+    breakout = [run("ALE/Breakout-v5", 30.5, None)]
+    assert atari.summary(pong + breakout) == [
+        "- ALE/Pong-v5, 2 seeds: return at 60 min median 18.91, worst 18.86; +18 reached on "
+        "2/2, minutes to it median 52.85, worst 57.8",
+        "- ALE/Breakout-v5, 1 seed: return at 60 min median 30.5, worst 30.5"]
+    # A seed that never reached +18 is slower than any that did: the median of 3 is the
+    # slower of the two that reached it, and the worst is "not reached".
+    third = run("ALE/Pong-v5", 12.0, None)
+    assert atari.summary([*pong, third]) == [
+        "- ALE/Pong-v5, 3 seeds: return at 60 min median 18.86, worst 12; +18 reached on 2/3, "
+        "minutes to it median 57.8, worst not reached"]
+    assert atari.summary([pong[0], third])[0].endswith("median not reached, worst not reached")
+    assert "\n".join(atari.summary(pong)) in atari.markdown(pong)  # under the table
+
+
 def test_only_the_report_runs_leave_a_gif_in_the_results(tmp_path, monkeypatch):
     calls = []
 
