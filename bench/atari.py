@@ -328,10 +328,17 @@ def plot(all_runs: list[dict[str, Any]], path: Path) -> None:
     envs = list(dict.fromkeys(r["env"] for r in all_runs))
     fig, axes = plt.subplots(1, len(envs), figsize=(5.5 * len(envs), 3.6), squeeze=False)
     for ax, env_id in zip(axes[0], envs):
+        top = -math.inf
         for r in (r for r in all_runs if r["env"] == env_id):
             t = [p[0] / 60.0 for p in r["curve"]]
             ax.plot(t, [p[2] for p in r["curve"]], label=f"seed {r['seed']}")
+            top = max([top, *(p[2] for p in r["curve"] if p[2] == p[2])])
         paper = sorted(PAPER.get(env_id, {}).items(), key=lambda item: item[1])
+        if paper and top > 0 and paper[0][1] > 3 * top:  # lines that far up flatten the curves
+            ax.text(0.02, 0.97, "paper, 200M frames (off this scale): " + ", ".join(
+                f"{name} {score:g}" for name, score in paper), transform=ax.transAxes,
+                va="top", fontsize=7, color="grey")
+            paper = []
         for i, (name, score) in enumerate(paper):  # the top label above its line, others below
             ax.axhline(score, ls=":", color="grey")
             ax.annotate(f"paper, {name}, 200M frames", (0, score), fontsize=7,
@@ -340,7 +347,7 @@ def plot(all_runs: list[dict[str, Any]], path: Path) -> None:
             ax.axhline(TARGETS[env_id], ls="--", color="tab:red", lw=0.8)
         ax.set(title=env_id, xlabel="minutes from process start",
                ylabel="trailing-100 return")
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
