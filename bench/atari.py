@@ -305,19 +305,18 @@ def summary(all_runs: list[dict[str, Any]]) -> list[str]:
     lines = []
     for env_id in dict.fromkeys(r["env"] for r in all_runs):
         own = [r for r in all_runs if r["env"] == env_id]
-        at_60 = [r["return_at_minutes"].get("60") for r in own]
-        at_60 = [x for x in at_60 if x is not None]
+        at_60 = [x for r in own if (x := r["return_at_minutes"].get("60")) is not None]
         text = f"- {env_id}, {len(own)} seed{'s' * (len(own) > 1)}:"
         if at_60:
             text += f" return at 60 min median {median(at_60):g}, worst {min(at_60):g}"
         target = own[0]["target"]
         if target is not None:
-            minutes = [r["minutes_to_target"] for r in own]
-            reached = [m for m in minutes if m is not None]
-            mid = median(reached + [math.inf] * (len(minutes) - len(reached)))
-            text += (f"; {target:+g} reached on {len(reached)}/{len(own)}, minutes to it "
-                     f"median {'not reached' if math.isinf(mid) else f'{mid:g}'}, worst "
-                     f"{'not reached' if len(reached) < len(own) else f'{max(reached):g}'}")
+            minutes = [math.inf if r["minutes_to_target"] is None else r["minutes_to_target"]
+                       for r in own]
+            shown = [("not reached" if math.isinf(m) else f"{m:g}")
+                     for m in (median(minutes), max(minutes))]
+            text += (f"; {target:+g} reached on {sum(map(math.isfinite, minutes))}/{len(own)}, "
+                     f"minutes to it median {shown[0]}, worst {shown[1]}")
         lines.append(text)
     return lines
 
