@@ -15,6 +15,7 @@ import pytest
 from impala_lab.batch import SampleBatch
 from impala_lab.driver import health as H
 from impala_lab.driver.health import HealthMonitor, describe_seen, flag_codes, flag_labels
+from tests.configs import SMALL
 
 
 class Clock:
@@ -261,10 +262,6 @@ def test_a_nan_batch_through_a_real_policy_is_a_skipped_update_that_stays_flagge
                             "message": SKIPPED_1.format(t="12.3")}
     clock.t = 100.0
     assert only_flag(m.check(num_updates_skipped=1))["since_s"] == 12.34  # since the start
-
-
-SMALL = dict(backend="inline", num_workers=2, num_envs_per_worker=1, sample_batch_size=10,
-             train_batch_size=20, max_sample_requests_in_flight_per_worker=1, seed=0)
 
 
 @pytest.mark.parametrize("extra", [{}, {"num_data_loader_buffers": 2}],

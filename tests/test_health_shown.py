@@ -10,10 +10,7 @@ import json
 import weakref
 
 from impala_lab.dashboard import terminal
-
-SMALL = dict(backend="inline", num_workers=2, num_envs_per_worker=1, sample_batch_size=10,
-             train_batch_size=20, max_sample_requests_in_flight_per_worker=1, seed=0)
-
+from tests.configs import SMALL
 
 # ---------------------------------------------------------------------- where it is shown
 WARNING = {"status": "warning", "num_updates_skipped": 0,

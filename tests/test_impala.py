@@ -10,10 +10,8 @@ import pytest
 from impala_lab import Impala, ImpalaConfig
 from impala_lab.driver.checkpoint import read_checkpoint
 from impala_lab.errors import ConfigError, ImpalaError, LearnerError, WorkerError
+from tests.configs import SMALL
 from tests.envs import FixedLengthEnv, RaisingEnv
-
-SMALL = dict(backend="inline", num_workers=2, num_envs_per_worker=1, sample_batch_size=10,
-             train_batch_size=20, max_sample_requests_in_flight_per_worker=1, seed=0)
 
 
 def versions_of(run: Impala) -> list[int]:
