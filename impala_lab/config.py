@@ -106,6 +106,9 @@ class ImpalaConfig:
     free_log_std: bool = _f(
         True, "Box actions: learn the Gaussian's log-std as one state-free vector (True, "
         "RLlib's free_log_std), or compute it in the policy head (False).", group="model")
+    log_std_init: float = _f(
+        0.0, "Box actions: the Gaussian's log-std at the start (0: std 1; SB3's name); RL Zoo "
+        "starts MuJoCo at -2, exploring near the mean.", group="model")
     normalize_obs: bool = _f(
         False, "Standardise vector observations with running statistics held in the model's "
         "weights (RLlib's MeanStdFilter); for continuous control.", group="model")
@@ -267,7 +270,8 @@ class ImpalaConfig:
         """The `ModelSpec` of these fields (``model`` is its ``hiddens``): what models use."""
         return ModelSpec(tuple(self.model), self.vf_share_layers, self.use_lstm,
                          self.lstm_cell_size, self.conv_net, self.conv_filters,
-                         self.impala_channels, self.free_log_std, self.normalize_obs)
+                         self.impala_channels, self.free_log_std, self.normalize_obs,
+                         self.log_std_init)
 
     @property
     def env_id(self) -> str:

@@ -259,6 +259,7 @@ def _check_values(c: Any) -> None:
         bad("num_gpus", c.num_gpus, "use 0 or 1 for one learner device, > 1 for several")
     if c.replay_buffer_num_slots < 0:
         bad("replay_buffer_num_slots", c.replay_buffer_num_slots, "use 0 to disable replay")
+    check_range("log_std_init", c.log_std_init, -5.0, 2.0)  # std 0.007 to 7.4
     for name in ("gamma", "decay", "momentum"):
         check_range(name, getattr(c, name), 0.0, 1.0)
     for name in ("vf_loss_coeff", "entropy_coeff", "replay_proportion", "action_bound_coeff",

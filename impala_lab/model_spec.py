@@ -78,7 +78,8 @@ class ModelSpec:
         size (`default_conv_filters`).
       impala_channels: the widths of the IMPALA network's stacks.
       free_log_std: a Box space's log-std is a learned vector (the policy head's third weight
-        ``logits_head/log_std [D]``, zeros at the start), not computed with the mean.
+        ``logits_head/log_std [D]``), not computed with the mean.
+      log_std_init: a Box space's log-std at the start (that vector, or the head's log-std bias).
       normalize_obs: standardise vector observations inside the network with a running mean
         and variance (`impala_lab.learner.obs_normalizer`): the first three weights are then
         ``obs_filter/mean [D], obs_filter/var [D], obs_filter/count [1]``, updated by the
@@ -97,6 +98,7 @@ class ModelSpec:
     impala_channels: tuple[int, ...] = IMPALA_CHANNELS
     free_log_std: bool = True
     normalize_obs: bool = False
+    log_std_init: float = 0.0
 
     def __post_init__(self) -> None:
         # frozen: normalise through object.__setattr__
@@ -262,6 +264,7 @@ class NetworkLayout:
     head_units: int
     free_log_std: bool
     normalize_obs: bool
+    log_std_init: float
     shapes: tuple[tuple[int, ...], ...]
     gains: tuple[float, ...]
 
@@ -274,6 +277,8 @@ class NetworkLayout:
         if self.use_lstm:
             cell = self.lstm_cell_size
             weights[-5 - self.free_log_std][cell: 2 * cell] = 1.0
+        if self.log_std_init:  # a Box space's inputs end in the D log-stds
+            weights[-3][-(self.num_actions // 2):] = self.log_std_init
         if self.normalize_obs:  # the identity until the learner sees data
             weights[1][:] = 1.0
         return weights
@@ -304,7 +309,8 @@ def network_layout(spec: ModelSpec, observation_space: Any, action_space: Any) -
         lstm_cell_size=spec.lstm_cell_size if spec.use_lstm else 0,
         separate_value_trunk=separate, num_actions=num_actions,
         head_units=num_actions // 2 if free_log_std else num_actions,
-        free_log_std=free_log_std, normalize_obs=bool(spec.normalize_obs), shapes=(), gains=())
+        free_log_std=free_log_std, normalize_obs=bool(spec.normalize_obs), shapes=(), gains=(),
+        log_std_init=float(spec.log_std_init) if action_kind.has_log_std else 0.0)
     features = obs_shape[0] if kind == "mlp" else spec.trunk_output_units(obs_shape)
     shapes, gains = _weight_layout(layout, features)
     return dataclasses.replace(layout, shapes=tuple(shapes), gains=tuple(gains))
@@ -347,7 +353,7 @@ def _weight_layout(net: NetworkLayout, features: int
     shapes += [(features, head), (head,)]
     gains += [POLICY_GAIN, 0.0]
     if net.free_log_std:
-        shapes.append((head,))  # logits_head/log_std, zeros: std 1
+        shapes.append((head,))  # logits_head/log_std, log_std_init at the start
         gains.append(0.0)
     shapes += [(features, 1), (1,)]
     gains += [VALUE_GAIN, 0.0]

@@ -107,7 +107,7 @@ def test_wrong_type_names_field_value_and_expected_type(name: str, value, expect
 
 
 @pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, 10**400])
-@pytest.mark.parametrize("name", ["lr", "gamma", "grad_clip", "replay_proportion"])
+@pytest.mark.parametrize("name", ["lr", "gamma", "grad_clip", "replay_proportion", "log_std_init"])
 def test_non_finite_numbers_are_refused(name: str, value) -> None:
     assert _error(**{name: value}) == f"{name}={value!r} is invalid: it must be a finite number"
 

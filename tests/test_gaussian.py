@@ -119,6 +119,32 @@ def test_the_numpy_model_computes_the_keras_models_mean_and_log_std(kind, free_l
         assert not np.allclose(inputs[:1, 2:], inputs[1:2, 2:])
 
 
+@pytest.mark.parametrize("free_log_std", [True, False])
+def test_log_std_init_is_the_first_policys_log_std_and_leaves_discrete_logits_alone(
+        free_log_std):
+    obs = np.random.default_rng(1).standard_normal((5, 3)).astype(np.float32)
+    model = NumpyModel(OBS, ACT, ModelSpec((16,), free_log_std=free_log_std, log_std_init=-1.5))
+    model.set_weights(model.initial_weights(0))
+    inputs, _ = model(obs)
+    plain = NumpyModel(OBS, ACT, ModelSpec((16,), free_log_std=free_log_std))
+    plain.set_weights(plain.initial_weights(0))
+    # the same means; the log-stds moved by -1.5 (exactly, or through the head's bias)
+    np.testing.assert_allclose(inputs, plain(obs)[0] + [0, 0, -1.5, -1.5], atol=1e-6)
+    discrete = gym.spaces.Discrete(3)
+    low = NumpyModel(OBS, discrete, ModelSpec((16,), log_std_init=-1.5)).initial_weights(0)
+    for a, b in zip(low, NumpyModel(OBS, discrete, ModelSpec((16,))).initial_weights(0),
+                    strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("value", [-5.01, 2.5])
+def test_log_std_init_is_a_std_from_0_007_to_7_4(value: float) -> None:
+    with pytest.raises(ConfigError) as info:
+        ImpalaConfig(log_std_init=value)
+    assert str(info.value) == f"log_std_init={value!r} is invalid: it must be in [-5.0, 2.0]"
+    assert ImpalaConfig(log_std_init=-5.0).model_spec.log_std_init == -5.0
+
+
 # ---------------------------------------------------------------------- the actor
 class RecordingBoxEnv(gym.Env):
     """Box actions of shape (1, 2), the first number bounded by [-1, 1], the second unbounded;
