@@ -268,10 +268,8 @@ class ImpalaConfig:
     @property
     def model_spec(self) -> ModelSpec:
         """The `ModelSpec` of these fields (``model`` is its ``hiddens``): what models use."""
-        return ModelSpec(tuple(self.model), self.vf_share_layers, self.use_lstm,
-                         self.lstm_cell_size, self.conv_net, self.conv_filters,
-                         self.impala_channels, self.free_log_std, self.normalize_obs,
-                         self.log_std_init)
+        names = [f.name for f in fields(ModelSpec) if f.name != "hiddens"]
+        return ModelSpec(tuple(self.model), **{name: getattr(self, name) for name in names})
 
     @property
     def env_id(self) -> str:

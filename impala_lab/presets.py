@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-# What the Box-action presets share: batches of 2000 env steps, Adam, a clip of 40, no entropy
-# bonus, standardised observations (their scales differ eightfold on Pendulum) and the penalty
-# that keeps each action mean where the env can tell actions apart.
+# What the Box presets share: batches of 2000 env steps, Adam, clip 40, no entropy bonus, scaled
+# observations (Pendulum's differ eightfold), a penalty on action means past the bounds.
 _BOX = {"num_envs_per_worker": 8, "sample_batch_size": 50, "train_batch_size": 2000,
         "opt_type": "adam", "grad_clip": 40.0, "entropy_coeff": 0.0, "normalize_obs": True,
         "action_bound_coeff": 1.0}
@@ -45,9 +44,8 @@ TUNED_PRESETS: dict[str, dict[str, Any]] = {
     "Pendulum-v1": {**_BOX, "loss": "appo", "num_sgd_iter": 2, "minibatch_size": 400,
                     "lr_schedule": ((0, 0.004), (600_000, 0.0002)), "gamma": 0.95,
                     "reward_scale": 0.01},
-    # MuJoCo: RLlib's gamma 0.99 for 1000-step episodes, rewards scaled by 0.1 (a step earns
-    # about 1 to 5). HalfCheetah starts at std 0.22, not 1: from std 1 the flailing cheetah
-    # settled into gaits near 2000; Pendulum's APPO and falling lr then hold its peak.
+    # MuJoCo: rewards scaled by 0.1 (a step earns 1 to 5). HalfCheetah starts at std 0.22: from
+    # std 1 it settled into gaits near 2000; APPO with a falling lr then holds its peak.
     "HalfCheetah-v5": {**_BOX, "loss": "appo", "num_sgd_iter": 2, "minibatch_size": 1000,
                        "lr_schedule": ((0, 0.0005), (30_000_000, 0.00005)),
                        "log_std_init": -1.5, "reward_scale": 0.1},

@@ -271,10 +271,7 @@ class RolloutWorker:
 
     def _step_all(self, frag: Fragment, first_step: int) -> None:
         """Fills ``frag``: T rows, each one policy forward and one step of every env (the
-        hot path: the inner loop uses locals; only episode and row ends call a method)."""
-        model = self.model
-        sample_actions = model.distribution.sample  # the action distribution's draw
-        rng = self._rng
+        hot path: the loop over envs uses locals; only episode ends call a method)."""
         steps = [e.step for e in self._envs]
         ep_ret = self._ep_returns
         ep_len = self._ep_lengths
@@ -285,19 +282,11 @@ class RolloutWorker:
         obs_buf = frag.obs
         r_row = [0.0] * self.num_envs
         state = self._state  # None: a feed-forward policy
-        out, version = self._policy_output, self._version  # checks; actions for the envs
         i = -1
         t = 0
         try:
             for t in range(self._T):
-                if state is None:
-                    logits = model.logits(obs_buf[t])  # values only at truncations
-                else:
-                    logits, _, state = model.step(obs_buf[t], state)
-                out.check(logits, version)
-                frag.logits[t] = logits
-                frag.actions[t] = acts = sample_actions(logits, rng)
-                acts = out.env_actions(acts, logits, version)  # Box: clipped, the env's shape
+                acts, state = self._act(frag, t, state)
                 nxt = obs_buf[t + 1]
                 finals: list[tuple[int, Any]] | None = None
                 # np.int64 scalars, as a vector env passes them: `Int64Discrete` answers
@@ -324,6 +313,19 @@ class RolloutWorker:
         except Exception as err:
             self._locate(err, i, t)
             raise
+
+    def _act(self, frag: Fragment, t: int, state: Any) -> tuple[Any, Any]:
+        """Row ``t``'s policy forward: stores the distribution's inputs and the draw in
+        ``frag``; returns the actions for the envs (a Box's clipped) and the next LSTM state."""
+        model, out, version = self.model, self._policy_output, self._version
+        if state is None:
+            logits = model.logits(frag.obs[t])  # values only at truncations
+        else:
+            logits, _, state = model.step(frag.obs[t], state)
+        out.check(logits, version)
+        frag.logits[t] = logits
+        frag.actions[t] = acts = model.distribution.sample(logits, self._rng)
+        return out.env_actions(acts, logits, version), state
 
     def _end_episode(self, frag: Fragment, t: int, i: int, final_obs: Any, terminated: bool,
                      finals: list[tuple[int, Any]] | None, first_step: int

@@ -109,23 +109,12 @@ class VectorRolloutWorker(RolloutWorker):
 
     def _step_all(self, frag: Fragment, first_step: int) -> None:
         """Fills ``frag``: T rows, each one policy forward and one step of the vector env."""
-        model, venv = self.model, self._venv
-        sample_actions = model.distribution.sample
-        rng, state = self._rng, self._state
-        out, version = self._policy_output, self._version
-        obs_buf = frag.obs
-        stack_actions = out.continuous  # a Box's env actions come as a list of rows
+        venv, state, obs_buf = self._venv, self._state, frag.obs
+        stack_actions = self._policy_output.continuous  # a Box's env actions: a list of rows
         t = 0
         try:
             for t in range(self._T):
-                if state is None:
-                    logits = model.logits(obs_buf[t])
-                else:
-                    logits, _, state = model.step(obs_buf[t], state)
-                out.check(logits, version)
-                frag.logits[t] = logits
-                frag.actions[t] = acts = sample_actions(logits, rng)
-                acts = out.env_actions(acts, logits, version)
+                acts, state = self._act(frag, t, state)
                 o, r, term, trunc, info = venv.step(np.stack(acts) if stack_actions else acts)
                 step = first_step + t
                 o = self._checked_rows(o, f"from step() at env step {step}")
