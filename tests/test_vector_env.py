@@ -195,6 +195,29 @@ def test_a_vector_env_that_breaks_the_contract_is_named(cls, message):
         del gym.registry[env_id]
 
 
+class _RaisesAtStep3(vector_envs.ActionCountVector):
+    def step(self, actions):
+        if self.t[0] == 2:
+            raise RuntimeError("boom")
+        return super().step(actions)
+
+
+def test_a_vector_envs_exception_carries_a_note_of_where_it_was_raised():
+    env_id = "impala_lab_test/_RaisesAtStep3-v0"
+    gym.register(id=env_id, entry_point=vector_envs.ActionCount, vector_entry_point=_RaisesAtStep3)
+    try:
+        w = VectorRolloutWorker(env_id, num_envs=2, sample_batch_size=5, seed=0, worker_index=3,
+                                model_spec=ModelSpec((8,)))
+        with pytest.raises(RuntimeError) as info:
+            w.sample()
+        assert str(info.value) == "boom"
+        assert info.value.__notes__ == [f"(RolloutWorker 3, vector env {env_id!r}: raised at "
+                                        "step 2 of the fragment, env step 3)"]
+        w.close()
+    finally:
+        del gym.registry[env_id]
+
+
 def test_a_process_run_with_vector_envs_learns_cartpole():
     """The whole pipeline on the vector path: worker processes build the vector env from the
     config, and the tuned preset learns from its batches."""
