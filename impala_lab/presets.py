@@ -45,7 +45,7 @@ TUNED_PRESETS: dict[str, dict[str, Any]] = {
                     "lr_schedule": ((0, 0.004), (600_000, 0.0002)), "gamma": 0.95,
                     "reward_scale": 0.01},
     # MuJoCo: rewards scaled by 0.1 (a step earns 1 to 5). HalfCheetah starts at std 0.22: from
-    # std 1 it settled into gaits near 2000; APPO with a falling lr then holds its peak.
+    # std 1 one seed settled near 2000 (docs/training.md); APPO with a falling lr holds its peak.
     "HalfCheetah-v5": {**_BOX, "loss": "appo", "num_sgd_iter": 2, "minibatch_size": 1000,
                        "lr_schedule": ((0, 0.0005), (30_000_000, 0.00005)),
                        "log_std_init": -1.5, "reward_scale": 0.1},
