@@ -4,6 +4,9 @@ have no SAME_STEP vectorised implementation."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -177,22 +180,29 @@ class _NoFinalObs(vector_envs.ActionCountVector):
         return obs, r, te, tr, {}
 
 
+@contextlib.contextmanager
+def _registered(cls: type) -> Iterator[str]:
+    """An id whose vector env is ``cls`` (an `ActionCountVector`), removed again afterwards."""
+    env_id = f"impala_lab_test/{cls.__name__}-v0"
+    gym.register(id=env_id, entry_point=vector_envs.ActionCount, vector_entry_point=cls)
+    try:
+        yield env_id
+    finally:
+        del gym.registry[env_id]
+
+
 @pytest.mark.parametrize(("cls", "message"), [
     (_WrongShape, "observation of shape (1,)"),
     (_NoFinalObs, "without info['final_obs']"),
 ])
 def test_a_vector_env_that_breaks_the_contract_is_named(cls, message):
-    env_id = f"impala_lab_test/{cls.__name__}-v0"
-    gym.register(id=env_id, entry_point=vector_envs.ActionCount, vector_entry_point=cls)
-    try:
+    with _registered(cls) as env_id:
         w = VectorRolloutWorker(env_id, num_envs=3, sample_batch_size=12, seed=0,
                                 model_spec=ModelSpec((8,)))
         with pytest.raises(ValueError) as info:
             w.sample()
         assert message in str(info.value) and env_id in str(info.value)
         w.close()
-    finally:
-        del gym.registry[env_id]
 
 
 class _RaisesAtStep3(vector_envs.ActionCountVector):
@@ -203,9 +213,7 @@ class _RaisesAtStep3(vector_envs.ActionCountVector):
 
 
 def test_a_vector_envs_exception_carries_a_note_of_where_it_was_raised():
-    env_id = "impala_lab_test/_RaisesAtStep3-v0"
-    gym.register(id=env_id, entry_point=vector_envs.ActionCount, vector_entry_point=_RaisesAtStep3)
-    try:
+    with _registered(_RaisesAtStep3) as env_id:
         w = VectorRolloutWorker(env_id, num_envs=2, sample_batch_size=5, seed=0, worker_index=3,
                                 model_spec=ModelSpec((8,)))
         with pytest.raises(RuntimeError) as info:
@@ -214,8 +222,6 @@ def test_a_vector_envs_exception_carries_a_note_of_where_it_was_raised():
         assert info.value.__notes__ == [f"(RolloutWorker 3, vector env {env_id!r}: raised at "
                                         "step 2 of the fragment, env step 3)"]
         w.close()
-    finally:
-        del gym.registry[env_id]
 
 
 def test_a_process_run_with_vector_envs_learns_cartpole():
