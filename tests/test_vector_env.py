@@ -219,8 +219,9 @@ def test_a_vector_envs_exception_carries_a_note_of_where_it_was_raised():
         with pytest.raises(RuntimeError) as info:
             w.sample()
         assert str(info.value) == "boom"
-        assert info.value.__notes__ == [f"(RolloutWorker 3, vector env {env_id!r}: raised at "
-                                        "step 2 of the fragment, env step 3)"]
+        assert info.value.__notes__ == [f"(RolloutWorker 3, env {env_id!r}: raised while "
+                                        "stepping the vector env, at step 2 of the fragment, "
+                                        "env step 3)"]
         w.close()
 
 

@@ -311,7 +311,8 @@ class RolloutWorker:
                 self._end_row(frag, t, r_row, finals, state)
             self._state = state
         except Exception as err:
-            self._locate(err, i, t)
+            self._locate(err, f"stepping env index {i}" if i >= 0
+                         else "computing the policy's actions", t)
             raise
 
     def _act(self, frag: Fragment, t: int, state: Any) -> tuple[Any, Any]:
@@ -368,11 +369,10 @@ class RolloutWorker:
             if ended.any():
                 state[ended] = 0.0
 
-    def _locate(self, err: Exception, i: int, t: int) -> None:
-        """Adds where ``err`` happened (env index ``i``, or the policy if -1; row ``t``)."""
+    def _locate(self, err: Exception, where: str, t: int) -> None:
+        """Notes where ``err`` happened (what the worker did, at row ``t``) unless a check did."""
         if getattr(err, "_impala_lab_located", False):
             return
-        where = f"stepping env index {i}" if i >= 0 else "computing the policy's actions"
         err.add_note(
             f"(RolloutWorker {self.worker_index}, env {self.env_id!r}: raised while "
             f"{where}, at step {t} of the fragment, env step {self._steps_per_env + 1})")

@@ -111,10 +111,12 @@ class VectorRolloutWorker(RolloutWorker):
         """Fills ``frag``: T rows, each one policy forward and one step of the vector env."""
         venv, state, obs_buf = self._venv, self._state, frag.obs
         stack_actions = self._policy_output.continuous  # a Box's env actions: a list of rows
-        t = 0
+        t, where = 0, ""
         try:
             for t in range(self._T):
+                where = "computing the policy's actions"
                 acts, state = self._act(frag, t, state)
+                where = "stepping the vector env"
                 o, r, term, trunc, info = venv.step(np.stack(acts) if stack_actions else acts)
                 step = first_step + t
                 o = self._checked_rows(o, f"from step() at env step {step}")
@@ -131,10 +133,7 @@ class VectorRolloutWorker(RolloutWorker):
                 self._end_row(frag, t, r, finals, state)
             self._state = state
         except Exception as err:
-            if not getattr(err, "_impala_lab_located", False):
-                err.add_note(
-                    f"(RolloutWorker {self.worker_index}, vector env {self.env_id!r}: raised "
-                    f"at step {t} of the fragment, env step {self._steps_per_env + 1})")
+            self._locate(err, where, t)
             raise
 
     def _end_episodes(self, frag: Fragment, t: int, term: np.ndarray, trunc: np.ndarray,
