@@ -124,24 +124,13 @@ def learner_timings(env_id: str, threads: int, seconds: float = 10.0) -> dict[st
 
 
 def _learner_child(env_id: str, threads: int, seconds: float) -> dict[str, Any]:
-    from impala_lab.actor.rollout_worker import RolloutWorker
-    from impala_lab.batch import concat_samples
+    from bench.multi_gpu import make_batches
     from impala_lab.config import ImpalaConfig
-    from impala_lab.driver.build import make_learner
+    from impala_lab.driver.build import make_learner, probe_spaces
 
     config = ImpalaConfig.tuned(env_id, seed=0, tf_intra_op_threads=threads)
-    worker = RolloutWorker(env_id, num_envs=config.num_envs_per_worker,
-                           sample_batch_size=config.sample_batch_size,
-                           model_spec=config.model_spec, seed=0)
-    try:
-        samples = []
-        while sum(s.count for s in samples) < config.train_batch_size:
-            samples.append(worker.sample())
-        batch = concat_samples(samples)
-        spaces = worker.observation_space, worker.action_space
-    finally:
-        worker.close()
-    policy, _ = make_learner(config, *spaces)
+    [batch] = make_batches(config, 1, seed=0)
+    policy, _ = make_learner(config, *probe_spaces(env_id))
     for _ in range(3):  # the first calls trace the step
         policy.learn_on_batch(batch)
     steps, t0, c0 = 0, time.perf_counter(), time.process_time()

@@ -163,24 +163,14 @@ def actor_cpu_share(env_id: str, seconds: float = CPU_SECONDS) -> dict[str, Any]
 
 def learner_samples_per_s(env_id: str, conv_net: str, seconds: float = 8.0) -> dict[str, Any]:
     """The learner alone: learn_on_batch on pre-made batches of the preset's train size."""
-    from impala_lab.actor.rollout_worker import RolloutWorker
-    from impala_lab.batch import concat_samples
+    from bench.multi_gpu import make_batches
     from impala_lab.config import ImpalaConfig
+    from impala_lab.driver.build import probe_spaces
     from impala_lab.learner.vtrace_policy import VTracePolicy
 
     config = ImpalaConfig.tuned(env_id, conv_net=conv_net, seed=0)
-    worker = RolloutWorker(env_id, num_envs=config.num_envs_per_worker,
-                           sample_batch_size=config.sample_batch_size,
-                           model_spec=config.model_spec, seed=0)
-    try:
-        samples = []
-        while sum(s.count for s in samples) < config.train_batch_size:
-            samples.append(worker.sample())
-        batch = concat_samples(samples)
-        space, actions = worker.observation_space, worker.action_space
-    finally:
-        worker.close()
-    policy = VTracePolicy(space, actions, config)
+    [batch] = make_batches(config, 1, seed=0)
+    policy = VTracePolicy(*probe_spaces(env_id), config)
     for _ in range(3):  # the first call traces the step
         policy.learn_on_batch(batch)
     steps, t0 = 0, time.perf_counter()
