@@ -27,7 +27,7 @@ os.environ["MPLBACKEND"] = "Agg"  # tests never open a window
 
 # pytest explains a failed assert only in test modules and the modules named here: the
 # helpers that hold asserts several test files share.
-pytest.register_assert_rewrite("tests.exercise_helpers", "tests.dashboard_fakes")
+pytest.register_assert_rewrite("tests.exercise_helpers", "tests.dashboard_fakes", "tests.batches")
 
 
 def pytest_configure(config) -> None:

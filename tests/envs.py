@@ -1,9 +1,9 @@
 """Tiny deterministic gymnasium envs for the project's tests (registered nowhere).
 
 Pass them to a worker as factories, e.g. ``functools.partial(FixedLengthEnv, length=3)``
-or the class itself. All have ``Discrete(n_actions)`` actions; all but `ImageEnv` (uint8
-images) have ``Box`` float32 observations. They are importable (``tests.envs``) so spawned worker
-processes can unpickle them.
+or the class itself. All but `RecordingBoxEnv` have ``Discrete(n_actions)`` actions; all but
+`ImageEnv` (uint8 images) have ``Box`` float32 observations. They are importable
+(``tests.envs``) so spawned worker processes can unpickle them.
 
 Every env refuses ``step()`` after its episode ended until ``reset()`` is called, so a
 worker with an autoreset bug fails loudly instead of recording a bogus transition.
@@ -226,12 +226,39 @@ class HangOnceEnv(FixedLengthEnv):
         return super().step(action)
 
 
+class RecordingBoxEnv(gym.Env):
+    """Box actions of shape (1, 2), the first number bounded by [-1, 1], the second unbounded;
+    records every action it is given. Episodes last 7 steps (truncated)."""
+
+    metadata: dict = {"render_modes": []}
+
+    def __init__(self) -> None:
+        self.observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+        self.action_space = gym.spaces.Box(np.array([[-1.0, -np.inf]], np.float32),
+                                           np.array([[1.0, np.inf]], np.float32))
+        self.actions: list[np.ndarray] = []
+        self.t = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        if self.t >= 7:
+            raise RuntimeError("RecordingBoxEnv.step() called after the episode ended; call "
+                               "reset() first")
+        self.actions.append(np.array(action, copy=True))
+        self.t += 1
+        obs = np.full(2, 0.1 * self.t, np.float32)
+        return obs, float(-np.sum(action**2)), False, self.t >= 7, {}
+
+
 class ImageEnv(gym.Env):
     """Image observations ``Box(0, 255, (size, size, 3), uint8)`` for CNN tests.
 
-    ``size`` defaults to 20, the smallest image `impala_lab.actor.numpy_model`' CNN accepts (its
-    conv
-    stack needs at least 20x20). The episode ends (terminated) after ``length`` steps.
+    ``size`` defaults to 20, the smallest image `impala_lab.actor.numpy_model`'s CNN accepts
+    (its conv stack needs at least 20x20). The episode ends (terminated) after ``length`` steps.
     Pixel [0, 0, 0] holds the step in the episode, channel 1 is a fixed gradient, channel 2
     is the last action * 100 (0 after reset). Reward 1.0 when the action equals
     ``rewarded_action`` (default 0), else 0.

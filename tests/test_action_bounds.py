@@ -14,7 +14,7 @@ from impala_lab.actor.distributions import DiagGaussian, squash_to_bounds
 from impala_lab.actor.rollout_worker import RolloutWorker
 from impala_lab.errors import ConfigError
 from impala_lab.model_spec import ModelSpec
-from tests.test_gaussian import RecordingBoxEnv
+from tests.envs import RecordingBoxEnv
 
 LOW, HIGH = np.array([-2.0, 0.0], np.float32), np.array([1.0, 3.0], np.float32)
 
@@ -111,11 +111,11 @@ def test_the_bound_penalty_is_the_squared_distance_of_the_means_past_the_bounds(
 
     from impala_lab.learner.keras_model import keras_forward
     from impala_lab.learner.vtrace_policy import VTracePolicy, action_bound, batch_to_tensors
-    from tests.test_obs_normalizer import _batch
+    from tests.batches import make_batch
 
     space = ACTION_SPACE
     obs_space = gym.spaces.Box(-np.inf, np.inf, (3,), np.float32)
-    batch = _batch(np.random.default_rng(4))
+    batch = make_batch(T=5, B=4, obs_shape=(3,), seed=4)
     batch.actions = np.zeros((5, 4, 2), np.float32)
     batch.behaviour_logits = np.zeros((5, 4, 4), np.float32)
     policies = [VTracePolicy(obs_space, space, ImpalaConfig(

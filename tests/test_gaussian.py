@@ -24,6 +24,7 @@ from impala_lab.backends.inline import InlineWorkerHandle
 from impala_lab.batch import SampleBatch, concat_samples
 from impala_lab.errors import ConfigError, WorkerError
 from impala_lab.model_spec import ModelSpec
+from tests.envs import RecordingBoxEnv
 
 OBS = gym.spaces.Box(-np.inf, np.inf, (3,), np.float32)
 ACT = gym.spaces.Box(-2.0, 2.0, (2,), np.float32)
@@ -146,31 +147,6 @@ def test_log_std_init_is_a_std_from_0_007_to_7_4(value: float) -> None:
 
 
 # ---------------------------------------------------------------------- the actor
-class RecordingBoxEnv(gym.Env):
-    """Box actions of shape (1, 2), the first number bounded by [-1, 1], the second unbounded;
-    records every action it is given. Episodes last 7 steps (truncated)."""
-
-    metadata: dict = {"render_modes": []}
-
-    def __init__(self) -> None:
-        self.observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
-        self.action_space = gym.spaces.Box(np.array([[-1.0, -np.inf]], np.float32),
-                                           np.array([[1.0, np.inf]], np.float32))
-        self.actions: list[np.ndarray] = []
-        self.t = 0
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        self.t = 0
-        return np.zeros(2, np.float32), {}
-
-    def step(self, action):
-        self.actions.append(np.array(action, copy=True))
-        self.t += 1
-        obs = np.full(2, 0.1 * self.t, np.float32)
-        return obs, float(-np.sum(action**2)), False, self.t >= 7, {}
-
-
 def _wide_worker(clip_actions: bool, log_std: float = math.log(5.0)) -> RolloutWorker:
     worker = RolloutWorker(RecordingBoxEnv, num_envs=2, sample_batch_size=20,
                            model_spec=ModelSpec((8,)), seed=0, clip_actions=clip_actions)

@@ -21,7 +21,7 @@ from impala_lab.envs.vector import SameStepCartPole, make_vector_env, vector_env
 from impala_lab.errors import ConfigError
 from impala_lab.model_spec import ModelSpec
 from tests import vector_envs
-from tests.test_batch import assert_batches_equal
+from tests.batches import assert_batches_equal
 
 vector_envs.register()
 
