@@ -228,9 +228,10 @@ class HangOnceEnv(FixedLengthEnv):
 
 class RecordingBoxEnv(gym.Env):
     """Box actions of shape (1, 2), the first number bounded by [-1, 1], the second unbounded;
-    records every action it is given. Episodes last 7 steps (truncated)."""
+    records every action it is given. Episodes last ``length`` (7) steps (truncated)."""
 
     metadata: dict = {"render_modes": []}
+    length = 7
 
     def __init__(self) -> None:
         self.observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
@@ -245,13 +246,13 @@ class RecordingBoxEnv(gym.Env):
         return np.zeros(2, np.float32), {}
 
     def step(self, action):
-        if self.t >= 7:
+        if self.t >= self.length:
             raise RuntimeError("RecordingBoxEnv.step() called after the episode ended; call "
                                "reset() first")
         self.actions.append(np.array(action, copy=True))
         self.t += 1
         obs = np.full(2, 0.1 * self.t, np.float32)
-        return obs, float(-np.sum(action**2)), False, self.t >= 7, {}
+        return obs, float(-np.sum(action**2)), False, self.t >= self.length, {}
 
 
 class ImageEnv(gym.Env):
