@@ -60,23 +60,20 @@ def memory_task(seeds: list[int], max_s: float, log: Any = print) -> dict[str, A
 def _models(num_envs: int) -> tuple[Any, Any, Any]:
     """The numpy MLP and LSTM policies of the task's preset, with their initial weights,
     and a batch of ``num_envs`` observations."""
-    import gymnasium
     import numpy as np
 
-    import impala_lab  # noqa: F401  (registers the env)
     from impala_lab.actor.numpy_model import NumpyModel
     from impala_lab.config import ImpalaConfig
+    from impala_lab.driver.build import probe_spaces
 
-    env = gymnasium.make(ENV)
+    obs_space, action_space = probe_spaces(ENV)
     c = ImpalaConfig.tuned(ENV)
     out = []
     for use_lstm in (False, True):
-        m = NumpyModel(env.observation_space, env.action_space,
-                       c.replace(use_lstm=use_lstm).model_spec)
+        m = NumpyModel(obs_space, action_space, c.replace(use_lstm=use_lstm).model_spec)
         m.set_weights(list(m.initial_weights(0)))
         out.append(m)
-    obs = np.stack([env.observation_space.sample() for _ in range(num_envs)])
-    env.close()
+    obs = np.stack([obs_space.sample() for _ in range(num_envs)])
     return out[0], out[1], obs
 
 
@@ -127,22 +124,20 @@ def learner_rates(rounds: int = 3, seconds: float = 3.0, warmup_steps: int = 3
       ``{"batch_shape", "mlp_samples_per_s", "lstm_samples_per_s", "ratio" (LSTM / MLP, the
       median of the windows' ratios), "rounds": [[mlp, lstm], ...]}``.
     """
-    import gymnasium
-
     from bench.multi_gpu import make_batches
     from impala_lab.config import ImpalaConfig
+    from impala_lab.driver.build import probe_spaces
     from impala_lab.learner.vtrace_policy import VTracePolicy
 
-    env = gymnasium.make(ENV)
+    spaces = probe_spaces(ENV)
     sides = []
     for use_lstm in (False, True):
         c = ImpalaConfig.tuned(ENV, seed=0, use_lstm=use_lstm)
-        policy = VTracePolicy(env.observation_space, env.action_space, c)
+        policy = VTracePolicy(*spaces, c)
         batches = make_batches(c, 2, seed=0)
         for i in range(warmup_steps):  # the first call traces the step
             policy.learn_on_batch(batches[i % 2])
         sides.append((policy, batches))
-    env.close()
     pairs = []
     for _ in range(rounds):
         pair = []
